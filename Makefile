@@ -1,0 +1,56 @@
+# gpuremediate — every target installs what it needs into a local venv.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-test
+LINTSTAMP = $(VENV)/.installed-lint
+
+.PHONY: test demo lint bench e2e e2e-kind image clean help
+
+help:
+	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
+	@echo "make test      the whole test suite (unit, property, e2e against the emulator)"
+	@echo "make lint      ruff + mypy on gpuremediate/"
+	@echo "make bench     benchmarks (bench/)"
+	@echo "make e2e-kind  the e2e scenarios on a kind cluster (needs Docker + kind + kubectl)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) setup.cfg pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo:
+	$(PYTHON) -m gpuremediate demo
+
+$(LINTSTAMP): $(STAMP)
+	$(PY) -m pip install -q ruff mypy
+	touch $@
+
+lint: $(LINTSTAMP)
+	$(VENV)/bin/ruff check gpuremediate sim
+	$(VENV)/bin/mypy gpuremediate
+
+bench: $(STAMP)
+	$(PY) -m pip install -q prometheus_client
+	$(PY) bench/run.py
+
+e2e: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider e2e
+
+e2e-kind:
+	bash e2e/kind/run.sh
+
+image:
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  docker build -t gpuremediate:dev -f Dockerfile . && \
+	  docker build -t gpu-sim:dev -f sim/Dockerfile . ; \
+	else echo "make image: no Docker engine here; nothing built" >&2; exit 1; fi
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from gpuremediate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,37 @@
+"""What the policy concludes from readings: findings with a recommended action."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Built-in actions. Any other action string names a custom remediation (``actions.<name>``).
+ACTION_NONE = "none"  # event only
+ACTION_CORDON = "cordon"  # soft fault (thermal): unschedulable, workloads stay
+ACTION_RESET_GPU = "reset-gpu"
+ACTION_REBOOT = "reboot"
+ACTION_QUARANTINE = "quarantine"  # needs a person (RMA)
+BUILTIN_ACTIONS = (ACTION_NONE, ACTION_CORDON, ACTION_RESET_GPU, ACTION_REBOOT, ACTION_QUARANTINE)
+
+# Finding kinds
+KIND_XID = "xid"
+KIND_ECC_DBE = "ecc-dbe"
+KIND_ROW_REMAP_FAILURE = "row-remap-failure"
+KIND_ROW_REMAP_PENDING = "row-remap-pending"
+KIND_UNCORRECTABLE_ROWS = "uncorrectable-rows"
+KIND_THERMAL = "thermal"
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    kind: str  # one of KIND_*
+    code: str  # XID number as text, or the metric's short name; "" when not applicable
+    gpus: tuple[str, ...]  # GPU keys (UUID, else node/gpuN) the finding is about
+    action: str  # one of BUILTIN_ACTIONS or a custom action name
+    fingerprint: str  # stable identity of this fault occurrence (same stale value -> same fingerprint)
+    message: str  # one readable sentence: what was seen and why this action
+    urgent: bool = True  # False: may wait for a maintenance window (e.g. row remap pending)
+
+    @property
+    def needs_repair(self) -> bool:
+        return self.action not in (ACTION_NONE, ACTION_CORDON)

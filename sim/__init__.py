@@ -1,0 +1,1 @@
+"""Simulators: Kubernetes API emulator, kubelet stand-in, dcgm-exporter stand-in."""
