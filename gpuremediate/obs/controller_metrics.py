@@ -1,0 +1,67 @@
+"""The controller's metrics (design §7), all prefixed ``gpuremediate_``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuremediate.obs.metrics import Counter, Gauge, Histogram, Registry
+
+PREFIX = "gpuremediate_"
+
+
+@dataclass
+class ControllerMetrics:
+    registry: Registry = field(default_factory=Registry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.nodes = Gauge(PREFIX + "nodes", "GPU nodes by remediation state.", ["state"])
+        self.transitions = Counter(
+            PREFIX + "transitions_total", "Node state transitions.", ["from", "to", "reason", "dry_run"]
+        )
+        self.faults = Counter(PREFIX + "faults_total", "GPU faults detected (new occurrences).", ["kind", "code"])
+        self.evictions = Counter(PREFIX + "evictions_total", "Pod eviction attempts by result.", ["result", "dry_run"])
+        self.drain_seconds = Histogram(PREFIX + "drain_seconds", "Time from drain start to drain complete.")
+        self.remediation_seconds = Histogram(
+            PREFIX + "remediation_seconds", "Time a remediation action took.", ["action"]
+        )
+        self.budget_in_use = Gauge(PREFIX + "budget_in_use", "GPU nodes out of service, counted against the budget.")
+        self.budget_limit = Gauge(PREFIX + "budget_limit", "Most GPU nodes allowed out of service at once.")
+        self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
+        self.scrape_seconds = Histogram(
+            PREFIX + "scrape_seconds",
+            "Time to read one node's GPU metrics.",
+            ["source"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.scrape_errors = Counter(PREFIX + "scrape_errors_total", "Failed metric reads.", ["source"])
+        self.unknown_nodes = Gauge(
+            PREFIX + "nodes_unknown", "GPU nodes whose health is unknown (exporter down or stale)."
+        )
+        self.leader = Gauge(PREFIX + "leader", "1 while this replica holds the leader lease.")
+        self.blocked_nodes = Gauge(PREFIX + "blocked_nodes", "Nodes waiting, by reason.", ["reason"])
+        self.dry_run = Gauge(PREFIX + "dry_run", "1 when running in dry-run mode (no mutation is sent).")
+        self.maintenance_request_age = Gauge(
+            PREFIX + "maintenance_request_age_seconds", "Age of each active MaintenanceRequest.", ["name"]
+        )
+        self.api_errors = Counter(PREFIX + "api_errors_total", "Kubernetes API errors by reason.", ["reason"])
+        for metric in (
+            self.nodes,
+            self.transitions,
+            self.faults,
+            self.evictions,
+            self.drain_seconds,
+            self.remediation_seconds,
+            self.budget_in_use,
+            self.budget_limit,
+            self.circuit_breaker_open,
+            self.scrape_seconds,
+            self.scrape_errors,
+            self.unknown_nodes,
+            self.leader,
+            self.blocked_nodes,
+            self.dry_run,
+            self.maintenance_request_age,
+            self.api_errors,
+        ):
+            r.register(metric)
