@@ -1,0 +1,357 @@
+"""The policy file (TOML): every threshold and XID entry, overridable per node group.
+
+The schema is declarative: each section is a frozen dataclass whose fields carry their type,
+default, validator and documentation (``setting``/``section``). One generic walker merges a TOML
+table onto a section, so a new section (drain, remediation, budget, ``actions.<name>``, ...) is a new
+dataclass and one field, not new parsing code. Per-node sections go on ``Policy`` (``[[groups]]``
+can override them); cluster-wide ones go on ``ClusterSettings``.
+
+Errors name the key path: ``groups[1].thermal.gpu_cordon_c: expected a number, got "hot"``
+(group indices count from 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import Field, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar, get_type_hints
+
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    ACTION_QUARANTINE,
+    ACTION_RESET_GPU,
+    BUILTIN_ACTIONS,
+)
+from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
+from gpuremediate.policy.xid import XidOverride
+
+ACTION_NAME_RE = re.compile(r"[a-z0-9-]+")
+GROUP_KEYS = ("name", "selector")
+
+Check = Callable[[Any, str], None]
+T = TypeVar("T")
+
+
+class PolicyError(ValueError):
+    """A bad policy file; the message starts with the key path of what is wrong."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return str(value)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# --- validators ------------------------------------------------------------------------------------
+
+
+def check_action(value: Any, path: str) -> None:
+    if value in BUILTIN_ACTIONS:
+        return
+    if not ACTION_NAME_RE.fullmatch(value):
+        raise PolicyError(f"{path}: expected a built-in action {list(BUILTIN_ACTIONS)} or a custom name "
+                          f"matching [a-z0-9-]+, got {_show(value)}")
+
+
+def at_least(minimum: float) -> Check:
+    def check(value: Any, path: str) -> None:
+        if value < minimum:
+            raise PolicyError(f"{path}: must be at least {minimum:g}, got {_show(value)}")
+
+    return check
+
+
+# --- schema helpers --------------------------------------------------------------------------------
+
+
+def setting(default: Any, doc: str, *, check: Check | None = None, action: bool = False) -> Any:
+    """A scalar setting. ``action=True`` marks an action name (checked, and reported to hooks)."""
+    checks = check_action if action else check
+    return field(default=default, metadata={"doc": doc, "check": checks, "action": action})
+
+
+def _parse_xid_code(key: str, path: str) -> int:
+    if not key.isascii() or not key.isdigit() or int(key) <= 0:
+        raise PolicyError(f"{path}: an XID override's key must be a positive XID number, got {_show(key)}")
+    return int(key)
+
+
+def _parse_xid_override(raw: Any, path: str) -> XidOverride:
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - {"action", "reason"})
+        if unknown:
+            raise PolicyError(f"{_join(path, unknown[0])}: unknown key (known: action, reason)")
+        if "action" not in raw:
+            raise PolicyError(f"{path}.action: required")
+        action = _coerce(str, raw["action"], f"{path}.action")
+        check_action(action, f"{path}.action")
+        return XidOverride(action=action, reason=_coerce(str, raw.get("reason", ""), f"{path}.reason"))
+    if isinstance(raw, str):
+        check_action(raw, path)
+        return XidOverride(action=raw)
+    raise PolicyError(f"{path}: expected an action name or a table {{action, reason}}, got {_show(raw)}")
+
+
+def parse_xid_overrides(raw: Any, path: str, current: Mapping[int, XidOverride]) -> Mapping[int, XidOverride]:
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table of XID number = action, got {_show(raw)}")
+    merged = dict(current)
+    for key, value in raw.items():
+        sub = _join(path, key)
+        merged[_parse_xid_code(key, sub)] = _parse_xid_override(value, sub)
+    return MappingProxyType(dict(sorted(merged.items())))
+
+
+# --- sections --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    enabled: bool = setting(True, "act on XIDs (the DCGM_FI_DEV_XID_ERRORS gauge and the per-XID counts)")
+    unknown_action: str = setting(ACTION_QUARANTINE, "action for an XID that NVIDIA's catalog does not list",
+                                  action=True)
+    overrides: Mapping[int, XidOverride] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata={"doc": 'per XID: "79" = "reset-gpu", or a table {action, reason}', "parse": parse_xid_overrides},
+    )
+
+    def action_refs(self, path: str) -> Iterator[tuple[str, str]]:
+        for code, override in self.overrides.items():
+            yield f"{path}.overrides.{code}", override.action
+
+
+@dataclass(frozen=True)
+class EccPolicy:
+    enabled: bool = setting(True, "act on volatile double-bit ECC errors")
+    dbe_min: int = setting(1, "act when DCGM_FI_DEV_ECC_DBE_VOL_TOTAL is at least this", check=at_least(1))
+    dbe_action: str = setting(ACTION_RESET_GPU, "action for volatile double-bit ECC errors", action=True)
+
+
+@dataclass(frozen=True)
+class RowRemapPolicy:
+    enabled: bool = setting(True, "act on row-remapping signals")
+    failure_action: str = setting(ACTION_QUARANTINE, "action when DCGM_FI_DEV_ROW_REMAP_FAILURE > 0", action=True)
+    pending_action: str = setting(ACTION_RESET_GPU, "action when DCGM_FI_DEV_ROW_REMAP_PENDING > 0", action=True)
+    pending_urgent: bool = setting(False, "false: a pending remap may wait for a maintenance window")
+    uncorrectable_rows_min: int = setting(
+        8, "act when DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS is at least this (0 disables)", check=at_least(0)
+    )
+    uncorrectable_rows_action: str = setting(ACTION_QUARANTINE, "action for too many uncorrectable remapped rows",
+                                             action=True)
+
+
+@dataclass(frozen=True)
+class ThermalPolicy:
+    enabled: bool = setting(True, "cordon GPUs that stay too hot")
+    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs")
+    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs")
+    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs")
+    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs")
+    hold_s: float = setting(60.0, "seconds continuously hot before the cordon finding", check=at_least(0))
+    clear_hold_s: float = setting(300.0, "seconds continuously cool before the cordon clears", check=at_least(0))
+
+    def validate(self, path: str) -> None:
+        for name in ("gpu", "memory"):
+            cordon, clear = getattr(self, f"{name}_cordon_c"), getattr(self, f"{name}_clear_c")
+            if clear >= cordon:
+                raise PolicyError(f"{path}: {name}_clear_c ({clear:g}) must be below {name}_cordon_c ({cordon:g})")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What applies to one node: the top-level sections, overridden by the first matching group."""
+
+    xid: XidPolicy = field(default_factory=XidPolicy, metadata={"doc": "the XID table and its overrides"})
+    ecc: EccPolicy = field(default_factory=EccPolicy, metadata={"doc": "ECC errors"})
+    row_remap: RowRemapPolicy = field(default_factory=RowRemapPolicy, metadata={"doc": "row remapping"})
+    thermal: ThermalPolicy = field(default_factory=ThermalPolicy, metadata={"doc": "thermal cordon with hysteresis"})
+
+    @property
+    def thermal_action(self) -> str:
+        return ACTION_CORDON
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Cluster-wide sections (not per group). Later issues add budget, breaker, actions.<name> here."""
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    name: str
+    selector: Selector
+    policy: Policy
+
+
+@dataclass(frozen=True)
+class PolicyFile:
+    defaults: Policy = field(default_factory=Policy)
+    groups: tuple[NodeGroup, ...] = ()
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    source: str = "<defaults>"
+
+    def group_for(self, labels: Mapping[str, str]) -> NodeGroup | None:
+        return next((group for group in self.groups if group.selector.matches(labels)), None)
+
+    def for_node(self, labels: Mapping[str, str]) -> Policy:
+        """The first group whose selector matches wins; otherwise the top-level policy."""
+        group = self.group_for(labels)
+        return group.policy if group else self.defaults
+
+    def custom_action_refs(self) -> list[tuple[str, str]]:
+        """(key path, name) of every custom action the file names, for the ``actions.<name>`` check."""
+        refs = list(_action_refs(self.defaults, ""))
+        for index, group in enumerate(self.groups):
+            refs += _action_refs(group.policy, f"groups[{index}]")
+        return [(path, name) for path, name in refs if name not in BUILTIN_ACTIONS]
+
+    def check_custom_actions(self, known: Collection[str]) -> None:
+        """Hook: raise naming the first key path whose custom action is not in ``known``."""
+        for path, name in self.custom_action_refs():
+            if name not in known:
+                raise PolicyError(f"{path}: custom action {_show(name)} is not defined (no [actions.{name}])")
+
+
+# --- the generic walker ----------------------------------------------------------------------------
+
+
+def _coerce(hint: Any, raw: Any, path: str) -> Any:
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise PolicyError(f"{path}: expected true or false, got {_show(raw)}")
+    if hint is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        raise PolicyError(f"{path}: expected an integer, got {_show(raw)}")
+    if hint is float:
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
+            return float(raw)
+        raise PolicyError(f"{path}: expected a number, got {_show(raw)}")
+    if hint is str:
+        if isinstance(raw, str):
+            return raw
+        raise PolicyError(f"{path}: expected a string, got {_show(raw)}")
+    raise TypeError(f"{path}: the schema has no rule for type {hint!r}")
+
+
+def _field_value(spec: Field[Any], hint: Any, current: Any, raw: Any, path: str) -> Any:
+    parse = spec.metadata.get("parse")
+    if parse is not None:
+        return parse(raw, path, current)
+    if is_dataclass(current):
+        return _merge(current, raw, path)
+    value = _coerce(hint, raw, path)
+    check = spec.metadata.get("check")
+    if check is not None:
+        check(value, path)
+    return value
+
+
+def _merge(base: T, raw: Any, path: str) -> T:
+    """``base`` with the keys of the TOML table ``raw`` applied; unknown keys and bad values raise."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table, got {_show(raw)}")
+    specs = {spec.name: spec for spec in fields(base)}  # type: ignore[arg-type]
+    hints = get_type_hints(type(base))
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in specs:
+            raise PolicyError(f"{_join(path, key)}: unknown key (known: {', '.join(specs)})")
+        changes[key] = _field_value(specs[key], hints[key], getattr(base, key), value, _join(path, key))
+    merged = replace(base, **changes)  # type: ignore[type-var]
+    validate = getattr(merged, "validate", None)
+    if callable(validate):
+        validate(path)
+    return merged
+
+
+def _action_refs(obj: Any, path: str) -> Iterator[tuple[str, str]]:
+    for spec in fields(obj):
+        value = getattr(obj, spec.name)
+        if spec.metadata.get("action"):
+            yield _join(path, spec.name), value
+        elif is_dataclass(value):
+            yield from _action_refs(value, _join(path, spec.name))
+    extra = getattr(obj, "action_refs", None)
+    if callable(extra):
+        yield from extra(path)
+
+
+# --- entry points ----------------------------------------------------------------------------------
+
+
+def _field_names(cls: type) -> set[str]:
+    return {spec.name for spec in fields(cls)}
+
+
+def _parse_group(index: int, raw: Any, defaults: Policy) -> NodeGroup:
+    path = f"groups[{index}]"
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table ([[groups]]), got {_show(raw)}")
+    selector_text = raw.get("selector")
+    if not isinstance(selector_text, str):
+        got = "nothing" if selector_text is None else _show(selector_text)
+        raise PolicyError(f"{path}.selector: expected a label selector string, got {got}")
+    try:
+        selector = parse_selector(selector_text)
+    except SelectorError as exc:
+        raise PolicyError(f"{path}.selector: {exc}") from None
+    name = raw.get("name", path)
+    if not isinstance(name, str):
+        raise PolicyError(f"{path}.name: expected a string, got {_show(name)}")
+    rest = {key: value for key, value in raw.items() if key not in GROUP_KEYS}
+    return NodeGroup(name=name, selector=selector, policy=_merge(defaults, rest, path))
+
+
+def parse_policy(data: Mapping[str, Any], source: str = "<data>") -> PolicyFile:
+    """A parsed TOML document → PolicyFile; raises PolicyError naming the key path."""
+    policy_keys, cluster_keys = _field_names(Policy), _field_names(ClusterSettings)
+    for key in data:
+        if key not in policy_keys | cluster_keys | {"groups"}:
+            known = ", ".join(sorted(policy_keys | cluster_keys | {"groups"}))
+            raise PolicyError(f"{key}: unknown key (known: {known})")
+    defaults = _merge(Policy(), {k: v for k, v in data.items() if k in policy_keys}, "")
+    cluster = _merge(ClusterSettings(), {k: v for k, v in data.items() if k in cluster_keys}, "")
+    raw_groups = data.get("groups", [])
+    if not isinstance(raw_groups, list):
+        raise PolicyError(f"groups: expected an array of tables ([[groups]]), got {_show(raw_groups)}")
+    groups = tuple(_parse_group(index, raw, defaults) for index, raw in enumerate(raw_groups))
+    return PolicyFile(defaults=defaults, groups=groups, cluster=cluster, source=source)
+
+
+def loads_policy(text: str, source: str = "<string>") -> PolicyFile:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: not valid TOML: {exc}") from None
+    return parse_policy(data, source)
+
+
+def load_policy(path: str | Path) -> PolicyFile:
+    """Read and check the policy file (the one I/O of the policy layer)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read the policy file: {exc}") from None
+    return loads_policy(text, str(path))
+
+
+def default_policy() -> PolicyFile:
+    return PolicyFile()
