@@ -1,0 +1,873 @@
+"""gpu-sim: a dcgm-exporter stand-in with fault injection (standard library only).
+
+Serves ``/metrics`` exactly as dcgm-exporter writes it (HELP/TYPE lines, label set, integer
+fields as integers, doubles with 6 decimals; the XID series absent until a first XID) for N
+GPUs per node. One process can serve many nodes, each on its own loopback IP and the same
+port, or one node (DaemonSet: node name from ``NODE_NAME``).
+
+Faults come in over HTTP (``POST /inject``, ``/reset``, ``/reboot``, ``/down``), from the
+CLI (``gpu-sim inject ...`` against a running sim) or from a JSON scenario timeline.
+This file is copied alone into the gpu-sim image: it imports nothing outside the stdlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+DEFAULT_DRIVER = "570.133.20"
+# PCI buses of the eight GPUs on an HGX H100 baseboard.
+HGX_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+
+FAULTS = ("xid", "dbe", "row-remap-failure", "row-remap-pending", "uncorrectable-rows", "temp", "memory-temp")
+DOWN_MODES = ("refuse", "500", "hang")
+SCENARIO_ACTIONS = (*FAULTS, "reset", "reboot", "down", "up")
+
+# XID -> err_msg, from NVIDIA's XID catalog (descriptions as the catalog words them).
+XID_MESSAGES: dict[int, str] = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    63: "GPU memory remapping event",
+    64: "GPU memory remapping failure",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained memory error",
+    95: "Uncontained memory error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str  # gauge | counter
+    help: str
+    attr: str  # GpuState attribute holding the value
+    is_float: bool = False
+
+
+# In dcgm-exporter's order (default counters, plus the ECC / remap fields the policy reads).
+FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", "sm_clock"),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", "mem_clock"),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", "memory_temp"),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", "gpu_temp"),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "power_w", True),
+    Field(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        "energy_mj",
+    ),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", "pcie_replays"),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", "util"),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", "mem_util"),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", "zero"),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", "zero"),
+    Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", "xid"),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", "fb_free"),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", "fb_used"),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", "fb_reserved"),
+    Field(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.", "sbe_vol"
+    ),
+    Field(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.", "dbe_vol"
+    ),
+    Field(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors.", "sbe_agg"
+    ),
+    Field(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors.", "dbe_agg"
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        "zero",
+    ),
+    Field("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", "zero"),
+    Field(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        "remap_uncorrectable",
+    ),
+    Field(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        "remap_correctable",
+    ),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", "remap_failure"),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending.", "remap_pending"),
+    Field(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.", "gr_active", True
+    ),
+    Field(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        "tensor_active",
+        True,
+    ),
+    Field(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        "dram_active",
+        True,
+    ),
+)
+
+
+class SimError(ValueError):
+    """A request the simulator cannot honour (unknown node, GPU, fault, bad value)."""
+
+
+@dataclass
+class GpuState:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    gpu_temp: int = 34
+    memory_temp: int = 41
+    xid: int | None = None  # None: the series is absent, as before a first XID
+    sbe_vol: int = 0
+    dbe_vol: int = 0
+    sbe_agg: int = 0
+    dbe_agg: int = 0
+    remap_correctable: int = 0
+    remap_uncorrectable: int = 0
+    remap_failure: int = 0
+    remap_pending: int = 0
+    sm_clock: int = 1980
+    mem_clock: int = 2619
+    power_w: float = 71.254
+    util: int = 0
+    mem_util: int = 0
+    fb_total: int = 81559
+    fb_used: int = 0
+    fb_reserved: int = 479
+    pcie_replays: int = 0
+    zero: int = 0
+    gr_active: float = 0.0
+    tensor_active: float = 0.0
+    dram_active: float = 0.0
+    booted_at: float = field(default_factory=time.monotonic)
+    pod: tuple[str, str, str] | None = None  # (namespace, pod, container) using this GPU
+
+    @property
+    def fb_free(self) -> int:
+        return self.fb_total - self.fb_used - self.fb_reserved
+
+    @property
+    def energy_mj(self) -> int:
+        return 4_742_776 + int((time.monotonic() - self.booted_at) * self.power_w * 1000)
+
+    def reset(self) -> None:
+        """A GPU reset: XID gauge gone, volatile ECC zeroed, pending remaps applied."""
+        self.xid = None
+        self.sbe_vol = 0
+        self.dbe_vol = 0
+        self.remap_pending = 0
+        self.booted_at = time.monotonic()
+
+
+@dataclass
+class NodeState:
+    name: str
+    ip: str
+    gpus: list[GpuState]
+    model: str = DEFAULT_MODEL
+    driver: str = DEFAULT_DRIVER
+    down: str | None = None  # one of DOWN_MODES
+    delay_s: float = 0.0  # slow exporter: answer /metrics after this long
+    padding_bytes: int = 0  # oversized scrape: this many bytes of comment lines appended
+    hostname_label: str = "Hostname"  # newest exporters write "hostname"
+
+    def gpu(self, index: int) -> GpuState:
+        if not 0 <= index < len(self.gpus):
+            raise SimError(f"node {self.name!r} has no GPU {index} (it has {len(self.gpus)})")
+        return self.gpus[index]
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """A stable UUID for a simulated GPU, shaped like NVML's."""
+    h = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _pci_bus_id(index: int) -> str:
+    bus = HGX_BUSES[index] if index < len(HGX_BUSES) else f"{0xC0 + index:02X}"
+    return f"00000000:{bus}:00.0"
+
+
+def new_node(name: str, gpus: int, ip: str, model: str = DEFAULT_MODEL, driver: str = DEFAULT_DRIVER) -> NodeState:
+    if gpus < 1:
+        raise SimError(f"a node needs at least one GPU, got {gpus}")
+    states = [
+        GpuState(
+            index=i,
+            uuid=gpu_uuid(name, i),
+            pci_bus_id=_pci_bus_id(i),
+            gpu_temp=33 + (i * 3) % 7,
+            memory_temp=40 + (i * 5) % 6,
+        )
+        for i in range(gpus)
+    ]
+    return NodeState(name=name, ip=ip, gpus=states, model=model, driver=driver)
+
+
+# ---------------------------------------------------------------- exposition
+
+
+def _labels(node: NodeState, gpu: GpuState) -> str:
+    parts = [
+        f'gpu="{gpu.index}"',
+        f'UUID="{gpu.uuid}"',
+        f'pci_bus_id="{gpu.pci_bus_id}"',
+        f'device="nvidia{gpu.index}"',
+        f'modelName="{node.model}"',
+        f'{node.hostname_label}="{node.name}"',
+        f'DCGM_FI_DRIVER_VERSION="{node.driver}"',
+    ]
+    if gpu.pod is not None:
+        namespace, pod, container = gpu.pod
+        parts += [f'container="{container}"', f'namespace="{namespace}"', f'pod="{pod}"']
+    return ",".join(parts)
+
+
+def _value(f: Field, gpu: GpuState) -> str:
+    v = getattr(gpu, f.attr)
+    return f"{float(v):.6f}" if f.is_float else str(int(v))
+
+
+def _series_lines(f: Field, node: NodeState) -> list[str]:
+    lines = []
+    for gpu in node.gpus:
+        labels = _labels(node, gpu)
+        if f.attr == "xid":
+            if gpu.xid is None:
+                continue
+            msg = XID_MESSAGES.get(gpu.xid, "Unknown Error")
+            labels += f',err_code="{gpu.xid}",err_msg="{msg}"'
+        lines.append(f"{f.name}{{{labels}}} {_value(f, gpu)}")
+    return lines
+
+
+def render(node: NodeState) -> str:
+    """The /metrics body for one node, as dcgm-exporter writes it."""
+    out: list[str] = []
+    for f in FIELDS:
+        series = _series_lines(f, node)
+        if not series:
+            continue
+        out.append(f"# HELP {f.name} {f.help}")
+        out.append(f"# TYPE {f.name} {f.type}")
+        out.extend(series)
+    body = "\n".join(out) + "\n"
+    if node.padding_bytes > 0:
+        body += _padding(node.padding_bytes)
+    return body
+
+
+def _padding(nbytes: int) -> str:
+    line = "# " + "x" * 1021 + "\n"
+    return line * (nbytes // len(line) + 1)
+
+
+# ---------------------------------------------------------------- the simulator
+
+
+class _NodeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], sim: GpuSim, node: str | None) -> None:
+        self.sim = sim
+        self.node = node  # None: the control listener (no /metrics)
+        super().__init__(addr, _Handler)
+
+
+class GpuSim:
+    """Many simulated nodes in one process, each served on its own IP and the same port."""
+
+    def __init__(self, port: int = 0, host: str | None = None, control_port: int | None = None) -> None:
+        self._requested_port = port
+        self.port = port
+        self._host = host  # bind every node on this address (DaemonSet mode: "0.0.0.0")
+        self._control_port = control_port
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeState] = {}
+        self._servers: dict[str, _NodeServer] = {}
+        self._control: _NodeServer | None = None
+        self._stopping = threading.Event()
+        self._unhang = threading.Condition(self._lock)
+        self._started = False
+        self._scenario_threads: list[threading.Thread] = []
+
+    # --- nodes
+
+    def add_node(
+        self,
+        name: str,
+        gpus: int = 8,
+        ip: str | None = None,
+        model: str = DEFAULT_MODEL,
+        driver: str = DEFAULT_DRIVER,
+    ) -> NodeState:
+        with self._lock:
+            if name in self._nodes:
+                raise SimError(f"node {name!r} already exists")
+            ip = ip or self._host or f"127.0.0.{11 + len(self._nodes)}"
+            if any(n.ip == ip for n in self._nodes.values()):
+                raise SimError(f"IP {ip} already serves another node")
+            node = new_node(name, gpus, ip, model, driver)
+            self._nodes[name] = node
+            if self._started:
+                self._serve(node)
+            return node
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return list(self._nodes)
+
+    def node(self, name: str) -> NodeState:
+        with self._lock:
+            try:
+                return self._nodes[name]
+            except KeyError:
+                raise SimError(f"unknown node {name!r}") from None
+
+    def url_for(self, node: str) -> str:
+        return f"http://{self.node(node).ip}:{self.port}/metrics"
+
+    def metrics(self, node: str) -> str:
+        with self._lock:
+            return render(self.node(node))
+
+    # --- faults
+
+    def inject(self, node: str, gpu: int, fault: str, value: float | None = None) -> None:
+        """Apply one fault; ``value`` means the XID code, a count, or degrees Celsius."""
+        appliers: dict[str, Callable[[GpuState, float | None], None]] = {
+            "xid": _inject_xid,
+            "dbe": _inject_dbe,
+            "row-remap-failure": _inject_remap_failure,
+            "row-remap-pending": _inject_remap_pending,
+            "uncorrectable-rows": _inject_uncorrectable_rows,
+            "temp": _set_gpu_temp,
+            "memory-temp": _set_memory_temp,
+        }
+        if fault not in appliers:
+            raise SimError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+        with self._lock:
+            appliers[fault](self.node(node).gpu(gpu), value)
+
+    def inject_xid(self, node: str, gpu: int, xid: int) -> None:
+        self.inject(node, gpu, "xid", xid)
+
+    def inject_dbe(self, node: str, gpu: int, count: int = 1) -> None:
+        self.inject(node, gpu, "dbe", count)
+
+    def set_temp(self, node: str, gpu: int, celsius: float) -> None:
+        self.inject(node, gpu, "temp", celsius)
+
+    def set_memory_temp(self, node: str, gpu: int, celsius: float) -> None:
+        self.inject(node, gpu, "memory-temp", celsius)
+
+    def inject_row_remap_failure(self, node: str, gpu: int) -> None:
+        self.inject(node, gpu, "row-remap-failure")
+
+    def inject_row_remap_pending(self, node: str, gpu: int) -> None:
+        self.inject(node, gpu, "row-remap-pending")
+
+    def set_pod(self, node: str, gpu: int, namespace: str, pod: str, container: str = "main") -> None:
+        """Attribute a GPU to a pod, as dcgm-exporter does in Kubernetes mode."""
+        with self._lock:
+            self.node(node).gpu(gpu).pod = (namespace, pod, container)
+
+    def reset_gpu(self, node: str, gpu: int) -> None:
+        with self._lock:
+            self.node(node).gpu(gpu).reset()
+
+    def restart_exporter(self, node: str) -> None:
+        """The exporter restarts: its sticky XID gauge is forgotten; the GPUs are untouched."""
+        with self._lock:
+            for g in self.node(node).gpus:
+                g.xid = None
+
+    def reboot(self, node: str) -> None:
+        """The node reboots: every GPU is reset and the exporter restarts."""
+        with self._lock:
+            for g in self.node(node).gpus:
+                g.reset()
+
+    # --- exporter health
+
+    def set_down(self, node: str, mode: str | None) -> None:
+        """``refuse`` (connection refused), ``500``, ``hang``; ``None`` brings it back."""
+        if mode is not None and mode not in DOWN_MODES:
+            raise SimError(f"unknown down mode {mode!r}; expected one of {', '.join(DOWN_MODES)}")
+        with self._lock:
+            state = self.node(node)
+            previous, state.down = state.down, mode
+            self._unhang.notify_all()
+            if self._started and mode == "refuse" and previous != "refuse":
+                self._unserve(node)
+            elif self._started and previous == "refuse" and mode != "refuse":
+                self._serve(state)
+
+    def set_delay(self, node: str, seconds: float) -> None:
+        with self._lock:
+            self.node(node).delay_s = max(0.0, seconds)
+
+    def set_padding(self, node: str, nbytes: int) -> None:
+        with self._lock:
+            self.node(node).padding_bytes = max(0, nbytes)
+
+    def set_hostname_label(self, node: str, label: str) -> None:
+        with self._lock:
+            self.node(node).hostname_label = label
+
+    # --- lifecycle
+
+    def start(self) -> GpuSim:
+        with self._lock:
+            for _attempt in range(5):
+                try:
+                    self._start_listeners()
+                except OSError:
+                    if self._requested_port != 0:
+                        raise
+                    self._close_listeners()
+                    continue
+                self._started = True
+                return self
+            raise OSError("could not bind one port on every node IP after 5 attempts")
+
+    def _start_listeners(self) -> None:
+        self.port = self._requested_port
+        for state in self._nodes.values():
+            if state.down != "refuse":
+                self._serve(state)
+        if self._control_port is not None:
+            self._control = self._listen(("127.0.0.1", self._control_port), None)
+
+    def _serve(self, state: NodeState) -> None:
+        self._servers[state.name] = self._listen((state.ip, self.port), state.name)
+
+    def _listen(self, addr: tuple[str, int], node: str | None) -> _NodeServer:
+        srv = _NodeServer(addr, self, node)
+        if node is not None and self.port == 0:
+            self.port = srv.server_address[1]
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        return srv
+
+    def _unserve(self, node: str) -> None:
+        srv = self._servers.pop(node, None)
+        if srv is not None:
+            srv.shutdown()
+            srv.server_close()
+
+    def _close_listeners(self) -> None:
+        servers = list(self._servers.values())
+        if self._control is not None:
+            servers.append(self._control)
+        self._servers.clear()
+        self._control = None
+        # Shut the listeners down together: each shutdown waits out one poll interval.
+        stoppers = [threading.Thread(target=srv.shutdown) for srv in servers]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+        for srv in servers:
+            srv.server_close()
+
+    @property
+    def control_url(self) -> str | None:
+        if self._control is None:
+            return None
+        return f"http://127.0.0.1:{self._control.server_address[1]}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            self._unhang.notify_all()
+            self._close_listeners()
+            self._started = False
+
+    def __enter__(self) -> GpuSim:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- used by the handler
+
+    def wait_while_hung(self, node: str) -> None:
+        """Block a /metrics request while the node is in ``hang`` mode (until it is not, or stop)."""
+        with self._lock:
+            while self.node(node).down == "hang" and not self._stopping.is_set():
+                self._unhang.wait(timeout=0.5)
+
+    # --- scenarios
+
+    def run_scenario(self, events: Sequence[ScenarioEvent]) -> threading.Thread:
+        """Apply a timeline in a background thread; ``at`` is seconds from now."""
+        t = threading.Thread(target=self._play, args=(list(events),), daemon=True)
+        self._scenario_threads.append(t)
+        t.start()
+        return t
+
+    def _play(self, events: list[ScenarioEvent]) -> None:
+        t0 = time.monotonic()
+        for ev in sorted(events, key=lambda e: e.at):
+            if self._stopping.wait(max(0.0, t0 + ev.at - time.monotonic())):
+                return
+            try:
+                self.apply(ev)
+            except SimError as e:
+                print(f"gpu-sim: scenario event at {ev.at}s failed: {e}", file=sys.stderr)
+
+    def apply(self, ev: ScenarioEvent) -> None:
+        if ev.fault == "reset":
+            self.reset_gpu(ev.node, _need_gpu(ev))
+        elif ev.fault == "reboot":
+            self.reboot(ev.node)
+        elif ev.fault == "down":
+            self.set_down(ev.node, str(ev.mode or "refuse"))
+        elif ev.fault == "up":
+            self.set_down(ev.node, None)
+        else:
+            self.inject(ev.node, _need_gpu(ev), ev.fault, ev.value)
+
+
+def _need_gpu(ev: ScenarioEvent) -> int:
+    if ev.gpu is None:
+        raise SimError(f"scenario event {ev.fault!r} at {ev.at}s needs a gpu")
+    return ev.gpu
+
+
+def _count(value: float | None, what: str) -> int:
+    n = 1 if value is None else int(value)
+    if n < 1:
+        raise SimError(f"{what} count must be >= 1, got {value}")
+    return n
+
+
+def _inject_xid(g: GpuState, value: float | None) -> None:
+    if value is None or int(value) < 1:
+        raise SimError(f"fault 'xid' needs a positive XID code as value, got {value!r}")
+    g.xid = int(value)
+
+
+def _inject_dbe(g: GpuState, value: float | None) -> None:
+    n = _count(value, "dbe")
+    g.dbe_vol += n
+    g.dbe_agg += n
+
+
+def _inject_remap_failure(g: GpuState, value: float | None) -> None:
+    g.remap_failure = 1
+
+
+def _inject_remap_pending(g: GpuState, value: float | None) -> None:
+    g.remap_pending = 1
+
+
+def _inject_uncorrectable_rows(g: GpuState, value: float | None) -> None:
+    g.remap_uncorrectable += _count(value, "uncorrectable-rows")
+
+
+def _celsius(value: float | None, fault: str) -> int:
+    if value is None or not -50 <= value <= 200:
+        raise SimError(f"fault {fault!r} needs a temperature in Celsius as value, got {value!r}")
+    return round(value)
+
+
+def _set_gpu_temp(g: GpuState, value: float | None) -> None:
+    g.gpu_temp = _celsius(value, "temp")
+
+
+def _set_memory_temp(g: GpuState, value: float | None) -> None:
+    g.memory_temp = _celsius(value, "memory-temp")
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True)
+class ScenarioEvent:
+    at: float
+    node: str
+    fault: str  # a fault, or reset / reboot / down / up
+    gpu: int | None = None
+    value: float | None = None
+    mode: str | None = None  # for "down"
+
+
+def parse_scenario(data: Any) -> list[ScenarioEvent]:
+    """Validate a scenario: a JSON list of {"at", "node", "gpu", "fault", "value"}."""
+    if not isinstance(data, list):
+        raise SimError(f"a scenario is a JSON list of events, got {type(data).__name__}")
+    return [_parse_event(i, item) for i, item in enumerate(data)]
+
+
+def _parse_event(i: int, item: Any) -> ScenarioEvent:
+    where = f"scenario event #{i}"
+    if not isinstance(item, dict):
+        raise SimError(f"{where}: expected an object, got {type(item).__name__}")
+    unknown = set(item) - {"at", "node", "gpu", "fault", "value", "mode"}
+    if unknown:
+        raise SimError(f"{where}: unknown keys {sorted(unknown)}")
+    at, node, fault = item.get("at"), item.get("node"), item.get("fault")
+    if not isinstance(at, int | float) or isinstance(at, bool) or at < 0:
+        raise SimError(f"{where}: 'at' must be seconds >= 0, got {at!r}")
+    if not isinstance(node, str) or not node:
+        raise SimError(f"{where}: 'node' must be a node name, got {node!r}")
+    if fault not in SCENARIO_ACTIONS:
+        raise SimError(f"{where}: 'fault' must be one of {', '.join(SCENARIO_ACTIONS)}, got {fault!r}")
+    gpu, value = item.get("gpu"), item.get("value")
+    if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool)):
+        raise SimError(f"{where}: 'gpu' must be an integer index, got {gpu!r}")
+    if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+        raise SimError(f"{where}: 'value' must be a number, got {value!r}")
+    return ScenarioEvent(float(at), node, fault, gpu, None if value is None else float(value), item.get("mode"))
+
+
+def load_scenario(path: str) -> list[ScenarioEvent]:
+    with open(path, encoding="utf-8") as fh:
+        try:
+            data = json.load(fh)
+        except json.JSONDecodeError as e:
+            raise SimError(f"{path}: not JSON: {e}") from None
+    return parse_scenario(data)
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _NodeServer
+    protocol_version = "HTTP/1.1"
+    server_version = "gpu-sim"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: tests scrape a lot
+        pass
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics" and self.server.node is not None:
+            self._serve_metrics(self.server.node)
+        elif path in ("/health", "/healthz"):
+            self._send(200, "text/plain; charset=utf-8", b"OK\n")
+        elif path == "/nodes":
+            self._json(200, {"nodes": self.server.sim.nodes(), "port": self.server.sim.port})
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"404 page not found\n")
+
+    def _serve_metrics(self, node: str) -> None:
+        sim = self.server.sim
+        state = sim.node(node)
+        if state.delay_s > 0:
+            time.sleep(state.delay_s)
+        if state.down == "hang":
+            sim.wait_while_hung(node)
+        if state.down == "500":
+            self._send(500, "text/plain; charset=utf-8", b"An error has occurred while serving metrics\n")
+            return
+        self._send(200, CONTENT_TYPE, sim.metrics(node).encode())
+
+    def do_POST(self) -> None:
+        routes: dict[str, Callable[[dict[str, Any]], None]] = {
+            "/inject": self._post_inject,
+            "/reset": lambda b: self.server.sim.reset_gpu(_str(b, "node"), _int(b, "gpu")),
+            "/reboot": lambda b: self.server.sim.reboot(_str(b, "node")),
+            "/restart-exporter": lambda b: self.server.sim.restart_exporter(_str(b, "node")),
+            "/down": lambda b: self.server.sim.set_down(_str(b, "node"), b.get("mode")),
+        }
+        route = routes.get(self.path.split("?", 1)[0])
+        if route is None:
+            self._json(404, {"error": f"no such endpoint {self.path}"})
+            return
+        try:
+            route(self._body())
+        except SimError as e:
+            self._json(400, {"error": str(e)})
+            return
+        self._json(200, {"ok": True})
+
+    def _post_inject(self, body: dict[str, Any]) -> None:
+        value = body.get("value")
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise SimError(f"'value' must be a number, got {value!r}")
+        self.server.sim.inject(_str(body, "node"), _int(body, "gpu"), _str(body, "fault"), value)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as e:
+            raise SimError(f"request body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise SimError("request body must be a JSON object")
+        return body
+
+    def _json(self, code: int, obj: object) -> None:
+        self._send(code, "application/json", json.dumps(obj).encode() + b"\n")
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the scraper gave up (timeout); nothing to tell it
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or not v:
+        raise SimError(f"{key!r} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _int(body: dict[str, Any], key: str) -> int:
+    v = body.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise SimError(f"{key!r} must be an integer, got {v!r}")
+    return v
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-sim", description="dcgm-exporter stand-in with fault injection")
+    p.add_argument("--port", type=int, default=9400, help="port every node is served on (default 9400)")
+    p.add_argument("--host", help="bind address for a single node (DaemonSet: 0.0.0.0)")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME"), help="node name (default: $NODE_NAME)")
+    p.add_argument("--nodes", type=int, default=0, help="serve N nodes gpu-node-1..N on 127.0.0.11.. instead")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--driver", default=DEFAULT_DRIVER)
+    p.add_argument("--control-port", type=int, help="also serve the fault API on 127.0.0.1:PORT")
+    p.add_argument("--scenario", help="JSON timeline of faults to play once serving")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _client_parser(sub, "inject", "inject a fault into a running sim", with_gpu=True, with_fault=True)
+    _client_parser(sub, "reset", "reset one GPU (XID cleared, volatile ECC zeroed)", with_gpu=True)
+    _client_parser(sub, "reboot", "reboot a node (all GPUs reset, exporter restarted)")
+    down = _client_parser(sub, "down", "take a node's exporter down")
+    down.add_argument("--mode", choices=(*DOWN_MODES, "up"), default="refuse")
+    return p
+
+
+def _client_parser(
+    sub: Any, name: str, help: str, with_gpu: bool = False, with_fault: bool = False
+) -> argparse.ArgumentParser:
+    c: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    c.add_argument("--url", required=True, help="any listener of the running sim, e.g. http://127.0.0.11:9400")
+    c.add_argument("--node", required=True)
+    if with_gpu:
+        c.add_argument("--gpu", type=int, required=True)
+    if with_fault:
+        c.add_argument("--fault", choices=FAULTS, required=True)
+        c.add_argument("--value", type=float, help="XID code, count, or degrees Celsius")
+    return c
+
+
+def _client_request(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"node": args.node}
+    if getattr(args, "gpu", None) is not None:
+        body["gpu"] = args.gpu
+    if args.command == "inject":
+        body["fault"] = args.fault
+        if args.value is not None:
+            body["value"] = int(args.value) if args.value.is_integer() else args.value
+    if args.command == "down":
+        body["mode"] = None if args.mode == "up" else args.mode
+    req = urllib.request.Request(
+        args.url.rstrip("/") + "/" + args.command,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            print(resp.read().decode().strip())
+            return 0
+    except urllib.error.HTTPError as e:
+        print(f"gpu-sim: {e.code}: {e.read().decode().strip()}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as e:
+        print(f"gpu-sim: cannot reach {args.url}: {e}", file=sys.stderr)
+        return 1
+
+
+def sim_from_args(args: argparse.Namespace) -> GpuSim:
+    if args.nodes > 0:
+        sim = GpuSim(port=args.port, control_port=args.control_port)
+        for i in range(1, args.nodes + 1):
+            sim.add_node(f"gpu-node-{i}", gpus=args.gpus, model=args.model, driver=args.driver)
+        return sim
+    if not args.node:
+        raise SimError("no node name: pass --node, set NODE_NAME, or use --nodes N")
+    sim = GpuSim(port=args.port, host=args.host or "0.0.0.0", control_port=args.control_port)
+    sim.add_node(args.node, gpus=args.gpus, model=args.model, driver=args.driver)
+    return sim
+
+
+def serve(args: argparse.Namespace) -> int:
+    events = load_scenario(args.scenario) if args.scenario else []
+    sim = sim_from_args(args).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for name in sim.nodes():
+        print(f"gpu-sim: {name} on {sim.url_for(name)}", flush=True)
+    if events:
+        sim.run_scenario(events)
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()
+    sim.stop()
+    return 0
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = build_parser().parse_args(None if argv is None else list(argv))
+    try:
+        if args.command is None:
+            return serve(args)
+        return _client_request(args)
+    except SimError as e:
+        print(f"gpu-sim: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
