@@ -1,0 +1,563 @@
+"""A small, strict loader for the YAML subset the project's manifests use (stdlib only).
+
+Test infrastructure, not runtime: it lets the tests read manifests/ without PyYAML.
+
+Supported: block mappings and sequences (including a sequence at the same indentation as
+its parent key), plain / single-quoted / double-quoted scalars typed by the YAML 1.2 core
+schema (int, float, bool, null, else string), literal `|` and folded `>` block scalars with
+chomping and indentation indicators, single- or multi-line flow collections `[...]` / `{...}`,
+comments, and multi-document streams (`---`, `...`). Mapping keys are always strings (as in
+Kubernetes, where YAML becomes JSON). Anything else (anchors, aliases, tags, complex keys,
+directives, multi-line plain or quoted scalars) raises YamlError naming the line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["YamlError", "load", "load_all"]
+
+
+class YamlError(ValueError):
+    """The text is not in the supported YAML subset; `line` is 1-based."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+_NULLS = frozenset({"", "~", "null", "Null", "NULL"})
+_TRUES = frozenset({"true", "True", "TRUE"})
+_FALSES = frozenset({"false", "False", "FALSE"})
+_INT = re.compile(r"[-+]?[0-9]+")
+_OCT = re.compile(r"0o[0-7]+")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_INF = re.compile(r"([-+]?)\.(inf|Inf|INF)")
+_NAN = re.compile(r"\.(nan|NaN|NAN)")
+_DOC_START = re.compile(r"---(\s.*)?")
+_DOC_END = re.compile(r"\.\.\.(\s.*)?")
+_KEY_COLON = re.compile(r":(\s|$)")
+_BAD_PLAIN_START = frozenset("&*!%@`,]}?:-|>")
+_ESCAPES = {
+    "0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f",
+    "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0",
+    "L": "\u2028", "P": "\u2029",
+}
+_HEX_ESCAPE_LEN = {"x": 2, "u": 4, "U": 8}
+
+
+def resolve_plain(text: str) -> Any:
+    """Type a plain scalar by the YAML 1.2 core schema."""
+    if text in _NULLS:
+        return None
+    if text in _TRUES:
+        return True
+    if text in _FALSES:
+        return False
+    if _INT.fullmatch(text):
+        return int(text)
+    if _OCT.fullmatch(text):
+        return int(text[2:], 8)
+    if _HEX.fullmatch(text):
+        return int(text[2:], 16)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    inf = _INF.fullmatch(text)
+    if inf:
+        return -math.inf if inf.group(1) == "-" else math.inf
+    if _NAN.fullmatch(text):
+        return math.nan
+    return text
+
+
+@dataclass
+class _Line:
+    number: int
+    text: str
+
+
+def _indent_of(line: _Line) -> int:
+    stripped = line.text.lstrip(" ")
+    if stripped.startswith("\t"):
+        raise YamlError(line.number, "tab in indentation (use spaces)")
+    return len(line.text) - len(stripped)
+
+
+def _is_insignificant(line: _Line) -> bool:
+    stripped = line.text.strip(" \t")
+    return stripped == "" or stripped.startswith("#")
+
+
+def _strip_comment(text: str) -> str:
+    """Cut a `#` comment that starts outside quotes after whitespace (or at the start)."""
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote == '"' and ch == "\\":
+            i += 2
+            continue
+        if quote and ch == quote:
+            quote = ""
+        elif not quote and ch in "\"'" and (i == 0 or text[i - 1] in " \t[{,:"):
+            quote = ch
+        elif not quote and ch == "#" and (i == 0 or text[i - 1] in " \t"):
+            return text[:i]
+        i += 1
+    return text
+
+
+def _parse_double_quoted(text: str, start: int, lineno: int) -> tuple[str, int]:
+    """Decode a double-quoted scalar beginning at text[start]; return (value, index after it)."""
+    out: list[str] = []
+    i = start + 1
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            return _join_surrogates("".join(out)), i + 1
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        if i + 1 >= len(text):
+            break
+        code = text[i + 1]
+        if code in _ESCAPES:
+            out.append(_ESCAPES[code])
+            i += 2
+        elif code in _HEX_ESCAPE_LEN:
+            digits = text[i + 2 : i + 2 + _HEX_ESCAPE_LEN[code]]
+            if len(digits) != _HEX_ESCAPE_LEN[code] or not re.fullmatch(r"[0-9a-fA-F]+", digits):
+                raise YamlError(lineno, f"bad escape \\{code}{digits} in double-quoted scalar")
+            out.append(chr(int(digits, 16)))
+            i += 2 + len(digits)
+        else:
+            raise YamlError(lineno, f"unknown escape \\{code} in double-quoted scalar")
+    raise YamlError(lineno, "unterminated double-quoted scalar (multi-line quoted scalars are not supported)")
+
+
+def _join_surrogates(text: str) -> str:
+    if not any("\ud800" <= ch <= "\udfff" for ch in text):
+        return text
+    try:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        return text
+
+
+def _parse_single_quoted(text: str, start: int, lineno: int) -> tuple[str, int]:
+    out: list[str] = []
+    i = start + 1
+    while i < len(text):
+        if text[i] == "'":
+            if text[i + 1 : i + 2] == "'":
+                out.append("'")
+                i += 2
+                continue
+            return "".join(out), i + 1
+        out.append(text[i])
+        i += 1
+    raise YamlError(lineno, "unterminated single-quoted scalar (multi-line quoted scalars are not supported)")
+
+
+def _parse_quoted(text: str, start: int, lineno: int) -> tuple[str, int]:
+    if text[start] == '"':
+        return _parse_double_quoted(text, start, lineno)
+    return _parse_single_quoted(text, start, lineno)
+
+
+def _expect_only_comment(rest: str, lineno: int) -> None:
+    if _strip_comment(rest).strip(" \t"):
+        raise YamlError(lineno, f"unexpected text after the value: {rest.strip()!r}")
+
+
+def _split_key(content: str, lineno: int) -> tuple[str, str] | None:
+    """If `content` starts a `key: value` pair, return (key, text after the colon)."""
+    if content.startswith("? ") or content == "?":
+        raise YamlError(lineno, "complex mapping keys ('?') are not supported")
+    if content[:1] in "\"'":
+        key, end = _parse_quoted(content, 0, lineno)
+        after = content[end:].lstrip(" ")
+        if after.startswith(":") and (len(after) == 1 or after[1] in " \t"):
+            return key, after[1:]
+        return None
+    if content[:1] in "[{":
+        return None
+    body = _strip_comment(content)
+    match = _KEY_COLON.search(body)
+    if match is None:
+        return None
+    key = body[: match.start()].rstrip(" \t")
+    if not key:
+        raise YamlError(lineno, "empty mapping key")
+    if key[0] in "&*!":
+        raise YamlError(lineno, "anchors, aliases and tags are not supported")
+    return key, content[match.start() + 1 :]
+
+
+def _is_seq_item(content: str) -> bool:
+    return content == "-" or content.startswith(("- ", "-\t"))
+
+
+class _FlowParser:
+    """Flow collections: `[a, "b", {c: 1}]`, `{a: 1, b: [x, y]}`."""
+
+    def __init__(self, text: str, lineno: int) -> None:
+        self.text = text
+        self.i = 0
+        self.lineno = lineno
+
+    def parse(self) -> tuple[Any, str]:
+        value = self._value()
+        return value, self.text[self.i :]
+
+    def _error(self, message: str) -> YamlError:
+        return YamlError(self.lineno, f"{message} in flow collection {self.text.strip()!r}")
+
+    def _skip_ws(self) -> None:
+        while self.i < len(self.text) and self.text[self.i] in " \t":
+            self.i += 1
+
+    def _peek(self) -> str:
+        self._skip_ws()
+        return self.text[self.i : self.i + 1]
+
+    def _value(self) -> Any:
+        ch = self._peek()
+        if ch == "[":
+            return self._sequence()
+        if ch == "{":
+            return self._mapping()
+        if ch in ("'", '"'):
+            value, self.i = _parse_quoted(self.text, self.i, self.lineno)
+            return value
+        if ch and ch in "&*!":
+            raise self._error("anchors, aliases and tags are not supported")
+        return resolve_plain(self._plain())
+
+    def _plain(self) -> str:
+        start = self.i
+        while self.i < len(self.text):
+            ch = self.text[self.i]
+            if ch in ",[]{}":
+                break
+            if ch == ":" and self.text[self.i + 1 : self.i + 2] in ("", " ", ",", "]", "}"):
+                break
+            if ch == "#" and self.i > start and self.text[self.i - 1] in " \t":
+                raise self._error("comment inside")
+            self.i += 1
+        return self.text[start : self.i].strip(" \t")
+
+    def _sequence(self) -> list[Any]:
+        self.i += 1
+        items: list[Any] = []
+        while True:
+            if self._peek() == "]":
+                self.i += 1
+                return items
+            if self._peek() in ("", ","):
+                raise self._error("missing item")
+            items.append(self._value())
+            if self._peek() == ":":
+                raise self._error("single-pair mappings are not supported")
+            if not self._end_or_comma("]"):
+                return items
+
+    def _mapping(self) -> dict[str, Any]:
+        self.i += 1
+        result: dict[str, Any] = {}
+        while True:
+            if self._peek() == "}":
+                self.i += 1
+                return result
+            key = self._key()
+            if key in result:
+                raise self._error(f"duplicate key {key!r}")
+            if self._peek() != ":":
+                raise self._error(f"expected ':' after key {key!r}")
+            self.i += 1
+            result[key] = None if self._peek() in (",", "}") else self._value()
+            if not self._end_or_comma("}"):
+                return result
+
+    def _key(self) -> str:
+        ch = self._peek()
+        if ch in ("'", '"'):
+            key, self.i = _parse_quoted(self.text, self.i, self.lineno)
+            return key
+        if ch in ("", ",", "[", "{"):
+            raise self._error("expected a key")
+        return self._plain()
+
+    def _end_or_comma(self, closer: str) -> bool:
+        """Consume ',' (True: more may follow) or the closer (False: done)."""
+        ch = self._peek()
+        if ch == ",":
+            self.i += 1
+            return True
+        if ch == closer:
+            self.i += 1
+            return False
+        raise self._error(f"expected ',' or '{closer}'")
+
+
+def _flow_is_balanced(text: str) -> bool:
+    depth = 0
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote == '"' and ch == "\\":
+            i += 2
+            continue
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        i += 1
+    return depth <= 0 and not quote
+
+
+class _Parser:
+    """Recursive descent over the lines of one document."""
+
+    def __init__(self, lines: list[_Line]) -> None:
+        self.lines = lines
+        self.pos = 0
+
+    def parse_document(self) -> Any:
+        self._skip_insignificant()
+        if self._at_end():
+            return None
+        line = self.lines[self.pos]
+        value = self._block_node_at(_indent_of(line))
+        self._skip_insignificant()
+        if not self._at_end():
+            extra = self.lines[self.pos]
+            raise YamlError(extra.number, f"unexpected content {extra.text.strip()!r} (bad indentation?)")
+        return value
+
+    # -- line bookkeeping -------------------------------------------------------------
+
+    def _at_end(self) -> bool:
+        return self.pos >= len(self.lines)
+
+    def _skip_insignificant(self) -> None:
+        while not self._at_end() and _is_insignificant(self.lines[self.pos]):
+            self.pos += 1
+
+    def _next_indent(self) -> int | None:
+        self._skip_insignificant()
+        return None if self._at_end() else _indent_of(self.lines[self.pos])
+
+    # -- block nodes ------------------------------------------------------------------
+
+    def _block_node_at(self, indent: int) -> Any:
+        line = self.lines[self.pos]
+        content = line.text[indent:]
+        if _is_seq_item(content):
+            return self._sequence(indent)
+        if _split_key(content, line.number) is not None:
+            return self._mapping(indent)
+        self.pos += 1
+        return self._inline_value(content, line, max(indent - 1, -1), compact_seq=False)
+
+    def _mapping(self, indent: int) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        while True:
+            current = self._next_indent()
+            if current is None or current < indent:
+                return result
+            line = self.lines[self.pos]
+            if current > indent:
+                raise YamlError(line.number, f"unexpected indentation: {line.text.strip()!r}")
+            content = line.text[indent:]
+            split = _split_key(content, line.number)
+            if split is None:
+                if _is_seq_item(content):
+                    raise YamlError(line.number, "a sequence item where a mapping key was expected")
+                raise YamlError(line.number, f"expected 'key: value', found {content.strip()!r}")
+            key, rest = split
+            if key in result:
+                raise YamlError(line.number, f"duplicate key {key!r}")
+            self.pos += 1
+            result[key] = self._inline_value(rest, line, indent, compact_seq=True)
+
+    def _sequence(self, indent: int) -> list[Any]:
+        items: list[Any] = []
+        while True:
+            current = self._next_indent()
+            if current is None or current < indent:
+                return items
+            line = self.lines[self.pos]
+            if current > indent:
+                raise YamlError(line.number, f"unexpected indentation: {line.text.strip()!r}")
+            content = line.text[indent:]
+            if not _is_seq_item(content):
+                return items
+            items.append(self._sequence_item(line, indent, content[1:]))
+
+    def _sequence_item(self, line: _Line, indent: int, after_dash: str) -> Any:
+        stripped = after_dash.lstrip(" ")
+        if stripped.startswith("\t"):
+            raise YamlError(line.number, "tab after '-' (use spaces)")
+        if _strip_comment(stripped).strip() == "":
+            self.pos += 1
+            return self._nested_block(indent, compact_seq=False)
+        column = indent + 1 + len(after_dash) - len(stripped)
+        if _is_seq_item(stripped) or _split_key(stripped, line.number) is not None:
+            # A collection starting on the dash's line: re-read this line as if it began at `column`.
+            line.text = " " * column + stripped
+            return self._block_node_at(column)
+        self.pos += 1
+        return self._inline_value(stripped, line, indent, compact_seq=False)
+
+    def _nested_block(self, parent_indent: int, *, compact_seq: bool) -> Any:
+        current = self._next_indent()
+        if current is None:
+            return None
+        if current > parent_indent:
+            return self._block_node_at(current)
+        content = self.lines[self.pos].text[current:]
+        if compact_seq and current == parent_indent and _is_seq_item(content):
+            return self._sequence(current)
+        return None
+
+    # -- values on the same line as their key or dash -----------------------------------
+
+    def _inline_value(self, rest: str, line: _Line, parent_indent: int, *, compact_seq: bool) -> Any:
+        text = rest.strip(" \t")
+        if _strip_comment(text).strip() == "":
+            return self._nested_block(parent_indent, compact_seq=compact_seq)
+        first = text[0]
+        if first in "|>":
+            return self._block_scalar(_strip_comment(text).strip(), line, parent_indent)
+        if first in "[{":
+            return self._flow(text, line)
+        if first in "\"'":
+            value, end = _parse_quoted(text, 0, line.number)
+            _expect_only_comment(text[end:], line.number)
+            return value
+        return self._plain(_strip_comment(text).strip(" \t"), line)
+
+    def _plain(self, text: str, line: _Line) -> Any:
+        if text[0] in "&*!":
+            raise YamlError(line.number, "anchors, aliases and tags are not supported")
+        if text[0] in _BAD_PLAIN_START and (text[0] not in "-?:" or text[1:2] in ("", " ", "\t")):
+            raise YamlError(line.number, f"a plain scalar cannot start with {text[0]!r}: {text!r}")
+        if _KEY_COLON.search(text):
+            raise YamlError(line.number, f"mapping values are not allowed here: {text!r}")
+        return resolve_plain(text)
+
+    def _flow(self, text: str, line: _Line) -> Any:
+        joined = _strip_comment(text)
+        while not _flow_is_balanced(joined):
+            if self._at_end():
+                raise YamlError(line.number, "unterminated flow collection")
+            joined += " " + _strip_comment(self.lines[self.pos].text).strip()
+            self.pos += 1
+        value, rest = _FlowParser(joined, line.number).parse()
+        _expect_only_comment(rest, line.number)
+        return value
+
+    def _block_scalar(self, header: str, line: _Line, parent_indent: int) -> str:
+        style, chomp, explicit = _parse_block_header(header, line.number)
+        content_indent = parent_indent + explicit if explicit else None
+        raw: list[str] = []
+        while not self._at_end():
+            text = self.lines[self.pos].text
+            if text.strip(" ") == "":
+                raw.append(text)
+                self.pos += 1
+                continue
+            indent = len(text) - len(text.lstrip(" "))
+            if content_indent is None:
+                content_indent = indent
+            if indent < content_indent or indent <= parent_indent:
+                break
+            raw.append(text)
+            self.pos += 1
+        width = content_indent if content_indent is not None else parent_indent + 1
+        lines = [None if len(t) <= width and t.strip(" ") == "" else t[width:] for t in raw]
+        return _assemble_block(lines, folded=style == ">", chomp=chomp)
+
+
+def _parse_block_header(header: str, lineno: int) -> tuple[str, str, int]:
+    match = re.fullmatch(r"([|>])(?:([1-9])([-+]?)|([-+])([1-9]?))?", header)
+    if match is None:
+        raise YamlError(lineno, f"bad block scalar header {header!r}")
+    digit = match.group(2) or match.group(5) or ""
+    chomp = match.group(3) or match.group(4) or ""
+    return match.group(1), chomp, int(digit) if digit else 0
+
+
+def _assemble_block(lines: list[str | None], *, folded: bool, chomp: str) -> str:
+    """Join block scalar lines (None = empty line) the way YAML's scanner does."""
+    content_at = [i for i, text in enumerate(lines) if text is not None]
+    if not content_at:
+        return "\n" * len(lines) if chomp == "+" else ""
+    chunks: list[str] = ["\n"] * content_at[0]
+    for n, i in enumerate(content_at):
+        text = lines[i]
+        assert text is not None
+        chunks.append(text)
+        following = content_at[n + 1] if n + 1 < len(content_at) else None
+        if following is None:
+            break
+        empties = following - i - 1
+        next_text = lines[following]
+        assert next_text is not None
+        plain_fold = folded and not text.startswith((" ", "\t")) and not next_text.startswith((" ", "\t"))
+        if not plain_fold:
+            chunks.append("\n")
+        elif empties == 0:
+            chunks.append(" ")
+        chunks.append("\n" * empties)
+    if chomp != "-":
+        chunks.append("\n")
+    if chomp == "+":
+        chunks.append("\n" * (len(lines) - content_at[-1] - 1))
+    return "".join(chunks)
+
+
+def _split_documents(text: str) -> list[list[_Line]]:
+    documents: list[list[_Line]] = []
+    current: list[_Line] = []
+    explicit = False
+    for number, raw in enumerate(text.split("\n"), start=1):
+        body = raw.rstrip("\r")
+        if body.startswith("%"):
+            raise YamlError(number, "directives ('%...') are not supported")
+        if _DOC_START.fullmatch(body) or _DOC_END.fullmatch(body):
+            _expect_only_comment(body[3:], number)
+            if explicit or any(not _is_insignificant(line) for line in current):
+                documents.append(current)
+            current = []
+            explicit = body.startswith("---")
+            continue
+        current.append(_Line(number, body))
+    if explicit or any(not _is_insignificant(line) for line in current):
+        documents.append(current)
+    return documents
+
+
+def load_all(text: str) -> list[Any]:
+    """Every document of a YAML stream, in order (an empty explicit document is None)."""
+    return [_Parser(lines).parse_document() for lines in _split_documents(text)]
+
+
+def load(text: str) -> Any:
+    """The single document of `text` (None when there is none)."""
+    documents = load_all(text)
+    if len(documents) > 1:
+        raise YamlError(1, f"expected one document, found {len(documents)}")
+    return documents[0] if documents else None
