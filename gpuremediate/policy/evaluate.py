@@ -1,0 +1,141 @@
+"""readings → findings, for one node: the pure entry point of the policy layer.
+
+``evaluate`` is deterministic: the same readings, policy, memory and ``now`` give the same result.
+Fingerprints identify a fault occurrence; the controller, not this module, remembers which ones it
+has handled (on the node record). ``PolicyMemory`` is what the rules themselves must remember
+between cycles (the thermal timers); the node record persists it via ``to_dict``/``from_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    ACTION_NONE,
+    ACTION_QUARANTINE,
+    ACTION_REBOOT,
+    ACTION_RESET_GPU,
+    Finding,
+)
+from gpuremediate.policy.rules import (
+    GpuView,
+    ThermalTimer,
+    ecc_findings,
+    merge_readings,
+    row_remap_findings,
+    thermal_finding,
+    thermal_step,
+    xid_findings,
+)
+from gpuremediate.signals.model import SOURCE_UNKNOWN, GpuReading, NodeReadings
+
+MEMORY_VERSION = 1
+
+# Higher is worse. Custom actions rank between reset-gpu and cordon.
+_ACTION_RANK: Mapping[str, int] = MappingProxyType(
+    {ACTION_NONE: 0, ACTION_CORDON: 1, ACTION_RESET_GPU: 3, ACTION_REBOOT: 4, ACTION_QUARANTINE: 5}
+)
+_CUSTOM_RANK = 2
+
+
+class PolicyMemoryError(ValueError):
+    """A stored PolicyMemory document that is not valid; the message names the path."""
+
+
+@dataclass(frozen=True)
+class PolicyMemory:
+    """What the rules remember between cycles: per-GPU thermal timers (idle timers are dropped)."""
+
+    thermal: Mapping[str, ThermalTimer] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": MEMORY_VERSION, "thermal": {key: timer.to_dict() for key, timer in sorted(self.thermal.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PolicyMemory:
+        if not isinstance(data, Mapping):
+            raise PolicyMemoryError(f"memory: expected an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"v", "thermal"})
+        if unknown:
+            raise PolicyMemoryError(f"memory.{unknown[0]}: unknown key")
+        if data.get("v") != MEMORY_VERSION:
+            raise PolicyMemoryError(f"memory.v: expected {MEMORY_VERSION}, got {data.get('v')!r}")
+        thermal = data.get("thermal", {})
+        if not isinstance(thermal, Mapping):
+            raise PolicyMemoryError(f"memory.thermal: expected an object, got {type(thermal).__name__}")
+        try:
+            timers = {str(key): ThermalTimer.from_dict(raw, f"memory.thermal[{key!r}]") for key, raw in thermal.items()}
+        except ValueError as exc:
+            raise PolicyMemoryError(str(exc)) from None
+        return memory_of(timers)
+
+
+def memory_of(timers: Mapping[str, ThermalTimer]) -> PolicyMemory:
+    kept = {key: timers[key] for key in sorted(timers) if not timers[key].idle}
+    return PolicyMemory(thermal=MappingProxyType(kept))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    findings: list[Finding]  # worst first
+    memory: PolicyMemory
+
+
+def severity(finding: Finding) -> tuple[int, bool]:
+    return _ACTION_RANK.get(finding.action, _CUSTOM_RANK), finding.urgent
+
+
+def by_severity(findings: Iterable[Finding]) -> list[Finding]:
+    """Worst first: quarantine > reboot > reset-gpu > custom > cordon > none; urgent before non-urgent."""
+    return sorted(findings, key=lambda f: (-severity(f)[0], not f.urgent, f.fingerprint))
+
+
+def worst(findings: Iterable[Finding]) -> Finding | None:
+    ranked = by_severity(findings)
+    return ranked[0] if ranked else None
+
+
+def _by_gpu(readings: NodeReadings) -> dict[str, GpuView]:
+    grouped: dict[str, list[GpuReading]] = {}
+    for reading in readings.gpus:
+        grouped.setdefault(reading.key, []).append(reading)
+    return {key: merge_readings(readings.node, key, grouped[key]) for key in sorted(grouped)}
+
+
+def _thermal(
+    node: str, gpus: Mapping[str, GpuView], policy: Policy, memory: PolicyMemory, now: float
+) -> tuple[list[Finding], PolicyMemory]:
+    rules = policy.thermal
+    if not rules.enabled:
+        return [], PolicyMemory()
+    timers = dict(memory.thermal)  # GPUs without readings keep their timers: missing changes nothing
+    for key, gpu in gpus.items():
+        timers[key] = thermal_step(timers.get(key, ThermalTimer()), gpu, rules, now)
+    found = [thermal_finding(node, key, timer, gpus.get(key), rules)
+             for key, timer in sorted(timers.items()) if timer.cordoned_since is not None]
+    return found, memory_of(timers)
+
+
+def evaluate(readings: NodeReadings, policy: Policy, memory: PolicyMemory, now: float) -> Evaluation:
+    """One node's readings → its findings (worst first) and the new memory.
+
+    Unknown readings (exporter unreachable, stale) are not unhealthy: no findings, memory unchanged.
+    """
+    if not math.isfinite(now):
+        raise ValueError(f"now must be a finite unix time, got {now!r}")
+    if readings.status == SOURCE_UNKNOWN:
+        return Evaluation(findings=[], memory=memory)
+    now = float(now)
+    gpus = _by_gpu(readings)
+    findings: dict[str, Finding] = {}
+    for gpu in gpus.values():
+        for finding in (*xid_findings(gpu, policy), *ecc_findings(gpu, policy), *row_remap_findings(gpu, policy)):
+            findings.setdefault(finding.fingerprint, finding)
+    thermal_found, new_memory = _thermal(readings.node, gpus, policy, memory, now)
+    return Evaluation(findings=by_severity([*findings.values(), *thermal_found]), memory=new_memory)

@@ -1,0 +1,238 @@
+"""The rules: one physical GPU's readings (+ its thermal timer) → findings. Pure functions.
+
+A GPU may have several readings (one per MIG instance); they share the physical GPU's key and are
+merged: any XID or count any instance shows, the largest counter and temperature values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuremediate.policy.config import Policy, ThermalPolicy
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    KIND_ECC_DBE,
+    KIND_ROW_REMAP_FAILURE,
+    KIND_ROW_REMAP_PENDING,
+    KIND_THERMAL,
+    KIND_UNCORRECTABLE_ROWS,
+    KIND_XID,
+    Finding,
+)
+from gpuremediate.policy.xid import lookup
+from gpuremediate.signals.model import GpuReading
+
+PLACEHOLDER_MIN = 9.22e18  # old exporters' "not supported" integers: missing, never a reading
+ABSOLUTE_ZERO_C = -273.15
+
+
+def usable_count(value: float | None) -> float | None:
+    """A counter/flag reading, or None when missing, a placeholder, not finite or negative."""
+    if value is None or not math.isfinite(value) or value < 0 or value >= PLACEHOLDER_MIN:
+        return None
+    return value
+
+
+def usable_temp(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value) or value >= PLACEHOLDER_MIN or value < ABSOLUTE_ZERO_C:
+        return None
+    return value
+
+
+def _largest(values: Iterable[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return max(present) if present else None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One physical GPU's readings, merged over its MIG instances, placeholders dropped."""
+
+    node: str
+    key: str
+    xids: frozenset[int]
+    xid_counts: Mapping[int, float]
+    ecc_dbe_volatile: float | None
+    row_remap_failure: float | None
+    row_remap_pending: float | None
+    uncorrectable_remapped_rows: float | None
+    gpu_temp: float | None
+    memory_temp: float | None
+
+
+def merge_readings(node: str, key: str, readings: Sequence[GpuReading]) -> GpuView:
+    counts: dict[int, float] = {}
+    for reading in readings:
+        for code, count in reading.xid_counts.items():
+            usable = usable_count(count)
+            if usable is not None and code > 0:
+                counts[code] = max(counts.get(code, 0.0), usable)
+    xids = {r.xid for r in readings if r.xid is not None and 0 < r.xid < PLACEHOLDER_MIN}
+    return GpuView(
+        node=node,
+        key=key,
+        xids=frozenset(xids),
+        xid_counts=counts,
+        ecc_dbe_volatile=_largest(usable_count(r.ecc_dbe_volatile) for r in readings),
+        row_remap_failure=_largest(usable_count(r.row_remap_failure) for r in readings),
+        row_remap_pending=_largest(usable_count(r.row_remap_pending) for r in readings),
+        uncorrectable_remapped_rows=_largest(usable_count(r.uncorrectable_remapped_rows) for r in readings),
+        gpu_temp=_largest(usable_temp(r.gpu_temp) for r in readings),
+        memory_temp=_largest(usable_temp(r.memory_temp) for r in readings),
+    )
+
+
+# --- XID, ECC, row remap ---------------------------------------------------------------------------
+
+
+def _xid_finding(gpu: GpuView, code: int, policy: Policy, fingerprint: str, seen: str) -> Finding:
+    entry = lookup(code, policy.xid.overrides, policy.xid.unknown_action)
+    message = f"GPU {gpu.key} {seen} XID {code} ({entry.mnemonic}): {entry.reason}"
+    return Finding(gpu.node, KIND_XID, str(code), (gpu.key,), entry.action, fingerprint, message)
+
+
+def xid_findings(gpu: GpuView, policy: Policy) -> list[Finding]:
+    if not policy.xid.enabled:
+        return []
+    found = [_xid_finding(gpu, code, policy, f"xid:{gpu.key}:{code}", "last reported") for code in sorted(gpu.xids)]
+    for code in sorted(gpu.xid_counts):
+        if gpu.xid_counts[code] > 0:
+            seen = f"reported {_number(gpu.xid_counts[code])} time(s) recently:"
+            found.append(_xid_finding(gpu, code, policy, f"xidcount:{gpu.key}:{code}", seen))
+    return found
+
+
+def ecc_findings(gpu: GpuView, policy: Policy) -> list[Finding]:
+    value, ecc = gpu.ecc_dbe_volatile, policy.ecc
+    if not ecc.enabled or value is None or value < ecc.dbe_min:
+        return []
+    count = _number(value)
+    message = f"GPU {gpu.key} has {count} volatile double-bit ECC error(s), uncorrectable ({ecc.dbe_action})."
+    return [Finding(gpu.node, KIND_ECC_DBE, "ecc_dbe_volatile", (gpu.key,), ecc.dbe_action,
+                    f"ecc-dbe:{gpu.key}:{count}", message)]
+
+
+def row_remap_findings(gpu: GpuView, policy: Policy) -> list[Finding]:
+    rules = policy.row_remap
+    if not rules.enabled:
+        return []
+    found: list[Finding] = []
+    if gpu.row_remap_failure is not None and gpu.row_remap_failure > 0:
+        message = f"GPU {gpu.key} failed to remap a memory row: NVIDIA's RMA signal ({rules.failure_action})."
+        found.append(Finding(gpu.node, KIND_ROW_REMAP_FAILURE, "row_remap_failure", (gpu.key,), rules.failure_action,
+                             f"row-remap-failure:{gpu.key}", message))
+    if gpu.row_remap_pending is not None and gpu.row_remap_pending > 0:
+        message = f"GPU {gpu.key} has a row remap pending: a GPU reset applies it ({rules.pending_action})."
+        found.append(Finding(gpu.node, KIND_ROW_REMAP_PENDING, "row_remap_pending", (gpu.key,), rules.pending_action,
+                             f"row-remap-pending:{gpu.key}", message, urgent=rules.pending_urgent))
+    rows = gpu.uncorrectable_remapped_rows
+    if rules.uncorrectable_rows_min > 0 and rows is not None and rows >= rules.uncorrectable_rows_min:
+        message = (f"GPU {gpu.key} has {_number(rows)} rows remapped for uncorrectable errors "
+                   f"(limit {rules.uncorrectable_rows_min}) ({rules.uncorrectable_rows_action}).")
+        found.append(Finding(gpu.node, KIND_UNCORRECTABLE_ROWS, "uncorrectable_remapped_rows", (gpu.key,),
+                             rules.uncorrectable_rows_action, f"uncorrectable-rows:{gpu.key}:{_number(rows)}", message))
+    return found
+
+
+# --- thermal hysteresis ----------------------------------------------------------------------------
+
+_TIMER_FIELDS = ("hot_since", "cool_since", "cordoned_since")
+
+
+@dataclass(frozen=True)
+class ThermalTimer:
+    """One GPU's thermal state. ``cordoned_since`` set: the GPU is thermally cordoned."""
+
+    hot_since: float | None = None  # first reading of the current uninterrupted hot run
+    cool_since: float | None = None  # while cordoned: first reading of the current cool run
+    cordoned_since: float | None = None
+    cause: str = ""  # which reading crossed its threshold when the cordon began
+
+    @property
+    def idle(self) -> bool:
+        return self == ThermalTimer()
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {name: getattr(self, name) for name in _TIMER_FIELDS}
+        data["cause"] = self.cause
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str) -> ThermalTimer:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: expected an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {*_TIMER_FIELDS, "cause"})
+        if unknown:
+            raise ValueError(f"{path}.{unknown[0]}: unknown key")
+        times = {name: _time_or_none(data.get(name), f"{path}.{name}") for name in _TIMER_FIELDS}
+        cause = data.get("cause", "")
+        if not isinstance(cause, str):
+            raise ValueError(f"{path}.cause: expected a string, got {type(cause).__name__}")
+        return cls(**times, cause=cause)
+
+
+def _time_or_none(value: Any, path: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{path}: expected a finite number or null, got {value!r}")
+    return float(value)
+
+
+def _hot_causes(gpu: GpuView, rules: ThermalPolicy) -> list[str]:
+    causes = []
+    if gpu.gpu_temp is not None and gpu.gpu_temp >= rules.gpu_cordon_c:
+        causes.append("gpu_temp")
+    if gpu.memory_temp is not None and gpu.memory_temp >= rules.memory_cordon_c:
+        causes.append("memory_temp")
+    return causes
+
+
+def _is_cool(gpu: GpuView, rules: ThermalPolicy) -> bool:
+    """Every temperature present is at or below its clear threshold (and at least one is present)."""
+    gpu_ok = gpu.gpu_temp is None or gpu.gpu_temp <= rules.gpu_clear_c
+    memory_ok = gpu.memory_temp is None or gpu.memory_temp <= rules.memory_clear_c
+    return gpu_ok and memory_ok
+
+
+def thermal_step(timer: ThermalTimer, gpu: GpuView, rules: ThermalPolicy, now: float) -> ThermalTimer:
+    """Advance one GPU's timer by one observation. Missing temperatures change nothing."""
+    if gpu.gpu_temp is None and gpu.memory_temp is None:
+        return timer
+    if timer.cordoned_since is None:
+        causes = _hot_causes(gpu, rules)
+        if not causes:
+            return replace(timer, hot_since=None)
+        hot_since = now if timer.hot_since is None else timer.hot_since
+        if now - hot_since >= rules.hold_s:
+            return ThermalTimer(cordoned_since=now, cause=",".join(causes))
+        return replace(timer, hot_since=hot_since)
+    if not _is_cool(gpu, rules):
+        return replace(timer, cool_since=None)
+    cool_since = now if timer.cool_since is None else timer.cool_since
+    if now - cool_since >= rules.clear_hold_s:
+        return ThermalTimer()
+    return replace(timer, cool_since=cool_since)
+
+
+def _temps(gpu: GpuView | None) -> str:
+    if gpu is None:
+        return "no temperature reading now"
+    shown = [f"{name} {_number(value)} C" for name, value in (("GPU", gpu.gpu_temp), ("memory", gpu.memory_temp))
+             if value is not None]
+    return ", ".join(shown) or "no temperature reading now"
+
+
+def thermal_finding(node: str, key: str, timer: ThermalTimer, gpu: GpuView | None, rules: ThermalPolicy) -> Finding:
+    assert timer.cordoned_since is not None
+    message = (f"GPU {key} ran hot ({timer.cause}) for {_number(rules.hold_s)} s; cordoned until it stays cool "
+               f"for {_number(rules.clear_hold_s)} s ({_temps(gpu)}).")
+    return Finding(node, KIND_THERMAL, timer.cause, (key,), ACTION_CORDON,
+                   f"thermal:{key}:{timer.cordoned_since:.3f}", message)
