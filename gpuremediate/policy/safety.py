@@ -1,0 +1,265 @@
+"""Pure safety rules: the disruption budget, the circuit breaker, the repeat-offender rule (design §4).
+
+Budget
+    ``Budget(max_unavailable)`` takes an int (``2``) or a percentage string (``"25%"``) of the GPU
+    nodes. :func:`budget_check` says whether one more node may be drained; :func:`admit` picks, from
+    several candidates at once, at most the remaining budget (oldest fault first, then by name).
+
+    A node is *out of service* (counts against the budget, once) when it is NotReady, unschedulable
+    for any reason (a person's cordon, another tool's), or in draining/repairing/validating.
+    One exception: a node we cordoned at once for a fatal fault that is still *waiting* for the
+    budget (state draining, no drain started) does not count: its workloads still run, and counting
+    it would let a burst of faults block every drain forever.
+
+    Percentages round DOWN, never below 1 (a 3-node pool at 25% can still repair one node);
+    ``0`` and ``"0%"`` mean no drain at all. Kubernetes rounds both ways: a Deployment's
+    ``maxUnavailable`` rounds down, a PDB's and a DaemonSet's round up. Rounding down is the safe
+    side here: an extra GPU node out of service costs training capacity, one fewer only delays a
+    repair.
+
+Circuit breaker
+    :class:`CircuitBreaker` is a frozen, JSON-serialisable value: ``record_fault`` and ``evaluate``
+    return a new breaker. It opens when more than ``threshold_pct`` % of the GPU nodes faulted
+    within ``window_s`` (and at least ``min_nodes`` did), and stays open until ``reset`` by a person.
+
+Repeat offender
+    :func:`repeat_offender` is true when the node's repair history holds ``count`` or more repairs
+    within ``window_s`` before ``now`` (the window edge ``now - window_s`` is inside; ``count <= 0``
+    switches the rule off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuremediate.state import states
+from gpuremediate.state.record import (
+    OUTCOME_REPAIR_FAILED,
+    OUTCOME_REPAIRED,
+    HistoryEntry,
+    NodeRecord,
+    RecordError,
+    node_unschedulable,
+    record_from_node,
+)
+
+DEFAULT_REPEAT_COUNT = 3
+DEFAULT_REPEAT_WINDOW_S = 7 * 24 * 3600.0
+REPAIR_OUTCOMES = frozenset({OUTCOME_REPAIRED, OUTCOME_REPAIR_FAILED})
+
+_PERCENT = re.compile(r"(\d{1,3})%")
+
+
+# ---- budget ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the budget needs to know about one GPU node."""
+
+    name: str
+    unschedulable: bool = False  # spec.unschedulable, whoever set it
+    ready: bool = True  # condition Ready is True
+    state: str = states.HEALTHY  # our record's state (healthy when none)
+    waiting: bool = False  # we cordoned it for a fault but have not started draining it
+    first_seen: float | None = None  # when its open fault was first seen (admission order)
+
+    @property
+    def out_of_service(self) -> bool:
+        if not self.ready:
+            return True
+        if self.waiting:
+            return False
+        return self.unschedulable or self.state in states.ACTIVE_STATES
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    """A NodeView from a Node object (its record, spec.unschedulable and Ready condition)."""
+    metadata = node.get("metadata") or {}
+    record = record_from_node(node)
+    view = NodeView(name=str(metadata.get("name", "")), unschedulable=node_unschedulable(node), ready=_ready(node))
+    if record is None or isinstance(record, RecordError):
+        return view  # a malformed record counts by what the node shows, never less
+    return dataclasses.replace(
+        view,
+        state=record.state,
+        waiting=is_waiting(record),
+        first_seen=record.fault.first_seen if record.fault else None,
+    )
+
+
+def is_waiting(record: NodeRecord) -> bool:
+    """Cordoned by us at once for a fault, drain not started yet: holds no budget slot."""
+    return (
+        record.state == states.DRAINING
+        and record.action is None
+        and record.cordoned_by_us
+        and not record.was_unschedulable
+    )
+
+
+def _ready(node: Mapping[str, Any]) -> bool:
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False  # no Ready condition: not known to be serving, so it counts as out
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_unavailable: int | str = "25%"
+
+    def __post_init__(self) -> None:
+        value = self.max_unavailable
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(f"maxUnavailable must be an int or 'N%', not {value!r}")
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"maxUnavailable must be >= 0, got {value}")
+        if isinstance(value, str):
+            match = _PERCENT.fullmatch(value.strip())
+            if match is None or int(match.group(1)) > 100:
+                raise ValueError(f"maxUnavailable {value!r} is not an int or a percentage '0%'..'100%'")
+
+    def limit(self, total_nodes: int) -> int:
+        """How many GPU nodes may be out of service at once among ``total_nodes``."""
+        value = self.max_unavailable
+        if isinstance(value, int):
+            return value
+        percent = int(value.strip().rstrip("%"))
+        if percent == 0:
+            return 0
+        return max(1, math.floor(total_nodes * percent / 100))
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    allowed: bool
+    in_use: int  # GPU nodes out of service now (the candidate included when it already is)
+    limit: int
+    reason: str
+
+
+def budget_check(gpu_nodes: Sequence[NodeView], candidate: str, budget: Budget | None = None) -> BudgetResult:
+    """May ``candidate`` be taken out of service along with the nodes already out?"""
+    budget = budget or Budget()
+    _require_known(gpu_nodes, [candidate])
+    limit = budget.limit(len(gpu_nodes))
+    others = sorted(v.name for v in gpu_nodes if v.name != candidate and v.out_of_service)
+    in_use = len(others) + sum(1 for v in gpu_nodes if v.name == candidate and v.out_of_service)
+    if len(others) < limit:
+        return BudgetResult(True, in_use, limit, f"within budget: {len(others)} other of {limit} in use")
+    names = ", ".join(others) if others else "none"
+    return BudgetResult(False, in_use, limit, f"budget full: {len(others)} of {limit} out of service ({names})")
+
+
+def admit(gpu_nodes: Sequence[NodeView], candidates: Sequence[str], budget: Budget | None = None) -> list[str]:
+    """The candidates that may start now: at most the remaining budget, oldest fault first, then name."""
+    budget = budget or Budget()
+    _require_known(gpu_nodes, candidates)
+    wanted = set(candidates)
+    in_use = sum(1 for v in gpu_nodes if v.name not in wanted and v.out_of_service)
+    remaining = max(0, budget.limit(len(gpu_nodes)) - in_use)
+    by_name = {v.name: v for v in gpu_nodes}
+    order = sorted(wanted, key=lambda name: (_first_seen_key(by_name[name]), name))
+    return order[:remaining]
+
+
+def _first_seen_key(view: NodeView) -> float:
+    return math.inf if view.first_seen is None else view.first_seen
+
+
+def _require_known(gpu_nodes: Sequence[NodeView], names: Sequence[str]) -> None:
+    known = {v.name for v in gpu_nodes}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"not among the GPU nodes: {', '.join(unknown)}")
+
+
+# ---- circuit breaker ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CircuitBreaker:
+    open: bool = False
+    opened_at: float | None = None
+    reason: str = ""
+    faults: tuple[tuple[str, float], ...] = ()  # (node, time) of faults, pruned to the window
+    reset_by: str = ""
+    reset_at: float | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.open
+
+    def record_fault(self, node: str, now: float) -> CircuitBreaker:
+        return dataclasses.replace(self, faults=(*self.faults, (node, now)))
+
+    def evaluate(
+        self, total_gpu_nodes: int, now: float, threshold_pct: float, window_s: float, min_nodes: int = 1
+    ) -> CircuitBreaker:
+        """Prune faults older than the window; open when more than threshold_pct % of nodes faulted."""
+        recent = tuple((node, at) for node, at in self.faults if at >= now - window_s)
+        pruned = dataclasses.replace(self, faults=recent)
+        if self.open or total_gpu_nodes <= 0:
+            return pruned
+        faulted = len({node for node, _ in recent})
+        if faulted < max(1, min_nodes) or faulted * 100 <= threshold_pct * total_gpu_nodes:
+            return pruned
+        reason = f"{faulted} of {total_gpu_nodes} GPU nodes faulted within {window_s:g}s (more than {threshold_pct:g}%)"
+        return dataclasses.replace(pruned, open=True, opened_at=now, reason=reason)
+
+    def reset(self, by: str, now: float) -> CircuitBreaker:
+        """Closed again by a person; the faults that opened it are forgotten."""
+        return CircuitBreaker(reset_by=by, reset_at=now)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["faults"] = [[node, at] for node, at in self.faults]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CircuitBreaker:
+        """Inverse of to_dict; raises ValueError naming the bad field."""
+        try:
+            faults = tuple((str(node), float(at)) for node, at in data.get("faults", []))
+            opened_at, reset_at = data.get("opened_at"), data.get("reset_at")
+            return cls(
+                open=_bool(data.get("open", False), "open"),
+                opened_at=None if opened_at is None else float(opened_at),
+                reason=str(data.get("reason", "")),
+                faults=faults,
+                reset_by=str(data.get("reset_by", "")),
+                reset_at=None if reset_at is None else float(reset_at),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"malformed circuit breaker state: {exc}") from exc
+
+
+def _bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a boolean, not {value!r}")
+    return value
+
+
+# ---- repeat offender ------------------------------------------------------------------------
+
+
+def repeat_offender(
+    history: Sequence[HistoryEntry],
+    now: float,
+    count: int = DEFAULT_REPEAT_COUNT,
+    window_s: float = DEFAULT_REPEAT_WINDOW_S,
+) -> bool:
+    """True when ``count`` or more repairs (repaired or failed) happened at or after ``now - window_s``.
+
+    Entries stamped after ``now`` (another replica's clock ran ahead) count too: the safe side.
+    """
+    if count <= 0:
+        return False  # the rule is switched off
+    recent = [e for e in history if e.outcome in REPAIR_OUTCOMES and e.at >= now - window_s]
+    return len(recent) >= count

@@ -1,0 +1,407 @@
+"""Pure decisions for the control loops: given a record and what was observed, what happens next.
+
+Every function takes the current :class:`NodeRecord` (``None`` = a node we never touched) and
+``now`` (unix seconds) and returns a :class:`Decision` (or a record, for ``release``). Nothing here
+does I/O. A loop applies a Decision in this order:
+
+1. if ``decision.changed``: write ``node_patch(decision.record, unschedulable=..., resource_version=...)``
+   (put ``unschedulable=True`` in that same patch when ``decision.cordon``); a 409 means re-read
+   the node and decide again;
+2. then the side effects: ``decision.uncordon`` → set ``spec.unschedulable=false``;
+   ``decision.cancel`` → delete that object (a person took the node back); an Event and the
+   ``transitions_total`` metric for ``decision.transition``; an Event per ``decision.notices``.
+
+Detect loop (nodes in healthy / cordoned), per scrape of a node whose readings are ``ok``::
+
+    if person_uncordoned(record, unschedulable): apply(on_person_uncordoned(record, now))
+    record = prune_handled(record, findings)            # only with a successful read!
+    apply(on_findings(record, findings, unschedulable, now, opts))
+
+Other loops: ``complete_drain``, ``drain_failed``, ``complete_repair``, ``complete_validation``,
+``thermal_cleared``, ``release`` (CLI), ``enter_maintenance`` / ``start_maintenance`` /
+``end_maintenance``. A node whose record cannot be read goes through ``on_malformed``: we never
+uncordon a node on a guess.
+
+Dedupe: level-triggered findings (a sticky XID gauge) repeat every scrape. ``new_findings`` drops
+those whose fingerprint is the open fault's or in ``record.handled``; the handled list is part of
+the record on the Node, so the dedupe survives a controller restart. ``prune_handled`` forgets a
+fingerprint once its finding disappears (the exporter restarted), so the same XID later is new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuremediate.policy import safety
+from gpuremediate.policy.evaluate import worst
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    ACTION_NONE,
+    ACTION_QUARANTINE,
+    Finding,
+)
+from gpuremediate.state import states
+from gpuremediate.state.record import (
+    BLOCK_BREAKER,
+    BLOCK_BUDGET,
+    OUTCOME_REPAIR_FAILED,
+    OUTCOME_REPAIRED,
+    OUTCOME_STOPPED,
+    ActionInProgress,
+    Fault,
+    HistoryEntry,
+    NodeRecord,
+    RecordError,
+    add_handled,
+    add_history,
+    block,
+    transition,
+)
+
+DETECT_STATES = frozenset({states.HEALTHY, states.CORDONED})
+
+
+@dataclass(frozen=True)
+class DecideOptions:
+    """What the detect loop knows beyond the node: policy knobs and the fleet's safety state."""
+
+    repeat_count: int = safety.DEFAULT_REPEAT_COUNT
+    repeat_window_s: float = safety.DEFAULT_REPEAT_WINDOW_S
+    budget_full: bool = False  # safety.budget_check said no for this node
+    budget_detail: str = ""  # its reason, kept in record.blocked.detail
+    breaker_open: bool = False  # start no new work (not even a cordon)
+
+
+@dataclass(frozen=True)
+class Transition:
+    from_state: str
+    to_state: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    record: NodeRecord  # the record to write (equal to the input when nothing changed)
+    changed: bool  # the record differs from the stored one: write it
+    transition: Transition | None = None
+    cordon: bool = False  # set spec.unschedulable=true (in the same patch as the record)
+    uncordon: bool = False  # set spec.unschedulable=false after the record is written
+    cancel: ActionInProgress | None = None  # the running action to clean up (person took over)
+    notices: tuple[Finding, ...] = ()  # action-none findings: an Event each, nothing else
+
+
+def fresh_record(now: float) -> NodeRecord:
+    """The record of a node we never touched."""
+    return NodeRecord(state=states.HEALTHY, since=now)
+
+
+def _decide(before: NodeRecord | None, after: NodeRecord, *, moved: bool = False, **fields: object) -> Decision:
+    """A Decision; ``moved``: ``after`` came out of ``transition`` (report it)."""
+    base = before if before is not None else fresh_record(after.since)
+    move = Transition(base.state, after.state, after.reason, after.message) if moved else None
+    return Decision(record=after, changed=after != base, transition=move, **fields)  # type: ignore[arg-type]
+
+
+def _moved(before: NodeRecord | None, after: NodeRecord, **fields: object) -> Decision:
+    return _decide(before, after, moved=True, **fields)
+
+
+# ---- dedupe -------------------------------------------------------------------------------------
+
+
+def new_findings(record: NodeRecord | None, findings: Sequence[Finding]) -> list[Finding]:
+    """Findings not yet dealt with: not the open fault, not handled, each fingerprint once."""
+    seen: set[str] = set()
+    if record is not None:
+        seen.update(record.handled)
+        if record.fault is not None:
+            seen.add(record.fault.fingerprint)
+    fresh = []
+    for finding in findings:
+        if finding.fingerprint not in seen:
+            seen.add(finding.fingerprint)
+            fresh.append(finding)
+    return fresh
+
+
+def prune_handled(record: NodeRecord, findings: Sequence[Finding]) -> NodeRecord:
+    """Forget handled fingerprints no longer reported, so the same fault later counts as new.
+
+    Call it only with the findings of a successful read (status ok): an unreachable exporter
+    reports nothing, and pruning then would turn the stale value into a new fault when it returns.
+    """
+    present = {f.fingerprint for f in findings}
+    kept = tuple(fp for fp in record.handled if fp in present)
+    return record if kept == record.handled else dataclasses.replace(record, handled=kept)
+
+
+# ---- detect loop --------------------------------------------------------------------------------
+
+def fault_from_finding(finding: Finding, now: float) -> Fault:
+    return Fault(
+        kind=finding.kind,
+        code=finding.code,
+        gpus=tuple(finding.gpus),
+        fingerprint=finding.fingerprint,
+        action=finding.action,
+        first_seen=now,
+        last_seen=now,
+        message=finding.message,
+        urgent=finding.urgent,
+    )
+
+
+def on_findings(
+    record: NodeRecord | None,
+    findings: Sequence[Finding],
+    node_unschedulable: bool,
+    now: float,
+    opts: DecideOptions | None = None,
+) -> Decision:
+    """The detect loop's decision for a node in healthy or cordoned (other states: no change).
+
+    - ``quarantine`` → quarantined; ``reset-gpu``/``reboot``/custom → draining (or quarantined with
+      reason ``repeat-offender``); ``cordon`` → cordoned; ``none`` → a notice, marked handled.
+    - cordoned + a repair finding → draining (escalation); cordoned + another cordon finding: no change.
+    - the cordon happens at once (``decision.cordon``) unless the node already is unschedulable;
+      a full budget only records ``blocked`` (the drain loop waits); an open breaker starts nothing
+      and records ``blocked=breaker`` (the finding stays new, so it is acted on after the reset).
+    """
+    opts = opts or DecideOptions()
+    base = record if record is not None else fresh_record(now)
+    if base.state not in DETECT_STATES:
+        return _decide(record, base)
+    fresh = new_findings(base, findings)
+    notices = tuple(f for f in fresh if f.action == ACTION_NONE)
+    after = add_handled(base, *(f.fingerprint for f in notices))
+    actionable = [f for f in fresh if f.action != ACTION_NONE]
+    if base.state == states.CORDONED:
+        actionable = [f for f in actionable if f.action != ACTION_CORDON]
+    if not actionable:
+        if after.blocked is not None and after.blocked.reason == BLOCK_BREAKER:
+            after = dataclasses.replace(after, blocked=None)
+        return _decide(record, after, notices=notices)
+    if opts.breaker_open:
+        after = block(after, BLOCK_BREAKER, "circuit breaker open: no new work", now)
+        return _decide(record, after, notices=notices)
+    chosen = worst(actionable)  # the policy's ranking: the most drastic action wins
+    assert chosen is not None
+    return _open_fault(record, after, chosen, node_unschedulable, now, opts, notices)
+
+
+def _open_fault(
+    record: NodeRecord | None,
+    base: NodeRecord,
+    finding: Finding,
+    node_unschedulable: bool,
+    now: float,
+    opts: DecideOptions,
+    notices: tuple[Finding, ...],
+) -> Decision:
+    first_touch = base.state == states.HEALTHY
+    cordon = first_touch and not node_unschedulable
+    if base.fault is not None:  # escalation: the soft fault is superseded by this one
+        base = add_handled(base, base.fault.fingerprint)
+    changes: dict[str, object] = {"fault": fault_from_finding(finding, now), "action": None, "stopped": False}
+    if first_touch:
+        changes.update(cordoned_by_us=cordon, was_unschedulable=node_unschedulable)
+    to, reason = _target(base, finding, now, opts)
+    after = transition(base, to, reason, now, finding.message, **changes)
+    if to == states.DRAINING and opts.budget_full:
+        after = block(after, BLOCK_BUDGET, opts.budget_detail or "disruption budget full", now)
+    return _moved(record, after, cordon=cordon, notices=notices)
+
+
+def _target(base: NodeRecord, finding: Finding, now: float, opts: DecideOptions) -> tuple[str, str]:
+    reason = states.fault_reason(finding.kind, finding.code)
+    if finding.action == ACTION_QUARANTINE:
+        return states.QUARANTINED, reason
+    if finding.action == ACTION_CORDON:
+        return states.CORDONED, reason
+    if safety.repeat_offender(base.history, now, opts.repeat_count, opts.repeat_window_s):
+        return states.QUARANTINED, states.REPEAT_OFFENDER
+    return states.DRAINING, reason
+
+
+# ---- people -------------------------------------------------------------------------------------
+
+
+def should_uncordon(record: NodeRecord) -> bool:
+    """Only undo our own cordon, and never on a node that was unschedulable before we came."""
+    return record.cordoned_by_us and not record.was_unschedulable
+
+
+def person_uncordoned(record: NodeRecord | None, node_unschedulable: bool) -> bool:
+    """The node is schedulable although our record holds it unschedulable: a person uncordoned it."""
+    if record is None or record.state == states.HEALTHY or node_unschedulable:
+        return False
+    return record.cordoned_by_us or record.was_unschedulable
+
+
+def on_person_uncordoned(record: NodeRecord, now: float) -> Decision:
+    """A person uncordoned the node mid-flow: stop working on it for this fault, back to healthy.
+
+    The open fault's fingerprint becomes handled (we will not act on it again) and ``stopped`` is
+    set. In ``repairing`` the repair cannot be recalled: the flow continues to validation, but
+    the node is no longer ours to uncordon.
+    """
+    if record.state == states.HEALTHY:
+        return _decide(record, record)
+    if record.state == states.REPAIRING:
+        after = dataclasses.replace(record, cordoned_by_us=False, was_unschedulable=False)
+        return _decide(record, after)
+    after = _close_flow(record, states.PERSON_UNCORDONED, now, "a person uncordoned the node", OUTCOME_STOPPED)
+    return _moved(record, dataclasses.replace(after, stopped=True), cancel=record.action)
+
+
+def release(record: NodeRecord, now: float, by: str) -> NodeRecord:
+    """A person released a quarantined node (``gpuremediate release NODE``): validate it again."""
+    message = f"released by {by}" if by else "released"
+    return transition(record, states.VALIDATING, states.RELEASED, now, message, action=None)
+
+
+# ---- flow steps ---------------------------------------------------------------------------------
+
+
+def _history_entry(record: NodeRecord, now: float, outcome: str) -> HistoryEntry | None:
+    fault = record.fault
+    if fault is None:
+        return None
+    return HistoryEntry(at=now, kind=fault.kind, code=fault.code, action=fault.action, outcome=outcome)
+
+
+def _close_flow(record: NodeRecord, reason: str, now: float, message: str, outcome: str | None) -> NodeRecord:
+    """Back to healthy: the fault handled (and in history), nothing of ours left on the node."""
+    closed = record
+    if record.fault is not None:
+        closed = add_handled(closed, record.fault.fingerprint)
+        entry = _history_entry(record, now, outcome) if outcome else None
+        closed = add_history(closed, entry) if entry else closed
+    return transition(
+        closed,
+        states.HEALTHY,
+        reason,
+        now,
+        message,
+        fault=None,
+        action=None,
+        cordoned_by_us=False,
+        was_unschedulable=False,
+    )
+
+
+def _needs_repair(fault: Fault | None) -> bool:
+    return fault is not None and fault.action not in (ACTION_NONE, ACTION_CORDON, ACTION_QUARANTINE)
+
+
+def complete_drain(record: NodeRecord, now: float) -> Decision:
+    """Drain done: repairing when the fault needs a repair, validating when not (maintenance only)."""
+    fault = record.fault
+    message = "drain complete"
+    if fault is not None and fault.action == ACTION_QUARANTINE:
+        reason = states.fault_reason(fault.kind, fault.code)
+        return _moved(record, transition(record, states.QUARANTINED, reason, now, fault.message, action=None))
+    to = states.REPAIRING if _needs_repair(fault) else states.VALIDATING
+    return _moved(record, transition(record, to, states.DRAIN_COMPLETE, now, message, action=None))
+
+
+def drain_failed(record: NodeRecord, now: float, detail: str) -> Decision:
+    """The drain could not finish and policy says stop: quarantined (the cordon stays)."""
+    return _moved(record, transition(record, states.QUARANTINED, states.DRAIN_FAILED, now, detail, action=None))
+
+
+def complete_repair(record: NodeRecord, ok: bool, now: float, max_attempts: int, detail: str = "") -> Decision:
+    """Repair finished: validating; or failed: retry (attempt + 1, name "" = not created yet)
+    until ``max_attempts``, then quarantined."""
+    if ok:
+        after = _with_history(record, now, OUTCOME_REPAIRED)
+        return _moved(record, transition(after, states.VALIDATING, states.REPAIR_COMPLETE, now, detail, action=None))
+    attempt = record.action.attempt if record.action else 1
+    if attempt < max_attempts:
+        kind = record.action.kind if record.action else (record.fault.action if record.fault else "")
+        retry = ActionInProgress(kind=kind, name="", attempt=attempt + 1, started=now)
+        return _decide(record, dataclasses.replace(record, action=retry, message=detail or record.message))
+    after = _with_history(record, now, OUTCOME_REPAIR_FAILED)
+    message = detail or f"repair failed after {attempt} attempt(s)"
+    return _moved(record, transition(after, states.QUARANTINED, states.REPAIR_FAILED, now, message, action=None))
+
+
+def _with_history(record: NodeRecord, now: float, outcome: str) -> NodeRecord:
+    entry = _history_entry(record, now, outcome)
+    return add_history(record, entry) if entry else record
+
+
+def complete_validation(record: NodeRecord, ok: bool, now: float, detail: str = "") -> Decision:
+    """Validation passed: healthy, and uncordon if (and only if) we cordoned; failed: quarantined."""
+    if not ok:
+        message = detail or "validation failed"
+        return _moved(
+            record, transition(record, states.QUARANTINED, states.VALIDATION_FAILED, now, message, action=None)
+        )
+    after = _close_flow(record, states.VALIDATION_PASSED, now, detail or "validation passed", None)
+    return _moved(record, after, uncordon=should_uncordon(record))
+
+
+def thermal_cleared(record: NodeRecord, now: float) -> Decision:
+    """The soft fault cleared (reading below the clear threshold for the hold time): healthy."""
+    after = _close_flow(record, states.THERMAL_CLEARED, now, "temperature back below the clear threshold", None)
+    return _moved(record, after, uncordon=should_uncordon(record))
+
+
+# ---- maintenance --------------------------------------------------------------------------------
+
+
+def enter_maintenance(record: NodeRecord | None, fault: Fault, node_unschedulable: bool, now: float) -> Decision:
+    """A MaintenanceRequest claimed a healthy node: held (not cordoned) until its start time."""
+    base = record if record is not None else fresh_record(now)
+    after = transition(
+        base,
+        states.MAINTENANCE,
+        states.MAINTENANCE_REQUESTED,
+        now,
+        fault.message,
+        fault=fault,
+        action=None,
+        stopped=False,
+        cordoned_by_us=False,
+        was_unschedulable=node_unschedulable,
+    )
+    return _moved(record, after)
+
+
+def start_maintenance(record: NodeRecord, node_unschedulable: bool, now: float) -> Decision:
+    """Start time reached: draining (cordon unless the node already is unschedulable)."""
+    cordon = not node_unschedulable
+    after = transition(
+        record, states.DRAINING, states.MAINTENANCE_START, now, "maintenance window started", cordoned_by_us=cordon
+    )
+    return _moved(record, after, cordon=cordon)
+
+
+def end_maintenance(record: NodeRecord, now: float) -> Decision:
+    """The MaintenanceRequest was deleted: the fault is cleared, the node goes back (maintenance or
+    draining → healthy), uncordoned only if we cordoned it."""
+    after = _close_flow(record, states.MAINTENANCE_CANCELLED, now, "maintenance request deleted", None)
+    return _moved(record, after, uncordon=should_uncordon(record), cancel=record.action)
+
+
+# ---- malformed records --------------------------------------------------------------------------
+
+
+def on_malformed(error: RecordError, node_unschedulable: bool, now: float) -> Decision:
+    """A record we cannot read. We cannot know whether we cordoned the node, so:
+
+    - schedulable node: start over with a fresh healthy record (nothing of ours to undo);
+    - unschedulable node: quarantined, ``was_unschedulable`` set, so nothing ever uncordons it
+      automatically; a person looks at it and releases it.
+    """
+    if not node_unschedulable:
+        return Decision(record=fresh_record(now), changed=True)
+    message = f"node record unreadable ({error}); held for a person"
+    held = transition(
+        fresh_record(now), states.QUARANTINED, states.RECORD_MALFORMED, now, message, was_unschedulable=True
+    )
+    return _moved(None, held)

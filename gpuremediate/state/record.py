@@ -1,0 +1,373 @@
+"""The node record: what the controller remembers about one node, and its annotation codec.
+
+The record lives on the Node itself (design §1: no database):
+
+- annotation ``gpuremediate.io/record``: :func:`encode` of a :class:`NodeRecord` (compact JSON,
+  sorted keys, ``"v": 1``);
+- label ``gpuremediate.io/state=<state>``: the record's state, for selectors and ``kubectl get -L``.
+
+Reading: :func:`record_from_node` gives ``None`` (no record: a healthy node we never touched),
+a :class:`NodeRecord`, or a :class:`RecordError` (malformed annotation; see
+``gpuremediate.state.decide.on_malformed`` for the safe way to carry on). Writing:
+:func:`node_patch` builds the JSON merge patch (record + label, optionally the cordon and the
+resourceVersion precondition in the same patch).
+
+Records are frozen. Change the state only with :func:`transition` (checked against the table in
+``gpuremediate.state.states``); change other fields with ``dataclasses.replace`` or the small
+helpers here (:func:`add_handled`, :func:`add_history`, :func:`block`, :func:`start_action`).
+All times are unix seconds passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuremediate.state import states
+
+RECORD_ANNOTATION = "gpuremediate.io/record"
+STATE_LABEL = "gpuremediate.io/state"
+VERSION = 1
+HISTORY_LIMIT = 20  # repair history entries kept (newest last)
+HANDLED_LIMIT = 64  # handled fault fingerprints kept (newest last)
+
+BLOCK_BUDGET = "budget"
+BLOCK_PDB = "pdb"
+BLOCK_BREAKER = "breaker"
+BLOCK_WINDOW = "window"
+BLOCK_MAINTENANCE_START = "maintenance-start"
+BLOCK_REASONS = (BLOCK_BUDGET, BLOCK_PDB, BLOCK_BREAKER, BLOCK_WINDOW, BLOCK_MAINTENANCE_START)
+
+# Repair history outcomes.
+OUTCOME_REPAIRED = "repaired"
+OUTCOME_REPAIR_FAILED = "repair-failed"
+OUTCOME_STOPPED = "stopped"  # a person took the node back mid-flow
+
+
+class RecordError(ValueError):
+    """A record that cannot be read: malformed JSON, unknown version, wrong type, unknown state."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The open fault: the finding that took the node out of ``healthy``."""
+
+    kind: str
+    code: str
+    gpus: tuple[str, ...]
+    fingerprint: str
+    action: str  # recommended action (policy.findings ACTION_* or a custom action name)
+    first_seen: float
+    last_seen: float
+    message: str
+    urgent: bool = True
+
+
+@dataclass(frozen=True)
+class ActionInProgress:
+    """The side effect the owning loop is running (drain, repair Job or CR, validation Job)."""
+
+    kind: str  # e.g. "drain", "reset-gpu", "reboot", "validate", or a custom action name
+    name: str  # the object's name; "" while not created yet (e.g. the next repair attempt)
+    attempt: int  # 1-based
+    started: float
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One finished repair flow (for the repeat-offender rule)."""
+
+    at: float
+    kind: str
+    code: str
+    action: str
+    outcome: str  # OUTCOME_*
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why the node waits: one of BLOCK_REASONS, a detail (e.g. the PDB's name), since when."""
+
+    reason: str
+    detail: str
+    since: float
+
+    def __post_init__(self) -> None:
+        if self.reason not in BLOCK_REASONS:
+            raise RecordError(f"blocked.reason {self.reason!r} is not one of {', '.join(BLOCK_REASONS)}")
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    state: str = states.HEALTHY
+    since: float = 0.0
+    reason: str = ""
+    message: str = ""
+    fault: Fault | None = None
+    action: ActionInProgress | None = None
+    cordoned_by_us: bool = False  # we set spec.unschedulable (so we may undo it)
+    was_unschedulable: bool = False  # unschedulable before we touched it: never uncordon
+    history: tuple[HistoryEntry, ...] = ()
+    handled: tuple[str, ...] = ()  # fingerprints of faults already dealt with
+    blocked: Blocked | None = None
+    # Owned by the policy layer (thermal timers...): JSON-serialisable; replace it, never mutate it.
+    policy_memory: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    stopped: bool = False  # a person uncordoned mid-flow: we stopped working on the last fault
+
+    def __post_init__(self) -> None:
+        if self.state not in states.STATES:
+            raise RecordError(f"unknown state {self.state!r} (known: {', '.join(states.STATES)})")
+
+
+def transition(record: NodeRecord, to: str, reason: str, now: float, message: str = "", **changes: Any) -> NodeRecord:
+    """The record in state ``to``; raises ``IllegalTransition`` (naming from/to/reason) if not allowed.
+
+    ``since`` becomes ``now``, ``blocked`` is cleared unless ``changes`` sets it, and any other
+    field can be changed in the same step through ``changes``.
+    """
+    states.check_transition(record.state, to, reason)
+    changes.setdefault("blocked", None)
+    return dataclasses.replace(record, state=to, since=now, reason=reason, message=message, **changes)
+
+
+def add_handled(record: NodeRecord, *fingerprints: str) -> NodeRecord:
+    """Remember fingerprints as handled (deduplicated, newest last, at most HANDLED_LIMIT)."""
+    fresh = [fp for fp in dict.fromkeys(fingerprints) if fp]
+    kept = [fp for fp in record.handled if fp not in fresh]
+    return dataclasses.replace(record, handled=tuple((kept + fresh)[-HANDLED_LIMIT:]))
+
+
+def add_history(record: NodeRecord, entry: HistoryEntry) -> NodeRecord:
+    """Append a history entry, keeping the last HISTORY_LIMIT."""
+    return dataclasses.replace(record, history=(*record.history, entry)[-HISTORY_LIMIT:])
+
+
+def block(record: NodeRecord, reason: str, detail: str, now: float) -> NodeRecord:
+    """Mark the node as waiting; keeps the original ``since`` when the same block persists."""
+    current = record.blocked
+    if current is not None and current.reason == reason and current.detail == detail:
+        return record
+    return dataclasses.replace(record, blocked=Blocked(reason, detail, now))
+
+
+def unblock(record: NodeRecord) -> NodeRecord:
+    return record if record.blocked is None else dataclasses.replace(record, blocked=None)
+
+
+def start_action(
+    record: NodeRecord, kind: str, name: str, attempt: int, now: float, timeout_s: float | None = None
+) -> NodeRecord:
+    """Record the side effect about to start (write this before creating the object)."""
+    deadline = None if timeout_s is None else now + timeout_s
+    action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline)
+    return dataclasses.replace(record, action=action, blocked=None)
+
+
+# ---- codec ---------------------------------------------------------------------------------
+
+
+def to_dict(record: NodeRecord) -> dict[str, Any]:
+    """The record as the JSON-ready dict written in the annotation."""
+    data = dataclasses.asdict(record)
+    data["policy_memory"] = dict(record.policy_memory)
+    data["v"] = VERSION
+    return data
+
+
+def encode(record: NodeRecord) -> str:
+    """Compact JSON with sorted keys; raises RecordError when policy_memory is not JSON."""
+    try:
+        return json.dumps(to_dict(record), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"record cannot be encoded: {exc}") from exc
+
+
+def _reject_constant(name: str) -> float:
+    raise RecordError(f"non-finite number {name} in record")
+
+
+def decode(text: str) -> NodeRecord:
+    """Parse an annotation value; raises RecordError saying what is wrong.
+
+    Unknown keys are ignored (a newer writer may add fields); missing optional keys take defaults;
+    ``v`` and ``state`` are required. Oversized history / handled lists are cut to their limits.
+    """
+    if not isinstance(text, str):
+        raise RecordError(f"record must be a string, not {type(text).__name__}")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except RecordError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise RecordError(f"record is not valid JSON: {exc}") from exc
+    return from_dict(data)
+
+
+def from_dict(data: object) -> NodeRecord:
+    obj = _Obj(data, "record")
+    version = obj.get("v", int)
+    if version != VERSION:
+        raise RecordError(f"unknown record version {version!r} (this controller reads v{VERSION})")
+    state = obj.get("state", str)
+    if state not in states.STATES:
+        raise RecordError(f"unknown state {state!r} in record")
+    return NodeRecord(
+        state=state,
+        since=obj.number("since", 0.0),
+        reason=obj.opt("reason", str, ""),
+        message=obj.opt("message", str, ""),
+        fault=obj.nested("fault", _fault),
+        action=obj.nested("action", _action),
+        cordoned_by_us=obj.opt("cordoned_by_us", bool, False),
+        was_unschedulable=obj.opt("was_unschedulable", bool, False),
+        history=tuple(obj.items("history", _history))[-HISTORY_LIMIT:],
+        handled=tuple(obj.strings("handled"))[-HANDLED_LIMIT:],
+        blocked=obj.nested("blocked", _blocked),
+        policy_memory=obj.opt("policy_memory", dict, {}),
+        stopped=obj.opt("stopped", bool, False),
+    )
+
+
+def _fault(obj: _Obj) -> Fault:
+    return Fault(
+        kind=obj.get("kind", str),
+        code=obj.opt("code", str, ""),
+        gpus=tuple(obj.strings("gpus")),
+        fingerprint=obj.get("fingerprint", str),
+        action=obj.get("action", str),
+        first_seen=obj.number("first_seen", 0.0),
+        last_seen=obj.number("last_seen", 0.0),
+        message=obj.opt("message", str, ""),
+        urgent=obj.opt("urgent", bool, True),
+    )
+
+
+def _action(obj: _Obj) -> ActionInProgress:
+    attempt = obj.get("attempt", int)
+    if attempt < 1:
+        raise RecordError(f"{obj.where}.attempt must be >= 1, got {attempt}")
+    return ActionInProgress(
+        kind=obj.get("kind", str),
+        name=obj.opt("name", str, ""),
+        attempt=attempt,
+        started=obj.number("started", 0.0),
+        deadline=obj.number("deadline", None),
+    )
+
+
+def _history(obj: _Obj) -> HistoryEntry:
+    return HistoryEntry(
+        at=obj.number("at", 0.0),
+        kind=obj.opt("kind", str, ""),
+        code=obj.opt("code", str, ""),
+        action=obj.opt("action", str, ""),
+        outcome=obj.opt("outcome", str, ""),
+    )
+
+
+def _blocked(obj: _Obj) -> Blocked:
+    return Blocked(reason=obj.get("reason", str), detail=obj.opt("detail", str, ""), since=obj.number("since", 0.0))
+
+
+class _Obj:
+    """Typed access to one JSON object, with errors naming the path of the bad field."""
+
+    def __init__(self, data: object, where: str) -> None:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where} must be a JSON object, not {_json_type(data)}")
+        self.data: dict[str, Any] = data
+        self.where = where
+
+    def get(self, key: str, kind: type) -> Any:
+        if key not in self.data:
+            raise RecordError(f"{self.where}.{key} is missing")
+        return self._typed(key, kind)
+
+    def opt(self, key: str, kind: type, default: Any) -> Any:
+        if self.data.get(key) is None:
+            return default
+        return self._typed(key, kind)
+
+    def number(self, key: str, default: float | None) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise RecordError(f"{self.where}.{key} must be a number, not {_json_type(value)}")
+        return float(value)
+
+    def strings(self, key: str) -> list[str]:
+        values = self.opt(key, list, [])
+        for i, value in enumerate(values):
+            if not isinstance(value, str):
+                raise RecordError(f"{self.where}.{key}[{i}] must be a string, not {_json_type(value)}")
+        return list(values)
+
+    def nested(self, key: str, build: Callable[[_Obj], Any]) -> Any:
+        value = self.data.get(key)
+        return None if value is None else build(_Obj(value, f"{self.where}.{key}"))
+
+    def items(self, key: str, build: Callable[[_Obj], Any]) -> list[Any]:
+        return [build(_Obj(v, f"{self.where}.{key}[{i}]")) for i, v in enumerate(self.opt(key, list, []))]
+
+    def _typed(self, key: str, kind: type) -> Any:
+        value = self.data[key]
+        wrong_bool = isinstance(value, bool) and kind is not bool
+        if wrong_bool or not isinstance(value, kind):
+            raise RecordError(f"{self.where}.{key} must be {kind.__name__}, not {_json_type(value)}")
+        return value
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+# ---- the Node object ------------------------------------------------------------------------
+
+
+def record_from_node(node: Mapping[str, Any]) -> NodeRecord | RecordError | None:
+    """The node's record; None when it has none (healthy, untouched); RecordError when malformed.
+
+    The annotation is authoritative; the state label is only a copy for selectors.
+    """
+    metadata = node.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    text = annotations.get(RECORD_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        return decode(text)
+    except RecordError as exc:
+        return exc
+
+
+def node_patch(
+    record: NodeRecord, *, unschedulable: bool | None = None, resource_version: str | None = None
+) -> dict[str, Any]:
+    """The JSON merge patch writing the record annotation and the state label.
+
+    ``unschedulable`` also sets ``spec.unschedulable`` in the same (atomic) patch: the cordon and the
+    record that explains it land together. ``resource_version`` makes the API server refuse the
+    patch with 409 Conflict when the node changed since it was read (optimistic concurrency).
+    """
+    metadata: dict[str, Any] = {
+        "annotations": {RECORD_ANNOTATION: encode(record)},
+        "labels": {STATE_LABEL: record.state},
+    }
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    patch: dict[str, Any] = {"metadata": metadata}
+    if unschedulable is not None:
+        patch["spec"] = {"unschedulable": unschedulable}
+    return patch
+
+
+def node_unschedulable(node: Mapping[str, Any]) -> bool:
+    """``spec.unschedulable`` of a Node object (absent means schedulable)."""
+    return bool((node.get("spec") or {}).get("unschedulable", False))
