@@ -1,0 +1,841 @@
+"""Parser and writer for the Prometheus text formats: 0.0.4 and OpenMetrics 1.0.
+
+``parse`` reads a whole exposition in one pass over its lines. Common sample lines are matched by one
+anchored regular expression built without nested quantifiers that could backtrack; anything it does
+not match goes through a slower scanner that knows every rule and says which one a line breaks.
+
+Strict mode raises ``ParseError`` at the first violation. Lenient mode is for real exporters:
+it repairs what is unambiguous (dcgm-exporter writes label values unescaped, so a raw quote or a
+stray backslash inside a value is kept as text), skips a line it cannot read, and lists every
+skipped line (and a missing ``# EOF``) in ``ParseResult.malformed``. Cosmetic violations that lose
+nothing (blank lines or stray comments in OpenMetrics, interleaved families) are accepted silently.
+
+Timestamps are unix seconds as floats in both formats (0.0.4 writes integer milliseconds).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+PROMETHEUS_004 = "0.0.4"
+OPENMETRICS_100 = "openmetrics-1.0"
+
+Labels = tuple[tuple[str, str], ...]
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+# A quoted label value; unrolled so that the engine never tries two ways to split the same text.
+_QUOTED = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_PAIR = _LABEL_NAME + "=" + _QUOTED
+_FLOAT = (
+    r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[-+]?[nN][aA][nN]"
+)
+_REAL = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_LABEL_SET = r"\{((?:" + _PAIR + r"(?:," + _PAIR + r")*)?)\}"
+
+_FAST_004 = re.compile(
+    "(" + _NAME + r")(?:\{((?:" + _PAIR + r"(?:," + _PAIR + r")*,?)?)\})?"
+    r"[ \t]+(" + _FLOAT + r")(?:[ \t]+([-+]?[0-9]+))?[ \t]*\Z"
+)
+_FAST_OM = re.compile(
+    "(" + _NAME + ")(?:" + _LABEL_SET + ")? (" + _FLOAT + ")(?: (" + _REAL + r"))?"
+    r"(?: # " + _LABEL_SET + " (" + _FLOAT + ")(?: (" + _REAL + r"))?)?\Z"
+)
+_PAIRS = re.compile("(" + _LABEL_NAME + r')="([^"\\]*(?:\\.[^"\\]*)*)"')
+_NAME_RE = re.compile(_NAME)
+_NAME_FULL = re.compile(_NAME + r"\Z")
+_LABEL_NAME_RE = re.compile(_LABEL_NAME)
+_LABEL_NAME_FULL = re.compile(_LABEL_NAME + r"\Z")
+_FLOAT_FULL = re.compile("(?:" + _FLOAT + r")\Z")
+_REAL_FULL = re.compile(_REAL + r"\Z")
+_INT_FULL = re.compile(r"[-+]?[0-9]+\Z")
+_VALUE_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*')
+_ESCAPE = re.compile(r"\\(.?)", re.S)
+_UNIT_FULL = re.compile(r"[a-zA-Z0-9_:]*\Z")
+_EOF_LINE = re.compile(r"^# EOF$", re.M)
+# Where a raw quote inside an unescaped label value may really close it: before the next label or the end.
+_LENIENT_CLOSE = re.compile(r'"[ \t]*(?:,[ \t]*(?:' + _LABEL_NAME + r'[ \t]*=[ \t]*"|\})|\})')
+_COMMENT_004 = re.compile(r"#[ \t]*(HELP|TYPE)(?:[ \t]+(.*))?\Z", re.S)
+_DESCRIPTOR_OM = re.compile(r"# (HELP|TYPE|UNIT) (.*)\Z", re.S)
+
+_TYPES_004 = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
+_TYPES_OM = frozenset({"counter", "gauge", "histogram", "gaugehistogram", "stateset", "info", "summary", "unknown"})
+_SUFFIXES_004: Mapping[str, tuple[str, ...]] = {
+    "counter": ("",),
+    "gauge": ("",),
+    "untyped": ("",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "summary": ("", "_count", "_sum"),
+}
+_SUFFIXES_OM: Mapping[str, tuple[str, ...]] = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "unknown": ("",),
+    "stateset": ("",),
+    "info": ("_info",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "summary": ("", "_count", "_sum", "_created"),
+}
+_EXEMPLAR_SUFFIXES = {"counter": "_total", "histogram": "_bucket", "gaugehistogram": "_bucket"}
+_NON_NEGATIVE = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count"),
+    "summary": ("_count",),
+    "gaugehistogram": ("_bucket", "_gcount"),
+}
+_UNESCAPE = {"\\": "\\", "n": "\n", '"': '"'}
+_MAX_EXEMPLAR_LABEL_CHARS = 128
+_INT64 = 2**63
+
+
+class ParseError(ValueError):
+    """The text breaks the format: ``line_no`` (1-based; 0 for the whole document) and why."""
+
+    def __init__(self, line_no: int, reason: str) -> None:
+        super().__init__(f"line {line_no}: {reason}")
+        self.line_no = line_no
+        self.reason = reason
+
+
+class _LineError(Exception):
+    """A rule broken by the current line; the caller turns it into a ParseError or a malformed entry."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Exemplar:
+    labels: Labels
+    value: float
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: Labels  # sorted (name, value) pairs
+    value: float
+    timestamp: float | None = None  # unix seconds
+    exemplar: Exemplar | None = None
+
+    def label(self, name: str, default: str | None = None) -> str | None:
+        for key, value in self.labels:
+            if key == name:
+                return value
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class MetricFamily:
+    name: str
+    type: str  # "untyped" (0.0.4) / "unknown" (OpenMetrics) when no TYPE line says otherwise
+    help: str = ""
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    samples: list[Sample]
+    families: Mapping[str, MetricFamily]
+    malformed: list[tuple[int, str]] = field(default_factory=list)
+    format: str = PROMETHEUS_004
+
+
+class _Family:
+    """A family while the parser is still reading it."""
+
+    __slots__ = ("buckets", "has_help", "has_samples", "has_type", "has_unit", "help", "name", "seen",
+                 "suffixes", "type", "unit")
+
+    def __init__(self, name: str, type_: str, suffixes: tuple[str, ...]) -> None:
+        self.name = name
+        self.type = type_
+        self.suffixes = suffixes
+        self.help = ""
+        self.unit = ""
+        self.has_help = self.has_type = self.has_unit = self.has_samples = False
+        self.seen: set[tuple[str, Labels]] = set()
+        self.buckets: list[Sample] = []
+
+    def frozen(self) -> MetricFamily:
+        return MetricFamily(self.name, self.type, self.help, self.unit)
+
+
+def parse(text: str, *, content_type: str | None = None, strict: bool = True) -> ParseResult:
+    """Parse an exposition; the format comes from ``content_type``, else from a ``# EOF`` line."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse() needs the exposition as str, got {type(text).__name__}")
+    try:
+        openmetrics = _is_openmetrics(text, content_type)
+    except _LineError as err:
+        if strict:
+            raise ParseError(0, err.reason) from None
+        openmetrics = _EOF_LINE.search(text) is not None
+        malformed = [(0, err.reason)]
+    else:
+        malformed = []
+    parser = _OpenMetricsParser(strict) if openmetrics else _Prometheus004Parser(strict)
+    parser.malformed.extend(malformed)
+    return parser.run(text)
+
+
+def _is_openmetrics(text: str, content_type: str | None) -> bool:
+    if content_type is None:
+        return _EOF_LINE.search(text) is not None
+    media, _, params = content_type.partition(";")
+    media = media.strip().lower()
+    if media == "application/openmetrics-text":
+        version = _content_type_param(params, "version")
+        if version not in (None, "1.0.0", "0.0.1"):
+            raise _LineError(f"unsupported OpenMetrics version {version!r} in content type {content_type!r}")
+        return True
+    if media == "text/plain":
+        return False
+    raise _LineError(f"unsupported content type {content_type!r}")
+
+
+def _content_type_param(params: str, key: str) -> str | None:
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == key:
+            return value.strip().strip('"')
+    return None
+
+
+class _Parser:
+    """What both formats share: family bookkeeping, label decoding, the result."""
+
+    suffixes: Mapping[str, tuple[str, ...]]
+    default_type: str
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.samples: list[Sample] = []
+        self.families: dict[str, _Family] = {}
+        self.malformed: list[tuple[int, str]] = []
+
+    def result(self, fmt: str) -> ParseResult:
+        families = MappingProxyType({name: fam.frozen() for name, fam in self.families.items()})
+        return ParseResult(self.samples, families, self.malformed, fmt)
+
+    def fail(self, line_no: int, reason: str) -> None:
+        if self.strict:
+            raise ParseError(line_no, reason)
+        self.malformed.append((line_no, reason))
+
+    def new_family(self, name: str, type_: str) -> _Family:
+        fam = _Family(name, type_, self.suffixes[type_])
+        self.families[name] = fam
+        return fam
+
+    def family_of_suffixed(self, name: str) -> _Family | None:
+        """The family that owns ``name`` through a type suffix (``foo_bucket`` → histogram ``foo``)."""
+        for suffix in ("_bucket", "_count", "_sum", "_total", "_created", "_gcount", "_gsum", "_info"):
+            if name.endswith(suffix):
+                fam = self.families.get(name[: -len(suffix)])
+                if fam is not None and suffix in fam.suffixes:
+                    return fam
+        return None
+
+    def labels_of(self, text: str, om: bool) -> Labels:
+        """Decode the inside of a ``{...}`` already matched by the fast pattern."""
+        pairs = _PAIRS.findall(text)
+        if "\\" in text:
+            pairs = [(key, self.unescape(value)) for key, value in pairs]
+        return self.checked_labels(pairs, om)
+
+    def checked_labels(self, pairs: list[tuple[str, str]], om: bool) -> Labels:
+        if len(dict(pairs)) != len(pairs):
+            keys = [key for key, _ in pairs]
+            dup = next(key for i, key in enumerate(keys) if key in keys[:i])
+            raise _LineError(f"duplicate label name {dup!r}")
+        for key, _ in pairs:
+            if key.startswith("__") and (om or key == "__name__"):
+                raise _LineError(f"label name {key!r} is reserved")
+        return tuple(sorted(pairs))
+
+    def unescape(self, raw: str) -> str:
+        return _ESCAPE.sub(self._one_escape, raw)
+
+    def _one_escape(self, match: re.Match[str]) -> str:
+        char = match.group(1)
+        if char in _UNESCAPE:
+            return _UNESCAPE[char]
+        if self.strict:
+            raise _LineError(f"invalid escape sequence '\\{char}' (only \\\\, \\\" and \\n are allowed)")
+        return match.group(0)  # exporters write values raw: keep the backslash as text
+
+    def scan_labels(self, line: str, pos: int, om: bool) -> tuple[list[tuple[str, str]], int]:
+        """Read labels from just after ``{``; returns the pairs and the index after ``}``."""
+        pairs: list[tuple[str, str]] = []
+        blank = "" if om else " \t"
+        while True:
+            pos = _skip(line, pos, blank)
+            if pos < len(line) and line[pos] == "}" and (not pairs or not om):
+                return pairs, pos + 1
+            match = _LABEL_NAME_RE.match(line, pos)
+            if match is None:
+                raise _LineError(_label_problem(line, pos))
+            key, pos = match.group(), _skip(line, match.end(), blank)
+            if not line.startswith("=", pos):
+                raise _LineError(f"expected '=' after label name {key!r}")
+            pos = _skip(line, pos + 1, blank)
+            if not line.startswith('"', pos):
+                raise _LineError(f"label value of {key!r} must start with a double quote")
+            value, pos = self.scan_value(line, pos + 1, key)
+            pairs.append((key, value))
+            pos = _skip(line, pos, blank)
+            if line.startswith(",", pos):
+                pos += 1
+                if om and line.startswith("}", pos):
+                    raise _LineError("trailing comma in label set")
+            elif not line.startswith("}", pos):
+                raise _LineError(f"expected ',' or '}}' after the value of label {key!r}")
+
+    def scan_value(self, line: str, pos: int, key: str) -> tuple[str, int]:
+        """Read a label value from just after its opening quote; returns it and the index after its end."""
+        end = _VALUE_BODY.match(line, pos).end()  # type: ignore[union-attr]
+        if end >= len(line) or line[end] != '"':
+            raise _LineError(f"label value of {key!r} is not terminated")
+        if not self.strict and _LENIENT_CLOSE.match(line, end) is None:
+            end = _lenient_close(line, end)
+        raw = line[pos:end]
+        return (self.unescape(raw) if "\\" in raw else raw), end + 1
+
+
+def _skip(line: str, pos: int, chars: str) -> int:
+    while pos < len(line) and line[pos] in chars:
+        pos += 1
+    return pos
+
+
+def _label_problem(line: str, pos: int) -> str:
+    if pos >= len(line):
+        return "label set is not closed with '}'"
+    return f"invalid label name at column {pos + 1} ({line[pos:pos + 10]!r})"
+
+
+def _lenient_close(line: str, end: int) -> int:
+    """For an unescaped value holding a raw quote, the first later quote that can really close it."""
+    candidate = line.find('"', end + 1)
+    while candidate != -1:
+        if _LENIENT_CLOSE.match(line, candidate):
+            return candidate
+        candidate = line.find('"', candidate + 1)
+    return end
+
+
+def _float(text: str, what: str) -> float:
+    if _FLOAT_FULL.match(text) is None:
+        raise _LineError(f"invalid {what} {text!r}")
+    return float(text)
+
+
+class _Prometheus004Parser(_Parser):
+    suffixes = _SUFFIXES_004
+    default_type = "untyped"
+
+    def run(self, text: str) -> ParseResult:
+        lines = text.split("\n")
+        unterminated = lines.pop()  # "" when the text ends with a line feed, as it must
+        resolved: dict[str, _Family] = {}
+        samples = self.samples
+        fast = _FAST_004.match
+        for line_no, line in enumerate(lines, 1):
+            if not line:
+                continue
+            try:
+                if line[0] == "#":
+                    self.comment(line)
+                    continue
+                match = fast(line)
+                if match is None:
+                    parsed = self.slow_line(line)
+                    if parsed is None:
+                        continue
+                    name, labels, value, stamp = parsed
+                else:
+                    name, label_text, value_text, stamp_text = match.groups()
+                    labels = self.labels_of(label_text, False) if label_text else ()
+                    value = float(value_text)
+                    stamp = _timestamp_ms(stamp_text) if stamp_text else None
+                fam = resolved.get(name)
+                if fam is None:
+                    fam = resolved[name] = self.family_for(name)
+                if fam.type in ("histogram", "summary"):
+                    _check_required_label(fam.type, fam.name, name, labels)
+                fam.has_samples = True
+                samples.append(Sample(name, labels, value, stamp))
+            except _LineError as err:
+                self.fail(line_no, err.reason)
+        if unterminated.strip(" \t"):
+            self.fail(len(lines) + 1, "the last line does not end with a line feed (truncated?)")
+        return self.result(PROMETHEUS_004)
+
+    def slow_line(self, line: str) -> tuple[str, Labels, float, float | None] | None:
+        """A line the fast pattern did not take: blank, indented comment, or a sample to scan."""
+        if not self.strict:
+            line = line.rstrip("\r")
+        stripped = line.lstrip(" \t")
+        if not stripped:
+            return None
+        if stripped[0] == "#":
+            self.comment(stripped)
+            return None
+        return self.slow_sample(stripped)
+
+    def family_for(self, name: str) -> _Family:
+        fam = self.families.get(name)
+        if fam is not None and "" in fam.suffixes:
+            return fam
+        owner = self.family_of_suffixed(name)
+        if owner is not None:
+            return owner
+        if fam is not None:
+            raise _LineError(f"sample {name!r} does not fit {fam.type} family {fam.name!r}")
+        return self.new_family(name, "untyped")
+
+    def slow_sample(self, line: str) -> tuple[str, Labels, float, float | None]:
+        match = _NAME_RE.match(line)
+        if match is None:
+            raise _LineError(f"invalid metric name at the start of {line[:40]!r}")
+        name, pos = match.group(), _skip(line, match.end(), " \t")
+        labels: Labels = ()
+        if line.startswith("{", pos):
+            pairs, pos = self.scan_labels(line, pos + 1, False)
+            labels = self.checked_labels(pairs, False)
+        elif pos == match.end() and pos < len(line):
+            raise _LineError(f"invalid character {line[pos]!r} in metric name {name + line[pos]!r}")
+        tokens = [token for token in line[pos:].replace("\t", " ").split(" ") if token]
+        if not tokens:
+            raise _LineError(f"sample {name!r} has no value")
+        if len(tokens) > 2:
+            raise _LineError(f"unexpected text after the timestamp: {tokens[2]!r}")
+        value = _float(tokens[0], "sample value")
+        return name, labels, value, _timestamp_ms(tokens[1]) if len(tokens) == 2 else None
+
+    def comment(self, line: str) -> None:
+        match = _COMMENT_004.match(line)
+        if match is None or match.group(2) is None:
+            return  # a plain comment
+        keyword, rest = match.groups()
+        if not rest:
+            return
+        name_match = _NAME_RE.match(rest)
+        name_end = name_match.end() if name_match else 0
+        if name_end == 0 or (name_end < len(rest) and rest[name_end] not in " \t"):
+            raise _LineError(f"invalid metric name in {keyword} line: {rest[:40]!r}")
+        name, value = rest[:name_end], rest[name_end:].lstrip(" \t")
+        if not value:
+            return  # "# HELP name" alone says nothing (Go's parser ignores it too)
+        fam = self.families.get(name) or self.new_family(name, "untyped")
+        if keyword == "HELP":
+            self.set_help(fam, value)
+        else:
+            self.set_type(fam, value)
+
+    def set_help(self, fam: _Family, value: str) -> None:
+        if fam.has_help:
+            raise _LineError(f"second HELP line for metric name {fam.name!r}")
+        fam.help, fam.has_help = self.unescape_help(value), True
+
+    def unescape_help(self, value: str) -> str:
+        if "\\" not in value:
+            return value
+        if value.endswith("\\") and (len(value) - len(value.rstrip("\\"))) % 2 == 1:
+            if self.strict:
+                raise _LineError("HELP text ends in a lone backslash")
+            value += "\\"
+        return self.unescape(value)
+
+    def set_type(self, fam: _Family, value: str) -> None:
+        type_ = value.rstrip(" \t").lower()
+        if type_ not in _TYPES_004:
+            raise _LineError(f"unknown metric type {value!r} for {fam.name!r}")
+        if fam.has_type or fam.has_samples:
+            raise _LineError(f"second TYPE line for metric name {fam.name!r}, or TYPE after its samples")
+        fam.type, fam.has_type, fam.suffixes = type_, True, self.suffixes[type_]
+
+
+def _timestamp_ms(text: str) -> float:
+    if _INT_FULL.match(text) is None:
+        raise _LineError(f"invalid timestamp {text!r} (0.0.4 wants integer milliseconds)")
+    millis = int(text)
+    if not -_INT64 <= millis < _INT64:
+        raise _LineError(f"timestamp {text!r} is out of the int64 range")
+    return millis / 1000
+
+
+def _check_required_label(type_: str, family: str, name: str, labels: Labels) -> None:
+    """Histogram buckets need ``le``, summary quantiles need ``quantile``, both holding a float."""
+    key = ("quantile" if name == family else None) if type_ == "summary" else None
+    if type_ != "summary" and name.endswith("_bucket"):
+        key = "le"
+    if key is None:
+        return
+    value = next((v for k, v in labels if k == key), None)
+    if value is None:
+        raise _LineError(f"{type_} sample {name!r} has no {key!r} label")
+    _float(value, f"{key!r} label value")
+
+
+class _OpenMetricsParser(_Parser):
+    suffixes = _SUFFIXES_OM
+    default_type = "unknown"
+
+    def __init__(self, strict: bool) -> None:
+        super().__init__(strict)
+        self.current: _Family | None = None
+
+    def run(self, text: str) -> ParseResult:
+        lines = text.split("\n")
+        eof_at = next((i for i, line in enumerate(lines) if line == "# EOF"), None)
+        if eof_at is None and lines[-1] == "":
+            lines.pop()
+        samples = self.samples
+        fast = _FAST_OM.match
+        for line_no, line in enumerate(lines[:eof_at], 1):
+            try:
+                if not line:
+                    if self.strict:
+                        raise _LineError("blank lines are not allowed in OpenMetrics")
+                    continue
+                if line[0] == "#":
+                    self.descriptor(line)
+                    continue
+                match = fast(line)
+                sample = self.slow_sample(line) if match is None else self.fast_sample(match)
+                fam = self.family_for(sample.name)
+                self.check_sample(fam, sample)
+                samples.append(sample)
+            except _LineError as err:
+                self.fail(line_no, err.reason)
+        self.close_current(len(lines))
+        self.check_end(lines, eof_at)
+        return self.result(OPENMETRICS_100)
+
+    def check_end(self, lines: list[str], eof_at: int | None) -> None:
+        if eof_at is None:
+            self.fail(len(lines), "missing '# EOF' (OpenMetrics ends with it; the exposition may be truncated)")
+            return
+        for line_no, line in enumerate(lines[eof_at + 1 :], eof_at + 2):
+            if line or line_no != len(lines):
+                self.fail(line_no, "content after '# EOF'")
+                if self.strict:
+                    return
+
+    def fast_sample(self, match: re.Match[str]) -> Sample:
+        name, label_text, value_text, stamp_text, ex_labels, ex_value, ex_stamp = match.groups()
+        labels = self.labels_of(label_text, True) if label_text else ()
+        exemplar = None
+        if ex_value is not None:
+            exemplar = self.exemplar(self.labels_of(ex_labels, True) if ex_labels else (), ex_value, ex_stamp)
+        stamp = _timestamp_s(stamp_text) if stamp_text else None
+        return Sample(name, labels, float(value_text), stamp, exemplar)
+
+    def slow_sample(self, line: str) -> Sample:
+        match = _NAME_RE.match(line)
+        if match is None:
+            raise _LineError(f"invalid metric name at the start of {line[:40]!r}")
+        name, pos = match.group(), match.end()
+        labels: Labels = ()
+        if line.startswith("{", pos):
+            pairs, pos = self.scan_labels(line, pos + 1, True)
+            labels = self.checked_labels(pairs, True)
+        head, sep, tail = line[pos:].partition(" # ")
+        if not head.startswith(" "):
+            raise _LineError(f"expected one space then the value after {name!r}")
+        tokens = head[1:].split(" ")
+        if "" in tokens or len(tokens) > 2:
+            raise _LineError("sample fields must be separated by single spaces, with nothing after them")
+        value = _float(tokens[0], "sample value")
+        stamp = _timestamp_s(tokens[1]) if len(tokens) == 2 else None
+        exemplar = self.slow_exemplar(tail) if sep else None
+        return Sample(name, labels, value, stamp, exemplar)
+
+    def slow_exemplar(self, text: str) -> Exemplar:
+        if not text.startswith("{"):
+            raise _LineError("exemplar must start with a label set")
+        pairs, pos = self.scan_labels(text, 1, True)
+        labels = self.checked_labels(pairs, True)
+        if not text.startswith(" ", pos):
+            raise _LineError("exemplar label set must be followed by a space and a value")
+        tokens = text[pos + 1 :].split(" ")
+        if "" in tokens or len(tokens) > 2:
+            raise _LineError("exemplar fields must be separated by single spaces")
+        return self.exemplar(labels, tokens[0], tokens[1] if len(tokens) == 2 else None)
+
+    def exemplar(self, labels: Labels, value: str, stamp: str | None) -> Exemplar:
+        if sum(len(k) + len(v) for k, v in labels) > _MAX_EXEMPLAR_LABEL_CHARS:
+            raise _LineError(f"exemplar labels exceed {_MAX_EXEMPLAR_LABEL_CHARS} characters")
+        return Exemplar(labels, _float(value, "exemplar value"), _timestamp_s(stamp) if stamp else None)
+
+    def descriptor(self, line: str) -> None:
+        match = _DESCRIPTOR_OM.match(line)
+        if match is None:
+            if self.strict:
+                raise _LineError(f"not an OpenMetrics descriptor: {line[:40]!r} (only HELP, TYPE, UNIT, EOF)")
+            return
+        keyword, rest = match.groups()
+        name, sep, value = rest.partition(" ")
+        if _NAME_FULL.match(name) is None:
+            raise _LineError(f"invalid metric name {name!r} in {keyword} line")
+        if not sep:
+            raise _LineError(f"{keyword} line for {name!r} needs a space after the name")
+        fam = self.family_to_describe(name, keyword)
+        if keyword == "TYPE":
+            self.set_type(fam, value)
+        elif keyword == "HELP":
+            self.set_help(fam, value)
+        else:
+            self.set_unit(fam, value)
+
+    def family_to_describe(self, name: str, keyword: str) -> _Family:
+        fam = self.current
+        if fam is not None and fam.name == name:
+            if fam.has_samples:
+                raise _LineError(f"{keyword} for {name!r} after its samples")
+            return fam
+        if name in self.families:
+            raise _LineError(f"metric family {name!r} is interleaved with another family")
+        self.close_current(0)
+        fam = self.current = self.new_family(name, "unknown")
+        return fam
+
+    def set_type(self, fam: _Family, value: str) -> None:
+        if fam.has_type:
+            raise _LineError(f"second TYPE line for {fam.name!r}")
+        if value not in _TYPES_OM:
+            raise _LineError(f"unknown metric type {value!r} for {fam.name!r}")
+        if fam.has_unit and fam.unit and value in ("info", "stateset"):
+            raise _LineError(f"{value} {fam.name!r} cannot have a unit")
+        fam.type, fam.has_type, fam.suffixes = value, True, self.suffixes[value]
+
+    def set_help(self, fam: _Family, value: str) -> None:
+        if fam.has_help:
+            raise _LineError(f"second HELP line for {fam.name!r}")
+        if '"' in value and self.strict and '"' in _ESCAPE.sub("", value):
+            raise _LineError("raw double quote in HELP text (escape it as \\\")")
+        fam.help, fam.has_help = (self.unescape(value) if "\\" in value else value), True
+
+    def set_unit(self, fam: _Family, value: str) -> None:
+        if fam.has_unit:
+            raise _LineError(f"second UNIT line for {fam.name!r}")
+        if _UNIT_FULL.match(value) is None:
+            raise _LineError(f"invalid unit {value!r}")
+        if value and not fam.name.endswith("_" + value):
+            raise _LineError(f"family {fam.name!r} with unit {value!r} must end in '_{value}'")
+        if value and fam.type in ("info", "stateset"):
+            raise _LineError(f"{fam.type} {fam.name!r} cannot have a unit")
+        fam.unit, fam.has_unit = value, True
+
+    def family_for(self, name: str) -> _Family:
+        fam = self.current
+        if fam is not None and name.startswith(fam.name) and name[len(fam.name):] in fam.suffixes:
+            return fam
+        if fam is not None and name == fam.name:
+            raise _LineError(_misnamed(fam))
+        owner = self.families.get(name) or self.family_of_suffixed(name)
+        if owner is not None:
+            if self.strict:
+                raise _LineError(f"metric family {owner.name!r} is interleaved with another family")
+            return owner
+        self.close_current(0)
+        fam = self.current = self.new_family(name, "unknown")
+        return fam
+
+    def check_sample(self, fam: _Family, sample: Sample) -> None:
+        suffix = sample.name[len(fam.name):]
+        key = (sample.name, sample.labels)
+        if key in fam.seen:
+            raise _LineError(f"duplicate sample {sample.name} with the same labels")
+        if sample.exemplar is not None and _EXEMPLAR_SUFFIXES.get(fam.type) != suffix:
+            raise _LineError(f"exemplars are not allowed on {fam.type} sample {sample.name!r}")
+        if suffix in _NON_NEGATIVE.get(fam.type, ()) and not sample.value >= 0:
+            raise _LineError(f"{fam.type} sample {sample.name!r} must be a non-negative number")
+        self.check_type_rules(fam, suffix, sample)
+        fam.seen.add(key)
+        fam.has_samples = True
+        if suffix in ("_bucket", "_count", "_gcount"):
+            fam.buckets.append(sample)
+
+    def check_type_rules(self, fam: _Family, suffix: str, sample: Sample) -> None:
+        if fam.type in ("histogram", "summary", "gaugehistogram"):
+            _check_required_label(fam.type, fam.name, sample.name, sample.labels)
+        elif fam.type == "info" and sample.value != 1:
+            raise _LineError(f"info sample {sample.name!r} must have the value 1")
+        elif fam.type == "stateset":
+            if sample.label(fam.name) is None:
+                raise _LineError(f"stateset sample {sample.name!r} needs a label named {fam.name!r}")
+            if sample.value not in (0, 1):
+                raise _LineError(f"stateset sample {sample.name!r} must be 0 or 1")
+
+    def close_current(self, line_no: int) -> None:
+        fam = self.current
+        self.current = None
+        if fam is None or not fam.buckets:
+            return
+        try:
+            _check_histogram(fam)
+        except _LineError as err:
+            self.fail(line_no, err.reason)
+
+
+def _misnamed(fam: _Family) -> str:
+    if fam.type == "counter":
+        return f"counter {fam.name!r}: its samples must be named {fam.name + '_total'!r}"
+    return f"sample {fam.name!r} is not a valid name in {fam.type} family {fam.name!r} ({fam.suffixes})"
+
+
+def _check_histogram(fam: _Family) -> None:
+    """Buckets cumulative with ascending bounds, one +Inf, and a count equal to it (per label set)."""
+    groups: dict[Labels, list[tuple[float, float]]] = {}
+    counts: dict[Labels, float] = {}
+    for sample in fam.buckets:
+        if sample.name.endswith("_bucket"):
+            rest = tuple(pair for pair in sample.labels if pair[0] != "le")
+            groups.setdefault(rest, []).append((float(sample.label("le") or "nan"), sample.value))
+        else:
+            counts[sample.labels] = sample.value
+    for labels, buckets in groups.items():
+        bounds = [bound for bound, _ in buckets]
+        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+            raise _LineError(f"{fam.name}: buckets {dict(labels)} are not in ascending 'le' order")
+        if bounds[-1] != math.inf:
+            raise _LineError(f"{fam.name}: buckets {dict(labels)} lack le=\"+Inf\"")
+        values = [value for _, value in buckets]
+        if values != sorted(values):
+            raise _LineError(f"{fam.name}: buckets {dict(labels)} are not cumulative")
+        if labels in counts and counts[labels] != values[-1]:
+            raise _LineError(f"{fam.name}: count {counts[labels]} differs from the +Inf bucket {values[-1]}")
+
+
+def _timestamp_s(text: str) -> float:
+    if _REAL_FULL.match(text) is None:
+        raise _LineError(f"invalid timestamp {text!r}")
+    stamp = float(text)
+    if math.isinf(stamp):
+        raise _LineError(f"timestamp {text!r} is out of range")
+    return stamp
+
+
+# --- writing 0.0.4 -------------------------------------------------------------------------------
+
+# How a family of each type is written in 0.0.4, per sample-name suffix: the 0.0.4 type, whether the
+# 0.0.4 family keeps the family's name (else it is named after the sample), whether it keeps the HELP.
+_WRITE_AS: Mapping[str, Mapping[str, tuple[str, bool, bool]]] = {
+    "counter": {"": ("counter", True, True), "_total": ("counter", False, True), "_created": ("gauge", False, False)},
+    "gauge": {"": ("gauge", True, True)},
+    "untyped": {"": ("untyped", True, True)},
+    "unknown": {"": ("untyped", True, True)},
+    "histogram": {s: ("histogram", True, True) for s in ("_bucket", "_count", "_sum")}
+    | {"_created": ("gauge", False, False)},
+    "summary": {s: ("summary", True, True) for s in ("", "_count", "_sum")} | {"_created": ("gauge", False, False)},
+    "gaugehistogram": {s: ("gauge", False, False) for s in ("_bucket", "_gcount", "_gsum")},
+    "info": {"_info": ("gauge", False, True)},
+    "stateset": {"": ("gauge", False, True)},
+}
+_SUFFIX_ORDER = ("", "_bucket", "_count", "_sum", "_total", "_created", "_gcount", "_gsum", "_info")
+
+
+def format(
+    data: ParseResult | Iterable[Sample],
+    families: Mapping[str, MetricFamily] | None = None,
+) -> str:
+    """Write samples as Prometheus text 0.0.4, with HELP/TYPE before each family's first sample.
+
+    OpenMetrics-only parts are written as what 0.0.4 can carry: a counter ``foo`` becomes the 0.0.4
+    counter ``foo_total``; ``_created``, gauge histograms, info and stateset become gauges. Exemplars
+    and sub-millisecond timestamp digits have no 0.0.4 form and are dropped.
+    """
+    if isinstance(data, ParseResult):
+        samples: Iterable[Sample] = data.samples
+        families = data.families if families is None else families
+    else:
+        samples = data
+    families = families or {}
+    out: list[str] = []
+    written: set[str] = set()
+    placement: dict[str, tuple[str, str | None, str, str]] = {}
+    for sample in samples:
+        where = placement.get(sample.name)
+        if where is None:
+            where = placement[sample.name] = _placement(sample.name, families)
+        name, type_, help_, _ = where
+        if name not in written:
+            written.add(name)
+            _write_metadata(out, name, type_, help_)
+        out.append(_sample_line(sample))
+    described = {source for _, _, _, source in placement.values()}
+    for fam in families.values():
+        if fam.name not in described and fam.name not in written:
+            type_ = fam.type if fam.type in _TYPES_004 else "untyped"
+            _write_metadata(out, fam.name, type_, fam.help)
+    return "".join(out)
+
+
+def _placement(name: str, families: Mapping[str, MetricFamily]) -> tuple[str, str | None, str, str]:
+    """The 0.0.4 family (name, type, help) a sample goes into, and the family it came from."""
+    for suffix in _SUFFIX_ORDER:
+        if suffix and not name.endswith(suffix):
+            continue
+        fam = families.get(name[: len(name) - len(suffix)])
+        if fam is None:
+            continue
+        rule = _WRITE_AS.get(fam.type, {}).get(suffix)
+        if rule is not None:
+            type_, keeps_name, keeps_help = rule
+            return (fam.name if keeps_name else name), type_, (fam.help if keeps_help else ""), fam.name
+    return name, None, "", name
+
+
+def _write_metadata(out: list[str], name: str, type_: str | None, help_: str) -> None:
+    if help_:
+        out.append(f"# HELP {name} {help_.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n")
+    if type_ is not None:
+        out.append(f"# TYPE {name} {type_}\n")
+
+
+def _sample_line(sample: Sample) -> str:
+    if _NAME_FULL.match(sample.name) is None:
+        raise ValueError(f"cannot write sample: invalid metric name {sample.name!r}")
+    parts = [sample.name]
+    if sample.labels:
+        parts.append("{")
+        parts.append(",".join(f'{_label_name(k)}="{_escape_label(v)}"' for k, v in sample.labels))
+        parts.append("}")
+    parts.append(" ")
+    parts.append(_number(sample.value))
+    if sample.timestamp is not None:
+        parts.append(f" {round(sample.timestamp * 1000)}")
+    parts.append("\n")
+    return "".join(parts)
+
+
+def _label_name(name: str) -> str:
+    if _LABEL_NAME_FULL.match(name) is None or name == "__name__":
+        raise ValueError(f"cannot write sample: invalid label name {name!r}")
+    return name
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    value = float(value)
+    if value != value:
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
