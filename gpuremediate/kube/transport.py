@@ -1,0 +1,96 @@
+"""HTTP plumbing for the kube client: a keep-alive connection pool and a token-bucket rate limiter."""
+
+from __future__ import annotations
+
+import http.client
+import select
+import threading
+import time
+
+from gpuremediate.kube.config import ClusterConfig
+
+
+class RateLimiter:
+    """Token bucket: `qps` tokens per second, at most `burst` saved up; acquire() blocks until one is free."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"rate limit needs qps > 0 and burst >= 1, got qps={qps} burst={burst}")
+        self.qps = qps
+        self.burst = burst
+        self._tokens = float(burst)
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _reserve(self) -> float:
+        """Take a token (possibly going negative); the seconds to wait before using it."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
+            self._stamp = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def acquire(self) -> float:
+        """Block until a request may go; returns the seconds waited."""
+        wait = self._reserve()
+        if wait > 0:
+            time.sleep(wait)
+        return wait
+
+
+class ConnectionPool:
+    """A few idle keep-alive connections to the one API server, shared by threads."""
+
+    def __init__(self, config: ClusterConfig, timeout: float, max_idle: int = 4) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.max_idle = max_idle
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self.opened = 0  # connections created so far (for metrics and tests)
+
+    def take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """(connection, reused): an idle connection that is still open, or a new one."""
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if _still_open(conn):
+                    conn.timeout = self.timeout
+                    if conn.sock is not None:
+                        conn.sock.settimeout(self.timeout)
+                    return conn, True
+                conn.close()
+            self.opened += 1
+        return self._new(), False
+
+    def _new(self) -> http.client.HTTPConnection:
+        ctx = self.config.ssl_context()
+        if ctx is not None:
+            return http.client.HTTPSConnection(self.config.host, self.config.port, timeout=self.timeout, context=ctx)
+        return http.client.HTTPConnection(self.config.host, self.config.port, timeout=self.timeout)
+
+    def give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _still_open(conn: http.client.HTTPConnection) -> bool:
+    """An idle keep-alive socket that is readable has been closed by the server (or is out of sync)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
