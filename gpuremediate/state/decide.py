@@ -35,11 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuremediate.policy import safety
-from gpuremediate.policy.evaluate import worst
 from gpuremediate.policy.findings import (
     ACTION_CORDON,
     ACTION_NONE,
     ACTION_QUARANTINE,
+    ACTION_REBOOT,
+    ACTION_RESET_GPU,
     Finding,
 )
 from gpuremediate.state import states
@@ -140,6 +141,17 @@ def prune_handled(record: NodeRecord, findings: Sequence[Finding]) -> NodeRecord
 
 # ---- detect loop --------------------------------------------------------------------------------
 
+# The same ranking as policy.evaluate.by_severity (kept here so that the state layer does not
+# depend on the signals model): quarantine > reboot > reset-gpu > custom > cordon > none.
+_RANK = {ACTION_NONE: 0, ACTION_CORDON: 1, ACTION_RESET_GPU: 3, ACTION_REBOOT: 4, ACTION_QUARANTINE: 5}
+_CUSTOM_RANK = 2
+
+
+def worst(findings: Sequence[Finding]) -> Finding:
+    """The finding that decides: the most drastic action, urgent first, then by fingerprint."""
+    return min(findings, key=lambda f: (-_RANK.get(f.action, _CUSTOM_RANK), not f.urgent, f.fingerprint))
+
+
 def fault_from_finding(finding: Finding, now: float) -> Fault:
     return Fault(
         kind=finding.kind,
@@ -187,9 +199,7 @@ def on_findings(
     if opts.breaker_open:
         after = block(after, BLOCK_BREAKER, "circuit breaker open: no new work", now)
         return _decide(record, after, notices=notices)
-    chosen = worst(actionable)  # the policy's ranking: the most drastic action wins
-    assert chosen is not None
-    return _open_fault(record, after, chosen, node_unschedulable, now, opts, notices)
+    return _open_fault(record, after, worst(actionable), node_unschedulable, now, opts, notices)
 
 
 def _open_fault(

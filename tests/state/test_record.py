@@ -149,7 +149,9 @@ def test_unknown_keys_are_ignored_and_missing_optional_keys_default() -> None:
 
 
 def test_oversized_lists_are_cut_to_their_limits_newest_kept() -> None:
-    entries = [{"at": float(i), "kind": "xid", "code": "79", "action": "reboot", "outcome": "repaired"} for i in range(30)]
+    entries = [
+        {"at": float(i), "kind": "xid", "code": "79", "action": "reboot", "outcome": "repaired"} for i in range(30)
+    ]
     decoded = r.decode(_doc(history=entries, handled=[f"fp{i}" for i in range(100)]))
     assert len(decoded.history) == r.HISTORY_LIMIT and decoded.history[-1].at == 29.0
     assert len(decoded.handled) == r.HANDLED_LIMIT and decoded.handled[-1] == "fp99"
