@@ -15,9 +15,9 @@ _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _KEY_RE = re.compile(rf"({_PREFIX}/)?{_NAME}")
 _VALUE_RE = re.compile(rf"({_NAME})?")
-_SET_RE = re.compile(r"^(?P<key>[^\s!=(),]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
-_EQ_RE = re.compile(r"^(?P<key>[^\s!=(),]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)$")
-_EXISTS_RE = re.compile(r"^(?P<neg>!?)\s*(?P<key>[^\s!=(),]+)$")
+_SET_RE = re.compile(r"^(?P<key>[^\s!=(),<>]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
+_EQ_RE = re.compile(r"^(?P<key>[^\s!=(),<>]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),<>]*)$")
+_EXISTS_RE = re.compile(r"^(?P<neg>!?)\s*(?P<key>[^\s!=(),<>]+)$")
 
 OP_EXISTS = "exists"
 OP_NOT_EXISTS = "!"
