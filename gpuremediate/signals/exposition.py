@@ -152,8 +152,8 @@ class ParseResult:
 class _Family:
     """A family while the parser is still reading it."""
 
-    __slots__ = ("buckets", "has_help", "has_samples", "has_type", "has_unit", "help", "name", "seen",
-                 "suffixes", "type", "unit")
+    __slots__ = ("buckets", "has_help", "has_samples", "has_type", "has_unit", "help", "last_line", "name",
+                 "seen", "suffixes", "type", "unit")
 
     def __init__(self, name: str, type_: str, suffixes: tuple[str, ...]) -> None:
         self.name = name
@@ -162,6 +162,7 @@ class _Family:
         self.help = ""
         self.unit = ""
         self.has_help = self.has_type = self.has_unit = self.has_samples = False
+        self.last_line = 0
         self.seen: set[tuple[str, Labels]] = set()
         self.buckets: list[Sample] = []
 
@@ -494,6 +495,7 @@ class _OpenMetricsParser(_Parser):
     def __init__(self, strict: bool) -> None:
         super().__init__(strict)
         self.current: _Family | None = None
+        self.line_no = 0
 
     def run(self, text: str) -> ParseResult:
         lines = text.split("\n")
@@ -503,6 +505,7 @@ class _OpenMetricsParser(_Parser):
         samples = self.samples
         fast = _FAST_OM.match
         for line_no, line in enumerate(lines[:eof_at], 1):
+            self.line_no = line_no
             try:
                 if not line:
                     if self.strict:
@@ -518,7 +521,7 @@ class _OpenMetricsParser(_Parser):
                 samples.append(sample)
             except _LineError as err:
                 self.fail(line_no, err.reason)
-        self.close_current(len(lines))
+        self.close_current()
         self.check_end(lines, eof_at)
         return self.result(OPENMETRICS_100)
 
@@ -606,7 +609,7 @@ class _OpenMetricsParser(_Parser):
             return fam
         if name in self.families:
             raise _LineError(f"metric family {name!r} is interleaved with another family")
-        self.close_current(0)
+        self.close_current()
         fam = self.current = self.new_family(name, "unknown")
         return fam
 
@@ -648,7 +651,7 @@ class _OpenMetricsParser(_Parser):
             if self.strict:
                 raise _LineError(f"metric family {owner.name!r} is interleaved with another family")
             return owner
-        self.close_current(0)
+        self.close_current()
         fam = self.current = self.new_family(name, "unknown")
         return fam
 
@@ -664,6 +667,7 @@ class _OpenMetricsParser(_Parser):
         self.check_type_rules(fam, suffix, sample)
         fam.seen.add(key)
         fam.has_samples = True
+        fam.last_line = self.line_no
         if suffix in ("_bucket", "_count", "_gcount"):
             fam.buckets.append(sample)
 
@@ -678,7 +682,7 @@ class _OpenMetricsParser(_Parser):
             if sample.value not in (0, 1):
                 raise _LineError(f"stateset sample {sample.name!r} must be 0 or 1")
 
-    def close_current(self, line_no: int) -> None:
+    def close_current(self) -> None:
         fam = self.current
         self.current = None
         if fam is None or not fam.buckets:
@@ -686,7 +690,7 @@ class _OpenMetricsParser(_Parser):
         try:
             _check_histogram(fam)
         except _LineError as err:
-            self.fail(line_no, err.reason)
+            self.fail(fam.last_line, err.reason)
 
 
 def _misnamed(fam: _Family) -> str:
