@@ -1,0 +1,343 @@
+"""Readings from ``nvidia-smi`` on this machine (Linux and Windows), for ``gpuremediate check``.
+
+One ``--query-gpu`` CSV call gives everything on current drivers. Drivers that reject a field
+(the remapped-rows fields arrived with Ampere-era drivers) get a reduced query plus ``-q``, whose
+indented text carries remapped rows and retired pages. Placeholder cells (``[N/A]``, ``N/A``,
+``[Not Supported]``, ``[Unknown Error]``, ...) are missing readings, never zero.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuremediate.signals.model import GpuReading, NodeReadings
+
+SOURCE = "nvidia-smi"
+
+BASE_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "temperature.gpu",
+    "temperature.memory",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.double_bit.count",
+    "retired_pages.pending",
+    "mig.mode.current",
+)
+REMAP_FIELDS = (
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+)
+QUERY_FIELDS = BASE_FIELDS + REMAP_FIELDS
+
+WINDOWS_LOCATIONS = (
+    r"C:\Windows\System32\nvidia-smi.exe",
+    r"C:\Program Files\NVIDIA Corporation\NVSMI\nvidia-smi.exe",
+)
+
+# What nvidia-smi's exit codes mean (nvidia-smi(1), "RETURN VALUE").
+EXIT_REASONS: Mapping[int, str] = {
+    2: "an argument or option was invalid",
+    3: "the requested operation is not available on the target device",
+    4: "the current user does not have permission to access this device",
+    6: "a query to find an object was unsuccessful",
+    8: "a device's external power cables are not properly attached",
+    9: "the NVIDIA driver is not loaded",
+    10: "the NVIDIA kernel detected an interrupt issue with a GPU",
+    12: "the NVML shared library could not be found or loaded",
+    13: "the local version of NVML does not implement this function",
+    14: "the infoROM is corrupted",
+    15: "the GPU has fallen off the bus or has otherwise become inaccessible",
+    18: "the NVIDIA driver and the NVML library versions do not match",
+}
+
+
+class NvidiaSmiError(RuntimeError):
+    """nvidia-smi could not be run or could not talk to the driver: the check cannot be made."""
+
+    def __init__(self, reason: str, *, exit_code: int | None = None, output: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+        self.output = output.strip()
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.output}" if self.output else self.reason
+
+
+# ---------------------------------------------------------------- finding and running it
+
+
+def find_nvidia_smi(
+    explicit: str | None = None,
+    *,
+    platform: str = sys.platform,
+    which: Callable[[str], str | None] = shutil.which,
+    is_file: Callable[[str], bool] = os.path.isfile,
+) -> str:
+    """The nvidia-smi to run: ``explicit``, else on PATH, else (Windows) its usual install places."""
+    if explicit:
+        if not is_file(explicit):
+            raise NvidiaSmiError(f"nvidia-smi not found at {explicit}")
+        return explicit
+    found = which("nvidia-smi")
+    if found:
+        return found
+    if platform == "win32":
+        for candidate in WINDOWS_LOCATIONS:
+            if is_file(candidate):
+                return candidate
+        raise NvidiaSmiError("nvidia-smi.exe not found on PATH, in C:\\Windows\\System32 or in NVSMI")
+    raise NvidiaSmiError("nvidia-smi not found on PATH (is the NVIDIA driver installed?)")
+
+
+Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _run_subprocess(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout_s, check=False, errors="replace"
+    )
+
+
+def run_nvidia_smi(path: str, args: Sequence[str], timeout_s: float = 30.0, runner: Runner | None = None) -> str:
+    """stdout of ``nvidia-smi args``; NvidiaSmiError (with the exit code and message) otherwise."""
+    try:
+        proc = (runner or _run_subprocess)([path, *args], timeout_s)
+    except FileNotFoundError:
+        raise NvidiaSmiError(f"nvidia-smi not found at {path}") from None
+    except PermissionError:
+        raise NvidiaSmiError(f"nvidia-smi at {path} is not executable") from None
+    except subprocess.TimeoutExpired:
+        raise NvidiaSmiError(f"nvidia-smi did not answer within {timeout_s:g} s") from None
+    except OSError as e:
+        raise NvidiaSmiError(f"cannot run nvidia-smi at {path}: {e}") from None
+    if proc.returncode != 0:
+        meaning = EXIT_REASONS.get(proc.returncode, "unexpected failure")
+        raise NvidiaSmiError(
+            f"nvidia-smi exited {proc.returncode} ({meaning})",
+            exit_code=proc.returncode,
+            output=(proc.stdout or "") + (proc.stderr or ""),
+        )
+    return proc.stdout
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def cell(raw: str | None) -> str | None:
+    """A CSV cell or ``-q`` value, or None when nvidia-smi says it has none."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text or text.upper() in ("N/A", "NA") or (text.startswith("[") and text.endswith("]")):
+        return None
+    if text.startswith(("Requested functionality has been deprecated", "Not Supported", "Unknown Error")):
+        return None
+    return text
+
+
+def number(raw: str | None) -> float | None:
+    """A numeric cell (units such as ``C``/``MiB`` tolerated); None for a placeholder or junk."""
+    text = cell(raw)
+    if text is None:
+        return None
+    head = text.split()[0]
+    try:
+        return float(int(head, 16)) if head.lower().startswith("0x") else float(head)
+    except ValueError:
+        return None
+
+
+def flag(raw: str | None) -> float | None:
+    """Yes/No (or Enabled/Disabled) as 1.0/0.0; None when missing."""
+    text = cell(raw)
+    if text is None:
+        return None
+    low = text.lower()
+    if low in ("yes", "enabled", "true", "1"):
+        return 1.0
+    if low in ("no", "disabled", "false", "0"):
+        return 0.0
+    return None
+
+
+def parse_query_csv(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """``--format=csv,noheader,nounits`` rows as dicts keyed by the requested field names."""
+    rows = []
+    for lineno, line in enumerate(text.replace("\r", "").splitlines(), 1):
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(fields):
+            raise NvidiaSmiError(
+                f"nvidia-smi CSV line {lineno} has {len(cells)} cells, expected {len(fields)}", output=line
+            )
+        rows.append(dict(zip(fields, cells, strict=True)))
+    return rows
+
+
+def parse_q(text: str) -> dict[str, dict[str, str]]:
+    """``nvidia-smi -q`` as {normalised PCI bus id: {"Section.Sub.Key": value}} per GPU.
+
+    Repeated sections (MIG devices, processes) keep their last value; nothing read here needs them.
+    """
+    gpus: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    stack: list[tuple[int, str]] = []
+    for line in text.replace("\r", "").splitlines():
+        if line.startswith("GPU ") and ":" in line[4:]:
+            current = gpus.setdefault(normalise_bus_id(line[4:].strip()), {})
+            stack = []
+            continue
+        if current is None or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        key, sep, value = line.strip().partition(":")
+        key = key.strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([s for _, s in stack] + [key])
+        if sep and value.strip():
+            current[path] = value.strip()
+        else:
+            stack.append((indent, key))
+    return gpus
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """``00000000:3B:00.0`` / ``0000:3b:00.0`` / ``PCI:0000:3b:00`` -> ``0000:3b:00.0``."""
+    text = bus_id.strip().lower().removeprefix("pci:")
+    parts = text.split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3:
+        return text
+    domain, bus, devfn = parts
+    if "." not in devfn:
+        devfn += ".0"
+    try:
+        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{devfn}"
+    except ValueError:
+        return text
+
+
+# ---------------------------------------------------------------- readings
+
+
+@dataclass(frozen=True)
+class SmiGpu:
+    """One GPU as nvidia-smi describes it, before it becomes a GpuReading."""
+
+    row: Mapping[str, str]
+    q: Mapping[str, str]
+
+    def get(self, field: str, q_key: str | None = None) -> str | None:
+        value = cell(self.row.get(field))
+        if value is None and q_key is not None:
+            value = cell(self.q.get(q_key))
+        return value
+
+
+def gpu_reading(node: str, gpu: SmiGpu) -> GpuReading:
+    extra = {
+        name: v
+        for name, v in (
+            ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", number(gpu.get("ecc.errors.uncorrected.aggregate.total"))),
+            ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+             number(gpu.get("remapped_rows.correctable", "Remapped Rows.Correctable Error"))),
+            ("DCGM_FI_DEV_RETIRED_DBE",
+             number(gpu.get("retired_pages.double_bit.count", "Retired Pages.Double Bit ECC"))),
+            ("DCGM_FI_DEV_RETIRED_PENDING",
+             flag(gpu.get("retired_pages.pending", "Retired Pages.Pending Page Blacklist"))),
+            ("DCGM_FI_DEV_MIG_MODE", flag(gpu.get("mig.mode.current", "MIG Mode.Current"))),
+        )
+        if v is not None
+    }
+    return GpuReading(
+        node=node,
+        gpu=gpu.get("index") or "?",
+        uuid=gpu.get("uuid", "GPU UUID"),
+        pci_bus_id=gpu.get("pci.bus_id"),
+        model=gpu.get("name", "Product Name"),
+        ecc_dbe_volatile=number(gpu.get("ecc.errors.uncorrected.volatile.total")),
+        row_remap_failure=flag(gpu.get("remapped_rows.failure", "Remapped Rows.Remapping Failure Occurred")),
+        row_remap_pending=flag(gpu.get("remapped_rows.pending", "Remapped Rows.Pending")),
+        uncorrectable_remapped_rows=number(
+            gpu.get("remapped_rows.uncorrectable", "Remapped Rows.Uncorrectable Error")
+        ),
+        gpu_temp=number(gpu.get("temperature.gpu", "Temperature.GPU Current Temp")),
+        memory_temp=number(gpu.get("temperature.memory", "Temperature.Memory Current Temp")),
+        extra=extra,
+    )
+
+
+def node_readings(
+    node: str, rows: Sequence[Mapping[str, str]], q: Mapping[str, Mapping[str, str]], observed_at: float
+) -> NodeReadings:
+    gpus = tuple(
+        gpu_reading(node, SmiGpu(row, q.get(normalise_bus_id(row.get("pci.bus_id", "")), {}))) for row in rows
+    )
+    drivers = sorted({v for r in rows if (v := cell(r.get("driver_version")))})
+    meta = {"driver_version": ",".join(drivers)} if drivers else {}
+    return NodeReadings(node=node, source=SOURCE, observed_at=observed_at, gpus=gpus, meta=meta)
+
+
+class NvidiaSmiSource:
+    """A Source over the local nvidia-smi: ``read()`` returns this machine's readings."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        node: str | None = None,
+        timeout_s: float = 30.0,
+        runner: Runner | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._explicit = path
+        self.node = node or socket.gethostname()
+        self._timeout_s = timeout_s
+        self._runner = runner
+        self._clock = clock
+
+    def read(self) -> list[NodeReadings]:
+        return [self.read_node()]
+
+    def read_node(self) -> NodeReadings:
+        """This machine's readings; NvidiaSmiError when nvidia-smi cannot tell."""
+        path = find_nvidia_smi(self._explicit)
+        observed_at = self._clock()
+        rows, needs_q = self._query(path)
+        q = parse_q(self._run(path, ["-q"])) if needs_q else {}
+        return node_readings(self.node, rows, q, observed_at)
+
+    def _query(self, path: str) -> tuple[list[dict[str, str]], bool]:
+        """The query rows, and whether ``-q`` must fill in what the query could not give."""
+        try:
+            text = self._run(path, _query_args(QUERY_FIELDS))
+        except NvidiaSmiError as e:
+            if "not a valid field" not in e.output:
+                raise
+            rows = parse_query_csv(self._run(path, _query_args(BASE_FIELDS)), BASE_FIELDS)
+            return rows, True
+        return parse_query_csv(text, QUERY_FIELDS), False
+
+    def _run(self, path: str, args: Sequence[str]) -> str:
+        return run_nvidia_smi(path, args, self._timeout_s, self._runner)
+
+
+def _query_args(fields: Sequence[str]) -> list[str]:
+    return [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
