@@ -1,0 +1,115 @@
+"""Kubernetes Events on Nodes: one per transition and per change of blocked reason.
+
+Node events live in the ``default`` namespace with an involvedObject that has no namespace (a real
+API server rejects any other combination, see kube-apiserver exchange 26). A repeat of the same
+(node, reason, message) within ``aggregate_s`` bumps ``count`` on the existing Event instead of
+creating another, as client-go's recorder does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import EVENTS
+
+log = logging.getLogger(__name__)
+
+NORMAL = "Normal"
+WARNING = "Warning"
+COMPONENT = "gpuremediate"
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass
+class _Seen:
+    name: str
+    count: int
+    first: float
+    last: float
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str = "default",
+        host: str | None = None,
+        dry_run: bool = False,
+        aggregate_s: float = 600.0,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.host = host or os.environ.get("POD_NAME", "") or os.uname().nodename
+        self.dry_run = dry_run
+        self.aggregate_s = aggregate_s
+        self._seen: dict[tuple[str, str, str], _Seen] = {}
+        self._lock = threading.Lock()
+
+    def node_event(self, node: str, reason: str, message: str, type_: str = NORMAL, uid: str = "") -> None:
+        """Record an Event about a Node. Never raises: an event is not worth failing a reconcile."""
+        if self.dry_run:
+            message = f"(dry-run) {message}"
+        log.info("event", extra={"node": node, "reason": reason, "event_type": type_, "event_message": message})
+        now = time.time()
+        key = (node, reason, message)
+        with self._lock:
+            seen = self._seen.get(key)
+        try:
+            if seen and now - seen.last < self.aggregate_s:
+                self._bump(seen, now)
+            else:
+                self._create(key, node, uid, reason, message, type_, now)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("could not record event", extra={"node": node, "reason": reason, "error": str(exc)})
+
+    def _create(
+        self, key: tuple[str, str, str], node: str, uid: str, reason: str, message: str, type_: str, now: float
+    ) -> None:
+        name = f"{node}.{secrets.token_hex(8)}"
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node}
+        if uid:
+            involved["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": COMPONENT, "host": self.host},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.host,
+            "firstTimestamp": _rfc3339(now),
+            "lastTimestamp": _rfc3339(now),
+            "count": 1,
+        }
+        self.client.create(EVENTS, body, self.namespace)
+        with self._lock:
+            self._seen[key] = _Seen(name, 1, now, now)
+            self._forget_old(now)
+
+    def _bump(self, seen: _Seen, now: float) -> None:
+        seen.count += 1
+        seen.last = now
+        patch = {"count": seen.count, "lastTimestamp": _rfc3339(now)}
+        try:
+            self.client.patch(EVENTS, seen.name, patch, self.namespace)
+        except errors.NotFound:
+            seen.last = 0.0  # the event was garbage-collected; the next one creates a fresh Event
+
+    def _forget_old(self, now: float) -> None:
+        stale = [k for k, s in self._seen.items() if now - s.last > self.aggregate_s]
+        for k in stale:
+            del self._seen[k]

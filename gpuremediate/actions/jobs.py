@@ -1,0 +1,151 @@
+"""Repair and validation Jobs pinned to one node.
+
+Names are derived from node + fault fingerprint + attempt, so a controller restarted at any point
+finds the Job it already created (lookup before create; AlreadyExists means "mine") and never runs
+a one-shot action twice for the same attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import JOBS
+
+JOB_LABEL = "gpuremediate.io/job"  # value: the job kind (reset-gpu, reboot, validate)
+NODE_LABEL = "gpuremediate.io/node"
+FAULT_ANNOTATION = "gpuremediate.io/fault"
+
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """How to run one kind of Job (from the policy file)."""
+
+    image: str
+    command: tuple[str, ...]
+    service_account: str = "gpuremediate-job"
+    privileged: bool = False
+    host_pid: bool = False
+    timeout_s: int = 1800
+    request_all_gpus: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def job_name(kind: str, node: str, fingerprint: str, attempt: int) -> str:
+    """A DNS-1123 label (<= 63 chars) unique per (kind, node, fingerprint, attempt)."""
+    digest = hashlib.sha256(f"{node}\0{fingerprint}".encode()).hexdigest()[:8]
+    suffix = f"-{digest}-{attempt}"
+    prefix = f"gpur-{kind}-"
+    node_part = re.sub(r"[^a-z0-9-]", "-", node.lower())[: 63 - len(prefix) - len(suffix)].strip("-")
+    return f"{prefix}{node_part}{suffix}"
+
+
+def build_job(
+    kind: str,
+    node: str,
+    fingerprint: str,
+    attempt: int,
+    spec: JobSpec,
+    *,
+    namespace: str,
+    gpus: int = 0,
+    gpu_ids: Sequence[str] = (),
+) -> dict[str, Any]:
+    name = job_name(kind, node, fingerprint, attempt)
+    labels = {JOB_LABEL: kind, NODE_LABEL: node}
+    env = [
+        {"name": "NODE_NAME", "value": node},
+        {"name": "GPU_IDS", "value": ",".join(gpu_ids)},
+        *({"name": k, "value": v} for k, v in sorted(spec.env.items())),
+    ]
+    container: dict[str, Any] = {"name": kind, "image": spec.image, "command": list(spec.command), "env": env}
+    if spec.request_all_gpus and gpus > 0:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}
+    if spec.privileged:
+        container["securityContext"] = {"privileged": True}
+    pod_spec: dict[str, Any] = {
+        "nodeName": node,  # pinned: bypasses the scheduler, so our own cordon does not keep it out
+        "restartPolicy": "Never",
+        "serviceAccountName": spec.service_account,
+        "automountServiceAccountToken": False,
+        # The node is cordoned (and may carry NoExecute taints from a GPU fault): tolerate everything.
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+    }
+    if spec.host_pid:
+        pod_spec["hostPID"] = True
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {FAULT_ANNOTATION: fingerprint},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": spec.timeout_s,
+            "ttlSecondsAfterFinished": 24 * 3600,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def ensure_job(client: KubeClient, job: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+    """Create the Job unless it already exists; return what the server holds."""
+    meta = job["metadata"]
+    try:
+        found: dict[str, Any] = client.get(JOBS, meta["name"], meta["namespace"])
+        return found
+    except errors.NotFound:
+        pass
+    try:
+        created: dict[str, Any] = client.create(JOBS, dict(job), meta["namespace"], dry_run=dry_run)
+        return created
+    except errors.AlreadyExists:
+        again: dict[str, Any] = client.get(JOBS, meta["name"], meta["namespace"])
+        return again
+
+
+def job_outcome(job: Mapping[str, Any] | None) -> str:
+    """running / succeeded / failed / missing, from the Job's conditions (counts as a fallback)."""
+    if job is None:
+        return MISSING
+    status = job.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            return SUCCEEDED
+        if cond.get("type") == "Failed":
+            return FAILED
+    if status.get("succeeded"):
+        return SUCCEEDED
+    if status.get("failed"):
+        return FAILED
+    return RUNNING
+
+
+def read_job(client: KubeClient, name: str, namespace: str) -> dict[str, Any] | None:
+    try:
+        job: dict[str, Any] = client.get(JOBS, name, namespace)
+        return job
+    except errors.NotFound:
+        return None
+
+
+def delete_job(client: KubeClient, name: str, namespace: str, *, dry_run: bool = False) -> None:
+    with contextlib.suppress(errors.NotFound):
+        client.delete(JOBS, name, namespace, propagation_policy="Background", dry_run=dry_run)
