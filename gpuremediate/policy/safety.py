@@ -158,15 +158,20 @@ def budget_check(gpu_nodes: Sequence[NodeView], candidate: str, budget: Budget |
 
 
 def admit(gpu_nodes: Sequence[NodeView], candidates: Sequence[str], budget: Budget | None = None) -> list[str]:
-    """The candidates that may start now: at most the remaining budget, oldest fault first, then name."""
+    """The candidates that may start now, oldest fault first (then by name), while the nodes out of
+    service, admitted ones included, stay within the limit. A candidate already out of service
+    (NotReady, a person's cordon) still has to fit: it takes its slot as any other."""
     budget = budget or Budget()
     _require_known(gpu_nodes, candidates)
-    wanted = set(candidates)
-    in_use = sum(1 for v in gpu_nodes if v.name not in wanted and v.out_of_service)
-    remaining = max(0, budget.limit(len(gpu_nodes)) - in_use)
+    limit = budget.limit(len(gpu_nodes))
+    out = {v.name for v in gpu_nodes if v.out_of_service}
     by_name = {v.name: v for v in gpu_nodes}
-    order = sorted(wanted, key=lambda name: (_first_seen_key(by_name[name]), name))
-    return order[:remaining]
+    admitted = []
+    for name in sorted(set(candidates), key=lambda n: (_first_seen_key(by_name[n]), n)):
+        if len(out | {name}) <= limit:
+            out.add(name)
+            admitted.append(name)
+    return admitted
 
 
 def _first_seen_key(view: NodeView) -> float:
