@@ -95,7 +95,7 @@ def dump(value: Any, compact: bool = False) -> str:
     return "\n".join(_dump(value, 0, compact)) + "\n"
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 _scalars = st.one_of(
     st.none(),
     st.booleans(),
@@ -158,7 +158,10 @@ flow: {a: [1, {b: c}], "d e": 'f'}
 
 
 def test_block_scalars_with_chomping_and_folding() -> None:
-    text = "a: |\n  x\n   y\n\nb: |-\n  x\nc: |+\n  x\n\n\nd: >\n  one\n  two\n\n  three\n    kept\n  four\ne: |2\n    indented\n"
+    text = (
+        "a: |\n  x\n   y\n\nb: |-\n  x\nc: |+\n  x\n\n\n"
+        "d: >\n  one\n  two\n\n  three\n    kept\n  four\ne: |2\n    indented\n"
+    )
     assert load(text) == {
         "a": "x\n y\n",
         "b": "x",
