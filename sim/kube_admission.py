@@ -1,0 +1,216 @@
+"""Defaulting and validation the real apiserver applies on create/update (the subset a controller meets)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from sim import kube_errors as errs
+from sim.kube_resources import ResourceType, type_errors
+from sim.kube_store import Obj, now_time
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+DNS_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+           "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
+           "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+LABEL_VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+                   "and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or "
+                   "'12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+NAME_PART_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                 "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+                 "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+
+
+def kind_label(rt: ResourceType) -> str:
+    return f"{rt.kind}.{rt.group}" if rt.custom else rt.kind
+
+
+def raise_invalid(rt: ResourceType, name: str, causes: list[dict[str, str]]) -> None:
+    if causes:
+        raise errs.invalid(kind_label(rt), name, rt.group if rt.custom else "", rt.kind, causes)
+
+
+def _invalid_value(field: str, value: str, why: str) -> dict[str, str]:
+    return errs.cause("FieldValueInvalid", f'Invalid value: "{value}": {why}', field)
+
+
+def validate_metadata(obj: Obj) -> list[dict[str, str]]:
+    meta = obj.get("metadata", {})
+    causes = []
+    name = meta.get("name", "")
+    if not name:
+        causes.append(errs.cause("FieldValueRequired", "Required value: name or generateName is required",
+                                 "metadata.name"))
+    elif not _DNS1123.match(name) or len(name) > 253:
+        causes.append(_invalid_value("metadata.name", name, DNS_MSG))
+    for key, value in (meta.get("labels") or {}).items():
+        if not _NAME_PART.match(key.split("/")[-1]):
+            causes.append(_invalid_value("metadata.labels", key, NAME_PART_MSG))
+        if not isinstance(value, str) or not _LABEL_VALUE.match(value) or len(value) > 63:
+            causes.append(_invalid_value("metadata.labels", str(value), LABEL_VALUE_MSG))
+    return causes
+
+
+def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:
+    causes = validate_metadata(obj)
+    name = obj.get("metadata", {}).get("name", "")
+    if rt.resource == "pods":
+        causes += _validate_pod(obj, old)
+    elif rt.key == "events":
+        causes += _validate_event(obj)
+    elif rt.custom:
+        causes += [errs.cause("FieldValueTypeInvalid", f'Invalid value: "{actual}": {field} in body must be of '
+                              f'type {expected}: "{actual}"', field)
+                   for field, actual, expected in type_errors(obj, rt.schema, "")]
+    if old is not None:
+        causes += _validate_finalizers(obj, old)
+    raise_invalid(rt, name, causes)
+
+
+def _validate_pod(obj: Obj, old: Obj | None) -> list[dict[str, str]]:
+    containers = obj.get("spec", {}).get("containers") or []
+    if not containers:
+        return [errs.cause("FieldValueRequired", "Required value", "spec.containers")]
+    if old is not None and len(containers) != len(old.get("spec", {}).get("containers") or []):
+        return [errs.cause("FieldValueForbidden", "Forbidden: pod updates may not add or remove containers",
+                           "spec.containers")]
+    return []
+
+
+def _validate_event(obj: Obj) -> list[dict[str, str]]:
+    involved = obj.get("involvedObject") or {}
+    event_ns = obj.get("metadata", {}).get("namespace", "")
+    involved_ns = involved.get("namespace", "")
+    if involved_ns != event_ns and not (involved_ns == "" and event_ns in ("default", "kube-system")):
+        return [_invalid_value("involvedObject.namespace", involved_ns, "does not match event.namespace")]
+    return []
+
+
+def validate_events_v1(obj: Obj) -> list[dict[str, str]]:
+    causes = []
+    controller = obj.get("reportingController", "")
+    if not controller:
+        causes += [errs.cause("FieldValueRequired", "Required value", "reportingController"),
+                   _invalid_value("reportingController", "", "name part must be non-empty"),
+                   _invalid_value("reportingController", "", NAME_PART_MSG)]
+    if not obj.get("action"):
+        causes.append(errs.cause("FieldValueRequired", "Required value", "action"))
+    if not obj.get("eventTime"):
+        causes.append(errs.cause("FieldValueRequired", "Required value", "eventTime"))
+    return causes
+
+
+def _validate_finalizers(obj: Obj, old: Obj) -> list[dict[str, str]]:
+    if not old["metadata"].get("deletionTimestamp"):
+        return []
+    added = [f for f in obj["metadata"].get("finalizers", []) if f not in old["metadata"].get("finalizers", [])]
+    if not added:
+        return []
+    listed = "[]string{" + ", ".join(f'"{f}"' for f in added) + "}"
+    msg = f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {listed}"
+    return [errs.cause("FieldValueForbidden", msg, "metadata.finalizers")]
+
+
+# --- defaults on create -----------------------------------------------------------------------------
+
+def prepare_create(rt: ResourceType, obj: Obj) -> Obj:
+    obj = copy.deepcopy(obj)
+    mode = rt.create_status
+    if mode == "clear":
+        obj["status"] = {}
+    elif mode == "drop":
+        obj.pop("status", None)
+    elif mode == "namespace":
+        obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+        obj["status"] = {"phase": "Active"}
+    elif mode == "pod":
+        _default_pod(obj)
+    if rt.resource == "jobs":
+        _default_job(obj)
+    return obj
+
+
+def _default_pod(obj: Obj) -> None:
+    spec = obj.setdefault("spec", {})
+    for key, value in (("restartPolicy", "Always"), ("terminationGracePeriodSeconds", 30),
+                       ("dnsPolicy", "ClusterFirst"), ("serviceAccountName", "default"),
+                       ("serviceAccount", "default"), ("securityContext", {}),
+                       ("schedulerName", "default-scheduler"), ("priority", 0), ("enableServiceLinks", True),
+                       ("preemptionPolicy", "PreemptLowerPriority")):
+        spec.setdefault(key, value)
+    if "tolerations" not in spec:
+        spec["tolerations"] = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+                                "tolerationSeconds": 300} for k in ("not-ready", "unreachable")]
+    for container in spec.get("containers") or []:
+        container.setdefault("resources", {})
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+        container.setdefault("terminationMessagePolicy", "File")
+        container.setdefault("imagePullPolicy", "IfNotPresent")
+    obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+
+
+def _default_job(obj: Obj) -> None:
+    """Labels and selector keyed on the Job's uid are added after the uid exists (see label_job)."""
+    spec = obj.setdefault("spec", {})
+    for key, value in (("parallelism", 1), ("completions", 1), ("backoffLimit", 6),
+                       ("completionMode", "NonIndexed"), ("suspend", False)):
+        spec.setdefault(key, value)
+    spec.setdefault("template", {}).setdefault("metadata", {}).setdefault("creationTimestamp", None)
+
+
+def job_labels(name: str, uid: str) -> dict[str, str]:
+    return {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+            "controller-uid": uid, "job-name": name}
+
+
+def label_job(obj: Obj) -> None:
+    meta = obj["metadata"]
+    labels = job_labels(meta["name"], meta["uid"])
+    meta["labels"] = {**labels, **(meta.get("labels") or {})}
+    spec = obj["spec"]
+    spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": meta["uid"]}})
+    template_meta = spec["template"].setdefault("metadata", {})
+    template_meta["labels"] = {**labels, **(template_meta.get("labels") or {})}
+
+
+def establish_crd(crd: Obj) -> None:
+    when = now_time()
+    names = dict(crd["spec"]["names"])
+    names.setdefault("singular", names["kind"].lower())
+    names.setdefault("listKind", names["kind"] + "List")
+    crd["status"] = {
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "lastTransitionTime": when, "reason": "NoConflicts",
+             "message": "no conflicts found"},
+            {"type": "Established", "status": "True", "lastTransitionTime": when,
+             "reason": "InitialNamesAccepted", "message": "the initial names have been accepted"}],
+        "acceptedNames": names,
+        "storedVersions": [v["name"] for v in crd["spec"].get("versions", []) if v.get("storage")],
+    }
+
+
+# --- events: one storage, two API versions ----------------------------------------------------------
+
+_V1_TO_CORE = {"note": "message", "regarding": "involvedObject", "reportingController": "reportingComponent",
+               "deprecatedFirstTimestamp": "firstTimestamp", "deprecatedLastTimestamp": "lastTimestamp",
+               "deprecatedCount": "count", "deprecatedSource": "source"}
+_CORE_TO_V1 = {v: k for k, v in _V1_TO_CORE.items()}
+
+
+def event_to_core(obj: Obj) -> Obj:
+    out = {_V1_TO_CORE.get(k, k): v for k, v in obj.items()}
+    out["apiVersion"], out["kind"] = "v1", "Event"
+    return out
+
+
+def event_from_core(obj: Obj) -> Obj:
+    out = {_CORE_TO_V1.get(k, k): v for k, v in obj.items()}
+    out["apiVersion"], out["kind"] = "events.k8s.io/v1", "Event"
+    out.setdefault("deprecatedSource", {})
+    out.setdefault("deprecatedFirstTimestamp", None)
+    out.setdefault("deprecatedLastTimestamp", None)
+    return out

@@ -1,0 +1,383 @@
+"""What kube-controller-manager would run against the emulator: the Job controller, the owner-reference
+garbage collector, the disruption (PDB status) controller, namespace cleanup; plus the eviction
+subresource, which reads and writes PDB status the way the real registry does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+from sim import kube_admission as adm
+from sim import kube_errors as errs
+from sim.kube_selectors import match_label_selector_object
+from sim.kube_store import Obj, WatchEvent, now_time
+
+if TYPE_CHECKING:
+    from sim.kube_handlers import Target
+    from sim.kube_http import Handler, Request
+    from sim.kube_resources import ResourceType
+    from sim.kubeapi import KubeAPIServer
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def is_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in pod.get("status", {}).get("conditions") or [])
+
+
+def owned_by(obj: Obj, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+class Controllers:
+    def __init__(self, api: KubeAPIServer, tick_s: float = 0.1) -> None:
+        self.api = api
+        self.store = api.store
+        self.tick_s = tick_s
+        self.queue: queue.Queue[WatchEvent | None] = queue.Queue()
+        self.failed_deleted: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.store.listeners.append(self._on_event)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kube-controllers", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def rt(self, group: str, resource: str) -> ResourceType:
+        return self.api.type_for(group, resource)
+
+    # --- event intake ------------------------------------------------------------------------------
+    def _on_event(self, event: WatchEvent) -> None:
+        if event.key == "apiextensions.k8s.io/customresourcedefinitions":
+            if event.type == "DELETED":
+                self.api.unregister_crd(event.obj)
+            else:
+                self.api.register_crd(event.obj)
+        if event.type == "DELETED" and event.key == "/pods":
+            self._note_pod_gone(event.obj)
+        self.queue.put(event)
+
+    def _note_pod_gone(self, pod: Obj) -> None:
+        if pod.get("status", {}).get("phase") in TERMINAL:
+            return
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == "Job":
+                self.failed_deleted[ref["uid"]] = self.failed_deleted.get(ref["uid"], 0) + 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self.queue.get(timeout=self.tick_s)
+            except queue.Empty:
+                event = None
+            try:
+                if event is not None:
+                    self._react(event)
+                self._gc_pass()
+            except errs.ApiError:
+                continue  # a conflict with a concurrent writer: the next event or tick retries
+
+    def _react(self, event: WatchEvent) -> None:
+        obj, meta = event.obj, event.obj["metadata"]
+        ns = meta.get("namespace", "")
+        if event.key == "/pods":
+            for ref in meta.get("ownerReferences") or []:
+                if ref.get("kind") == "Job":
+                    self.sync_job(ns, ref["name"])
+            self.sync_pdbs(ns)
+        elif event.key == "batch/jobs":
+            self.sync_job(ns, meta["name"])
+        elif event.key == "policy/poddisruptionbudgets" and event.type != "DELETED":
+            self.sync_pdb(ns, meta["name"])
+        if event.type == "DELETED":
+            self._collect_dependents(meta["uid"])
+            if event.key == "/namespaces":
+                self._empty_namespace(meta["name"])
+        _ = obj
+
+    # --- garbage collector ---------------------------------------------------------------------------
+    def _all_objects(self) -> list[tuple[ResourceType, Obj]]:
+        out = []
+        for rt in {rt.key: rt for rt in list(self.api.types.values())}.values():
+            out += [(rt, o) for o in self.store.list(rt.key)]
+        return out
+
+    def _dependents(self, uid: str) -> list[tuple[ResourceType, Obj]]:
+        return [(rt, o) for rt, o in self._all_objects() if owned_by(o, uid)]
+
+    def _collect_dependents(self, uid: str) -> None:
+        for rt, dep in self._dependents(uid):
+            remaining = [r for r in dep["metadata"].get("ownerReferences") or [] if r.get("uid") != uid
+                         and self._uid_exists(r.get("uid", ""))]
+            if not remaining and not dep["metadata"].get("deletionTimestamp"):
+                self._delete(rt, dep, "Background")
+
+    def _uid_exists(self, uid: str) -> bool:
+        return any(o["metadata"]["uid"] == uid for _, o in self._all_objects())
+
+    def _delete(self, rt: ResourceType, obj: Obj, policy: str) -> None:
+        try:
+            self.store.delete(rt, obj["metadata"].get("namespace", ""), obj["metadata"]["name"],
+                              propagation=policy)
+        except errs.ApiError:
+            pass
+
+    def _gc_pass(self) -> None:
+        for rt, obj in self._all_objects():
+            finalizers = obj["metadata"].get("finalizers") or []
+            if not obj["metadata"].get("deletionTimestamp"):
+                continue
+            if "orphan" in finalizers:
+                self._orphan(obj)
+                self.store.remove_finalizer(rt, obj, "orphan")
+            elif "foregroundDeletion" in finalizers:
+                deps = self._dependents(obj["metadata"]["uid"])
+                for dep_rt, dep in deps:
+                    if not dep["metadata"].get("deletionTimestamp"):
+                        self._delete(dep_rt, dep, "Foreground")
+                if not deps:
+                    self.store.remove_finalizer(rt, obj, "foregroundDeletion")
+
+    def _orphan(self, owner: Obj) -> None:
+        uid = owner["metadata"]["uid"]
+        for rt, dep in self._dependents(uid):
+            updated = copy.deepcopy(dep)
+            refs = [r for r in updated["metadata"]["ownerReferences"] if r.get("uid") != uid]
+            if refs:
+                updated["metadata"]["ownerReferences"] = refs
+            else:
+                updated["metadata"].pop("ownerReferences")
+            self.store.update(rt, updated, dep)
+
+    def _empty_namespace(self, namespace: str) -> None:
+        for rt, obj in self._all_objects():
+            if rt.namespaced and obj["metadata"].get("namespace") == namespace:
+                self._delete(rt, obj, "Background")
+                self.store.remove_finalizer(rt, obj, adm.TRACKING_FINALIZER)
+
+    # --- Job controller ------------------------------------------------------------------------------
+    def sync_job(self, ns: str, name: str) -> None:
+        jobs, pods_rt = self.rt("batch", "jobs"), self.rt("", "pods")
+        with self.store.lock:
+            job = self.store.get(jobs.key, ns, name)
+            if job is None:
+                return
+            uid = job["metadata"]["uid"]
+            pods = [p for p in self.store.list(pods_rt.key, ns) if owned_by(p, uid)]
+            for pod in pods:
+                if pod["status"].get("phase") in TERMINAL or pod["metadata"].get("deletionTimestamp") \
+                        or job["metadata"].get("deletionTimestamp"):
+                    self.store.remove_finalizer(pods_rt, pod, adm.TRACKING_FINALIZER)
+            if job["metadata"].get("deletionTimestamp"):
+                return
+            status = self._job_status(job, pods)
+            if status != job.get("status"):
+                updated = copy.deepcopy(job)
+                updated["status"] = status
+                self.store.update(jobs, updated, job)
+
+    def _job_status(self, job: Obj, pods: list[Obj]) -> dict[str, Any]:
+        spec, status = job["spec"], copy.deepcopy(job.get("status") or {})
+        if _finished(status):
+            return status
+        succeeded = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
+        failed = sum(1 for p in pods if p["status"].get("phase") == "Failed") \
+            + self.failed_deleted.get(job["metadata"]["uid"], 0)
+        active = [p for p in pods if p["status"].get("phase") not in TERMINAL
+                  and not p["metadata"].get("deletionTimestamp")]
+        status.setdefault("startTime", now_time())
+        now = now_time()
+        if succeeded >= int(spec.get("completions") or 1):
+            status["conditions"] = [*status.get("conditions", []), {"type": "Complete", "status": "True",
+                                    "lastProbeTime": now, "lastTransitionTime": now}]
+            status["completionTime"] = now
+            active = []
+        elif failed > int(spec.get("backoffLimit", 6)):
+            status["conditions"] = [*status.get("conditions", []), {
+                "type": "Failed", "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
+                "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]
+            for pod in active:
+                self._delete(self.rt("", "pods"), pod, "Background")
+            active = []
+        else:
+            wanted = min(int(spec.get("parallelism") or 1), int(spec.get("completions") or 1) - succeeded)
+            for _ in range(wanted - len(active)):
+                active.append(self._create_job_pod(job))
+        return _job_counts(status, len(active), succeeded, failed, sum(1 for p in active if is_ready(p)))
+
+    def _create_job_pod(self, job: Obj) -> Obj:
+        meta, template = job["metadata"], copy.deepcopy(job["spec"]["template"])
+        tmeta = template.get("metadata") or {}
+        pod: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "generateName": f"{meta['name']}-", "labels": tmeta.get("labels") or {},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": True}],
+            "finalizers": [adm.TRACKING_FINALIZER]}, "spec": template.get("spec") or {}}
+        if tmeta.get("annotations"):
+            pod["metadata"]["annotations"] = tmeta["annotations"]
+        pods_rt = self.rt("", "pods")
+        return self.store.create(pods_rt, adm.prepare_create(pods_rt, pod), meta["namespace"])
+
+    # --- disruption controller -----------------------------------------------------------------------
+    def sync_pdbs(self, ns: str) -> None:
+        for pdb in self.store.list(self.rt("policy", "poddisruptionbudgets").key, ns):
+            self.sync_pdb(ns, pdb["metadata"]["name"])
+
+    def sync_pdb(self, ns: str, name: str) -> Obj | None:
+        pdbs = self.rt("policy", "poddisruptionbudgets")
+        with self.store.lock:
+            pdb = self.store.get(pdbs.key, ns, name)
+            if pdb is None:
+                return None
+            pods = self._pdb_pods(pdb)
+            status = pdb_status(pdb, pods)
+            if status == pdb.get("status"):
+                return pdb
+            updated = copy.deepcopy(pdb)
+            updated["status"] = status
+            return self.store.update(pdbs, updated, pdb)
+
+    def _pdb_pods(self, pdb: Obj) -> list[Obj]:
+        pods = self.store.list(self.rt("", "pods").key, pdb["metadata"]["namespace"])
+        selector = pdb.get("spec", {}).get("selector")
+        if selector is None:
+            return []
+        return [p for p in pods if match_label_selector_object(selector, p["metadata"].get("labels"))]
+
+    # --- eviction subresource ------------------------------------------------------------------------
+    def evict(self, h: Handler, req: Request, t: Target) -> None:
+        try:
+            body = json.loads(req.body.decode("utf-8") or "{}")
+        except ValueError:
+            raise errs.bad_request("the object provided is unrecognized (must be of type Eviction)") from None
+        if body.get("metadata", {}).get("name", t.name) != t.name:
+            raise errs.bad_request("name in URL does not match name in Eviction object")
+        options = body.get("deleteOptions") or {}
+        dry_value = req.query.get("dryRun") or (options.get("dryRun") or [None])[0]
+        if dry_value is not None:
+            req.query["dryRun"] = dry_value
+        dry = self.api.verbs.dry_run(req, "DeleteOptions")
+        grace = options.get("gracePeriodSeconds")
+        pods_rt = self.rt("", "pods")
+        with self.store.lock:
+            pod = self.store.get(pods_rt.key, t.namespace, t.name)
+            if pod is None:
+                raise errs.not_found("pods", "", t.name)
+            if not (pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") in TERMINAL):
+                self._check_budget(pod, dry)
+            if not dry:
+                self.store.delete(pods_rt, t.namespace, t.name, grace=grace,
+                                  preconditions=options.get("preconditions"))
+        h.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+    def _check_budget(self, pod: Obj, dry: bool) -> None:
+        pdbs_rt = self.rt("policy", "poddisruptionbudgets")
+        ns = pod["metadata"]["namespace"]
+        matching = [p for p in self.store.list(pdbs_rt.key, ns) if p.get("spec", {}).get("selector") is not None
+                    and match_label_selector_object(p["spec"]["selector"], pod["metadata"].get("labels"))]
+        if len(matching) > 1:
+            raise errs.ApiError(500, errs.status(500, "This pod has more than one PodDisruptionBudget, which the "
+                                                      "eviction subresource does not support."))
+        if not matching:
+            return
+        pdb = self.sync_pdb(ns, matching[0]["metadata"]["name"]) or matching[0]
+        status = pdb.get("status") or {}
+        if int(status.get("disruptionsAllowed", 0)) <= 0:
+            msg = (f"The disruption budget {pdb['metadata']['name']} needs {status.get('desiredHealthy', 0)} "
+                   f"healthy pods and has {status.get('currentHealthy', 0)} currently")
+            body = errs.status(429, "Cannot evict pod as it would violate the pod's disruption budget.",
+                               "TooManyRequests", {"causes": [{"reason": "DisruptionBudget", "message": msg}]})
+            raise errs.ApiError(429, body)
+        if dry:
+            return
+        updated = copy.deepcopy(pdb)
+        updated["status"]["disruptionsAllowed"] = int(status["disruptionsAllowed"]) - 1
+        disrupted = dict(status.get("disruptedPods") or {})
+        disrupted[pod["metadata"]["name"]] = now_time()
+        updated["status"] = _with_disrupted(updated["status"], disrupted)
+        self.store.update(pdbs_rt, updated, pdb)
+
+
+def _finished(status: dict[str, Any]) -> bool:
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
+def _job_counts(status: dict[str, Any], active: int, succeeded: int, failed: int, ready: int) -> dict[str, Any]:
+    for key, value in (("active", active), ("succeeded", succeeded), ("failed", failed)):
+        if value:
+            status[key] = value
+        else:
+            status.pop(key, None)
+    status["uncountedTerminatedPods"] = {}
+    status["ready"] = ready
+    return status
+
+
+def _with_disrupted(status: dict[str, Any], disrupted: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"observedGeneration": status.get("observedGeneration")}
+    if disrupted:
+        out["disruptedPods"] = disrupted
+    for key, value in status.items():
+        if key not in ("observedGeneration", "disruptedPods"):
+            out[key] = value
+    return _condition(out, status.get("conditions"))
+
+
+def _scaled(value: Any, total: int) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        return math.ceil(int(value[:-1]) * total / 100)
+    return int(value)
+
+
+def pdb_status(pdb: Obj, pods: list[Obj]) -> dict[str, Any]:
+    """The disruption controller's view: expected, desired and current healthy pods, disruptions allowed."""
+    spec, old = pdb.get("spec", {}), pdb.get("status") or {}
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    healthy = sum(1 for p in live if is_ready(p))
+    expected = len(pods)
+    min_available, max_unavailable = spec.get("minAvailable"), spec.get("maxUnavailable")
+    percent = isinstance(min_available, str) or isinstance(max_unavailable, str)
+    if percent and any(not any(r.get("controller") for r in p["metadata"].get("ownerReferences") or [])
+                       for p in pods):
+        expected, desired = 0, 0  # no scale to compute a percentage against (as upstream, case 14)
+        allowed_base = 0
+    else:
+        if max_unavailable is not None:
+            desired = max(0, expected - _scaled(max_unavailable, expected))
+        else:
+            desired = _scaled(min_available if min_available is not None else 1, expected)
+        allowed_base = healthy - desired
+    disrupted = {name: when for name, when in (old.get("disruptedPods") or {}).items()
+                 if any(p["metadata"]["name"] == name for p in live)}
+    allowed = max(0, allowed_base - len(disrupted)) if expected or not percent else 0
+    status: dict[str, Any] = {"observedGeneration": pdb["metadata"].get("generation", 1)}
+    if disrupted:
+        status["disruptedPods"] = disrupted
+    status.update(disruptionsAllowed=allowed, currentHealthy=healthy, desiredHealthy=desired,
+                  expectedPods=expected)
+    return _condition(status, old.get("conditions"))
+
+
+def _condition(status: dict[str, Any], old_conditions: list[dict[str, Any]] | None) -> dict[str, Any]:
+    allowed = int(status.get("disruptionsAllowed", 0)) > 0
+    value, reason = ("True", "SufficientPods") if allowed else ("False", "InsufficientPods")
+    previous = next((c for c in old_conditions or [] if c.get("type") == "DisruptionAllowed"), None)
+    when = previous["lastTransitionTime"] if previous and previous.get("status") == value else now_time()
+    status["conditions"] = [{"type": "DisruptionAllowed", "status": value,
+                             "observedGeneration": status["observedGeneration"], "lastTransitionTime": when,
+                             "reason": reason, "message": ""}]
+    return status

@@ -1,0 +1,121 @@
+"""HTTP plumbing: the request handler, response writing as Go's net/http does it, watch chunks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from sim.kube_errors import ApiError, encode
+
+if TYPE_CHECKING:
+    from sim.kubeapi import KubeAPIServer
+
+GO_BUFFER = 2048  # Go switches to chunked encoding once a body passes its write buffer
+BASE_HEADERS = {"Cache-Control": "no-cache, private", "Content-Type": "application/json",
+                "X-Kubernetes-Pf-Flowschema-Uid": "5a1f0c4e-7d2b-4c1a-9e3f-2b6d8a0c1e77",
+                "X-Kubernetes-Pf-Prioritylevel-Uid": "9c3e5b7a-1f4d-4e2a-8b6c-0d9e7f1a3b55"}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    raw_path: str
+    user: str = ""
+    groups: tuple[str, ...] = ()
+    warnings: list[str] = field(default_factory=list)
+
+    def flag(self, name: str) -> bool:
+        return self.query.get(name, "").lower() in ("true", "1")
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    api: KubeAPIServer  # set on the subclass the server makes
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.send_response_only(code, message)
+        self.send_header("Date", self.date_time_string())
+
+    def _request(self) -> Request:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        return Request(self.command, split.path.rstrip("/") or "/", query, headers, body, self.path)
+
+    def _dispatch(self) -> None:
+        try:
+            self.api.handle(self, self._request())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch
+
+    # --- writing ----------------------------------------------------------------------------------
+    def send_bytes(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        merged = {**BASE_HEADERS, **(headers or {})}
+        for key, value in merged.items():
+            self.send_header(key, value)
+        if len(body) > GO_BUFFER:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.write_chunk(body)
+            self.end_chunks()
+        else:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        self.wfile.flush()
+
+    def send_json(self, code: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        self.send_bytes(code, encode(obj), headers)
+
+    def send_error_status(self, err: ApiError) -> None:
+        self.send_json(err.code, err.body, err.headers)
+
+    def start_stream(self) -> None:
+        self.send_response(200)
+        for key, value in BASE_HEADERS.items():
+            self.send_header(key, value)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def reset(self) -> None:
+        """Drop the connection with a TCP RST (no response at all)."""
+        self.close_connection = True
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        except OSError:
+            pass
+
+
+def parse_json_body(raw: bytes) -> Any:
+    return json.loads(raw.decode("utf-8"))

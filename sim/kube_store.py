@@ -1,0 +1,281 @@
+"""Object storage and lifecycle: one global resourceVersion counter, create/update/delete with the
+semantics of kube-apiserver's generic registry (finalizers, graceful pod deletion, preconditions,
+propagation finalizers), and a bounded event history that watches replay from.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import string
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sim import kube_errors as errs
+from sim.kube_resources import ResourceType
+
+Obj = dict[str, Any]
+META_ORDER = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+              "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
+              "ownerReferences", "finalizers", "managedFields")
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def now_time(offset_s: float = 0.0) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=offset_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def order_metadata(meta: dict[str, Any], alphabetical: bool = False) -> dict[str, Any]:
+    if alphabetical:
+        return {k: meta[k] for k in sorted(meta)}
+    ordered = {k: meta[k] for k in META_ORDER if k in meta}
+    ordered.update({k: v for k, v in meta.items() if k not in ordered})
+    return ordered
+
+
+def shape(rt: ResourceType, obj: Obj) -> Obj:
+    """Key order as the real server writes it (typed objects: kind first; CRs: apiVersion first, sorted meta)."""
+    head = ("apiVersion", "kind") if rt.custom else ("kind", "apiVersion")
+    out: Obj = {k: obj[k] for k in head if k in obj}
+    out["metadata"] = order_metadata(obj.get("metadata", {}), alphabetical=rt.custom)
+    out.update({k: v for k, v in obj.items() if k not in out})
+    return out
+
+
+@dataclass
+class WatchEvent:
+    rv: int
+    key: str
+    type: str
+    obj: Obj
+
+
+class Store:
+    """Thread-safe object store keyed by (storage key, namespace, name)."""
+
+    def __init__(self, history: int = 1000, first_rv: int = 100) -> None:
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.rv = first_rv
+        self.objects: dict[str, dict[tuple[str, str], Obj]] = {}
+        self.history: deque[WatchEvent] = deque(maxlen=history)
+        self.compacted_rv = 0  # rv of the newest event that fell out of the history
+        self.listeners: list[Callable[[WatchEvent], None]] = []
+
+    # --- raw storage -----------------------------------------------------------------------------
+    def get(self, key: str, namespace: str, name: str) -> Obj | None:
+        with self.lock:
+            obj = self.objects.get(key, {}).get((namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def list(self, key: str, namespace: str = "") -> list[Obj]:
+        with self.lock:
+            bucket = self.objects.get(key, {})
+            keys = sorted(k for k in bucket if not namespace or k[0] == namespace)
+            return [copy.deepcopy(bucket[k]) for k in keys]
+
+    def current_rv(self) -> int:
+        with self.lock:
+            return self.rv
+
+    def _record(self, key: str, event_type: str, obj: Obj) -> Obj:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        meta = obj["metadata"]
+        bucket = self.objects.setdefault(key, {})
+        ident = (meta.get("namespace", ""), meta["name"])
+        if event_type == "DELETED":
+            bucket.pop(ident, None)
+        else:
+            bucket[ident] = copy.deepcopy(obj)
+        if len(self.history) == self.history.maxlen:
+            self.compacted_rv = self.history[0].rv
+        event = WatchEvent(self.rv, key, event_type, copy.deepcopy(obj))
+        self.history.append(event)
+        self.changed.notify_all()
+        for listener in list(self.listeners):
+            listener(event)
+        return copy.deepcopy(obj)
+
+    def events_after(self, rv: int) -> list[WatchEvent]:
+        with self.lock:
+            return [e for e in self.history if e.rv > rv]
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def create(self, rt: ResourceType, obj: Obj, namespace: str, dry_run: bool = False,
+               mutate: Callable[[Obj], None] | None = None) -> Obj:
+        """Store a new object; `mutate` runs once uid and name exist (e.g. labels keyed on the uid)."""
+        with self.lock:
+            meta = obj.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = self._generate_name(rt, namespace, meta["generateName"])
+            if rt.namespaced:
+                meta["namespace"] = namespace
+                self._require_namespace(namespace)
+            else:
+                meta.pop("namespace", None)
+            if self.get(rt.key, namespace, meta["name"]) is not None:
+                raise errs.already_exists(rt.resource, rt.group, meta["name"])
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_time()
+            for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
+                meta.pop(transient, None)
+            if rt.generation:
+                meta["generation"] = 1
+            if mutate is not None:
+                mutate(obj)
+            obj = shape(rt, obj)
+            if dry_run:
+                return obj
+            return self._record(rt.key, "ADDED", obj)
+
+    def _require_namespace(self, namespace: str) -> None:
+        if self.get("/namespaces", "", namespace) is None:
+            raise errs.not_found("namespaces", "", namespace)
+
+    def _generate_name(self, rt: ResourceType, namespace: str, prefix: str) -> str:
+        for _ in range(100):
+            name = prefix + "".join(random.choice(_NAME_CHARS) for _ in range(5))
+            if self.get(rt.key, namespace, name) is None:
+                return name
+        return prefix + "".join(random.choice(string.ascii_lowercase) for _ in range(10))
+
+    def update(self, rt: ResourceType, new: Obj, old: Obj, dry_run: bool = False) -> Obj:
+        """Store `new` over `old` (the caller merged status/spec per subresource); a no-op keeps the rv."""
+        with self.lock:
+            current = self.get(rt.key, old["metadata"].get("namespace", ""), old["metadata"]["name"])
+            if current is None:
+                raise errs.not_found(rt.resource, rt.group, old["metadata"]["name"])
+            if current["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"]:
+                raise errs.stale(rt.resource, rt.group, old["metadata"]["name"])
+            new = shape(rt, new)
+            if _same_ignoring_rv(new, current):
+                return current
+            if dry_run:
+                return new
+            removed = _finalized(new)
+            stored = self._record(rt.key, "MODIFIED", new)
+            if removed:
+                self._record(rt.key, "DELETED", copy.deepcopy(stored))
+            return stored
+
+    def delete(self, rt: ResourceType, namespace: str, name: str, *, grace: int | None = None,
+               propagation: str | None = None, preconditions: dict[str, Any] | None = None,
+               dry_run: bool = False) -> tuple[Obj, bool]:
+        """Returns (object, removed now)."""
+        with self.lock:
+            obj = self.get(rt.key, namespace, name)
+            if obj is None:
+                raise errs.not_found(rt.resource, rt.group, name)
+            _check_preconditions(rt, obj, preconditions or {})
+            meta = obj["metadata"]
+            grace_s = self._grace(rt, obj, grace)
+            if meta.get("deletionTimestamp"):
+                return self._delete_again(rt, obj, grace_s, dry_run)
+            self._add_propagation_finalizer(rt, meta, propagation)
+            if dry_run:
+                return obj, not meta.get("finalizers") and grace_s == 0
+            meta["deletionTimestamp"] = now_time(grace_s)
+            meta["deletionGracePeriodSeconds"] = grace_s
+            if grace_s > 0 or meta.get("finalizers"):
+                return self._record(rt.key, "MODIFIED", obj), False
+            return self._remove(rt, obj), True
+
+    def _remove(self, rt: ResourceType, obj: Obj) -> Obj:
+        if rt.returns_object_on_delete and rt.resource == "pods":
+            obj = self._record(rt.key, "MODIFIED", obj)
+        return self._record(rt.key, "DELETED", obj)
+
+    def _delete_again(self, rt: ResourceType, obj: Obj, grace_s: int, dry_run: bool) -> tuple[Obj, bool]:
+        meta = obj["metadata"]
+        current = int(meta.get("deletionGracePeriodSeconds") or 0)
+        if rt.resource != "pods" or grace_s >= current or dry_run:
+            return obj, False
+        meta["deletionTimestamp"] = now_time(grace_s)
+        meta["deletionGracePeriodSeconds"] = grace_s
+        if grace_s == 0 and not meta.get("finalizers"):
+            return self._remove(rt, obj), True
+        return self._record(rt.key, "MODIFIED", obj), False
+
+    @staticmethod
+    def _grace(rt: ResourceType, obj: Obj, grace: int | None) -> int:
+        if rt.resource != "pods":
+            return 0
+        spec, phase = obj.get("spec", {}), obj.get("status", {}).get("phase")
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            return 0
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+        return max(0, int(grace))
+
+    @staticmethod
+    def _add_propagation_finalizer(rt: ResourceType, meta: dict[str, Any], propagation: str | None) -> None:
+        policy = propagation or rt.default_propagation
+        finalizer = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}.get(policy)
+        if finalizer and finalizer not in meta.get("finalizers", []):
+            meta["finalizers"] = [*meta.get("finalizers", []), finalizer]
+
+    def remove_finalizer(self, rt: ResourceType, obj: Obj, finalizer: str) -> None:
+        """Controller helper: drop one finalizer from the stored object (deleting it if it was the last)."""
+        with self.lock:
+            current = self.get(rt.key, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+            if current is None or finalizer not in current["metadata"].get("finalizers", []):
+                return
+            updated = copy.deepcopy(current)
+            rest = [f for f in updated["metadata"]["finalizers"] if f != finalizer]
+            if rest:
+                updated["metadata"]["finalizers"] = rest
+            else:
+                updated["metadata"].pop("finalizers")
+            self.update(rt, updated, current)
+
+
+def _same_ignoring_rv(a: Obj, b: Obj) -> bool:
+    def strip(o: Obj) -> Obj:
+        o = copy.deepcopy(o)
+        o["metadata"].pop("resourceVersion", None)
+        o["metadata"].pop("managedFields", None)
+        return o
+    return strip(a) == strip(b)
+
+
+def _finalized(obj: Obj) -> bool:
+    meta = obj["metadata"]
+    return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") \
+        and int(meta.get("deletionGracePeriodSeconds") or 0) == 0
+
+
+def _check_preconditions(rt: ResourceType, obj: Obj, pre: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    name = meta["name"]
+    if pre.get("uid") and pre["uid"] != meta["uid"]:
+        raise _precondition(rt, name, f"the UID in the precondition ({pre['uid']}) does not match the UID in "
+                            f"record ({meta['uid']}). The object might have been deleted and then recreated")
+    if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
+        raise _precondition(rt, name, f"the ResourceVersion in the precondition ({pre['resourceVersion']}) does "
+                            f"not match the ResourceVersion in record ({meta['resourceVersion']}). "
+                            "The object might have been modified")
+
+
+def _precondition(rt: ResourceType, name: str, why: str) -> errs.ApiError:
+    msg = f'Operation cannot be fulfilled on {rt.kind} "{name}": {why}'
+    details: dict[str, Any] = {"name": name}
+    if rt.group:
+        details["group"] = rt.group
+    details["kind"] = rt.kind
+    return errs.ApiError(409, errs.status(409, msg, "Conflict", details))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

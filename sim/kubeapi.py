@@ -1,0 +1,391 @@
+"""A Kubernetes API server emulator (kube-apiserver v1.28 semantics) on a real threaded HTTP(S) server.
+
+Serves discovery, the built-in resources a GPU-remediation controller touches, CRDs and their custom
+resources, watches (chunked, bookmarks, 410 on a too-old resourceVersion), four patch types, eviction
+with PodDisruptionBudgets, bearer-token auth with optional per-user RBAC, and fault injection. It also
+runs the controllers kube-controller-manager would: Job -> pods, owner-reference GC, PDB status.
+
+Not implemented: CEL x-kubernetes-validations other than the `self == oldSelf` immutability rule; Table
+output; protobuf; admission webhooks; Lease MicroTime format checks. Reference: shared/data/kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+import shutil
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from sim import kube_errors as errs
+from sim.kube_controllers import Controllers
+from sim.kube_handlers import Target, Verbs
+from sim.kube_http import Handler, Request
+from sim.kube_resources import ResourceType, builtin_types, from_crd
+from sim.kube_store import Obj, Store
+
+VERSION_INFO = {"major": "1", "minor": "28", "gitVersion": "v1.28.7-sim", "gitTreeState": "clean",
+                "goVersion": "go1.21.7", "compiler": "gc", "platform": "linux/amd64"}
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+AuditRecord = tuple[str, str, str, str, str, "str | None", "str | None"]
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    count: int
+    status: int
+    retry_after: int | None
+    action: str
+    delay_s: float
+
+
+class KubeAPIServer:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, tls: bool = False, watch_history: int = 1000,
+                 bookmark_interval_s: float = 60.0, anonymous: bool = False) -> None:
+        self.host, self.port, self.tls = host, port, tls
+        self.store = Store(history=watch_history)
+        self.bookmark_interval_s = bookmark_interval_s
+        self.too_large_rv_wait_s = 3.0
+        self.anonymous = anonymous
+        self.admin_token = secrets.token_hex(16)
+        self.tokens: dict[str, tuple[str, tuple[str, ...]]] = {
+            self.admin_token: ("kubernetes-admin", ("system:masters", "system:authenticated"))}
+        self.rbac: dict[str, list[dict[str, Any]]] = {}
+        self.faults: list[Fault] = []
+        self.requests: list[AuditRecord] = []
+        self.types: dict[tuple[str, str, str], ResourceType] = {}
+        self.stopping = False
+        self.ca_file: str | None = None
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        for rt in builtin_types():
+            self.types[(rt.group, rt.version, rt.resource)] = rt
+        self.verbs = Verbs(self)
+        self.controllers = Controllers(self)
+        for ns in SYSTEM_NAMESPACES:
+            self.store.create(self.type_for("", "namespaces"),
+                              {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
+                               "status": {"phase": "Active"}}, "")
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> KubeAPIServer:
+        handler = type("BoundHandler", (Handler,), {"api": self})
+        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        self._httpd.daemon_threads = True
+        if self.tls:
+            self._wrap_tls(self._httpd)
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, name="kubeapi", daemon=True).start()
+        self.controllers.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.controllers.stop()
+        with self.store.changed:
+            self.store.changed.notify_all()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _wrap_tls(self, httpd: ThreadingHTTPServer) -> None:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise RuntimeError("tls=True needs the openssl command to make a self-signed certificate")
+        self._tmp = tempfile.TemporaryDirectory(prefix="kubeapi-tls-")
+        cert, key = Path(self._tmp.name) / "tls.crt", Path(self._tmp.name) / "tls.key"
+        subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={self.host}",
+                        "-addext", f"subjectAltName=IP:{self.host}"], check=True, capture_output=True)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(cert), str(key))
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        self.ca_file = str(cert)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    # --- identities, RBAC, faults --------------------------------------------------------------------
+    def add_token(self, token: str, user: str, groups: tuple[str, ...] | list[str] = ()) -> None:
+        self.tokens[token] = (user, tuple(groups))
+
+    def enforce_rbac(self, user: str, rules: list[dict[str, Any]]) -> None:
+        self.rbac[user] = rules
+
+    def inject(self, method: str = "GET", path: str = r".*", count: int = 1, status: int = 500,
+               retry_after: int | None = None, action: str = "status", delay_s: float = 0.2) -> None:
+        if action not in ("status", "reset", "delay", "cut-watch"):
+            raise ValueError(f"unknown fault action {action!r}: use status, reset, delay or cut-watch")
+        with self._lock:
+            self.faults.append(Fault(method.upper(), re.compile(path), count, status, retry_after, action, delay_s))
+
+    def write_kubeconfig(self, path: str | Path, token: str | None = None) -> str:
+        ca = f"\n    certificate-authority: {self.ca_file}" if self.ca_file else ""
+        text = (f"apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {self.url}{ca}\n"
+                f"users:\n- name: sim-user\n  user:\n    token: {token or self.admin_token}\n"
+                "contexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim-user\n"
+                "current-context: sim\n")
+        Path(path).write_text(text, encoding="utf-8")
+        return str(path)
+
+    # --- types -------------------------------------------------------------------------------------
+    def type_for(self, group: str, resource: str) -> ResourceType:
+        for (g, _, r), rt in self.types.items():
+            if g == group and r == resource:
+                return rt
+        raise KeyError(f"{resource}.{group}")
+
+    def register_crd(self, crd: Obj) -> None:
+        for rt in from_crd(crd):
+            self.types[(rt.group, rt.version, rt.resource)] = rt
+
+    def unregister_crd(self, crd: Obj) -> None:
+        spec = crd["spec"]
+        for key in [k for k in self.types if k[0] == spec["group"] and k[2] == spec["names"]["plural"]]:
+            del self.types[key]
+
+    def check_cel(self, rt: ResourceType, new: Obj, old: Obj | None) -> None:
+        """Only the `self == oldSelf` transition rule is evaluated; other CEL rules are skipped."""
+        if not rt.custom or old is None or rt.schema is None:
+            return
+        from sim.kube_admission import raise_invalid
+        from sim.kube_resources import _type_name
+        causes = []
+        for path, message in _immutable_paths(rt.schema, ()):
+            before, after = _dig(old, path), _dig(new, path)
+            if before is not None and after is not None and before != after:
+                causes.append(errs.cause("FieldValueInvalid", f'Invalid value: "{_type_name(after)}": {message}',
+                                         ".".join(path)))
+        raise_invalid(rt, new["metadata"]["name"], causes)
+
+    # --- request handling --------------------------------------------------------------------------
+    def handle(self, h: Handler, req: Request) -> None:
+        fault = self._take_fault(req)
+        if fault is not None and fault.action in ("status", "reset"):
+            self._fail(h, fault)
+            return
+        if fault is not None and fault.action == "delay":
+            time.sleep(fault.delay_s)
+        try:
+            self._authenticate(req)
+            self._route(h, req, cut_after=fault.delay_s if fault is not None and fault.action == "cut-watch"
+                        else None)
+        except errs.ApiError as err:
+            h.send_error_status(err)
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:  # a bug in the emulator must still answer like a server would
+            h.send_error_status(errs.internal(f"Internal error occurred: {type(exc).__name__}: {exc}"))
+
+    def _take_fault(self, req: Request) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.count > 0 and fault.method in (req.method, "*") and fault.path.search(req.raw_path):
+                    fault.count -= 1
+                    return fault
+        return None
+
+    def _fail(self, h: Handler, fault: Fault) -> None:
+        if fault.action == "reset":
+            h.reset()
+            return
+        reason = errs.REASONS.get(fault.status, "InternalError")
+        details: dict[str, Any] = {"retryAfterSeconds": fault.retry_after} if fault.retry_after else {}
+        message = "Internal error occurred: injected fault" if fault.status >= 500 else "injected fault"
+        body = errs.status(fault.status, message, reason, details)
+        headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+        h.send_json(fault.status, body, headers)
+
+    def _authenticate(self, req: Request) -> None:
+        auth = req.headers.get("authorization", "")
+        if auth.startswith("Bearer ") and auth[7:].strip() in self.tokens:
+            req.user, req.groups = self.tokens[auth[7:].strip()]
+            return
+        if not auth and self.anonymous:
+            req.user, req.groups = "system:anonymous", ("system:unauthenticated",)
+            return
+        if req.path in ("/version", "/healthz", "/livez", "/readyz") and not auth:
+            req.user = "system:anonymous"
+            return
+        raise errs.unauthorized()
+
+    def _route(self, h: Handler, req: Request, cut_after: float | None) -> None:
+        parts = [p for p in req.path.split("/") if p]
+        if not parts or parts[0] not in ("api", "apis"):
+            self._non_resource(h, req)
+            return
+        if parts[0] == "api":
+            group, rest = "", parts[1:]
+        else:
+            group, rest = (parts[1] if len(parts) > 1 else None), parts[2:]
+        if group is None or not rest:
+            self._audit(req, "get", "", "", "", None, req.path)
+            h.send_json(200, self._discovery_root(parts[0], group))
+            return
+        version, rest = rest[0], rest[1:]
+        if not rest:
+            self._audit(req, "get", "", "", "", None, req.path)
+            h.send_json(200, self._resource_list(group, version))
+            return
+        self._resource_request(h, req, self._target(group, version, rest), cut_after)
+
+    def _target(self, group: str, version: str, rest: list[str]) -> Target:
+        namespace = ""
+        if rest[0] == "namespaces" and len(rest) >= 3 and (group, version, rest[2]) in self.types:
+            namespace, rest = rest[1], rest[2:]
+        rt = self.types.get((group, version, rest[0]))
+        if rt is None or len(rest) > 3 or (len(rest) == 3 and rest[2] not in rt.subresources):
+            raise errs.unknown_resource()
+        if rt.namespaced != bool(namespace) and len(rest) > 1 and rt.namespaced:
+            raise errs.unknown_resource()
+        return Target(rt, namespace, rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else "")
+
+    def _resource_request(self, h: Handler, req: Request, t: Target, cut_after: float | None) -> None:
+        verb = _verb(req, t)
+        self._audit(req, verb, t.rt.group, t.rt.resource, t.subresource, t.namespace or None, t.name or None)
+        self._authorize(req, verb, t)
+        if t.subresource == "eviction":
+            if verb != "create":
+                raise errs.ApiError(405, errs.status(405, "the server does not allow this method on the "
+                                                     "requested resource", "MethodNotAllowed", {}))
+            self.controllers.evict(h, req, t)
+            return
+        handler = {"get": self.verbs.get, "list": self.verbs.list, "create": self.verbs.create,
+                   "update": self.verbs.update, "patch": self.verbs.patch, "delete": self.verbs.delete,
+                   "deletecollection": self.verbs.delete_collection}.get(verb)
+        if verb == "watch":
+            self.verbs.watch(h, req, t, cut_after)
+        elif handler is not None:
+            handler(h, req, t)
+
+    def _audit(self, req: Request, verb: str, group: str, resource: str, sub: str, ns: str | None,
+               name: str | None) -> None:
+        with self._lock:
+            self.requests.append((req.user, verb, group, resource, sub, ns, name))
+
+    def _authorize(self, req: Request, verb: str, t: Target) -> None:
+        if "system:masters" in req.groups:
+            return
+        rules = self.rbac.get(req.user)
+        if rules is None and req.user != "system:anonymous":
+            return
+        resource = f"{t.rt.resource}/{t.subresource}" if t.subresource else t.rt.resource
+        if not any(_rule_allows(rule, verb, t.rt.group, resource, t.name) for rule in rules or []):
+            raise errs.forbidden(req.user, verb, resource, t.rt.group, t.namespace or None, t.name or None)
+
+    # --- non-resource and discovery ----------------------------------------------------------------
+    def _non_resource(self, h: Handler, req: Request) -> None:
+        self._audit(req, "get", "", "", "", None, req.path)
+        if req.path == "/version":
+            h.send_bytes(200, _pretty(VERSION_INFO))
+        elif req.path in ("/healthz", "/livez", "/readyz"):
+            h.send_bytes(200, b"ok", {"Content-Type": "text/plain; charset=utf-8"})
+        else:
+            raise errs.ApiError(404, errs.status(404, "the server could not find the requested resource",
+                                                 "NotFound", {}))
+
+    def _discovery_root(self, prefix: str, group: str | None) -> dict[str, Any]:
+        if prefix == "api":
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]}
+        groups = self._groups()
+        if group is None:
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(groups.values())}
+        if group not in groups:
+            raise errs.unknown_resource()
+        return {"kind": "APIGroup", "apiVersion": "v1", **groups[group]}
+
+    def _groups(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for (group, version, _) in list(self.types):
+            if not group:
+                continue
+            entry = out.setdefault(group, {"name": group, "versions": []})
+            gv = {"groupVersion": f"{group}/{version}", "version": version}
+            if gv not in entry["versions"]:
+                entry["versions"].append(gv)
+            entry["preferredVersion"] = entry["versions"][0]
+        return out
+
+    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
+        resources = [e for (g, v, _), rt in list(self.types.items()) if g == group and v == version
+                     for e in rt.discovery()]
+        if not resources:
+            raise errs.unknown_resource()
+        gv = f"{group}/{version}" if group else version
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
+
+def _verb(req: Request, t: Target) -> str:
+    if req.method == "GET":
+        if t.name:
+            return "get"
+        return "watch" if req.flag("watch") else "list"
+    if req.method == "DELETE":
+        return "delete" if t.name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(req.method, req.method.lower())
+
+
+def _rule_allows(rule: dict[str, Any], verb: str, group: str, resource: str, name: str) -> bool:
+    def has(values: Any, item: str) -> bool:
+        return "*" in (values or []) or item in (values or [])
+    names = rule.get("resourceNames") or []
+    return has(rule.get("apiGroups"), group) and has(rule.get("resources"), resource) \
+        and has(rule.get("verbs"), verb) and (not names or name in names)
+
+
+def _pretty(obj: Any) -> bytes:
+    import json
+    return json.dumps(obj, indent=2).encode()
+
+
+def _immutable_paths(schema: dict[str, Any], path: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+    out = [(path, rule.get("message", "Invalid value"))
+           for rule in schema.get("x-kubernetes-validations") or [] if rule.get("rule", "").replace(" ", "")
+           == "self==oldSelf"]
+    for key, sub in (schema.get("properties") or {}).items():
+        out += _immutable_paths(sub, (*path, key))
+    return out
+
+
+def _dig(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Kubernetes API server emulator")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tls", action="store_true")
+    parser.add_argument("--kubeconfig-out", default=None)
+    args = parser.parse_args(argv)
+    srv = KubeAPIServer(host=args.host, port=args.port, tls=args.tls).start()
+    if args.kubeconfig_out:
+        srv.write_kubeconfig(args.kubeconfig_out)
+    print(srv.url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
