@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
 
 from sim import kube_errors as errs
 from sim.kube_resources import ResourceType, type_errors

@@ -5,6 +5,7 @@ subresource, which reads and writes PDB status the way the real registry does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -112,7 +113,7 @@ class Controllers:
     def _all_objects(self) -> list[tuple[ResourceType, Obj]]:
         out = []
         for rt in {rt.key: rt for rt in list(self.api.types.values())}.values():
-            out += [(rt, o) for o in self.store.list(rt.key)]
+            out += [(rt, o) for o in self.store.list_all(rt.key)]
         return out
 
     def _dependents(self, uid: str) -> list[tuple[ResourceType, Obj]]:
@@ -129,11 +130,9 @@ class Controllers:
         return any(o["metadata"]["uid"] == uid for _, o in self._all_objects())
 
     def _delete(self, rt: ResourceType, obj: Obj, policy: str) -> None:
-        try:
+        with contextlib.suppress(errs.ApiError):
             self.store.delete(rt, obj["metadata"].get("namespace", ""), obj["metadata"]["name"],
                               propagation=policy)
-        except errs.ApiError:
-            pass
 
     def _gc_pass(self) -> None:
         for rt, obj in self._all_objects():
@@ -176,7 +175,7 @@ class Controllers:
             if job is None:
                 return
             uid = job["metadata"]["uid"]
-            pods = [p for p in self.store.list(pods_rt.key, ns) if owned_by(p, uid)]
+            pods = [p for p in self.store.list_all(pods_rt.key, ns) if owned_by(p, uid)]
             for pod in pods:
                 if pod["status"].get("phase") in TERMINAL or pod["metadata"].get("deletionTimestamp") \
                         or job["metadata"].get("deletionTimestamp"):
@@ -233,7 +232,7 @@ class Controllers:
 
     # --- disruption controller -----------------------------------------------------------------------
     def sync_pdbs(self, ns: str) -> None:
-        for pdb in self.store.list(self.rt("policy", "poddisruptionbudgets").key, ns):
+        for pdb in self.store.list_all(self.rt("policy", "poddisruptionbudgets").key, ns):
             self.sync_pdb(ns, pdb["metadata"]["name"])
 
     def sync_pdb(self, ns: str, name: str) -> Obj | None:
@@ -251,7 +250,7 @@ class Controllers:
             return self.store.update(pdbs, updated, pdb)
 
     def _pdb_pods(self, pdb: Obj) -> list[Obj]:
-        pods = self.store.list(self.rt("", "pods").key, pdb["metadata"]["namespace"])
+        pods = self.store.list_all(self.rt("", "pods").key, pdb["metadata"]["namespace"])
         selector = pdb.get("spec", {}).get("selector")
         if selector is None:
             return []
@@ -286,7 +285,7 @@ class Controllers:
     def _check_budget(self, pod: Obj, dry: bool) -> None:
         pdbs_rt = self.rt("policy", "poddisruptionbudgets")
         ns = pod["metadata"]["namespace"]
-        matching = [p for p in self.store.list(pdbs_rt.key, ns) if p.get("spec", {}).get("selector") is not None
+        matching = [p for p in self.store.list_all(pdbs_rt.key, ns) if p.get("spec", {}).get("selector") is not None
                     and match_label_selector_object(p["spec"]["selector"], pod["metadata"].get("labels"))]
         if len(matching) > 1:
             raise errs.ApiError(500, errs.status(500, "This pod has more than one PodDisruptionBudget, which the "

@@ -80,7 +80,7 @@ class Verbs:
         view = adm.event_to_core(obj) if t.rt.key == "events" else obj
         return labels_match(labels, meta.get("labels")) and fields_match(fields, view, t.rt.resource)
 
-    def list(self, h: Handler, req: Request, t: Target) -> None:
+    def list_(self, h: Handler, req: Request, t: Target) -> None:
         h.send_json(200, self.list_object(req, t))
 
     def list_object(self, req: Request, t: Target) -> Obj:
@@ -93,7 +93,7 @@ class Verbs:
             limit = 0
         with self.store.lock:
             list_rv = token_rv or self.store.current_rv()
-            items = [o for o in self.store.list(t.rt.key, t.namespace) if self._matches(o, t, labels, fields)]
+            items = [o for o in self.store.list_all(t.rt.key, t.namespace) if self._matches(o, t, labels, fields)]
         items = [o for o in items if _list_key(o, t) > start] if start else items
         meta: dict[str, Any] = {"resourceVersion": str(list_rv)}
         if limit and len(items) > limit:
@@ -350,7 +350,7 @@ class Verbs:
             raise errs.bad_request("error decoding patch: json: cannot unmarshal into Go value of type "
                                    "map[string]interface {}")
         merged = kp.merge_patch(old, patch) if kind == "merge" else kp.strategic_merge(old, patch)
-        return merged  # type: ignore[no-any-return]
+        return merged
 
     def _apply(self, h: Handler, req: Request, t: Target, dry: bool) -> None:
         manager = req.query.get("fieldManager", "")
@@ -622,7 +622,7 @@ class _WatchStream:
         store = self.verbs.store
         with store.lock:
             rv = store.current_rv()
-            objs = [o for o in store.list(self.t.rt.key, self.t.namespace)
+            objs = [o for o in store.list_all(self.t.rt.key, self.t.namespace)
                     if self.verbs._matches(o, self.t, self.labels, self.fields)]
         for obj in objs:
             self.visible.add(obj["metadata"]["uid"])

@@ -74,7 +74,7 @@ class Store:
             obj = self.objects.get(key, {}).get((namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
-    def list(self, key: str, namespace: str = "") -> list[Obj]:
+    def list_all(self, key: str, namespace: str = "") -> list[Obj]:
         with self.lock:
             bucket = self.objects.get(key, {})
             keys = sorted(k for k in bucket if not namespace or k[0] == namespace)

@@ -228,9 +228,9 @@ class KubeAPIServer:
         if not parts or parts[0] not in ("api", "apis"):
             self._non_resource(h, req)
             return
-        if parts[0] == "api":
-            group, rest = "", parts[1:]
-        else:
+        group: str | None = ""
+        rest = parts[1:]
+        if parts[0] == "apis":
             group, rest = (parts[1] if len(parts) > 1 else None), parts[2:]
         if group is None or not rest:
             self._audit(req, "get", "", "", "", None, req.path)
@@ -264,7 +264,7 @@ class KubeAPIServer:
                                                      "requested resource", "MethodNotAllowed", {}))
             self.controllers.evict(h, req, t)
             return
-        handler = {"get": self.verbs.get, "list": self.verbs.list, "create": self.verbs.create,
+        handler = {"get": self.verbs.get, "list": self.verbs.list_, "create": self.verbs.create,
                    "update": self.verbs.update, "patch": self.verbs.patch, "delete": self.verbs.delete,
                    "deletecollection": self.verbs.delete_collection}.get(verb)
         if verb == "watch":
@@ -300,8 +300,8 @@ class KubeAPIServer:
 
     def _discovery_root(self, prefix: str, group: str | None) -> dict[str, Any]:
         if prefix == "api":
-            return {"kind": "APIVersions", "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]}
+            address = {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [address]}
         groups = self._groups()
         if group is None:
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(groups.values())}
