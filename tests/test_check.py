@@ -1,0 +1,236 @@
+"""``gpuremediate check``: the real captures through a fake nvidia-smi, faults edited in, exit codes, kernel log."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gpuremediate import check, cli
+from gpuremediate.signals.model import GpuReading, NodeReadings
+
+
+def _load_fakes() -> ModuleType:
+    path = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi" / "fakes.py"
+    spec = importlib.util.spec_from_file_location("nvsmi_fakes_check", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["nvsmi_fakes_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fakes = _load_fakes()
+H100 = fakes.CAPTURES / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+H100_MIG = fakes.CAPTURES / "linux-x86_64__nvidia-h100-mig__590.48.01.txt"
+H200 = fakes.CAPTURES / "linux-x86_64__nvidia-h200__590.48.01.txt"
+RTX = fakes.CAPTURES / "windows-x86_64__nvidia-geforce-rtx-2080-super__591.86.txt"
+DRIVER_GONE = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+               "Make sure that the latest NVIDIA driver is installed and running.")
+
+
+@pytest.fixture
+def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "bin"
+    fakes.install_nvidia_smi(d)
+    fakes.install(d, "journalctl", "fake_tool.py")
+    fakes.install(d, "dmesg", "fake_tool.py")
+    monkeypatch.setenv("PATH", str(d))  # nothing real: only the fakes are found
+    for var in ("FAKE_SMI_EXIT", "FAKE_SMI_REJECT", "FAKE_SMI_STATE", "FAKE_SMI_LOG"):
+        monkeypatch.delenv(var, raising=False)
+    return d
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    args = cli.build_parser().parse_args(["check", *argv])
+    out = io.StringIO()
+    return check.main(args, out=out), out.getvalue()
+
+
+def run_json(argv: list[str]) -> tuple[int, dict[str, Any]]:
+    code, text = run(["--json", *argv])
+    return code, json.loads(text)
+
+
+def use(monkeypatch: pytest.MonkeyPatch, capture: Path) -> None:
+    monkeypatch.setenv("FAKE_SMI_CAPTURE", str(capture))
+
+
+@pytest.mark.parametrize("capture", [H100, H100_MIG, H200, RTX], ids=lambda p: p.name.split("__")[1])
+def test_every_real_capture_is_healthy(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, capture: Path) -> None:
+    use(monkeypatch, capture)
+    code, text = run(["--kernel-log", "no"])
+    assert code == 0, text
+    assert "healthy (exit 0)" in text
+    code, report = run_json(["--kernel-log", "no"])
+    assert code == 0
+    assert report["verdict"] == "healthy" and report["findings"] == []
+    assert len(report["gpus"]) == 1 and report["gpus"][0]["uuid"].startswith("GPU-")
+
+
+def test_table_shows_readings_and_placeholders(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, RTX)
+    _, text = run(["--kernel-log", "no"])
+    header, row = text.splitlines()[:2]
+    assert header.split()[:4] == ["GPU", "PCI", "MODEL", "TEMP"]
+    assert "NVIDIA GeForce RTX 2080 SUPER" in row and "45 C" in row
+    assert row.count(" - ") >= 4  # memory temp, DBE, remap columns: not reported, shown as missing
+
+
+@pytest.mark.parametrize(
+    ("csv", "code", "kind", "action"),
+    [
+        ({"ecc.errors.uncorrected.volatile.total": "2"}, 2, "ecc-dbe", "reset-gpu"),
+        ({"remapped_rows.failure": "Yes"}, 2, "row-remap-failure", "quarantine"),
+        ({"remapped_rows.uncorrectable": "12"}, 2, "uncorrectable-rows", "quarantine"),
+        ({"remapped_rows.pending": "Yes"}, 1, "row-remap-pending", "reset-gpu"),
+        ({"temperature.gpu": "96"}, 1, "thermal", "cordon"),
+        ({"temperature.memory": "101"}, 1, "thermal", "cordon"),
+    ],
+)
+def test_faults_edited_into_a_capture(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, csv: dict[str, str], code: int, kind: str,
+    action: str,
+) -> None:
+    use(monkeypatch, fakes.edit_capture(H100, tmp_path / "faulty.txt", csv=csv))
+    got, report = run_json(["--kernel-log", "no"])
+    assert got == code
+    assert [(f["kind"], f["action"]) for f in report["findings"]] == [(kind, action)]
+    assert report["verdict"] == check.VERDICTS[code]
+    _, text = run(["--kernel-log", "no"])
+    assert f"[{action}" in text and f"(exit {code})" in text
+
+
+def test_nvidia_smi_missing_is_3(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    code, text = run([])
+    assert code == 3
+    assert "could not check: nvidia-smi not found on PATH" in text
+    code, report = run_json(["--nvidia-smi", str(tmp_path / "nope" / "nvidia-smi")])
+    assert code == 3 and report["reason"] == f"nvidia-smi not found at {tmp_path / 'nope' / 'nvidia-smi'}"
+
+
+def test_driver_not_loaded_is_3_with_its_message(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SMI_EXIT", "9")
+    monkeypatch.setenv("FAKE_SMI_MESSAGE", DRIVER_GONE)
+    code, text = run([])
+    assert code == 3
+    assert "nvidia-smi exited 9 (the NVIDIA driver is not loaded)" in text
+    assert DRIVER_GONE in text
+    code, report = run_json([])
+    assert (code, report["verdict"], report["nvidia_smi_message"]) == (3, "could not check", DRIVER_GONE)
+
+
+def test_bad_policy_file_is_3(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use(monkeypatch, H100)
+    bad = tmp_path / "policy.toml"
+    bad.write_text("[thermal]\ngpu_cordon_c = 'hot'\n")
+    code, report = run_json(["--policy", str(bad), "--kernel-log", "no"])
+    assert code == 3 and report["reason"].startswith("policy:") and "gpu_cordon_c" in report["reason"]
+
+
+def test_policy_file_changes_the_verdict(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use(monkeypatch, H100)  # 59 C under load
+    strict = tmp_path / "policy.toml"
+    strict.write_text("[thermal]\ngpu_cordon_c = 55\ngpu_clear_c = 50\n")
+    code, report = run_json(["--policy", str(strict), "--kernel-log", "no"])
+    assert code == 1 and report["findings"][0]["kind"] == "thermal"
+
+
+# ------------------------------------------------------------------ kernel log
+
+JOURNAL = """\
+2025-03-02T10:11:12+0000 gpu-box kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01
+2025-03-02T10:22:33+0000 gpu-box kernel: NVRM: Xid (PCI:0000:00:09): 79, pid=4242, name=python3, GPU has fallen off the bus.
+2025-03-02T10:22:34+0000 gpu-box kernel: NVRM: Xid (PCI:0000:00:09): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+2025-03-02T10:30:00+0000 gpu-box kernel: NVRM: Xid (PCI:0000:9a:00): 48, pid=1, name=x, An uncorrectable double bit error
+"""
+
+
+def test_parse_kernel_xids_formats() -> None:
+    text = JOURNAL + (
+        "[ 1234.567890] NVRM: Xid (0000:3b:00): 13, Graphics Exception: ESR 0x404600=0x80000001\n"
+        "[ 1300.000000] NVRM: GPU at PCI:0000:3b:00: GPU-abc\n"
+    )
+    got = [(x.bus_id, x.xid) for x in check.parse_kernel_xids(text)]
+    assert got == [("0000:00:09.0", 79), ("0000:00:09.0", 79), ("0000:9a:00.0", 48), ("0000:3b:00.0", 13)]
+    assert check.parse_kernel_xids(JOURNAL)[0].text.startswith("pid=4242, name=python3, GPU has fallen off")
+
+
+def test_kernel_xids_feed_the_policy(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use(monkeypatch, H100)  # its GPU sits at 00000000:00:09.0
+    (tmp_path / "journal.txt").write_text(JOURNAL)
+    monkeypatch.setenv("FAKE_JOURNALCTL_OUT", str(tmp_path / "journal.txt"))
+    code, report = run_json(["--kernel-log", "yes"])
+    assert code == 2
+    assert [(f["kind"], f["code"], f["action"]) for f in report["findings"]] == [("xid", "79", "reboot")]
+    assert report["gpus"][0]["kernel_xids"] == {"79": 2.0}
+    assert any("PCI 0000:9a:00.0, which nvidia-smi does not list" in n for n in report["notes"])
+    assert any("journalctl -k --since -24h: 3 XID line(s)" in n for n in report["notes"])
+
+
+def test_application_xid_alone_stays_healthy(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use(monkeypatch, H200)
+    (tmp_path / "j.txt").write_text("k: NVRM: Xid (PCI:0000:83:00): 13, Graphics Engine Exception\n")
+    monkeypatch.setenv("FAKE_JOURNALCTL_OUT", str(tmp_path / "j.txt"))
+    code, report = run_json([])
+    assert code == 0
+    assert [(f["code"], f["action"]) for f in report["findings"]] == [("13", "none")]
+
+
+def test_journal_denied_falls_back_to_dmesg(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use(monkeypatch, H200)
+    monkeypatch.setenv("FAKE_JOURNALCTL_ERR", "No journal files were opened due to insufficient permissions.\n")
+    (tmp_path / "dmesg.txt").write_text("[  12.3] NVRM: Xid (PCI:0000:83:00): 95, pid=7, Uncontained ECC error\n")
+    monkeypatch.setenv("FAKE_DMESG_OUT", str(tmp_path / "dmesg.txt"))
+    code, report = run_json([])
+    assert code == 2 and report["findings"][0]["code"] == "95"
+    assert any("dmesg: 1 XID line(s)" in n for n in report["notes"])
+
+
+def test_unreadable_kernel_log_is_a_note_with_auto_and_a_failure_with_yes(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use(monkeypatch, H200)
+    monkeypatch.setenv("FAKE_JOURNALCTL_ERR", "Hint: You are currently not seeing messages from other users.\n")
+    monkeypatch.setenv("FAKE_DMESG_ERR", "dmesg: read kernel buffer failed: Operation not permitted\n")
+    monkeypatch.setenv("FAKE_DMESG_EXIT", "1")
+    code, report = run_json([])
+    assert code == 0
+    assert any("kernel log not readable" in n and "Operation not permitted" in n for n in report["notes"])
+    code, report = run_json(["--kernel-log", "yes"])
+    assert code == 3 and "Operation not permitted" in report["reason"]
+    code, report = run_json(["--kernel-log", "no"])
+    assert code == 0 and report["notes"] == []
+
+
+def test_kernel_log_is_linux_only() -> None:
+    log = check.read_kernel_log(platform="win32")
+    assert not log.read and "only read on Linux" in log.note
+
+
+# ------------------------------------------------------------------ exit code rules
+
+
+def test_exit_codes_follow_the_worst_finding() -> None:
+    gpu = GpuReading(node="n", gpu="0", uuid="GPU-1", pci_bus_id="00000000:01:00.0", gpu_temp=40.0)
+    readings = NodeReadings(node="n", source="nvidia-smi", gpus=(gpu,))
+
+    class Fixed:
+        node = "n"
+
+        def read_node(self) -> NodeReadings:
+            return readings
+
+    policy = check._load(None)
+    assert check.run_check(Fixed(), policy, kernel_log="no").exit_code == 0  # type: ignore[arg-type]
+    empty = NodeReadings(node="n", source="nvidia-smi")
+    Fixed.read_node = lambda self: empty  # type: ignore[method-assign]
+    report = check.run_check(Fixed(), policy, kernel_log="no")  # type: ignore[arg-type]
+    assert (report.exit_code, report.reason) == (3, "nvidia-smi listed no GPUs")
