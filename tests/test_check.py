@@ -145,12 +145,14 @@ def test_policy_file_changes_the_verdict(bin_dir: Path, monkeypatch: pytest.Monk
 
 # ------------------------------------------------------------------ kernel log
 
-JOURNAL = """\
-2025-03-02T10:11:12+0000 gpu-box kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01
-2025-03-02T10:22:33+0000 gpu-box kernel: NVRM: Xid (PCI:0000:00:09): 79, pid=4242, name=python3, GPU has fallen off the bus.
-2025-03-02T10:22:34+0000 gpu-box kernel: NVRM: Xid (PCI:0000:00:09): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
-2025-03-02T10:30:00+0000 gpu-box kernel: NVRM: Xid (PCI:0000:9a:00): 48, pid=1, name=x, An uncorrectable double bit error
-"""
+K = "gpu-box kernel: NVRM:"
+JOURNAL = (
+    f"2025-03-02T10:11:12+0000 {K} loading NVIDIA UNIX x86_64 Kernel Module  590.48.01\n"
+    f"2025-03-02T10:22:33+0000 {K} Xid (PCI:0000:00:09): 79, pid=4242, name=python3, GPU has fallen off the bus.\n"
+    f"2025-03-02T10:22:34+0000 {K} Xid (PCI:0000:00:09): 79, pid='<unknown>', name=<unknown>, GPU has fallen off"
+    " the bus.\n"
+    f"2025-03-02T10:30:00+0000 {K} Xid (PCI:0000:9a:00): 48, pid=1, name=x, An uncorrectable double bit error\n"
+)
 
 
 def test_parse_kernel_xids_formats() -> None:
