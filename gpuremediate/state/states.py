@@ -127,10 +127,16 @@ class IllegalTransition(ValueError):
 
 
 def fault_reason(kind: str, code: str) -> str:
-    """The transition reason for a fault: ``xid-<code>`` for an XID, else the finding kind."""
-    if kind == "xid" and code:
-        return f"xid-{code}"
-    return kind
+    """The transition reason for a fault: ``xid-<code>`` for an XID, else the finding kind.
+
+    Always a fault reason (see :func:`is_fault_reason`): other characters become ``-``, a kind
+    that would read as a lifecycle reason or is empty becomes ``fault-<kind>`` / ``fault``.
+    """
+    raw = f"xid-{code}" if kind == "xid" and code else kind
+    word = re.sub(r"[^a-z0-9.-]+", "-", raw.lower()).strip("-.")[:63].rstrip("-.")
+    if not word:
+        return "fault"
+    return word if is_fault_reason(word) else f"fault-{word}"[:63]
 
 
 def is_fault_reason(reason: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuremediate.state import states as s
 from gpuremediate.state.record import NodeRecord, transition
@@ -99,3 +101,25 @@ def test_transition_clears_blocked_and_applies_changes() -> None:
 def test_fault_reason(kind: str, code: str, reason: str) -> None:
     assert s.fault_reason(kind, code) == reason
     assert s.is_fault_reason(reason)
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "reason"),
+    [
+        ("NVLink Down", "", "nvlink-down"),
+        ("xid", "79 (fell off bus)", "xid-79-fell-off-bus"),
+        ("", "", "fault"),
+        ("!!!", "", "fault"),
+        (s.DRAIN_COMPLETE, "", "fault-drain-complete"),
+        ("x" * 100, "", "x" * 63),
+    ],
+)
+def test_fault_reason_is_always_a_usable_machine_word(kind: str, code: str, reason: str) -> None:
+    assert s.fault_reason(kind, code) == reason
+    assert s.is_allowed(s.HEALTHY, s.DRAINING, reason)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80), st.text(max_size=20))
+def test_any_finding_gives_a_reason_the_table_accepts(kind: str, code: str) -> None:
+    assert s.is_allowed(s.HEALTHY, s.DRAINING, s.fault_reason(kind, code))
