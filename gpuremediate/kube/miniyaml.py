@@ -234,6 +234,8 @@ def scalar_or_flow(text: str, number: int) -> Any:
         raise YamlError(number, "anchors, aliases and tags are not supported")
     if text[0] in "|>":
         raise YamlError(number, "block scalars ('|' and '>') are not supported")
+    if _is_seq_item(text) or text in ("?", ":") or text.startswith(("? ", ": ")):
+        raise YamlError(number, f"a block collection cannot start on this line: {text!r}")
     if text[0] in "@`%":
         raise YamlError(number, f"a plain scalar cannot start with {text[0]!r}")
     if re.search(r":( |$)", text):

@@ -13,6 +13,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import CONFIGMAPS, LEASES, NODES, PODS, Resource
+
 from .replay import Canned, ReplayServer
 
 

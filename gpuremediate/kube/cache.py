@@ -1,0 +1,201 @@
+"""Informer: list + watch one resource type in a thread, keep an in-memory store, call handlers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import Resource
+from gpuremediate.kube.watch import WatchEvent, WatchStream, resumable_watch
+
+log = logging.getLogger(__name__)
+
+AddHandler = Callable[[dict[str, Any]], None]
+UpdateHandler = Callable[[dict[str, Any], dict[str, Any]], None]
+DeleteHandler = Callable[[dict[str, Any]], None]
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    """'namespace/name', or 'name' for a cluster-scoped object."""
+    meta = obj.get("metadata") or {}
+    namespace, name = meta.get("namespace"), meta.get("name") or ""
+    return f"{namespace}/{name}" if namespace else str(name)
+
+
+@dataclass
+class _Handlers:
+    on_add: AddHandler | None
+    on_update: UpdateHandler | None
+    on_delete: DeleteHandler | None
+
+
+class Informer:
+    def __init__(
+        self,
+        client: KubeClient,
+        res: Resource,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        *,
+        watch_timeout_seconds: int = 300,
+        error_backoff: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.res = res
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.error_backoff = error_backoff
+        self._store: dict[str, dict[str, Any]] = {}
+        self._lock = threading.RLock()
+        self._handlers: list[_Handlers] = []
+        self._synced = threading.Event()
+        self._stopped = threading.Event()
+        self._stream: WatchStream | None = None
+        self._thread: threading.Thread | None = None
+        self.relists = 0
+
+    # ---- public ------------------------------------------------------------------------------------------
+
+    def add_handler(
+        self,
+        on_add: AddHandler | None = None,
+        on_update: UpdateHandler | None = None,
+        on_delete: DeleteHandler | None = None,
+    ) -> None:
+        """Register handlers; objects already in the store are replayed to on_add."""
+        with self._lock:
+            handlers = _Handlers(on_add, on_update, on_delete)
+            self._handlers.append(handlers)
+            existing = list(self._store.values())
+        for obj in existing:
+            self._call(handlers.on_add, obj)
+
+    def start(self) -> Informer:
+        if self._thread is not None:
+            raise RuntimeError("informer already started")
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.res.plural}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        stream = self._stream
+        if stream is not None:
+            stream.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_for_sync(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        with self._lock:
+            return self._store.get(f"{namespace}/{name}" if namespace else name)
+
+    def list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._store.values())
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        rv = self._relist_until_done()
+        if self._stopped.is_set():
+            return
+        resumable_watch(
+            self.client, self.res, self.namespace, resource_version=rv, on_event=self._apply,
+            relist=self._relist_until_done, stopped=self._stopped, label_selector=self.label_selector,
+            field_selector=self.field_selector, timeout_seconds=self.watch_timeout_seconds,
+            on_stream=self._set_stream, error_backoff=self.error_backoff,
+        )
+
+    def _set_stream(self, stream: WatchStream | None) -> None:
+        self._stream = stream
+        if stream is not None and self._stopped.is_set():
+            stream.stop()
+
+    def _relist_until_done(self) -> str:
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                return self._relist()
+            except (errors.ApiError, errors.TransportError) as exc:
+                failures += 1
+                log.warning("list of %s failed: %s", self.res.plural, exc)
+                self._stopped.wait(min(30.0, self.error_backoff * 2 ** min(failures, 5)))
+        return ""
+
+    def _relist(self) -> str:
+        listing = self.client.list(self.res, self.namespace, label_selector=self.label_selector,
+                                   field_selector=self.field_selector)
+        fresh = {object_key(obj): obj for obj in listing.get("items") or []}
+        with self._lock:
+            old, self._store = self._store, dict(fresh)
+            self.relists += 1
+        for key, obj in old.items():
+            if key not in fresh:
+                self._notify_delete(obj)
+        for key, obj in fresh.items():
+            if key in old:
+                if _rv(old[key]) != _rv(obj):
+                    self._notify_update(old[key], obj)
+            else:
+                self._notify_add(obj)
+        self._synced.set()
+        return str((listing.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _apply(self, event: WatchEvent) -> None:
+        obj, key = event.object, object_key(event.object)
+        with self._lock:
+            old = self._store.get(key)
+            if event.type == "DELETED":
+                self._store.pop(key, None)
+            else:
+                self._store[key] = obj
+        if event.type == "DELETED":
+            self._notify_delete(obj)
+        elif old is None:
+            self._notify_add(obj)
+        else:
+            self._notify_update(old, obj)
+
+    # ---- handlers ----------------------------------------------------------------------------------------
+
+    def _notify_add(self, obj: dict[str, Any]) -> None:
+        for handlers in list(self._handlers):
+            self._call(handlers.on_add, obj)
+
+    def _notify_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        for handlers in list(self._handlers):
+            if handlers.on_update is not None:
+                try:
+                    handlers.on_update(old, new)
+                except Exception:
+                    log.exception("informer %s: on_update handler failed", self.res.plural)
+
+    def _notify_delete(self, obj: dict[str, Any]) -> None:
+        for handlers in list(self._handlers):
+            self._call(handlers.on_delete, obj)
+
+    def _call(self, handler: Callable[[dict[str, Any]], None] | None, obj: dict[str, Any]) -> None:
+        if handler is None:
+            return
+        try:
+            handler(obj)
+        except Exception:
+            log.exception("informer %s: handler failed", self.res.plural)
+
+
+def _rv(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")

@@ -1,0 +1,192 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection package does it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import LEASES
+
+log = logging.getLogger(__name__)
+
+JITTER_FACTOR = 1.2  # client-go's JitterFactor for acquire retries
+
+
+def micro_time(moment: datetime | None = None) -> str:
+    """MicroTime as the API server wants it: always six fractional digits (no fraction → 422)."""
+    return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float = 15,
+        renew_deadline: float = 10,
+        retry_period: float = 2,
+        on_started_leading: Callable[[], None] | None = None,
+        on_stopped_leading: Callable[[], None] | None = None,
+        on_new_leader: Callable[[str], None] | None = None,
+    ) -> None:
+        if not identity:
+            raise ValueError("leader election needs a non-empty identity")
+        if not lease_duration > renew_deadline > retry_period * JITTER_FACTOR > 0:
+            raise ValueError("need lease_duration > renew_deadline > retry_period * 1.2 > 0 (client-go's rule)")
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.on_started_leading = on_started_leading
+        self.on_stopped_leading = on_stopped_leading
+        self.on_new_leader = on_new_leader
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._leading = threading.Event()
+        self._observed: dict[str, Any] | None = None  # the last Lease read or written
+        self._observed_spec: dict[str, Any] = {}
+        self._observed_at = 0.0  # monotonic time the holder's record last changed
+        self._reported_leader = ""
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading.is_set()
+
+    def run(self) -> None:
+        """Block: acquire, lead (renewing) until the lease is lost or stop() is called; then release."""
+        self._done.clear()
+        try:
+            if not self._acquire():
+                return
+            self._leading.set()
+            if self.on_started_leading:
+                threading.Thread(target=self.on_started_leading, name="leader-started", daemon=True).start()
+            self._renew_until_lost()
+        finally:
+            was_leading = self._leading.is_set()
+            if was_leading and self._stop.is_set():
+                self._release()
+            self._leading.clear()
+            self._done.set()
+            if was_leading and self.on_stopped_leading:
+                self.on_stopped_leading()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop leading (or trying to) and release the lease; waits for run() to finish."""
+        self._stop.set()
+        self._done.wait(self.renew_deadline if timeout is None else timeout)
+
+    # ---- loops -------------------------------------------------------------------------------------------
+
+    def _acquire(self) -> bool:
+        while not self._stop.is_set():
+            if self._try_acquire_or_renew():
+                log.info("%s acquired lease %s/%s", self.identity, self.namespace, self.name)
+                return True
+            self._stop.wait(self.retry_period * (1 + random.random() * JITTER_FACTOR))
+        return False
+
+    def _renew_until_lost(self) -> None:
+        while not self._stop.is_set():
+            deadline = time.monotonic() + self.renew_deadline
+            while not self._try_acquire_or_renew():
+                if self._stop.is_set():
+                    return
+                if time.monotonic() + self.retry_period > deadline:
+                    log.warning("%s failed to renew lease %s/%s: leadership lost", self.identity,
+                                self.namespace, self.name)
+                    return
+                self._stop.wait(self.retry_period)
+            self._stop.wait(self.retry_period)
+
+    # ---- one attempt -------------------------------------------------------------------------------------
+
+    def _try_acquire_or_renew(self) -> bool:
+        now = datetime.now(UTC)
+        try:
+            lease = self.client.get(LEASES, self.name, self.namespace)
+        except errors.NotFound:
+            return self._create(now)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("reading lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        spec = dict(lease.get("spec") or {})
+        self._observe(lease, spec)
+        holder = spec.get("holderIdentity") or ""
+        if holder and holder != self.identity and self._observed_at + self.lease_duration > time.monotonic():
+            return False
+        i_held_it = holder == self.identity
+        new_spec = self._spec(now, acquired=spec.get("acquireTime") if i_held_it else None)
+        new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (0 if i_held_it else 1)
+        body = {**lease, "spec": new_spec}
+        try:
+            updated = self.client.replace(LEASES, self.name, body, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.debug("updating lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        self._observe(updated, new_spec)
+        return True
+
+    def _create(self, now: datetime) -> bool:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {**self._spec(now, acquired=None), "leaseTransitions": 0},
+        }
+        try:
+            created = self.client.create(LEASES, body, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.debug("creating lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        self._observe(created, dict(created.get("spec") or {}))
+        return True
+
+    def _spec(self, now: datetime, acquired: str | None) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
+            "acquireTime": acquired or micro_time(now),
+            "renewTime": micro_time(now),
+        }
+
+    def _observe(self, lease: dict[str, Any], spec: dict[str, Any]) -> None:
+        record = {k: spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions")}
+        if record != {k: self._observed_spec.get(k) for k in record}:
+            self._observed_at = time.monotonic()
+        self._observed, self._observed_spec = lease, spec
+        holder = str(spec.get("holderIdentity") or "")
+        if holder and holder != self._reported_leader:
+            self._reported_leader = holder
+            if self.on_new_leader:
+                self.on_new_leader(holder)
+
+    def _release(self) -> None:
+        """Hand the lease back at once: empty holder and a 1 s duration, as client-go's ReleaseOnCancel does."""
+        if self._observed is None or self._observed_spec.get("holderIdentity") != self.identity:
+            return
+        now = micro_time()
+        spec = {
+            "holderIdentity": "",
+            "leaseDurationSeconds": 1,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": int(self._observed_spec.get("leaseTransitions") or 0),
+        }
+        try:
+            self.client.replace(LEASES, self.name, {**self._observed, "spec": spec}, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("releasing lease %s/%s failed: %s", self.namespace, self.name, exc)

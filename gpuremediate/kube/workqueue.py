@@ -1,0 +1,123 @@
+"""WorkQueue: a deduplicating, rate-limited queue of keys, with client-go workqueue semantics."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable
+
+
+class WorkQueue:
+    """A key is queued at most once; a key being processed that is added again is handed out again only
+    after done(key); add_rate_limited backs off per key exponentially until forget(key)."""
+
+    def __init__(self, base_delay: float = 0.005, max_delay: float = 300.0) -> None:
+        if base_delay <= 0 or max_delay < base_delay:
+            raise ValueError(f"need 0 < base_delay <= max_delay, got {base_delay}, {max_delay}")
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self._queue: deque[Hashable] = deque()
+        self._dirty: set[Hashable] = set()
+        self._processing: set[Hashable] = set()
+        self._delayed: list[tuple[float, int, Hashable]] = []
+        self._sequence = 0
+        self._failures: dict[Hashable, int] = {}
+        self._shutting_down = False
+        self._cond = threading.Condition()
+
+    def add(self, key: Hashable) -> None:
+        with self._cond:
+            self._add_locked(key)
+
+    def _add_locked(self, key: Hashable) -> None:
+        if self._shutting_down or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            self._cond.notify()
+
+    def add_after(self, key: Hashable, seconds: float) -> None:
+        if seconds <= 0:
+            self.add(key)
+            return
+        with self._cond:
+            if self._shutting_down:
+                return
+            self._sequence += 1
+            heapq.heappush(self._delayed, (time.monotonic() + seconds, self._sequence, key))
+            self._cond.notify_all()  # a getter may need to wake earlier than it planned
+
+    def add_rate_limited(self, key: Hashable) -> None:
+        with self._cond:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+        self.add_after(key, min(self.max_delay, self.base_delay * (2**failures)))
+
+    def forget(self, key: Hashable) -> None:
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def num_requeues(self, key: Hashable) -> int:
+        with self._cond:
+            return self._failures.get(key, 0)
+
+    def get(self, timeout: float | None = None) -> Hashable | None:
+        """The next key, blocking; None after shutdown() (once drained) or when `timeout` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._promote_due()
+                if self._queue:
+                    key = self._queue.popleft()
+                    self._processing.add(key)
+                    self._dirty.discard(key)
+                    return key
+                if self._shutting_down:
+                    return None
+                wait = self._wait_time(deadline)
+                if wait is not None and wait <= 0:
+                    return None
+                self._cond.wait(wait)
+
+    def _wait_time(self, deadline: float | None) -> float | None:
+        now = time.monotonic()
+        waits = [] if deadline is None else [deadline - now]
+        if self._delayed:
+            waits.append(max(0.0005, self._delayed[0][0] - now))
+        return min(waits) if waits else None
+
+    def _promote_due(self) -> None:
+        now = time.monotonic()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, key = heapq.heappop(self._delayed)
+            self._add_locked(key)
+
+    def done(self, key: Hashable) -> None:
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._dirty:
+                self._queue.append(key)
+                self._cond.notify()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutting_down = True
+            self._delayed.clear()
+            self._cond.notify_all()
+
+    @property
+    def shutting_down(self) -> bool:
+        with self._cond:
+            return self._shutting_down
+
+    def len(self) -> int:
+        """Keys ready to be handed out (delayed keys not yet due are not counted)."""
+        with self._cond:
+            self._promote_due()
+            return len(self._queue)
+
+    def __len__(self) -> int:
+        return self.len()

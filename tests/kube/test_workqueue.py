@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpuremediate.kube.workqueue import WorkQueue
+
+
+def test_duplicate_keys_are_queued_once() -> None:
+    q = WorkQueue()
+    for key in ("a", "b", "a", "a"):
+        q.add(key)
+    assert q.len() == 2
+    assert [q.get(0), q.get(0), q.get(0)] == ["a", "b", None]
+
+
+def test_key_added_while_processing_comes_back_after_done() -> None:
+    q = WorkQueue()
+    q.add("a")
+    assert q.get(0) == "a"
+    q.add("a")
+    assert q.get(0) is None  # not handed out twice at once
+    q.done("a")
+    assert q.get(0) == "a"
+    q.done("a")
+    assert q.get(0) is None
+
+
+def test_add_after_delays_the_key() -> None:
+    q = WorkQueue()
+    start = time.monotonic()
+    q.add_after("x", 0.1)
+    assert q.len() == 0
+    assert q.get(timeout=1.0) == "x"
+    assert time.monotonic() - start >= 0.09
+
+
+def test_add_rate_limited_backs_off_exponentially_until_forget() -> None:
+    q = WorkQueue(base_delay=0.02, max_delay=0.05)
+    delays = []
+    for _ in range(3):
+        start = time.monotonic()
+        q.add_rate_limited("k")
+        assert q.get(timeout=1.0) == "k"
+        q.done("k")
+        delays.append(time.monotonic() - start)
+    assert q.num_requeues("k") == 3
+    assert delays[0] >= 0.018 and delays[1] >= 0.038 and delays[2] >= 0.048  # 0.02, 0.04, capped 0.05
+    q.forget("k")
+    assert q.num_requeues("k") == 0
+
+
+def test_shutdown_unblocks_a_waiting_get() -> None:
+    q = WorkQueue()
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(q.get()))
+    worker.start()
+    time.sleep(0.05)
+    q.shutdown()
+    worker.join(2)
+    assert not worker.is_alive() and got == [None]
+    q.add("late")
+    assert q.len() == 0
+
+
+def test_shutdown_drains_queued_keys_first() -> None:
+    q = WorkQueue()
+    q.add("a")
+    q.shutdown()
+    assert q.get() == "a"
+    assert q.get() is None
+
+
+def test_get_timeout_returns_none() -> None:
+    assert WorkQueue().get(timeout=0.02) is None
+
+
+def test_bad_delays_rejected() -> None:
+    with pytest.raises(ValueError, match="base_delay"):
+        WorkQueue(base_delay=0)
