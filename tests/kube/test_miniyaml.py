@@ -16,9 +16,9 @@ PLAIN_SAFE = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_./-]{0,12}", fullmatch=True).fil
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(10**12), 10**12),
     st.floats(allow_nan=False, allow_infinity=False, width=64),
-    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), PLAIN_SAFE,
+    st.text(st.characters(codec="utf-8"), max_size=12), PLAIN_SAFE,
 )
-keys = st.one_of(PLAIN_SAFE, st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8))
+keys = st.one_of(PLAIN_SAFE, st.text(st.characters(codec="utf-8"), min_size=1, max_size=8))
 documents = st.recursive(
     scalars,
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
