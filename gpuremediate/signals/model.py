@@ -33,7 +33,7 @@ class GpuReading:
     model: str | None = None
     mig_instance: str | None = None  # GPU_I_ID when the series is per MIG instance
     xid: int | None = None  # DCGM_FI_DEV_XID_ERRORS: the LAST XID seen, sticky until exporter restart
-    xid_counts: Mapping[int, float] = EMPTY  # DCGM_EXP_XID_ERRORS_COUNT{xid=...}: per XID, in a window
+    xid_counts: Mapping[int, float] = field(default_factory=dict, hash=False)  # DCGM_EXP_XID_ERRORS_COUNT{xid=...}: per XID, in a window
     ecc_dbe_volatile: float | None = None  # DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
     row_remap_failure: float | None = None  # DCGM_FI_DEV_ROW_REMAP_FAILURE
     row_remap_pending: float | None = None  # DCGM_FI_DEV_ROW_REMAP_PENDING
@@ -41,7 +41,7 @@ class GpuReading:
     gpu_temp: float | None = None  # DCGM_FI_DEV_GPU_TEMP, Celsius
     memory_temp: float | None = None  # DCGM_FI_DEV_MEMORY_TEMP, Celsius
     pods: tuple[PodRef, ...] = ()
-    extra: Mapping[str, float] = EMPTY  # any other field, by DCGM field name
+    extra: Mapping[str, float] = field(default_factory=dict, hash=False)  # any other field, by DCGM field name
 
     @property
     def key(self) -> str:
@@ -58,4 +58,4 @@ class NodeReadings:
     observed_at: float = 0.0  # unix seconds of the scrape / query
     gpus: tuple[GpuReading, ...] = ()
     malformed_lines: int = 0  # lines the lenient parser skipped
-    meta: Mapping[str, str] = field(default=EMPTY)  # e.g. driver version, exporter pod name
+    meta: Mapping[str, str] = field(default_factory=dict, hash=False)  # e.g. driver version, exporter pod name
