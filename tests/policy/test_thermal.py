@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from policy_builders import UUID, gpu, node
 
 from gpuremediate.policy.config import Policy, loads_policy
@@ -11,7 +13,7 @@ from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 DEFAULT = Policy()
 
 
-def _series(samples: list[tuple[float, float | None, float | None]], policy: Policy = DEFAULT) -> list[bool]:
+def _series(samples: Sequence[tuple[float, float | None, float | None]], policy: Policy = DEFAULT) -> list[bool]:
     """Feed (time, gpu_temp, memory_temp) samples; return whether a cordon finding is open after each."""
     memory, cordoned = PolicyMemory(), []
     for now, gpu_temp, memory_temp in samples:
