@@ -24,13 +24,17 @@ NAME_PART_MSG = ("name part must consist of alphanumeric characters, '-', '_' or
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 
+def _group(rt: ResourceType) -> str:
+    return "" if rt.key == "events" else rt.group
+
+
 def kind_label(rt: ResourceType) -> str:
-    return f"{rt.kind}.{rt.group}" if rt.custom else rt.kind
+    return f"{rt.kind}.{_group(rt)}" if _group(rt) else rt.kind
 
 
 def raise_invalid(rt: ResourceType, name: str, causes: list[dict[str, str]]) -> None:
     if causes:
-        raise errs.invalid(kind_label(rt), name, rt.group if rt.custom else "", rt.kind, causes)
+        raise errs.invalid(kind_label(rt), name, _group(rt), rt.kind, causes)
 
 
 def _invalid_value(field: str, value: str, why: str) -> dict[str, str]:
@@ -59,8 +63,12 @@ def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:
     name = obj.get("metadata", {}).get("name", "")
     if rt.resource == "pods":
         causes += _validate_pod(obj, old)
+    elif rt.resource in ("configmaps", "secrets"):
+        causes += _validate_data_keys(obj)
     elif rt.key == "events":
         causes += _validate_event(obj)
+    elif rt.resource == "leases":
+        causes += _validate_lease(obj)
     elif rt.custom:
         causes += [errs.cause("FieldValueTypeInvalid", f'Invalid value: "{actual}": {field} in body must be of '
                               f'type {expected}: "{actual}"', field)
@@ -68,6 +76,16 @@ def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:
     if old is not None:
         causes += _validate_finalizers(obj, old)
     raise_invalid(rt, name, causes)
+
+
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+CONFIG_KEY_MSG = ("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  "
+                  "or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')")
+
+
+def _validate_data_keys(obj: Obj) -> list[dict[str, str]]:
+    keys = [*(obj.get("data") or {}), *(obj.get("binaryData") or {}), *(obj.get("stringData") or {})]
+    return [_invalid_value(f"data[{k}]", k, CONFIG_KEY_MSG) for k in keys if not _CONFIG_KEY.match(k)]
 
 
 def _validate_pod(obj: Obj, old: Obj | None) -> list[dict[str, str]]:
@@ -103,6 +121,14 @@ def validate_events_v1(obj: Obj) -> list[dict[str, str]]:
     return causes
 
 
+def _validate_lease(obj: Obj) -> list[dict[str, str]]:
+    duration = (obj.get("spec") or {}).get("leaseDurationSeconds")
+    if duration is not None and duration <= 0:
+        return [errs.cause("FieldValueInvalid", f"Invalid value: {duration}: must be greater than 0",
+                           "spec.leaseDurationSeconds")]
+    return []
+
+
 def _validate_finalizers(obj: Obj, old: Obj) -> list[dict[str, str]]:
     if not old["metadata"].get("deletionTimestamp"):
         return []
@@ -111,7 +137,8 @@ def _validate_finalizers(obj: Obj, old: Obj) -> list[dict[str, str]]:
         return []
     listed = "[]string{" + ", ".join(f'"{f}"' for f in added) + "}"
     msg = f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {listed}"
-    return [errs.cause("FieldValueForbidden", msg, "metadata.finalizers")]
+    # The real server reports this cause twice (metadata is validated in two passes); the message once.
+    return [errs.cause("FieldValueForbidden", msg, "metadata.finalizers")] * 2
 
 
 # --- defaults on create -----------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def cause(reason: str, message: str, field: str) -> dict[str, str]:
 
 def invalid(kind_label: str, name: str, group: str, kind: str, causes: list[dict[str, str]]) -> ApiError:
     """422 Invalid; kind_label is e.g. 'ConfigMap' or 'Gadget.capture.example.com'."""
-    parts = [f"{c['field']}: {c['message']}" for c in causes]
+    parts = list(dict.fromkeys(f"{c['field']}: {c['message']}" for c in causes))
     joined = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     msg = f'{kind_label} "{name}" is invalid: {joined}'
     details: dict[str, Any] = {"name": name} if name else {}
