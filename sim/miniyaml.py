@@ -4,11 +4,12 @@ Test infrastructure, not runtime: it lets the tests read manifests/ without PyYA
 
 Supported: block mappings and sequences (including a sequence at the same indentation as
 its parent key), plain / single-quoted / double-quoted scalars typed by the YAML 1.2 core
-schema (int, float, bool, null, else string), literal `|` and folded `>` block scalars with
-chomping and indentation indicators, single- or multi-line flow collections `[...]` / `{...}`,
-comments, and multi-document streams (`---`, `...`). Mapping keys are always strings (as in
-Kubernetes, where YAML becomes JSON). Anything else (anchors, aliases, tags, complex keys,
-directives, multi-line plain or quoted scalars) raises YamlError naming the line.
+schema (int, float, bool, null, else string) and folded over several lines as kustomize
+writes them, literal `|` and folded `>` block scalars with chomping and indentation
+indicators, flow collections `[...]` / `{...}` (on one line or several), comments, and
+multi-document streams (`---`, `...`). Mapping keys are always strings (as in Kubernetes,
+where YAML becomes JSON). Anything else (anchors, aliases, tags, complex keys, directives,
+flow pairs) raises YamlError naming the line.
 """
 
 from __future__ import annotations
@@ -164,6 +165,45 @@ def _parse_single_quoted(text: str, start: int, lineno: int) -> tuple[str, int]:
     raise YamlError(lineno, "unterminated single-quoted scalar (multi-line quoted scalars are not supported)")
 
 
+def _quoted_end(text: str, start: int) -> int | None:
+    """Index just past the quoted scalar starting at text[start], or None if it does not close."""
+    quote = text[start]
+    i = start + 1
+    while i < len(text):
+        if quote == '"' and text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == quote:
+            if quote == "'" and text[i + 1 : i + 2] == "'":
+                i += 2
+                continue
+            return i + 1
+        i += 1
+    return None
+
+
+def _fold_lines(lines: list[str], *, escapable: bool) -> str:
+    """Join the source lines of a multi-line flow scalar: a line break folds to a space,
+    each empty line becomes a newline, and (double-quoted) a trailing backslash joins directly."""
+    out = lines[0].rstrip(" \t")
+    pending_breaks = 0
+    for raw in lines[1:]:
+        piece = raw.strip(" \t")
+        if not piece:
+            pending_breaks += 1
+            continue
+        if escapable and _ends_with_escape(out) and not pending_breaks:
+            out = out[:-1] + raw.lstrip(" \t")
+        else:
+            out += ("\n" * pending_breaks if pending_breaks else " ") + piece
+        pending_breaks = 0
+    return out + "\n" * pending_breaks
+
+
+def _ends_with_escape(text: str) -> bool:
+    return (len(text) - len(text.rstrip("\\"))) % 2 == 1
+
+
 def _parse_quoted(text: str, start: int, lineno: int) -> tuple[str, int]:
     if text[start] == '"':
         return _parse_double_quoted(text, start, lineno)
@@ -180,6 +220,8 @@ def _split_key(content: str, lineno: int) -> tuple[str, str] | None:
     if content.startswith("? ") or content == "?":
         raise YamlError(lineno, "complex mapping keys ('?') are not supported")
     if content[:1] in "\"'":
+        if _quoted_end(content, 0) is None:
+            return None
         key, end = _parse_quoted(content, 0, lineno)
         after = content[end:].lstrip(" ")
         if after.startswith(":") and (len(after) == 1 or after[1] in " \t"):
@@ -444,12 +486,43 @@ class _Parser:
         if first in "[{":
             return self._flow(text, line)
         if first in "\"'":
-            value, end = _parse_quoted(text, 0, line.number)
-            _expect_only_comment(text[end:], line.number)
-            return value
-        return self._plain(_strip_comment(text).strip(" \t"), line)
+            return self._quoted(text, line)
+        return self._plain(_strip_comment(text).strip(" \t"), line, parent_indent)
 
-    def _plain(self, text: str, line: _Line) -> Any:
+    def _quoted(self, text: str, line: _Line) -> str:
+        pieces = [text]
+        while _quoted_end("\n".join(pieces), 0) is None:
+            if self._at_end():
+                raise YamlError(line.number, "unterminated quoted scalar")
+            pieces.append(self.lines[self.pos].text)
+            self.pos += 1
+        joined = _fold_lines(pieces, escapable=text[0] == '"') if len(pieces) > 1 else text
+        value, end = _parse_quoted(joined, 0, line.number)
+        _expect_only_comment(joined[end:], line.number)
+        return value
+
+    def _continuation_lines(self, parent_indent: int) -> list[str]:
+        """The following lines of a multi-line plain scalar (indented deeper than its parent)."""
+        lines: list[str] = []
+        probe = self.pos
+        while probe < len(self.lines):
+            text = self.lines[probe].text
+            stripped = text.strip(" ")
+            if stripped and (len(text) - len(text.lstrip(" ")) <= parent_indent or stripped.startswith("#")):
+                break
+            lines.append(text)
+            probe += 1
+        while lines and not lines[-1].strip(" "):
+            lines.pop()
+        self.pos += len(lines)
+        return lines
+
+    def _plain(self, first_line: str, line: _Line, parent_indent: int) -> Any:
+        more = self._continuation_lines(parent_indent)
+        text = _fold_lines([first_line, *(_strip_comment(m) for m in more)], escapable=False) if more else first_line
+        return self._typed_plain(text, line)
+
+    def _typed_plain(self, text: str, line: _Line) -> Any:
         if text[0] in "&*!":
             raise YamlError(line.number, "anchors, aliases and tags are not supported")
         if text[0] in _BAD_PLAIN_START and (text[0] not in "-?:" or text[1:2] in ("", " ", "\t")):

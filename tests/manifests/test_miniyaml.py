@@ -181,6 +181,11 @@ def test_documents_split_on_markers_and_skip_empty_leading_text() -> None:
     assert load("") is None
 
 
+def test_multi_line_plain_and_quoted_scalars_fold_as_yaml_does() -> None:
+    text = "a: this is\n  continued\n\n  para\nb: 'x\n  y'\nc: \"p\\\n  q  r\n\n  s\"\nd:\n- long\n  item\n- x\n"
+    assert load(text) == {"a": "this is continued\npara", "b": "x y", "c": "pq  r\ns", "d": ["long item", "x"]}
+
+
 def test_multi_line_flow_collection() -> None:
     assert load("a: [1,\n  2, # two\n  3]\nb: 4\n") == {"a": [1, 2, 3], "b": 4}
 
@@ -193,7 +198,8 @@ def test_multi_line_flow_collection() -> None:
         ("a: *x\n", 1, "anchors"),
         ("a: !!str 1\n", 1, "tags"),
         ("a:\n\tb: 1\n", 2, "tab"),
-        ("a: 1\n   b: 2\n", 2, "indentation"),
+        ("a: 1\n   b: 2\n", 1, "mapping values"),
+        ("a: [1]\n  b: 2\n", 2, "indentation"),
         ("a: b: c\n", 1, "mapping values"),
         ('a: "open\n', 1, "unterminated"),
         ("a: [1, 2\n", 1, "unterminated flow"),

@@ -1,0 +1,476 @@
+"""Offline structural checks of everything under manifests/ (no cluster needed)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.miniyaml import load, load_all
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+KUSTOMIZATION = "kustomization.yaml"
+CONTROLLER_SA = ("gpuremediate-system", "gpuremediate")
+AGGREGATE_LABEL = "gpuremediate.io/aggregate-to-controller"
+
+# design §7, prefix gpuremediate_; histograms also expose _bucket/_sum/_count
+METRICS = {
+    "nodes", "transitions_total", "faults_total", "evictions_total", "budget_in_use", "budget_limit",
+    "circuit_breaker_open", "scrape_seconds", "scrape_errors_total", "leader", "blocked_nodes", "dry_run",
+}
+HISTOGRAMS = {"drain_seconds", "remediation_seconds"}
+KNOWN_SERIES = {f"gpuremediate_{m}" for m in METRICS} | {
+    f"gpuremediate_{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")
+}
+
+# (apiGroup, resource, verb, namespace or None for cluster-wide): the brief's least privilege
+EXPECTED_GRANTS = {
+    *{("", "nodes", v, None) for v in ("get", "list", "watch", "patch", "update")},
+    ("", "nodes/status", "get", None),
+    *{("", "pods", v, None) for v in ("get", "list", "watch", "delete")},
+    ("", "pods/eviction", "create", None),
+    *{(g, "events", v, None) for g in ("", "events.k8s.io") for v in ("create", "patch")},
+    *{("policy", "poddisruptionbudgets", v, None) for v in ("get", "list", "watch")},
+    *{("apiextensions.k8s.io", "customresourcedefinitions", v, None) for v in ("get", "list")},
+    *{("gpuremediate.io", "maintenancerequests", v, None) for v in ("get", "list", "watch", "update", "patch")},
+    *{("gpuremediate.io", "maintenancerequests/status", v, None) for v in ("update", "patch")},
+    ("gpuremediate.io", "maintenancerequests/finalizers", "update", None),
+    *{("nvsentinel.nvidia.com", "drainrequests", v, None) for v in ("create", "get", "list", "watch", "delete")},
+    *{("batch", "jobs", v, "gpuremediate-jobs") for v in ("create", "get", "list", "watch", "delete")},
+    *{("coordination.k8s.io", "leases", v, "gpuremediate-system") for v in ("get", "create", "update")},
+    *{("", "configmaps", v, "gpuremediate-system") for v in ("get", "list", "watch")},
+}
+
+# the series the policy reads (design §4 and the policy's sections)
+POLICY_FIELDS = {
+    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_THERMAL_VIOLATION",
+}
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in MANIFESTS.rglob("*.yaml"))
+
+
+def objects() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in manifest_files():
+        if path.name == KUSTOMIZATION:
+            continue
+        for doc in load_all(path.read_text(encoding="utf-8")):
+            assert isinstance(doc, dict), f"{path}: a document that is not an object"
+            yield path, doc
+
+
+def of_kind(*kinds: str) -> list[dict[str, Any]]:
+    return [obj for _, obj in objects() if obj["kind"] in kinds]
+
+
+def named(kind: str, name: str) -> dict[str, Any]:
+    found = [obj for obj in of_kind(kind) if obj["metadata"]["name"] == name]
+    assert len(found) >= 1, f"no {kind} {name}"
+    return found[0]
+
+
+def policy_of(path: Path) -> dict[str, Any]:
+    config_map = load(path.read_text(encoding="utf-8"))
+    return tomllib.loads(config_map["data"]["policy.toml"])
+
+
+# -- every file ---------------------------------------------------------------------------------
+
+
+def test_every_manifest_loads_and_every_object_is_named() -> None:
+    count = 0
+    for path, obj in objects():
+        assert obj.get("apiVersion"), f"{path}: object without apiVersion"
+        assert obj.get("kind"), f"{path}: object without kind"
+        assert obj.get("metadata", {}).get("name"), f"{path}: {obj['kind']} without metadata.name"
+        count += 1
+    assert count >= 30
+
+
+def _kustomization_refs(kdir: Path) -> list[Path]:
+    spec = load((kdir / KUSTOMIZATION).read_text(encoding="utf-8"))
+    refs = [kdir / r for r in spec.get("resources", [])]
+    refs += [kdir / p["path"] for p in spec.get("patches", []) if "path" in p]
+    for generator in spec.get("configMapGenerator", []):
+        refs += [kdir / f.split("=", 1)[-1] for f in generator.get("files", [])]
+    return refs
+
+
+def test_kustomizations_list_only_existing_files_and_every_manifest_is_listed() -> None:
+    listed: set[Path] = set()
+    for kfile in MANIFESTS.rglob(KUSTOMIZATION):
+        for ref in _kustomization_refs(kfile.parent):
+            assert ref.exists(), f"{kfile} lists {ref}, which does not exist"
+            if ref.is_dir():
+                assert (ref / KUSTOMIZATION).exists(), f"{kfile}: {ref} is a directory without {KUSTOMIZATION}"
+            listed.add(ref.resolve())
+    files = [p for p in MANIFESTS.rglob("*") if p.suffix in (".yaml", ".json") and p.name != KUSTOMIZATION]
+    unlisted = [str(p.relative_to(MANIFESTS)) for p in files if p.resolve() not in listed]
+    assert not unlisted, f"manifests no kustomization lists: {unlisted}"
+
+
+# -- workloads ----------------------------------------------------------------------------------
+
+
+def _containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = workload["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
+def test_every_workload_runs_non_root_read_only_with_nothing_extra(kind: str) -> None:
+    workloads = of_kind(kind)
+    assert workloads
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        for container in _containers(workload):
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True, where
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["capabilities"]["drop"] == ["ALL"], where
+            assert "add" not in security["capabilities"], where
+            assert set(container["resources"]) == {"requests", "limits"}, where
+
+
+def test_controller_deployment_matches_the_contract() -> None:
+    deployment = named("Deployment", "gpuremediate")
+    assert deployment["metadata"]["namespace"] == "gpuremediate-system"
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpuremediate"
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["topologySpreadConstraints"] and pod["affinity"]["podAntiAffinity"]
+    (container,) = pod["containers"]
+    assert container["image"] == "gpuremediate:dev"
+    assert container["args"] == [
+        "run", "--leader-elect", "--metrics-addr=:8080",
+        "--policy=/etc/gpuremediate/policy.toml", "--log-format=json",
+    ]
+    assert container["securityContext"]["runAsUser"] == 65532
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/etc/gpuremediate"]]["configMap"]["name"] == "gpuremediate-policy"
+
+
+def test_metrics_service_and_pdb_select_the_controller() -> None:
+    labels = named("Deployment", "gpuremediate")["spec"]["template"]["metadata"]["labels"]
+    service = named("Service", "gpuremediate-metrics")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["spec"]["selector"].items() <= labels.items()
+    pdb = named("PodDisruptionBudget", "gpuremediate")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_jobs_namespace_is_privileged_with_a_tokenless_service_account() -> None:
+    namespace = named("Namespace", "gpuremediate-jobs")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    account = [sa for sa in of_kind("ServiceAccount") if sa["metadata"]["name"] == "gpuremediate-job"]
+    assert account[0]["metadata"]["namespace"] == "gpuremediate-jobs"
+    assert account[0]["automountServiceAccountToken"] is False
+
+
+# -- RBAC -----------------------------------------------------------------------------------------
+
+
+def test_no_rbac_rule_uses_a_wildcard() -> None:
+    roles = of_kind("Role", "ClusterRole")
+    assert roles
+    for role in roles:
+        for rule in role.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard in {field}"
+                assert not any("*" in v for v in rule.get(field, [])), role["metadata"]["name"]
+
+
+def _bound_roles(kind: str) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """(role, namespace) for every role bound to the controller's ServiceAccount in the base."""
+    base = [obj for path, obj in objects() if MANIFESTS / "base" in path.parents]
+    for binding in (b for b in base if b["kind"] in (f"{kind}Binding",)):
+        subjects = {(s.get("namespace"), s["name"]) for s in binding["subjects"]}
+        if CONTROLLER_SA not in subjects:
+            continue
+        namespace = binding["metadata"].get("namespace")
+        ref = binding["roleRef"]
+        matches = [
+            r for r in base
+            if r["kind"] == ref["kind"] and r["metadata"]["name"] == ref["name"]
+            and r["metadata"].get("namespace") == namespace
+        ]
+        assert len(matches) == 1, f"{binding['metadata']['name']} refers to a missing {ref['kind']}"
+        yield matches[0], namespace
+
+
+def _grants(role: dict[str, Any], namespace: str | None) -> set[tuple[str, str, str, str | None]]:
+    return {
+        (group, resource, verb, namespace)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_controller_permissions_are_exactly_the_least_privilege_set() -> None:
+    granted: set[tuple[str, str, str, str | None]] = set()
+    base_cluster_roles = [
+        obj for path, obj in objects() if obj["kind"] == "ClusterRole" and MANIFESTS / "base" in path.parents
+    ]
+    for role, namespace in [*_bound_roles("ClusterRole"), *_bound_roles("Role")]:
+        selectors = role.get("aggregationRule", {}).get("clusterRoleSelectors", [])
+        if role["kind"] == "ClusterRole":
+            assert selectors == [{"matchLabels": {AGGREGATE_LABEL: "true"}}], "controller role must aggregate"
+            assert role["rules"] == []
+            for part in base_cluster_roles:
+                if part["metadata"].get("labels", {}).get(AGGREGATE_LABEL) == "true":
+                    granted |= _grants(part, None)
+        else:
+            granted |= _grants(role, namespace)
+    assert granted == EXPECTED_GRANTS, (
+        f"missing: {sorted(map(str, EXPECTED_GRANTS - granted))}; extra: {sorted(map(str, granted - EXPECTED_GRANTS))}"
+    )
+
+
+def test_plugin_kinds_sit_in_their_own_aggregated_cluster_roles() -> None:
+    for role in of_kind("ClusterRole"):
+        groups = {g for rule in role.get("rules", []) for g in rule["apiGroups"]}
+        plugin_groups = groups & {"nvsentinel.nvidia.com", "nvsentinel.dgxc.nvidia.com"}
+        if plugin_groups and role["metadata"]["name"].startswith("gpuremediate-controller"):
+            assert groups == plugin_groups, f"{role['metadata']['name']} mixes plugin and core permissions"
+            assert role["metadata"]["labels"][AGGREGATE_LABEL] == "true"
+
+
+# -- CRDs -----------------------------------------------------------------------------------------
+
+
+def _walk_schema(node: dict[str, Any], where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield where, node
+    for name, child in node.get("properties", {}).items():
+        yield from _walk_schema(child, f"{where}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk_schema(node["items"], f"{where}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk_schema(node["additionalProperties"], f"{where}{{}}")
+
+
+def _crd_versions() -> Iterator[tuple[str, dict[str, Any]]]:
+    for crd in of_kind("CustomResourceDefinition"):
+        for version in crd["spec"]["versions"]:
+            yield f"{crd['metadata']['name']}/{version['name']}", version
+
+
+def test_crd_schemas_are_structural_and_validations_have_messages() -> None:
+    rules = 0
+    for name, version in _crd_versions():
+        for where, node in _walk_schema(version["schema"]["openAPIV3Schema"], name):
+            if not (node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")):
+                assert node.get("type") in {"object", "array", "string", "integer", "number", "boolean"}, where
+            if node.get("type") == "array":
+                assert isinstance(node.get("items"), dict), f"{where}: array without items"
+            if "properties" in node or "additionalProperties" in node:
+                assert node["type"] == "object", where
+            for validation in node.get("x-kubernetes-validations", []):
+                assert isinstance(validation["rule"], str) and validation["rule"].strip(), where
+                assert isinstance(validation["message"], str) and validation["message"].strip(), where
+                rules += 1
+    assert rules >= 2
+
+
+def _schema_has_path(schema: dict[str, Any], json_path: str) -> bool:
+    node = schema
+    for part in re.sub(r"\[[^\]]*\]", ".[]", json_path).strip(".").split("."):
+        if node.get("type") == "object" and "properties" not in node and "additionalProperties" not in node:
+            return True  # metadata: the API server's own schema
+        if part == "[]":
+            node = node.get("items", {})
+        elif part in node.get("properties", {}):
+            node = node["properties"][part]
+        else:
+            return False
+    return True
+
+
+def test_printer_columns_point_into_the_schema() -> None:
+    for name, version in _crd_versions():
+        schema = version["schema"]["openAPIV3Schema"]
+        for column in version.get("additionalPrinterColumns", []):
+            assert _schema_has_path(schema, column["jsonPath"]), f"{name}: column {column['name']}"
+    assert not _schema_has_path({"type": "object", "properties": {"spec": {"type": "object", "properties": {}}}},
+                                ".spec.nope")
+
+
+def test_maintenance_request_crd_contract() -> None:
+    crd = named("CustomResourceDefinition", "maintenancerequests.gpuremediate.io")
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["shortNames"] == ["mr"]
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
+    assert columns[:3] == [("Node", ".spec.healthEvent.nodeName"), ("StartTime", ".spec.startTime"),
+                           ("Phase", ".status.phase")]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["startTime"]["format"] == "date-time" and "startTime" not in spec["required"]
+    event = spec["properties"]["healthEvent"]
+    assert "nodeName" in event["required"]
+    rules = {v["rule"] for v in event["x-kubernetes-validations"]}
+    assert "self == oldSelf" in rules and "!self.isHealthy" in rules
+    actions = event["properties"]["recommendedAction"]["enum"]
+    assert {"NONE", "COMPONENT_RESET", "RESTART_VM", "RESTART_BM", "REPLACE_VM", "CONTACT_SUPPORT", "CUSTOM"} <= set(
+        actions
+    )
+
+
+def test_nvsentinel_group_copy_differs_only_in_group() -> None:
+    ours = named("CustomResourceDefinition", "maintenancerequests.gpuremediate.io")
+    theirs = named("CustomResourceDefinition", "maintenancerequests.nvsentinel.dgxc.nvidia.com")
+    assert theirs["spec"]["group"] == "nvsentinel.dgxc.nvidia.com"
+    as_ours = json.loads(
+        json.dumps(theirs).replace("maintenancerequests.nvsentinel.dgxc.nvidia.com", ours["metadata"]["name"])
+    )
+    as_ours["spec"]["group"] = "gpuremediate.io"
+    assert as_ours == ours
+
+
+def test_drain_request_crd_follows_nvsentinel_contract() -> None:
+    crd = named("CustomResourceDefinition", "drainrequests.nvsentinel.nvidia.com")
+    assert crd["spec"]["scope"] == "Namespaced" and crd["spec"]["group"] == "nvsentinel.nvidia.com"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["nodeName"]["type"] == "string"
+    assert spec["podsToDrain"]["additionalProperties"] == {"type": "array", "items": {"type": "string"}}
+    assert {"checkName", "recommendedAction", "errorCode", "healthEventID", "entitiesImpacted"} <= set(spec)
+
+
+# -- policy ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["base/policy-configmap.yaml", "overlays/kind/policy-configmap.yaml"])
+def test_policy_toml_parses_and_holds_every_section(path: str) -> None:
+    policy = policy_of(MANIFESTS / path)
+    sections = {"thermal", "ecc", "row_remap", "xid", "drain", "remediation", "validation", "budget", "breaker",
+                "repeatOffender", "customDrain", "maintenance"}
+    assert sections <= set(policy), sections - set(policy)
+    assert policy["drain"]["mode"] in {"Immediate", "AllowCompletion", "DeleteAfterTimeout"}
+    assert policy["drain"]["scope"] in {"all", "gpu", "impacted"}
+    assert policy["customDrain"]["onTimeout"] in {"quarantine", "builtin"}
+    assert policy["customDrain"]["enabled"] is False
+    assert (policy["repeatOffender"]["count"], policy["repeatOffender"]["window"]) == (3, "7d")
+    for job in (policy["remediation"]["reset-gpu"], policy["remediation"]["reboot"], policy["validation"]):
+        assert isinstance(job["image"], str) and job["image"]
+        assert job["command"] and all(isinstance(part, str) for part in job["command"])
+
+
+def test_kind_policy_jobs_call_gpu_sim() -> None:
+    policy = policy_of(MANIFESTS / "overlays/kind/policy-configmap.yaml")
+    for job, verb in ((policy["remediation"]["reset-gpu"], "reset"), (policy["remediation"]["reboot"], "reboot"),
+                      (policy["validation"], "validate")):
+        assert job["image"] == "gpu-sim:dev"
+        assert job["command"][:4] == ["python", "-m", "sim.gpusim", "client"] and verb in job["command"]
+        assert "--node=$(NODE_NAME)" in job["command"]
+
+
+def test_gpu_sim_daemonset_poses_as_dcgm_exporter() -> None:
+    daemonset = named("DaemonSet", "gpu-sim")
+    assert daemonset["metadata"]["namespace"] == "gpu-operator"
+    template = daemonset["spec"]["template"]
+    assert template["metadata"]["labels"]["app"] == "nvidia-dcgm-exporter"
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert env == {"NODE_NAME": "spec.nodeName"}
+    assert container["ports"][0]["containerPort"] == 9400
+
+
+# -- dcgm-exporter, monitoring --------------------------------------------------------------------
+
+
+def test_dcgm_counters_enable_every_field_the_policy_reads() -> None:
+    config_map = load((MANIFESTS / "dcgm-exporter/counters-configmap.yaml").read_text(encoding="utf-8"))
+    rows = [
+        [cell.strip() for cell in row]
+        for row in csv.reader(io.StringIO(config_map["data"]["dcgm-metrics.csv"]))
+        if row and not row[0].lstrip().startswith("#")
+    ]
+    assert all(len(row) == 3 and row[1] in {"gauge", "counter", "label"} for row in rows), rows
+    fields = [row[0] for row in rows]
+    assert len(fields) == len(set(fields)), "a field listed twice"
+    assert set(fields) >= POLICY_FIELDS, POLICY_FIELDS - set(fields)
+
+
+def _series_in(text: str) -> set[str]:
+    return set(re.findall(r"\bgpuremediate_[a-z_]+\b", text))
+
+
+def test_grafana_dashboard_parses_and_uses_only_known_metrics() -> None:
+    dashboard = json.loads((MANIFESTS / "monitoring/grafana-dashboard.json").read_text(encoding="utf-8"))
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert exprs
+    used = set().union(*map(_series_in, exprs))
+    assert used <= KNOWN_SERIES, used - KNOWN_SERIES
+    assert {"gpuremediate_nodes", "gpuremediate_transitions_total", "gpuremediate_blocked_nodes",
+            "gpuremediate_remediation_seconds_bucket"} <= used
+
+
+def test_alerts_cover_the_failure_modes_with_known_metrics() -> None:
+    rule = named("PrometheusRule", "gpuremediate")
+    alerts = {r["alert"]: r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]}
+    for expr in alerts.values():
+        assert _series_in(expr) <= KNOWN_SERIES, _series_in(expr) - KNOWN_SERIES
+    joined = " ".join(alerts.values())
+    for series in ("circuit_breaker_open", 'nodes{state="quarantined"}', 'nodes{state="draining"}',
+                   'nodes{state="repairing"}', "scrape_errors_total", "leader"):
+        assert f"gpuremediate_{series}" in joined, series
+
+
+# -- kustomize, when kubectl is here --------------------------------------------------------------
+
+KUSTOMIZE_ROOTS = ["base", "overlays/dry-run", "overlays/kind", "overlays/nvsentinel-compat",
+                   "plugins/drain-window", "dcgm-exporter", "monitoring", "crds"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+@pytest.mark.parametrize("root", KUSTOMIZE_ROOTS)
+def test_kustomize_renders_and_the_render_loads(root: str) -> None:
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(MANIFESTS / root)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    docs = load_all(rendered.stdout)
+    assert docs and all(d["kind"] and d["metadata"]["name"] for d in docs)
+    deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpuremediate"]
+    if root == "overlays/dry-run":
+        assert deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--dry-run"
+    if root == "overlays/nvsentinel-compat":
+        args = deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[-1] == "--maintenance-group=nvsentinel.dgxc.nvidia.com"
+        assert any(d["metadata"]["name"] == "maintenancerequests.nvsentinel.dgxc.nvidia.com" for d in docs)
+    if root == "overlays/kind":
+        (policy,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuremediate-policy"]
+        assert "gpu-sim:dev" in policy["data"]["policy.toml"]
