@@ -1,0 +1,157 @@
+"""dcgm-exporter series → per-GPU readings grouped by node.
+
+One reading per GPU (per MIG instance when a series carries ``GPU_I_ID``). Values the exporter uses
+as "not supported" placeholders (>= 9.22e18), NaN and infinities are missing, never readings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpuremediate.signals.exposition import Sample
+from gpuremediate.signals.model import GpuReading, NodeReadings, PodRef
+
+PLACEHOLDER_MIN = 9.22e18
+NODE_LABEL_CANDIDATES = ("Hostname", "hostname", "node", "kubernetes_node")
+DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
+
+XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+XID_COUNT_SERIES = "DCGM_EXP_XID_ERRORS_COUNT"
+# DCGM field → the GpuReading attribute it fills
+NAMED_FIELDS: Mapping[str, str] = {
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "uncorrectable_remapped_rows",
+    "DCGM_FI_DEV_GPU_TEMP": "gpu_temp",
+    "DCGM_FI_DEV_MEMORY_TEMP": "memory_temp",
+}
+
+
+@dataclass
+class _GpuBuilder:
+    node: str
+    gpu: str
+    mig_instance: str | None
+    identity: dict[str, str] = field(default_factory=dict)  # uuid, pci_bus_id, model: first non-empty wins
+    values: dict[str, float] = field(default_factory=dict)
+    xid: int | None = None
+    xid_counts: dict[int, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+    pods: set[PodRef] = field(default_factory=set)
+
+    def build(self) -> GpuReading:
+        return GpuReading(
+            node=self.node,
+            gpu=self.gpu,
+            uuid=self.identity.get("uuid"),
+            pci_bus_id=self.identity.get("pci_bus_id"),
+            model=self.identity.get("model"),
+            mig_instance=self.mig_instance,
+            xid=self.xid,
+            xid_counts=MappingProxyType(dict(sorted(self.xid_counts.items()))),
+            pods=tuple(sorted(self.pods, key=lambda pod: (pod.namespace, pod.name))),
+            extra=MappingProxyType(dict(sorted(self.extra.items()))),
+            **{attr: self.values.get(attr) for attr in NAMED_FIELDS.values()},
+        )
+
+
+def readings_from_samples(
+    samples: Iterable[Sample],
+    *,
+    node: str | None,
+    source: str,
+    observed_at: float,
+    malformed_lines: int = 0,
+    node_label: str | None = None,
+) -> list[NodeReadings]:
+    """Group dcgm-exporter samples into one ``NodeReadings`` per node.
+
+    With ``node`` (scraping one exporter pod: its spec.nodeName) every series belongs to that node and
+    the result always holds exactly that node. Without it (e.g. series from Prometheus) the node comes
+    from ``node_label``, or the first of Hostname, hostname, node, kubernetes_node a series carries;
+    a series with none of them cannot be placed and is left out.
+    """
+    gpus: dict[tuple[str, str, str | None], _GpuBuilder] = {}
+    drivers: dict[str, str] = {}
+    labels_to_try = (node_label,) if node_label else NODE_LABEL_CANDIDATES
+    for sample in samples:
+        if not sample.name.startswith("DCGM_"):
+            continue
+        labels = dict(sample.labels)
+        gpu = labels.get("gpu")
+        owner = node if node is not None else _node_of(labels, labels_to_try)
+        if not gpu or not owner:
+            continue
+        mig = labels.get("GPU_I_ID") or None
+        builder = gpus.get((owner, gpu, mig))
+        if builder is None:
+            builder = gpus[(owner, gpu, mig)] = _GpuBuilder(owner, gpu, mig)
+        _add_identity(builder, labels)
+        _add_value(builder, sample.name, labels, sample.value)
+        if labels.get(DRIVER_VERSION_LABEL):
+            drivers.setdefault(owner, labels[DRIVER_VERSION_LABEL])
+    nodes = sorted({key[0] for key in gpus} | ({node} if node is not None else set()))
+    return [_node_readings(name, gpus, drivers, source, observed_at, malformed_lines) for name in nodes]
+
+
+def _node_of(labels: Mapping[str, str], candidates: Iterable[str | None]) -> str | None:
+    for candidate in candidates:
+        if candidate and labels.get(candidate):
+            return labels[candidate]
+    return None
+
+
+def _add_identity(builder: _GpuBuilder, labels: Mapping[str, str]) -> None:
+    for key, label in (("uuid", "UUID"), ("uuid", "uuid"), ("pci_bus_id", "pci_bus_id"), ("model", "modelName")):
+        if labels.get(label) and key not in builder.identity:
+            builder.identity[key] = labels[label]
+    if labels.get("pod") and labels.get("namespace"):
+        builder.pods.add(PodRef(labels["namespace"], labels["pod"]))
+
+
+def _add_value(builder: _GpuBuilder, name: str, labels: Mapping[str, str], value: float) -> None:
+    if not _is_reading(value):
+        return
+    if name == XID_FIELD:
+        builder.xid = int(value) if value.is_integer() else None
+    elif name == XID_COUNT_SERIES:
+        code = labels.get("xid", "")
+        if code.isdigit():
+            builder.xid_counts[int(code)] = value
+    elif name in NAMED_FIELDS:
+        builder.values[NAMED_FIELDS[name]] = value
+    elif name.startswith("DCGM_FI_"):
+        builder.extra[name] = value
+
+
+def _is_reading(value: float) -> bool:
+    return math.isfinite(value) and value < PLACEHOLDER_MIN
+
+
+def _node_readings(
+    node: str,
+    gpus: Mapping[tuple[str, str, str | None], _GpuBuilder],
+    drivers: Mapping[str, str],
+    source: str,
+    observed_at: float,
+    malformed_lines: int,
+) -> NodeReadings:
+    mine = sorted((key for key in gpus if key[0] == node), key=_gpu_order)
+    meta = {"driver_version": drivers[node]} if node in drivers else {}
+    return NodeReadings(
+        node=node,
+        source=source,
+        observed_at=observed_at,
+        gpus=tuple(gpus[key].build() for key in mine),
+        malformed_lines=malformed_lines,
+        meta=MappingProxyType(meta),
+    )
+
+
+def _gpu_order(key: tuple[str, str, str | None]) -> tuple[int, str, int, str]:
+    _, gpu, mig = key
+    return (int(gpu) if gpu.isdigit() else -1, gpu, int(mig) if mig and mig.isdigit() else -1, mig or "")

@@ -1,0 +1,149 @@
+"""dcgm-exporter series → NodeReadings: real scrapes and the exporter's edge cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuremediate.signals.dcgm import readings_from_samples
+from gpuremediate.signals.exposition import Sample, parse
+from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings, PodRef
+
+DATA = Path(__file__).resolve().parent / "data" / "dcgm-exporter"
+L4_UUID = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"
+A100_NODE = "vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2"
+
+
+def readings(text: str, node: str | None = None, node_label: str | None = None) -> list[NodeReadings]:
+    result = parse(text, strict=False)
+    return readings_from_samples(result.samples, node=node, source="exporter", observed_at=100.0,
+                                 malformed_lines=len(result.malformed), node_label=node_label)
+
+
+def scrape(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def series(name: str, value: str, **labels: str) -> str:
+    base = {"gpu": "0", "UUID": "GPU-a", "Hostname": "node-a"} | labels
+    body = ",".join(f'{k}="{v}"' for k, v in base.items() if v != "-")
+    return f"{name}{{{body}}} {value}\n"
+
+
+def only_gpu(text: str) -> GpuReading:
+    [node] = readings(text)
+    [gpu] = node.gpus
+    return gpu
+
+
+def test_l4_scrape_grouped_by_hostname() -> None:
+    [node] = readings(scrape("scrape-L4-default.prom"))
+    assert (node.node, node.source, node.status, node.observed_at, node.malformed_lines) == (
+        "i-030791dc5a37cd257", "exporter", SOURCE_OK, 100.0, 0)
+    assert dict(node.meta) == {"driver_version": "580.105.08"}
+    [gpu] = node.gpus
+    assert (gpu.gpu, gpu.uuid, gpu.pci_bus_id, gpu.model, gpu.mig_instance) == (
+        "0", L4_UUID, "00000000:31:00.0", "NVIDIA L4", None)
+    assert (gpu.gpu_temp, gpu.memory_temp, gpu.row_remap_failure, gpu.uncorrectable_remapped_rows) == (
+        31.0, 0.0, 0.0, 0.0)
+    # the default counters have no XID series until an XID happens, and no ECC / pending remap
+    assert (gpu.xid, gpu.ecc_dbe_volatile, gpu.row_remap_pending, dict(gpu.xid_counts)) == (None, None, None, {})
+    assert gpu.extra["DCGM_FI_DEV_POWER_USAGE"] == 16.365
+    assert gpu.extra["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == 4742776.0
+    assert gpu.extra["DCGM_FI_PROF_PCIE_TX_BYTES"] == 112603.0
+    assert len(gpu.extra) == 19 and "DCGM_FI_DEV_GPU_TEMP" not in gpu.extra
+    assert gpu.key == L4_UUID
+
+
+def test_a100_scrape_with_err_code_labels_and_a_zero_xid() -> None:
+    gpu = only_gpu(scrape("scrape-A100-vgpu-xid-labels.prom"))
+    assert gpu.node == A100_NODE
+    assert (gpu.uuid, gpu.model, gpu.xid, gpu.gpu_temp, gpu.memory_temp) == (
+        "GPU-f809e614-a528-4083-acbf-334600000000", "GRID A100-8C", 0, None, 0.0)
+    assert gpu.extra["DCGM_FI_DEV_FB_FREE"] == 7531.0 and gpu.extra["DCGM_FI_DEV_SM_CLOCK"] == 1410.0
+
+
+def test_exporter_test_response_has_no_dcgm_field() -> None:
+    text = scrape("exporter-test-response.prom")
+    assert readings(text) == []
+    [node] = readings(text, node="spec-node")
+    assert (node.node, node.gpus) == ("spec-node", ())
+
+
+def test_given_node_owns_every_series_whatever_its_hostname() -> None:
+    text = series("DCGM_FI_DEV_GPU_TEMP", "50", Hostname="a") + series("DCGM_FI_DEV_GPU_TEMP", "60", gpu="1",
+                                                                        Hostname="b", UUID="GPU-b")
+    [node] = readings(text, node="from-spec")
+    assert [(g.node, g.gpu, g.gpu_temp) for g in node.gpus] == [("from-spec", "0", 50.0), ("from-spec", "1", 60.0)]
+
+
+def test_both_hostname_spellings_and_a_chosen_node_label() -> None:
+    text = (series("DCGM_FI_DEV_GPU_TEMP", "40", Hostname="old")
+            + series("DCGM_FI_DEV_GPU_TEMP", "41", Hostname="-", hostname="new")
+            + series("DCGM_FI_DEV_GPU_TEMP", "42", Hostname="-", kubernetes_node="k8s")
+            + series("DCGM_FI_DEV_GPU_TEMP", "43", Hostname="-"))  # no node label: cannot be placed
+    assert [(n.node, n.gpus[0].gpu_temp) for n in readings(text)] == [("k8s", 42.0), ("new", 41.0), ("old", 40.0)]
+    assert [n.node for n in readings(text, node_label="kubernetes_node")] == ["k8s"]
+
+
+@pytest.mark.parametrize("placeholder", ["9223372036854775794", "9223372036854775807", "9.22e18", "NaN", "+Inf"])
+def test_placeholders_and_nan_are_missing_not_readings(placeholder: str) -> None:
+    text = "".join(series(name, placeholder) for name in (
+        "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE"))
+    gpu = only_gpu(text + series("DCGM_FI_DEV_MEMORY_TEMP", "9.2e18"))
+    assert (gpu.gpu_temp, gpu.ecc_dbe_volatile, gpu.xid) == (None, None, None)
+    assert dict(gpu.extra) == {}
+    assert gpu.memory_temp == 9.2e18  # just under the placeholder range: still a value
+
+
+def test_xid_gauge_counts_and_health_fields() -> None:
+    text = (series("DCGM_FI_DEV_XID_ERRORS", "79", err_code="79", err_msg="GPU has fallen off the bus")
+            + series("DCGM_EXP_XID_ERRORS_COUNT", "2", xid="79") + series("DCGM_EXP_XID_ERRORS_COUNT", "1", xid="13")
+            + series("DCGM_EXP_XID_ERRORS_COUNT", "5", xid="junk")
+            + series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "3") + series("DCGM_FI_DEV_ROW_REMAP_PENDING", "1")
+            + series("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1") + series("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "4"))
+    gpu = only_gpu(text)
+    assert gpu.xid == 79 and dict(gpu.xid_counts) == {13: 1.0, 79: 2.0}
+    assert (gpu.ecc_dbe_volatile, gpu.row_remap_pending, gpu.row_remap_failure, gpu.uncorrectable_remapped_rows) == (
+        3.0, 1.0, 1.0, 4.0)
+    assert "DCGM_EXP_XID_ERRORS_COUNT" not in gpu.extra
+
+
+def test_raw_quotes_in_err_msg_still_give_the_xid() -> None:
+    text = 'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-x",err_msg="bad "thing"",Hostname="n"} 48\n'
+    assert only_gpu(text).xid == 48
+
+
+def test_mig_instances_are_separate_readings() -> None:
+    text = (series("DCGM_FI_DEV_GPU_TEMP", "55", GPU_I_ID="2", GPU_I_PROFILE="1g.10gb")
+            + series("DCGM_FI_DEV_GPU_TEMP", "56", GPU_I_ID="1")
+            + series("DCGM_FI_DEV_GPU_TEMP", "57"))
+    [node] = readings(text)
+    assert [(g.gpu, g.mig_instance, g.gpu_temp) for g in node.gpus] == [("0", None, 57.0), ("0", "1", 56.0),
+                                                                         ("0", "2", 55.0)]
+
+
+def test_pods_lowercase_uuid_and_gpu_order() -> None:
+    text = (series("DCGM_FI_DEV_GPU_TEMP", "1", gpu="10", UUID="-", uuid="GPU-low", pod="train-0",
+                   namespace="ml", container="c")
+            + series("DCGM_FI_DEV_MEMORY_TEMP", "2", gpu="10", UUID="-", uuid="GPU-low", pod="train-1",
+                     namespace="ml")
+            + series("DCGM_FI_DEV_GPU_TEMP", "3", gpu="2", pod="", namespace=""))
+    [node] = readings(text)
+    assert [g.gpu for g in node.gpus] == ["2", "10"]
+    ten = node.gpus[1]
+    assert ten.uuid == "GPU-low" and ten.pods == (PodRef("ml", "train-0"), PodRef("ml", "train-1"))
+    assert node.gpus[0].pods == ()
+
+
+def test_series_without_a_gpu_label_or_other_exporters_are_ignored() -> None:
+    samples = [Sample("DCGM_FI_DEV_GPU_TEMP", (("Hostname", "n"),), 1.0),
+               Sample("node_load1", (("Hostname", "n"), ("gpu", "0")), 1.0)]
+    assert readings_from_samples(samples, node=None, source="prometheus", observed_at=0.0) == []
+
+
+def test_malformed_line_count_is_carried() -> None:
+    text = series("DCGM_FI_DEV_GPU_TEMP", "50") + 'DCGM_FI_DEV_GPU_TEMP{gpu="1 2\n'
+    [node] = readings(text)
+    assert node.malformed_lines == 1 and len(node.gpus) == 1
