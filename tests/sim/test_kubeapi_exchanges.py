@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sim.kubeapi import KubeAPIServer
-from tests.sim.conftest import Raw, make_ready, prepare
+from kubeapi_support import Raw, make_ready, prepare
 
 DATA = Path("/work/shared/data/kube-apiserver")
 if not DATA.exists():
@@ -29,7 +29,7 @@ SKIP_CASES = {"21-watch-events-bookmarks", "22-watch-too-old-rv", "27-authn-auth
 SKIP_STEPS = re.compile(
     r"compaction|SMP changing an immutable|CEL violation|both violations|create with CEL|schema type error|"
     r"as Table|without fractional|TokenRequest|supplement: watch|far-future|GC|resourceVersion=831|"
-    r"pre-compaction|rv=1&|pdb2|"
+    r"pre-compaction|rv=1&|pdb2|supplement: GET PDB|"
     r"missing eventTime|bad type|reportingController and action|Event about a Node in namespace capture \(m|"
     r"in namespace capture about a Node|mismatching URL namespace|MicroTime|rv=old|old resourceVersion|"
     r"second precision")
