@@ -12,11 +12,9 @@ Errors name the key path: ``groups[1].thermal.gpu_cordon_c: expected a number, g
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import tomllib
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -28,62 +26,24 @@ from gpuremediate.policy.findings import (
     ACTION_RESET_GPU,
     BUILTIN_ACTIONS,
 )
+from gpuremediate.policy.schema import (
+    PolicyError,
+    _join,
+    _show,
+    at_least,
+    check_action,
+    setting,
+)
 from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
+from gpuremediate.policy.workflow import (
+    BreakerPolicy,
+    BudgetPolicy,
+    DrainPolicy,
+    RemediationPolicy,
+    RepeatOffenderPolicy,
+    ValidationPolicy,
+)
 from gpuremediate.policy.xid import XidOverride
-
-ACTION_NAME_RE = re.compile(r"[a-z0-9-]+")
-GROUP_KEYS = ("name", "selector")
-
-Check = Callable[[Any, str], None]
-T = TypeVar("T")
-
-
-class PolicyError(ValueError):
-    """A bad policy file; the message starts with the key path of what is wrong."""
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return str(value)
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-# --- validators ------------------------------------------------------------------------------------
-
-
-def check_action(value: Any, path: str) -> None:
-    if value in BUILTIN_ACTIONS:
-        return
-    if not ACTION_NAME_RE.fullmatch(value):
-        raise PolicyError(f"{path}: expected a built-in action {list(BUILTIN_ACTIONS)} or a custom name "
-                          f"matching [a-z0-9-]+, got {_show(value)}")
-
-
-def at_least(minimum: float) -> Check:
-    def check(value: Any, path: str) -> None:
-        if value < minimum:
-            raise PolicyError(f"{path}: must be at least {minimum:g}, got {_show(value)}")
-
-    return check
-
-
-# --- schema helpers --------------------------------------------------------------------------------
-
-
-def setting(default: Any, doc: str, *, check: Check | None = None, action: bool = False) -> Any:
-    """A scalar setting. ``action=True`` marks an action name (checked, and reported to hooks)."""
-    checks = check_action if action else check
-    return field(default=default, metadata={"doc": doc, "check": checks, "action": action})
 
 
 def _parse_xid_code(key: str, path: str) -> int:
@@ -119,6 +79,9 @@ def parse_xid_overrides(raw: Any, path: str, current: Mapping[int, XidOverride])
 
 
 # --- sections --------------------------------------------------------------------------------------
+
+GROUP_KEYS = ("name", "selector")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -181,6 +144,13 @@ class Policy:
     ecc: EccPolicy = field(default_factory=EccPolicy, metadata={"doc": "ECC errors"})
     row_remap: RowRemapPolicy = field(default_factory=RowRemapPolicy, metadata={"doc": "row remapping"})
     thermal: ThermalPolicy = field(default_factory=ThermalPolicy, metadata={"doc": "thermal cordon with hysteresis"})
+    drain: DrainPolicy = field(default_factory=DrainPolicy, metadata={"doc": "how a node is drained"})
+    remediation: RemediationPolicy = field(
+        default_factory=RemediationPolicy, metadata={"doc": "the built-in repair Jobs"}
+    )
+    validation: ValidationPolicy = field(
+        default_factory=ValidationPolicy, metadata={"doc": "the validation Job on all the node's GPUs"}
+    )
 
     @property
     def thermal_action(self) -> str:
@@ -189,7 +159,13 @@ class Policy:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """Cluster-wide sections (not per group). Later issues add budget, breaker, actions.<name> here."""
+    """Cluster-wide sections (not per group)."""
+
+    budget: BudgetPolicy = field(default_factory=BudgetPolicy, metadata={"doc": "the disruption budget"})
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy, metadata={"doc": "the circuit breaker"})
+    repeat_offender: RepeatOffenderPolicy = field(
+        default_factory=RepeatOffenderPolicy, metadata={"doc": "quarantine nodes that keep failing"}
+    )
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ class ActionInProgress:
     attempt: int  # 1-based
     started: float
     deadline: float | None = None
+    # What the action needs to recognise its own completion, e.g. the bootID before a reboot.
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,11 +162,17 @@ def unblock(record: NodeRecord) -> NodeRecord:
 
 
 def start_action(
-    record: NodeRecord, kind: str, name: str, attempt: int, now: float, timeout_s: float | None = None
+    record: NodeRecord,
+    kind: str,
+    name: str,
+    attempt: int,
+    now: float,
+    timeout_s: float | None = None,
+    detail: str = "",
 ) -> NodeRecord:
     """Record the side effect about to start (write this before creating the object)."""
     deadline = None if timeout_s is None else now + timeout_s
-    action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline)
+    action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline, detail=detail)
     return dataclasses.replace(record, action=action, blocked=None)
 
 
@@ -257,6 +265,7 @@ def _action(obj: _Obj) -> ActionInProgress:
         attempt=attempt,
         started=obj.number("started", 0.0),
         deadline=obj.number("deadline", None),
+        detail=obj.opt("detail", str, ""),
     )
 
 

@@ -1,0 +1,244 @@
+"""Reading and writing GPU Nodes: the node view the loops share, and the one writer of records.
+
+Every transition is one JSON merge patch carrying the record annotation, the state label and,
+when the decision says so, ``spec.unschedulable`` — the cordon (or uncordon) and the record that
+explains it land together or not at all. The patch carries the node's resourceVersion, so a
+node changed since it was read gives 409 Conflict: the loop re-reads and decides again.
+
+In dry-run mode nothing is sent: the patch is kept in an in-memory overlay so the loops see the
+world as if it had been written (and do not decide the same thing again every cycle).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
+from gpuremediate.kube import errors
+from gpuremediate.kube.cache import Informer
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import NODES
+from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.state import states
+from gpuremediate.state.decide import Decision
+from gpuremediate.state.record import NodeRecord, node_patch
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+EXCLUDE_LABEL = "gpuremediate.io/exclude"
+
+Node = dict[str, Any]
+
+EVENT_REASONS = {
+    states.HEALTHY: "GPUNodeHealthy",
+    states.CORDONED: "GPUNodeCordoned",
+    states.DRAINING: "GPUNodeDraining",
+    states.REPAIRING: "GPUNodeRepairing",
+    states.VALIDATING: "GPUNodeValidating",
+    states.QUARANTINED: "GPUNodeQuarantined",
+    states.MAINTENANCE: "GPUNodeMaintenance",
+}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, applied to a copy."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def gpu_count(node: Mapping[str, Any]) -> int:
+    status = node.get("status") or {}
+    for section in ("allocatable", "capacity"):
+        value = (status.get(section) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            try:
+                return int(str(value))
+            except ValueError:
+                return 0
+    return 0
+
+
+def is_gpu_node(node: Mapping[str, Any]) -> bool:
+    return gpu_count(node) > 0 or labels_of(node).get(GPU_PRESENT_LABEL) == "true"
+
+
+def is_excluded(node: Mapping[str, Any]) -> bool:
+    return labels_of(node).get(EXCLUDE_LABEL) == "true"
+
+
+def is_ready(node: Mapping[str, Any]) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def node_unschedulable_of(node: Mapping[str, Any]) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable", False))
+
+
+def boot_id(node: Mapping[str, Any]) -> str:
+    return str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID", ""))
+
+
+class NodeView:
+    """The nodes as the loops see them: the informer's cache, corrected by our own recent writes.
+
+    After a write, the informer may lag behind; until it shows a newer version of the node, the
+    object the API server returned to us is the truth (else the next reconcile would send a stale
+    resourceVersion and get a needless 409). In dry-run mode the overlay is permanent.
+    """
+
+    def __init__(self, informer: Informer, node_filter: Callable[[Mapping[str, Any]], bool] = is_gpu_node) -> None:
+        self.informer = informer
+        self.node_filter = node_filter
+        self._written: dict[str, tuple[str, Node]] = {}  # name -> (resourceVersion we wrote over, result)
+        self._overlay: dict[str, dict[str, Any]] = {}  # dry-run: name -> merged patch
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Node | None:
+        obj = self.informer.get(name)
+        if obj is None:
+            return None
+        with self._lock:
+            written = self._written.get(name)
+            if written is not None:
+                if _rv(obj) == written[0]:
+                    obj = written[1]
+                else:
+                    del self._written[name]
+            overlay = self._overlay.get(name)
+        if overlay is not None:
+            obj = merge_patch(obj, overlay)
+        return obj
+
+    def gpu_nodes(self) -> list[Node]:
+        nodes = (self.get(name_of(n)) for n in self.informer.list())
+        return sorted((n for n in nodes if n is not None and self.node_filter(n)), key=name_of)
+
+    def remember_write(self, old_rv: str, result: Node) -> None:
+        with self._lock:
+            self._written[name_of(result)] = (old_rv, result)
+
+    def overlay(self, name: str, patch: Mapping[str, Any]) -> None:
+        with self._lock:
+            current = self._overlay.get(name, {})
+            self._overlay[name] = merge_patch(current, _without_rv(patch))
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def _without_rv(patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(patch))
+    (out.get("metadata") or {}).pop("resourceVersion", None)
+    return out
+
+
+class NodeWriter:
+    """Applies Decisions to Nodes: the record patch, then the Event and the metric."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        view: NodeView,
+        events: EventRecorder,
+        metrics: ControllerMetrics,
+        *,
+        dry_run: bool = False,
+    ) -> None:
+        self.client = client
+        self.view = view
+        self.events = events
+        self.metrics = metrics
+        self.dry_run = dry_run
+
+    def apply(self, node: Node, decision: Decision) -> Node | None:
+        """Write the decision; returns the node as written, or None on a 409 (re-read and re-decide)."""
+        for notice in decision.notices:
+            self.events.node_event(name_of(node), "GPUFaultNotice", notice.message, NORMAL)
+        if not decision.changed and not decision.cordon and not decision.uncordon:
+            return node
+        written = self.write(node, decision.record, cordon=decision.cordon, uncordon=decision.uncordon)
+        if written is None:
+            return None
+        if decision.transition is not None:
+            self._report_transition(node, decision)
+        return written
+
+    def write(self, node: Node, record: NodeRecord, *, cordon: bool = False, uncordon: bool = False) -> Node | None:
+        """Write ``record`` (and the cordon / uncordon) guarded by the node's resourceVersion."""
+        name, rv = name_of(node), _rv(node)
+        unschedulable = True if cordon else (False if uncordon else None)
+        patch = node_patch(record, unschedulable=unschedulable, resource_version=rv or None)
+        before = _blocked_text(node)
+        if self.dry_run:
+            self.view.overlay(name, patch)
+            result = merge_patch(node, _without_rv(patch))
+        else:
+            try:
+                result = self.client.patch(NODES, name, patch)
+            except errors.Conflict:
+                log.info("node changed since read; deciding again", extra={"node": name})
+                return None
+            self.view.remember_write(rv, result)
+        self._report_blocked(name, before, record)
+        return result
+
+    def _report_transition(self, node: Node, decision: Decision) -> None:
+        move = decision.transition
+        assert move is not None
+        name = name_of(node)
+        dry = "true" if self.dry_run else "false"
+        labels = {"from": move.from_state, "to": move.to_state, "reason": move.reason, "dry_run": dry}
+        self.metrics.transitions.inc(1.0, **labels)
+        bad = move.to_state in (states.QUARANTINED, states.DRAINING, states.CORDONED)
+        text = f"{move.from_state} → {move.to_state} ({move.reason})"
+        if move.message:
+            text += f": {move.message}"
+        if decision.cordon:
+            text += "; cordoned"
+        if decision.uncordon:
+            text += "; uncordoned"
+        log.info(
+            "transition",
+            extra={"node": name, "from": move.from_state, "to": move.to_state, "reason": move.reason, "dry_run": dry},
+        )
+        uid = str((node.get("metadata") or {}).get("uid", ""))
+        self.events.node_event(name, EVENT_REASONS[move.to_state], text, WARNING if bad else NORMAL, uid=uid)
+
+    def _report_blocked(self, name: str, before: str, record: NodeRecord) -> None:
+        after = "" if record.blocked is None else f"{record.blocked.reason}: {record.blocked.detail}"
+        if after and after != before:
+            self.events.node_event(name, "GPURemediationBlocked", f"waiting ({after})", NORMAL)
+
+
+def _blocked_text(node: Node) -> str:
+    from gpuremediate.state.record import RecordError, record_from_node
+
+    record = record_from_node(node)
+    if record is None or isinstance(record, RecordError) or record.blocked is None:
+        return ""
+    return f"{record.blocked.reason}: {record.blocked.detail}"

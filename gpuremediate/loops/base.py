@@ -1,0 +1,166 @@
+"""What every loop shares: the context (client, nodes, writer, policy, metrics) and the node loop
+skeleton (one thread, a work queue of node names, a periodic resync, errors that never kill it)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, labels_of, node_unschedulable_of
+from gpuremediate.config import Settings
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.workqueue import WorkQueue
+from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.policy.config import Policy, PolicyFile
+from gpuremediate.signals.model import NodeReadings
+from gpuremediate.state import decide
+from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopContext:
+    client: KubeClient
+    settings: Settings
+    policy: PolicyFile
+    metrics: ControllerMetrics
+    events: EventRecorder
+    nodes: NodeView
+    writer: NodeWriter
+    stop: threading.Event = field(default_factory=threading.Event)
+    clock: Callable[[], float] = time.time
+    # The latest successful readings per node (the detect loop writes, the drain loop reads pods from them).
+    readings: dict[str, NodeReadings] = field(default_factory=dict)
+
+    def policy_for(self, node: Mapping[str, Any]) -> Policy:
+        return self.policy.for_node(labels_of(node))
+
+
+class NodeLoop:
+    """Reconciles the nodes in the states this loop owns, one at a time, in its own thread."""
+
+    name = "loop"
+    owned: frozenset[str] = frozenset()
+
+    def __init__(self, ctx: LoopContext) -> None:
+        self.ctx = ctx
+        self.queue = WorkQueue(base_delay=0.5, max_delay=60.0)
+        self._thread: threading.Thread | None = None
+
+    # ---- wiring ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.queue.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def on_node(self, node: Node) -> None:
+        """Informer handler: queue the node when its state is one this loop owns."""
+        if state_of(node) in self.owned:
+            self.queue.add(str(node["metadata"]["name"]))
+
+    def resync(self) -> None:
+        for node in self.ctx.nodes.gpu_nodes():
+            self.on_node(node)
+
+    # ---- the loop --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_resync = 0.0
+        while not self.ctx.stop.is_set():
+            now = time.monotonic()
+            if now >= next_resync:
+                self.resync()
+                next_resync = now + self.ctx.settings.resync_s
+            key = self.queue.get(timeout=max(0.05, next_resync - time.monotonic()))
+            if key is None:
+                if self.queue.shutting_down:
+                    return
+                continue
+            self._process(str(key))
+
+    def _process(self, name: str) -> None:
+        try:
+            requeue = self.reconcile_name(name)
+        except (errors.ApiError, errors.TransportError) as exc:
+            reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
+            self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
+            log.warning("reconcile failed; retrying", extra={"loop": self.name, "node": name, "error": str(exc)})
+            self.queue.add_rate_limited(name)
+        except Exception:
+            log.exception("reconcile crashed; retrying", extra={"loop": self.name, "node": name})
+            self.queue.add_rate_limited(name)
+        else:
+            self.queue.forget(name)
+            if requeue is not None:
+                self.queue.add_after(name, requeue)
+        finally:
+            self.queue.done(name)
+
+    def reconcile_name(self, name: str) -> float | None:
+        node = self.ctx.nodes.get(name)
+        if node is None or is_excluded(node):
+            return None
+        record = record_from_node(node)
+        if isinstance(record, RecordError):
+            return self._malformed(node, record)
+        if record is None or record.state not in self.owned:
+            return None
+        if decide.person_uncordoned(record, node_unschedulable_of(node)):
+            return self._person_took_over(node, record)
+        return self.reconcile(node, record)
+
+    def reconcile(self, node: Node, record: NodeRecord) -> float | None:
+        """One step for a node in an owned state; returns seconds until the next step, or None."""
+        raise NotImplementedError
+
+    def retry_after_conflict(self) -> float:
+        return 0.2
+
+    # ---- shared steps ----------------------------------------------------------------------------------
+
+    def apply(self, node: Node, decision: decide.Decision) -> Node | None:
+        written = self.ctx.writer.apply(node, decision)
+        if written is not None and decision.cancel is not None:
+            self.cancel(decision.cancel.kind, decision.cancel.name)
+        return written
+
+    def cancel(self, kind: str, name: str) -> None:
+        """Clean up the object of an action a person interrupted (loops that create objects override)."""
+
+    def _person_took_over(self, node: Node, record: NodeRecord) -> float | None:
+        decision = decide.on_person_uncordoned(record, self.ctx.clock())
+        if self.apply(node, decision) is None:
+            return self.retry_after_conflict()
+        return None
+
+    def _malformed(self, node: Node, error: RecordError) -> float | None:
+        log.error("node record unreadable", extra={"node": node["metadata"]["name"], "error": str(error)})
+        decision = decide.on_malformed(error, node_unschedulable_of(node), self.ctx.clock())
+        if self.apply(node, decision) is None:
+            return self.retry_after_conflict()
+        return None
+
+
+def state_of(node: Mapping[str, Any]) -> str:
+    record = record_from_node(node)
+    if record is None:
+        return "healthy"
+    if isinstance(record, RecordError):
+        return "malformed"
+    return record.state

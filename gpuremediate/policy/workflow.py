@@ -1,0 +1,120 @@
+"""Policy sections for what the controller does about a fault: drain, repair, validate, and the
+fleet-wide safety knobs (budget, circuit breaker, repeat offender).
+
+Per-node sections (``[drain]``, ``[remediation.*]``, ``[validation]``) sit on ``Policy`` and can be
+overridden per ``[[groups]]``; fleet-wide ones (``[budget]``, ``[breaker]``, ``[repeat_offender]``)
+sit on ``ClusterSettings``. Durations are seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuremediate.policy.schema import PolicyError, at_least, setting
+
+DRAIN_MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
+DRAIN_SCOPES = ("all", "gpu", "impacted")
+DRAIN_TIMEOUT_ACTIONS = ("quarantine", "delete")
+_PERCENT = re.compile(r"\d{1,3}%")
+
+DCGM_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+
+
+def one_of(*allowed: str) -> Any:
+    def check(value: Any, path: str) -> None:
+        if value not in allowed:
+            raise PolicyError(f"{path}: expected one of {', '.join(allowed)}, got {value!r}")
+
+    return check
+
+
+def _command(value: Any, path: str) -> None:
+    if not value.strip():
+        raise PolicyError(f"{path}: must not be empty")
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    mode: str = setting("Immediate", "Immediate (evict, honour PDBs) | AllowCompletion (wait for pods to finish) | "
+                        "DeleteAfterTimeout (wait, then delete)", check=one_of(*DRAIN_MODES))
+    scope: str = setting("all", "all | gpu (pods requesting nvidia.com/gpu) | impacted (pods on the faulty GPUs)",
+                         check=one_of(*DRAIN_SCOPES))
+    timeout_s: float = setting(1800.0, "seconds before the drain's timeout outcome", check=at_least(1))
+    timeout_action: str = setting(
+        "quarantine",
+        "Immediate/AllowCompletion at timeout: quarantine (pods stay, a person decides) | delete (delete what is left)",
+        check=one_of(*DRAIN_TIMEOUT_ACTIONS),
+    )
+    grace_period_s: int = setting(-1, "eviction/delete grace seconds (-1: each pod's own)", check=at_least(-1))
+    retry_s: float = setting(5.0, "seconds between drain steps (a PDB refusal is retried after this)",
+                             check=at_least(0.1))
+
+
+@dataclass(frozen=True)
+class JobPolicy:
+    image: str = setting(DCGM_IMAGE, "container image")
+    command: str = setting("true", "command, split like a shell would (shlex)", check=_command)
+    service_account: str = setting("gpuremediate-job", "ServiceAccount of the Job's pod")
+    privileged: bool = setting(True, "privileged container (GPU reset and reboot need the host)")
+    host_pid: bool = setting(False, "share the host's PID namespace")
+    timeout_s: float = setting(900.0, "seconds before the attempt counts as failed", check=at_least(1))
+
+
+def _reset_job() -> JobPolicy:
+    return JobPolicy(command="nvidia-smi --gpu-reset -i ${GPU_IDS}", timeout_s=600.0)
+
+
+def _reboot_job() -> JobPolicy:
+    return JobPolicy(image="busybox:1.36", command="chroot /host systemctl reboot", host_pid=True, timeout_s=1200.0)
+
+
+@dataclass(frozen=True)
+class RemediationPolicy:
+    max_attempts: int = setting(2, "repair attempts before the node is quarantined", check=at_least(1))
+    reset_gpu: JobPolicy = field(default_factory=_reset_job, metadata={"doc": "the reset-gpu Job"})
+    reboot: JobPolicy = field(default_factory=_reboot_job, metadata={"doc": "the reboot Job"})
+    reboot_ready_timeout_s: float = setting(1800.0, "seconds for a new bootID and Ready after the reboot Job",
+                                            check=at_least(1))
+
+
+def _validation_job() -> JobPolicy:
+    return JobPolicy(command="dcgmi diag -r 2", privileged=False, timeout_s=1800.0)
+
+
+@dataclass(frozen=True)
+class ValidationPolicy:
+    enabled: bool = setting(True, "validate before returning a node to service (false: straight to healthy)")
+    job: JobPolicy = field(default_factory=_validation_job, metadata={"doc": "the validation Job (all GPUs)"})
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    max_unavailable: str = setting("25%", "most GPU nodes out of service at once: a count (\"2\") or a percentage "
+                                   "(\"25%\"); nodes unschedulable for any reason count")
+
+    def validate(self, path: str) -> None:
+        value = self.max_unavailable.strip()
+        if not (value.isdigit() or _PERCENT.fullmatch(value)) or (value.endswith("%") and int(value[:-1]) > 100):
+            raise PolicyError(f"{path}.max_unavailable: expected a count like \"2\" or a percentage like \"25%\", "
+                              f"got {self.max_unavailable!r}")
+
+    def as_budget_value(self) -> int | str:
+        value = self.max_unavailable.strip()
+        return int(value) if value.isdigit() else value
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    enabled: bool = setting(True, "stop starting new work when too many GPU nodes fault at once")
+    threshold_percent: float = setting(30.0, "open when more than this % of GPU nodes fault within the window",
+                                       check=at_least(0))
+    window_s: float = setting(600.0, "the window, seconds", check=at_least(1))
+    min_nodes: int = setting(3, "and at least this many nodes faulted", check=at_least(1))
+
+
+@dataclass(frozen=True)
+class RepeatOffenderPolicy:
+    count: int = setting(3, "repairs within the window that quarantine a node (0 disables)", check=at_least(0))
+    window_s: float = setting(7 * 86400.0, "the window, seconds", check=at_least(1))
