@@ -1,0 +1,378 @@
+"""Where readings come from: each node's dcgm-exporter pod, or one Prometheus query.
+
+Every source has ``read() -> list[NodeReadings]``. A node whose metrics cannot be had (exporter
+down, slow, oversized, pod not running or missing, series stale) is reported with
+``status=unknown`` and a reason: unknown is never unhealthy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuremediate.kube.errors import KubeError
+from gpuremediate.kube.resources import PODS
+from gpuremediate.signals import dcgm, exposition
+from gpuremediate.signals.exposition import Sample
+from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+
+MIB = 1024 * 1024
+# The series the policy reads (design §4); Prometheus is asked for these and nothing else.
+POLICY_METRICS = (
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+)
+NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node")
+
+
+class Source(Protocol):
+    def read(self) -> list[NodeReadings]: ...
+
+
+class ScrapeObserver(Protocol):
+    """Told about every scrape (metrics are wired to this by the controller)."""
+
+    def scrape(self, node: str, seconds: float, ok: bool, reason: str) -> None: ...
+
+
+class SourceError(RuntimeError):
+    """The source as a whole failed (pods cannot be listed, Prometheus unusable); says why."""
+
+
+class KubeLister(Protocol):
+    def list(self, res: Any, namespace: str | None = None, *, label_selector: str | None = None,
+             field_selector: str | None = None, limit: int = 500) -> dict[str, Any]: ...
+
+
+def unknown(node: str, source: str, reason: str, observed_at: float) -> NodeReadings:
+    return NodeReadings(node=node, source=source, status=SOURCE_UNKNOWN, reason=reason, observed_at=observed_at)
+
+
+# ---------------------------------------------------------------- HTTP with a size cap and a deadline
+
+
+class FetchError(Exception):
+    """A scrape that did not give a usable body; the message is the reason in words."""
+
+
+def fetch(
+    url: str, timeout_s: float, max_bytes: int, headers: Mapping[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> tuple[bytes, str]:
+    """GET ``url``: (body, content type). The whole exchange must fit in ``timeout_s`` and ``max_bytes``."""
+    deadline = time.monotonic() + timeout_s
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
+            declared = resp.headers.get("Content-Length")
+            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                raise FetchError(f"response of {int(declared)} bytes exceeds the {max_bytes} byte limit")
+            return _read_capped(resp, deadline, timeout_s, max_bytes), resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        raise FetchError(f"HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        raise FetchError(f"cannot connect: {e.reason}") from None
+    except TimeoutError:
+        raise FetchError(f"timed out after {timeout_s:g} s") from None
+    except OSError as e:
+        raise FetchError(f"connection failed: {e}") from None
+
+
+def _read_capped(resp: Any, deadline: float, timeout_s: float, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise FetchError(f"timed out after {timeout_s:g} s (body still arriving)")
+        chunk = resp.read(min(65536, max_bytes + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise FetchError(f"response exceeds the {max_bytes} byte limit")
+
+
+# ---------------------------------------------------------------- exporter pods
+
+
+@dataclass(frozen=True)
+class ExporterTarget:
+    node: str
+    pod: str  # namespace/name
+    url: str | None  # None: nothing to scrape (see reason)
+    reason: str = ""
+
+
+def _pod_url(pod: Mapping[str, Any], port: int, path: str) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}{path}"
+
+
+def _pod_rank(pod: Mapping[str, Any]) -> tuple[bool, bool, str]:
+    """Prefer a Running pod that is not terminating, then the newest (a rolling update has two)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return (status.get("phase") == "Running", not meta.get("deletionTimestamp"), meta.get("creationTimestamp", ""))
+
+
+def exporter_targets(pods: Iterable[Mapping[str, Any]], port: int, path: str) -> list[ExporterTarget]:
+    """One target per node that has an exporter pod: the pod to scrape, or why there is none."""
+    by_node: dict[str, Mapping[str, Any]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (node not in by_node or _pod_rank(pod) > _pod_rank(by_node[node])):
+            by_node[node] = pod
+    targets = []
+    for node, pod in sorted(by_node.items()):
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        phase = status.get("phase") or "Unknown"
+        url = _pod_url(pod, port, path)
+        if phase != "Running":
+            targets.append(ExporterTarget(node, ref, None, f"exporter pod {ref} is {phase}, not Running"))
+        elif url is None:
+            targets.append(ExporterTarget(node, ref, None, f"exporter pod {ref} has no pod IP yet"))
+        else:
+            targets.append(ExporterTarget(node, ref, url))
+    return targets
+
+
+class ExporterSource:
+    """Scrapes every node's dcgm-exporter pod directly, concurrently, with a deadline and a size cap."""
+
+    name = "exporter"
+
+    def __init__(
+        self,
+        client: KubeLister,
+        namespace: str = "gpu-operator",
+        label_selector: str = "app=nvidia-dcgm-exporter",
+        port: int = 9400,
+        path: str = "/metrics",
+        timeout_s: float = 5.0,
+        max_bytes: int = 8 * MIB,
+        workers: int = 16,
+        stale_after_s: float = 120.0,
+        observer: ScrapeObserver | None = None,
+        expected_nodes: Callable[[], Iterable[str]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if workers < 1 or timeout_s <= 0 or max_bytes < 1:
+            raise ValueError(f"workers ({workers}), timeout_s ({timeout_s}), max_bytes ({max_bytes}) must be > 0")
+        self.client = client
+        self.namespace, self.label_selector = namespace, label_selector
+        self.port, self.path = port, path
+        self.timeout_s, self.max_bytes, self.workers = timeout_s, max_bytes, workers
+        self.stale_after_s = stale_after_s
+        self.observer = observer
+        self.expected_nodes = expected_nodes  # GPU nodes that should have an exporter pod
+        self.clock = clock
+
+    def read(self) -> list[NodeReadings]:
+        targets = exporter_targets(self._pods(), self.port, self.path)
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(targets)))) as pool:
+            results = list(pool.map(self._read_target, targets))
+        return results + self._missing({t.node for t in targets})
+
+    def _pods(self) -> list[Mapping[str, Any]]:
+        try:
+            listed = self.client.list(PODS, self.namespace, label_selector=self.label_selector)
+        except KubeError as e:
+            raise SourceError(f"cannot list exporter pods in {self.namespace} ({self.label_selector}): {e}") from e
+        return list(listed.get("items") or [])
+
+    def _missing(self, covered: set[str]) -> list[NodeReadings]:
+        if self.expected_nodes is None:
+            return []
+        now = self.clock()
+        reason = f"no exporter pod ({self.label_selector}) in {self.namespace} on this node"
+        return [unknown(node, self.name, reason, now) for node in sorted(set(self.expected_nodes()) - covered)]
+
+    def _read_target(self, target: ExporterTarget) -> NodeReadings:
+        observed_at = self.clock()
+        if target.url is None:
+            self._observe(target.node, 0.0, False, target.reason)
+            return unknown(target.node, self.name, target.reason, observed_at)
+        started = time.monotonic()
+        try:
+            body, content_type = fetch(target.url, self.timeout_s, self.max_bytes)
+            readings = self._readings(target, body, content_type, observed_at)
+        except FetchError as e:
+            reason = f"scrape of {target.pod} ({target.url}) failed: {e}"
+            self._observe(target.node, time.monotonic() - started, False, reason)
+            return unknown(target.node, self.name, reason, observed_at)
+        self._observe(target.node, time.monotonic() - started, readings.status != SOURCE_UNKNOWN, readings.reason)
+        return readings
+
+    def _readings(self, target: ExporterTarget, body: bytes, content_type: str, observed_at: float) -> NodeReadings:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FetchError(f"body is not UTF-8: {e}") from None
+        parsed = exposition.parse(text, content_type=content_type or None, strict=False)
+        samples = fresh_samples(parsed.samples, observed_at, self.stale_after_s)
+        found = dcgm.readings_from_samples(samples, node=target.node, source=self.name, observed_at=observed_at,
+                                           malformed_lines=len(parsed.malformed))
+        mine = [r for r in found if r.node == target.node]
+        if not mine or not mine[0].gpus:
+            why = "stale" if len(samples) < len(parsed.samples) else "absent"
+            return unknown(target.node, self.name, f"scrape of {target.pod} had no GPU series ({why})", observed_at)
+        meta = {**mine[0].meta, "exporter_pod": target.pod}
+        return dataclasses.replace(mine[0], meta=meta)
+
+    def _observe(self, node: str, seconds: float, ok: bool, reason: str) -> None:
+        if self.observer is not None:
+            self.observer.scrape(node, seconds, ok, reason)
+
+
+def fresh_samples(samples: Sequence[Sample], now: float, stale_after_s: float) -> list[Sample]:
+    """Samples without a timestamp (the exporter's norm), or with one no older than ``stale_after_s``."""
+    return [s for s in samples if s.timestamp is None or now - s.timestamp <= stale_after_s]
+
+
+# ---------------------------------------------------------------- Prometheus
+
+
+class PrometheusError(SourceError):
+    """Prometheus could not answer the query; the message says what it said."""
+
+
+TS_LABEL = "gpuremediate_ts"  # marks the timestamp() half of the query's result
+NAME_LABEL = "gpuremediate_metric"  # the metric name, kept where timestamp() drops __name__
+
+
+def policy_query(metrics: Sequence[str] = POLICY_METRICS) -> str:
+    """One instant query for the policy's series and each series' last sample time.
+
+    ``timestamp()`` drops ``__name__``, so the name is first copied into a label; the timestamps are
+    tagged with ``gpuremediate_ts="1"`` so the ``or`` keeps both halves.
+    """
+    selector = '{__name__=~"' + "|".join(metrics) + '"}'
+    named = f'label_replace({selector}, "{NAME_LABEL}", "$1", "__name__", "(.+)")'
+    stamped = f'label_replace(timestamp({named}), "{TS_LABEL}", "1", "", "")'
+    return f"{named} or {stamped}"
+
+
+class PrometheusSource:
+    """Readings for every node from one instant query per cycle to Prometheus's HTTP API."""
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        ca_file: str | None = None,
+        node_label: str = "Hostname",
+        timeout_s: float = 10.0,
+        stale_after_s: float = 120.0,
+        max_bytes: int = 64 * MIB,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"Prometheus URL must be http(s)://host[:port][/prefix], got {url!r}")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.node_labels = (node_label, *[n for n in NODE_LABELS if n != node_label])
+        self.timeout_s, self.stale_after_s, self.max_bytes = timeout_s, stale_after_s, max_bytes
+        self.clock = clock
+
+    def read(self) -> list[NodeReadings]:
+        result, eval_time = self._query()
+        samples = vector_samples(result)
+        by_node: dict[str, list[Sample]] = {}
+        for sample in fresh_samples(samples, eval_time, self.stale_after_s):
+            node = self._node_of(sample)
+            if node:
+                by_node.setdefault(node, []).append(sample)
+        stale_nodes = {self._node_of(s) for s in samples} - set(by_node) - {None}
+        readings = []
+        for node in sorted(by_node):
+            found = dcgm.readings_from_samples(by_node[node], node=node, source=self.name, observed_at=eval_time)
+            readings += [r for r in found if r.node == node]
+        readings += [unknown(str(n), self.name, f"series older than {self.stale_after_s:g} s in Prometheus",
+                             eval_time) for n in sorted(n for n in stale_nodes if n)]
+        return readings
+
+    def _node_of(self, sample: Sample) -> str | None:
+        return next((v for n in self.node_labels if (v := sample.label(n))), None)
+
+    def _query(self) -> tuple[list[Any], float]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": policy_query()})
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            body, _ = fetch(url, self.timeout_s, self.max_bytes, headers, self.context)
+        except FetchError as e:
+            raise PrometheusError(f"Prometheus query to {self.url} failed: {e}") from None
+        return parse_query_response(body, self.clock())
+
+
+def parse_query_response(body: bytes, now: float) -> tuple[list[Any], float]:
+    """The vector result of an instant query, and its evaluation time; PrometheusError otherwise."""
+    try:
+        doc = json.loads(body)
+    except ValueError as e:
+        raise PrometheusError(f"Prometheus answered with something that is not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        detail = doc.get("error") if isinstance(doc, dict) else None
+        raise PrometheusError(f"Prometheus query failed: {detail or 'status is not success'}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
+    result = data["result"]
+    times = [float(item["value"][0]) for item in result if _is_point(item)]
+    return result, max(times) if times else now
+
+
+def _is_point(item: Any) -> bool:
+    return isinstance(item, dict) and isinstance(item.get("value"), list) and len(item["value"]) == 2
+
+
+def vector_samples(result: Sequence[Any]) -> list[Sample]:
+    """Samples from the query result, each with its last scrape time where the query returned it."""
+    values: dict[tuple[tuple[str, str], ...], tuple[str, float]] = {}
+    stamps: dict[tuple[tuple[str, str], ...], float] = {}
+    for item in result:
+        if not _is_point(item) or not isinstance(item.get("metric"), dict):
+            continue
+        labels = {str(k): str(v) for k, v in item["metric"].items()}
+        try:
+            value = float(item["value"][1])
+        except (TypeError, ValueError):
+            continue
+        name = labels.pop("__name__", None) or labels.get(NAME_LABEL)
+        is_stamp = labels.pop(TS_LABEL, None) is not None
+        labels.pop(NAME_LABEL, None)
+        if not name:
+            continue
+        key = (("__name__", name), *sorted(labels.items()))
+        if is_stamp:
+            stamps[key] = value
+        else:
+            values[key] = (name, value)
+    return [
+        Sample(name=name, labels=key[1:], value=value, timestamp=stamps.get(key))
+        for key, (name, value) in sorted(values.items())
+    ]

@@ -1,0 +1,334 @@
+"""Sources: ExporterSource against gpu-sim pods in the emulated cluster; PrometheusSource against a canned API."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.errors import TransportError
+from gpuremediate.kube.resources import NAMESPACES, PODS
+from gpuremediate.signals import exposition, sources
+from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, NodeReadings
+from gpuremediate.signals.sources import ExporterSource, PrometheusError, PrometheusSource, SourceError
+from sim.gpusim import GpuSim
+from sim.kubeapi import KubeAPIServer
+
+NS = "gpu-operator"
+SELECTOR = "app=nvidia-dcgm-exporter"
+REAL_SCRAPE = Path("/work/shared/data/dcgm-exporter/scrape-A100-vgpu-xid-labels.prom")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, bool, str]] = []
+        self.lock = threading.Lock()
+
+    def scrape(self, node: str, seconds: float, ok: bool, reason: str) -> None:
+        with self.lock:
+            self.calls.append((node, seconds, ok, reason))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[KubeAPIServer, KubeClient]]:
+    srv = KubeAPIServer().start()
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)))
+    client.create(NAMESPACES, {"metadata": {"name": NS}})
+    yield srv, client
+    srv.stop()
+
+
+@pytest.fixture
+def sim() -> Iterator[GpuSim]:
+    s = GpuSim(port=0)
+    for i in (1, 2, 3):
+        s.add_node(f"gpu-node-{i}", gpus=8 if i != 3 else 2, ip=f"127.0.0.{20 + i}")
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(cluster: tuple[KubeAPIServer, KubeClient]) -> Iterator[KubeClient]:
+    _, c = cluster
+    yield c
+    for pod in c.list(PODS, NS)["items"]:
+        c.delete(PODS, pod["metadata"]["name"], NS, grace_period_seconds=0)
+
+
+def exporter_pod(client: KubeClient, node: str, ip: str | None, phase: str = "Running", name: str = "") -> None:
+    name = name or f"dcgm-exporter-{node}"
+    body = {"metadata": {"name": name, "labels": {"app": "nvidia-dcgm-exporter"}},
+            "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "gpu-sim"}]}}
+    client.create(PODS, body, NS)
+    status: dict[str, Any] = {"phase": phase}
+    if ip:
+        status["podIP"] = ip
+    client.patch(PODS, name, {"status": status}, NS, subresource="status")
+
+
+def pods_for(client: KubeClient, sim: GpuSim) -> None:
+    for node in sim.nodes():
+        exporter_pod(client, node, sim.node(node).ip)
+
+
+def source(client: KubeClient, sim: GpuSim, **kw: Any) -> ExporterSource:
+    return ExporterSource(client, port=sim.port, **kw)
+
+
+def by_node(readings: list[NodeReadings]) -> dict[str, NodeReadings]:
+    assert len({r.node for r in readings}) == len(readings), "one reading per node"
+    return {r.node: r for r in readings}
+
+
+# ------------------------------------------------------------------ exporter source
+
+
+def test_scrapes_every_node_through_its_pod(client: KubeClient, sim: GpuSim) -> None:
+    pods_for(client, sim)
+    sim.inject_xid("gpu-node-2", 5, 79)
+    sim.inject_dbe("gpu-node-1", 0, 2)
+    rec = Recorder()
+    got = by_node(source(client, sim, observer=rec, clock=lambda: 500.0).read())
+    assert set(got) == {"gpu-node-1", "gpu-node-2", "gpu-node-3"}
+    assert all(r.status == SOURCE_OK and r.source == "exporter" and r.observed_at == 500.0 for r in got.values())
+    assert [len(got[n].gpus) for n in sorted(got)] == [8, 8, 2]
+    gpu5 = next(g for g in got["gpu-node-2"].gpus if g.gpu == "5")
+    assert gpu5.xid == 79 and gpu5.uuid == sim.node("gpu-node-2").gpus[5].uuid
+    gpu0 = next(g for g in got["gpu-node-1"].gpus if g.gpu == "0")
+    assert gpu0.ecc_dbe_volatile == 2.0 and gpu0.row_remap_failure == 0.0
+    assert got["gpu-node-1"].meta["exporter_pod"] == f"{NS}/dcgm-exporter-gpu-node-1"
+    assert sorted((n, ok) for n, _, ok, _ in rec.calls) == [(f"gpu-node-{i}", True) for i in (1, 2, 3)]
+
+
+def test_node_comes_from_the_pod_not_the_hostname_label(client: KubeClient, sim: GpuSim) -> None:
+    exporter_pod(client, "k8s-name-of-node", sim.node("gpu-node-1").ip)
+    (reading,) = source(client, sim).read()
+    assert reading.node == "k8s-name-of-node" and reading.status == SOURCE_OK
+    assert {g.node for g in reading.gpus} == {"k8s-name-of-node"}
+
+
+def test_exporter_down_is_unknown_never_unhealthy(client: KubeClient, sim: GpuSim) -> None:
+    pods_for(client, sim)
+    sim.set_down("gpu-node-1", "refuse")
+    sim.set_down("gpu-node-2", "500")
+    rec = Recorder()
+    got = by_node(source(client, sim, observer=rec).read())
+    assert got["gpu-node-1"].status == SOURCE_UNKNOWN and "cannot connect" in got["gpu-node-1"].reason
+    assert got["gpu-node-2"].status == SOURCE_UNKNOWN and "HTTP 500" in got["gpu-node-2"].reason
+    assert got["gpu-node-1"].gpus == () and got["gpu-node-2"].gpus == ()
+    assert got["gpu-node-3"].status == SOURCE_OK
+    assert {n: ok for n, _, ok, _ in rec.calls} == {"gpu-node-1": False, "gpu-node-2": False, "gpu-node-3": True}
+
+
+def test_slow_exporter_times_out_without_holding_the_others(client: KubeClient, sim: GpuSim) -> None:
+    pods_for(client, sim)
+    sim.set_down("gpu-node-1", "hang")
+    sim.set_delay("gpu-node-2", 2.0)
+    started = time.monotonic()
+    got = by_node(source(client, sim, timeout_s=0.4).read())
+    elapsed = time.monotonic() - started
+    sim.set_down("gpu-node-1", None)
+    assert elapsed < 1.5, f"scrapes ran one after another ({elapsed:.2f} s)"
+    for node in ("gpu-node-1", "gpu-node-2"):
+        assert got[node].status == SOURCE_UNKNOWN and "timed out after 0.4 s" in got[node].reason
+    assert got["gpu-node-3"].status == SOURCE_OK
+
+
+def test_oversized_scrape_is_unknown(client: KubeClient, sim: GpuSim) -> None:
+    pods_for(client, sim)
+    sim.set_padding("gpu-node-3", 300_000)
+    got = by_node(source(client, sim, max_bytes=100_000).read())
+    assert got["gpu-node-3"].status == SOURCE_UNKNOWN
+    assert "exceeds the 100000 byte limit" in got["gpu-node-3"].reason
+    assert got["gpu-node-1"].status == SOURCE_OK
+
+
+def test_pod_not_running_missing_or_without_ip(client: KubeClient, sim: GpuSim) -> None:
+    exporter_pod(client, "gpu-node-1", sim.node("gpu-node-1").ip, phase="Pending")
+    exporter_pod(client, "gpu-node-2", None)
+    rec = Recorder()
+    src = source(client, sim, observer=rec, expected_nodes=lambda: ["gpu-node-1", "gpu-node-2", "gpu-node-9"])
+    got = by_node(src.read())
+    assert got["gpu-node-1"].status == SOURCE_UNKNOWN and "is Pending, not Running" in got["gpu-node-1"].reason
+    assert got["gpu-node-2"].status == SOURCE_UNKNOWN and "no pod IP" in got["gpu-node-2"].reason
+    assert got["gpu-node-9"].status == SOURCE_UNKNOWN and "no exporter pod" in got["gpu-node-9"].reason
+    assert {n for n, _, ok, _ in rec.calls if not ok} == {"gpu-node-1", "gpu-node-2"}
+
+
+def test_running_pod_wins_over_a_terminated_one(client: KubeClient, sim: GpuSim) -> None:
+    ip = sim.node("gpu-node-1").ip
+    exporter_pod(client, "gpu-node-1", ip, phase="Failed", name="dcgm-old")
+    exporter_pod(client, "gpu-node-1", ip, phase="Running", name="dcgm-new")
+    (reading,) = source(client, sim).read()
+    assert reading.status == SOURCE_OK and reading.meta["exporter_pod"] == f"{NS}/dcgm-new"
+
+
+def test_scrape_without_gpu_series_is_unknown(client: KubeClient) -> None:
+    class Empty(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"# HELP go_goroutines x\n# TYPE go_goroutines gauge\ngo_goroutines 12\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.31", 0), Empty)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        exporter_pod(client, "bare", "127.0.0.31")
+        (reading,) = ExporterSource(client, port=httpd.server_address[1]).read()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert reading.status == SOURCE_UNKNOWN and "no GPU series" in reading.reason
+
+
+def test_listing_failure_is_a_source_error() -> None:
+    class Broken:
+        def list(self, *a: Any, **kw: Any) -> dict[str, Any]:
+            raise TransportError("connection refused")
+
+    with pytest.raises(SourceError, match=r"cannot list exporter pods in gpu-operator \(app=nvidia-dcgm-exporter\)"):
+        ExporterSource(Broken()).read()
+
+
+def test_stale_timestamped_samples_are_dropped() -> None:
+    text = "DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 40 1000000\nDCGM_FI_DEV_MEMORY_TEMP{gpu=\"0\"} 41\n"
+    samples = exposition.parse(text, strict=False).samples
+    kept = sources.fresh_samples(samples, now=1000.0 + 500, stale_after_s=120)
+    assert [s.name for s in kept] == ["DCGM_FI_DEV_MEMORY_TEMP"]
+    assert len(sources.fresh_samples(samples, now=1000.0 + 60, stale_after_s=120)) == 2
+
+
+# ------------------------------------------------------------------ Prometheus source
+
+
+def vector_from_scrape(text: str, eval_time: float, scraped_at: dict[str, float]) -> dict[str, Any]:
+    """What Prometheus answers to policy_query() when it has scraped ``text`` (per-node scrape times)."""
+    result: list[dict[str, Any]] = []
+    for s in exposition.parse(text, strict=False).samples:
+        if s.name not in sources.POLICY_METRICS:
+            continue
+        labels: dict[str, str] = dict(s.labels)
+        labels.update(instance="10.0.0.7:9400", job="dcgm-exporter", gpuremediate_metric=s.name)
+        result.append({"metric": {"__name__": s.name, **labels}, "value": [eval_time, f"{s.value:g}"]})
+        stamp = scraped_at[labels["Hostname"]]
+        result.append({"metric": {**labels, "gpuremediate_ts": "1"}, "value": [eval_time, f"{stamp:.3f}"]})
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+class PromHandler(BaseHTTPRequestHandler):
+    reply: tuple[int, bytes] = (200, b"{}")
+    seen: list[tuple[str, dict[str, list[str]], str | None]] = []
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        type(self).seen.append((parts.path, parse_qs(parts.query), self.headers.get("Authorization")))
+        code, body = type(self).reply
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def prom() -> Iterator[tuple[str, type[PromHandler]]]:
+    handler = type("Handler", (PromHandler,), {"seen": []})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/prom/", handler
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def two_node_scrape() -> str:
+    real = REAL_SCRAPE.read_text()
+    other = real.replace("vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2", "gpu-b").replace(
+        'err_code="0",err_msg="No Error"} 0', 'err_code="79",err_msg="GPU has fallen off the bus"} 79')
+    return real + other
+
+
+def test_prometheus_one_query_readings_per_node(prom: tuple[str, type[PromHandler]]) -> None:
+    url, handler = prom
+    real_node = "vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2"
+    handler.reply = (200, json.dumps(vector_from_scrape(two_node_scrape(), 2000.0,
+                                                        {real_node: 1990.0, "gpu-b": 1995.0})).encode())
+    got = by_node(PrometheusSource(url, token="s3cret").read())
+    assert len(handler.seen) == 1
+    path, query, auth = handler.seen[0]
+    assert path == "/prom/api/v1/query" and auth == "Bearer s3cret"
+    assert query["query"] == [sources.policy_query()]
+    assert set(got) == {real_node, "gpu-b"}
+    (a,) = got[real_node].gpus
+    (b,) = got["gpu-b"].gpus
+    assert got[real_node].status == SOURCE_OK and got[real_node].observed_at == 2000.0
+    assert a.uuid == "GPU-f809e614-a528-4083-acbf-334600000000" and a.memory_temp == 0.0
+    assert b.xid == 79
+    assert a.xid in (None, 0)  # "No Error" is not an XID
+
+
+def test_prometheus_stale_series_are_ignored(prom: tuple[str, type[PromHandler]]) -> None:
+    url, handler = prom
+    real_node = "vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2"
+    handler.reply = (200, json.dumps(vector_from_scrape(two_node_scrape(), 2000.0,
+                                                        {real_node: 1000.0, "gpu-b": 1990.0})).encode())
+    got = by_node(PrometheusSource(url, stale_after_s=120).read())
+    assert got["gpu-b"].status == SOURCE_OK
+    assert got[real_node].status == SOURCE_UNKNOWN and "older than 120 s" in got[real_node].reason
+
+
+def test_prometheus_node_label_choice(prom: tuple[str, type[PromHandler]]) -> None:
+    url, handler = prom
+    doc = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-1", "kubernetes_node": "k-1",
+                    "Hostname": "pod-hostname"}, "value": [100.0, "71"]},
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-2", "node": "n-2"},
+         "value": [100.0, "50"]},
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-3"}, "value": [100.0, "50"]},
+    ]}}
+    handler.reply = (200, json.dumps(doc).encode())
+    assert set(by_node(PrometheusSource(url).read())) == {"pod-hostname", "n-2"}
+    got = by_node(PrometheusSource(url, node_label="kubernetes_node").read())
+    assert set(got) == {"k-1", "n-2"} and got["k-1"].gpus[0].gpu_temp == 71.0
+
+
+@pytest.mark.parametrize(
+    ("code", "body", "message"),
+    [
+        (400, b'{"status":"error","errorType":"bad_data","error":"parse error"}', "HTTP 400"),
+        (200, b'{"status":"error","errorType":"timeout","error":"query timed out"}', "query timed out"),
+        (200, b"<html>proxy</html>", "not JSON"),
+        (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}', "expected a vector result"),
+    ],
+)
+def test_prometheus_errors_are_clear(
+    prom: tuple[str, type[PromHandler]], code: int, body: bytes, message: str
+) -> None:
+    url, handler = prom
+    handler.reply = (code, body)
+    with pytest.raises(PrometheusError, match=message):
+        PrometheusSource(url).read()
+
+
+def test_prometheus_unreachable_and_bad_url() -> None:
+    with pytest.raises(PrometheusError, match="failed: cannot connect"):
+        PrometheusSource("http://127.0.0.1:1", timeout_s=1).read()
+    with pytest.raises(ValueError, match="must be http"):
+        PrometheusSource("prometheus:9090")
