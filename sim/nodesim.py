@@ -1,0 +1,238 @@
+"""A kubelet stand-in for many nodes, talking to any API server through `KubeClient`.
+
+It registers Nodes (Ready, GPU capacity, a bootID), makes pods bound to its nodes Running and Ready,
+runs Job pods for a set time and ends them Succeeded or Failed, finishes graceful deletions (a grace-0
+delete after min(grace, grace_cap_s)), and can reboot a node (NotReady for a while, then Ready with a
+new bootID). Pods bound to a node it does not know stay Pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import NODES, PODS
+
+KUBELET_VERSION = "v1.28.7"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class JobOutcome:
+    succeed: bool = True
+    duration_s: float = 0.5
+
+
+@dataclass
+class SimNode:
+    name: str
+    index: int
+    gpus: int
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    down_until: float = 0.0
+    ip_counter: int = 1
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self.down_until
+
+
+class NodeSim:
+    def __init__(self, client: KubeClient, grace_cap_s: float = 2.0, tick_s: float = 0.1) -> None:
+        self.client = client
+        self.grace_cap_s = grace_cap_s
+        self.tick_s = tick_s
+        self.nodes: dict[str, SimNode] = {}
+        self.outcomes: dict[str, JobOutcome] = {}
+        self.pod_ips: list[tuple[str, str, str]] = []
+        self.started_at: dict[str, float] = {}
+        self.terminating_since: dict[str, float] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- configuration -----------------------------------------------------------------------------
+    def add_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        with self._lock:
+            node = self.nodes.setdefault(name, SimNode(name, len(self.nodes) + 1, gpus))
+        body = self._node_body(node, labels or {})
+        try:
+            return self.client.create(NODES, body)
+        except errors.AlreadyExists:
+            return self.client.patch(NODES, name, {"status": body["status"]}, subresource="status")
+
+    def _node_body(self, node: SimNode, labels: dict[str, str]) -> dict[str, Any]:
+        resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(node.gpus)}
+        all_labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux",
+                      "kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true",
+                      "nvidia.com/gpu.count": str(node.gpus), **labels}
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": all_labels},
+                "spec": {}, "status": {
+                    "capacity": resources, "allocatable": dict(resources),
+                    "conditions": self._conditions(ready=True),
+                    "addresses": [{"type": "InternalIP", "address": f"10.0.0.{node.index}"},
+                                  {"type": "Hostname", "address": node.name}],
+                    "nodeInfo": self._node_info(node)}}
+
+    @staticmethod
+    def _node_info(node: SimNode) -> dict[str, str]:
+        return {"machineID": uuid.uuid5(uuid.NAMESPACE_DNS, node.name).hex, "systemUUID": node.name,
+                "bootID": node.boot_id, "kernelVersion": "5.15.0-sim", "osImage": "Ubuntu 22.04.4 LTS",
+                "containerRuntimeVersion": "containerd://1.7.13", "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux", "architecture": "amd64"}
+
+    @staticmethod
+    def _conditions(ready: bool) -> list[dict[str, Any]]:
+        now = _now()
+        out = [{"type": t, "status": "False", "lastHeartbeatTime": now, "lastTransitionTime": now,
+                "reason": f"KubeletHasSufficient{r}", "message": f"kubelet has sufficient {r.lower()}"}
+               for t, r in (("MemoryPressure", "Memory"), ("DiskPressure", "Disk"), ("PIDPressure", "PID"))]
+        out.append({"type": "Ready", "status": "True" if ready else "False", "lastHeartbeatTime": now,
+                    "lastTransitionTime": now, "reason": "KubeletReady" if ready else "KubeletNotReady",
+                    "message": "kubelet is posting ready status" if ready else "node is rebooting"})
+        return out
+
+    def set_job_outcome(self, node: str, succeed: bool = True, duration_s: float = 0.5) -> None:
+        self.outcomes[node] = JobOutcome(succeed, duration_s)
+
+    def set_pod_ip(self, namespace: str, pod_name_prefix: str, ip: str) -> None:
+        self.pod_ips.append((namespace, pod_name_prefix, ip))
+
+    def reboot(self, node: str, down_s: float = 1.0) -> None:
+        """NotReady now; after down_s Ready again with a new bootID (the loop brings it back)."""
+        sim = self.nodes[node]
+        sim.down_until = time.monotonic() + down_s
+        self._patch_node_status(sim, ready=False)
+
+    def _patch_node_status(self, node: SimNode, ready: bool) -> None:
+        status = {"conditions": self._conditions(ready), "nodeInfo": self._node_info(node)}
+        self.client.patch(NODES, node.name, {"status": status}, patch_type="strategic", subresource="status")
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def start(self) -> NodeSim:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="nodesim", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.tick()
+            except (errors.ApiError, errors.TransportError) as exc:
+                self.errors.append(str(exc))
+
+    def tick(self) -> None:
+        self._finish_reboots()
+        for pod in self.client.list(PODS)["items"]:
+            node = self.nodes.get(pod.get("spec", {}).get("nodeName", ""))
+            if node is not None:
+                with contextlib.suppress(errors.NotFound, errors.Conflict):
+                    self._sync_pod(node, pod)
+
+    def _finish_reboots(self) -> None:
+        for node in self.nodes.values():
+            if node.down_until and not node.down:
+                node.down_until = 0.0
+                node.boot_id = str(uuid.uuid4())
+                self._patch_node_status(node, ready=True)
+
+    def _sync_pod(self, node: SimNode, pod: dict[str, Any]) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            self._finish_deletion(pod)
+            return
+        phase = status.get("phase", "Pending")
+        if node.down:
+            if phase == "Running" and _ready(pod):
+                self._patch_status(pod, {"conditions": _pod_conditions(False)})
+            return
+        if phase == "Pending" or (phase == "Running" and not _ready(pod)):
+            self._run_pod(node, pod)
+        elif phase == "Running" and _job_owned(pod):
+            self._maybe_end_job_pod(node, pod)
+
+    def _finish_deletion(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        first = self.terminating_since.setdefault(uid, time.monotonic())
+        grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
+        if time.monotonic() - first >= min(grace, self.grace_cap_s):
+            self.client.delete(PODS, pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period_seconds=0)
+
+    def _run_pod(self, node: SimNode, pod: dict[str, Any]) -> None:
+        now = _now()
+        statuses = [{"name": c["name"], "ready": True, "restartCount": 0, "image": c.get("image", ""),
+                     "imageID": "", "started": True, "state": {"running": {"startedAt": now}}}
+                    for c in pod.get("spec", {}).get("containers") or []]
+        ip = self._pod_ip(node, pod)
+        self._patch_status(pod, {"phase": "Running", "hostIP": f"10.0.0.{node.index}", "podIP": ip,
+                                 "podIPs": [{"ip": ip}], "startTime": now, "conditions": _pod_conditions(True),
+                                 "containerStatuses": statuses})
+        self.started_at[pod["metadata"]["uid"]] = time.monotonic()
+
+    def _pod_ip(self, node: SimNode, pod: dict[str, Any]) -> str:
+        existing = (pod.get("status") or {}).get("podIP")
+        if existing:
+            return str(existing)
+        for namespace, prefix, ip in self.pod_ips:
+            if pod["metadata"]["namespace"] == namespace and pod["metadata"]["name"].startswith(prefix):
+                return ip
+        node.ip_counter += 1
+        return f"10.244.{node.index}.{node.ip_counter}"
+
+    def _maybe_end_job_pod(self, node: SimNode, pod: dict[str, Any]) -> None:
+        outcome = self.outcomes.get(node.name, JobOutcome())
+        started = self.started_at.setdefault(pod["metadata"]["uid"], time.monotonic())
+        if time.monotonic() - started < outcome.duration_s:
+            return
+        code, phase = (0, "Succeeded") if outcome.succeed else (1, "Failed")
+        now = _now()
+        statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
+                     "imageID": "", "started": False,
+                     "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                              "startedAt": now, "finishedAt": now}}}
+                    for c in pod.get("spec", {}).get("containers") or []]
+        self._patch_status(pod, {"phase": phase, "conditions": _pod_conditions(False, "PodCompleted"),
+                                 "containerStatuses": statuses})
+
+    def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        self.client.patch(PODS, pod["metadata"]["name"], {"status": status}, pod["metadata"]["namespace"],
+                          patch_type="strategic", subresource="status")
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _job_owned(pod: dict[str, Any]) -> bool:
+    return any(ref.get("kind") == "Job" for ref in pod["metadata"].get("ownerReferences") or [])
+
+
+def _pod_conditions(ready: bool, reason: str | None = None) -> list[dict[str, Any]]:
+    now = _now()
+    value = "True" if ready else "False"
+    out = [{"type": t, "status": "True" if t in ("Initialized", "PodScheduled") else value,
+            "lastProbeTime": None, "lastTransitionTime": now} for t in
+           ("Initialized", "Ready", "ContainersReady", "PodScheduled")]
+    if reason:
+        for cond in out:
+            if cond["status"] == "False":
+                cond["reason"] = reason
+    return out

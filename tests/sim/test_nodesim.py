@@ -1,0 +1,125 @@
+"""nodesim through the real KubeClient against the emulator: pods run, Job pods end, deletions finish."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import load_config
+from gpuremediate.kube.errors import NotFound
+from gpuremediate.kube.resources import JOBS, NAMESPACES, NODES, PODS
+from sim.kubeapi import KubeAPIServer
+from sim.nodesim import NodeSim
+
+
+def wait(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[KubeAPIServer, KubeClient, NodeSim]]:
+    srv = KubeAPIServer().start()
+    client = KubeClient(load_config(srv.write_kubeconfig(tmp_path / "kubeconfig")))
+    client.create(NAMESPACES, {"metadata": {"name": "work"}})
+    sim = NodeSim(client, grace_cap_s=0.3, tick_s=0.05)
+    yield srv, client, sim
+    sim.stop()
+    client.close()
+    srv.stop()
+
+
+def _pod(name: str, node: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
+
+
+def test_add_node_registers_a_ready_gpu_node(env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, sim = env
+    sim.add_node("gpu-1", gpus=4)
+    node = client.get(NODES, "gpu-1")
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == "4"
+    assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "gpu-1"
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready[0]["status"] == "True" and node["status"]["nodeInfo"]["bootID"]
+
+
+def test_bound_pod_runs_and_unknown_node_stays_pending(env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, sim = env
+    sim.add_node("gpu-1")
+    sim.set_pod_ip("work", "exporter-", "127.0.0.11")
+    client.create(PODS, _pod("exporter-abc", "gpu-1"), "work")
+    client.create(PODS, _pod("lost", "no-such-node"), "work")
+    sim.start()
+    pod = wait(lambda: (p := client.get(PODS, "exporter-abc", "work"))["status"]["phase"] == "Running" and p)
+    assert pod["status"]["podIP"] == "127.0.0.11"
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+    assert client.get(PODS, "lost", "work")["status"]["phase"] == "Pending"
+
+
+def test_graceful_delete_finishes_after_the_capped_grace(env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, sim = env
+    sim.add_node("gpu-1")
+    client.create(PODS, _pod("p", "gpu-1"), "work")
+    sim.start()
+    wait(lambda: client.get(PODS, "p", "work")["status"]["phase"] == "Running")
+    deleted = client.delete(PODS, "p", "work")
+    assert deleted["metadata"]["deletionGracePeriodSeconds"] == 30
+    start = time.monotonic()
+
+    def gone() -> bool:
+        try:
+            client.get(PODS, "p", "work")
+        except NotFound:
+            return True
+        return False
+    wait(gone)
+    assert time.monotonic() - start >= 0.25
+
+
+@pytest.mark.parametrize(("succeed", "condition"), [(True, "Complete"), (False, "Failed")])
+def test_job_runs_to_its_outcome(env: tuple[KubeAPIServer, KubeClient, NodeSim], succeed: bool,
+                                 condition: str) -> None:
+    _, client, sim = env
+    sim.add_node("gpu-1")
+    sim.set_job_outcome("gpu-1", succeed=succeed, duration_s=0.2)
+    job = {"metadata": {"name": "validate"}, "spec": {"backoffLimit": 0, "template": {"spec": {
+        "nodeName": "gpu-1", "restartPolicy": "Never", "containers": [{"name": "dcgm", "image": "dcgm"}]}}}}
+    client.create(JOBS, job, "work")
+    sim.start()
+
+    def finished() -> dict[str, Any] | None:
+        status = client.get(JOBS, "validate", "work").get("status", {})
+        done = [c for c in status.get("conditions", []) if c["type"] == condition and c["status"] == "True"]
+        return status if done else None
+    status = wait(finished)
+    assert status.get("succeeded" if succeed else "failed") == 1
+    pods = client.list(PODS, "work", label_selector="job-name=validate")["items"]
+    assert pods and all("finalizers" not in p["metadata"] for p in pods)
+
+
+def test_reboot_takes_the_node_down_and_brings_a_new_boot_id(
+        env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, sim = env
+    sim.add_node("gpu-1")
+    before = client.get(NODES, "gpu-1")["status"]["nodeInfo"]["bootID"]
+    sim.start()
+    sim.reboot("gpu-1", down_s=0.3)
+
+    def ready() -> str:
+        node = client.get(NODES, "gpu-1")
+        cond = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        return node["status"]["nodeInfo"]["bootID"] if cond["status"] == "True" else ""
+    assert next(c for c in client.get(NODES, "gpu-1")["status"]["conditions"]
+                if c["type"] == "Ready")["status"] == "False"
+    assert wait(ready) != before
