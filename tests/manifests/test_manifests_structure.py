@@ -69,9 +69,19 @@ def manifest_files() -> list[Path]:
     return sorted(p for p in MANIFESTS.rglob("*.yaml"))
 
 
-def objects() -> Iterator[tuple[Path, dict[str, Any]]]:
+def patch_files() -> set[Path]:
+    """Files kustomize merges onto other objects: partial objects, not resources of their own."""
+    found: set[Path] = set()
+    for kfile in MANIFESTS.rglob(KUSTOMIZATION):
+        spec = load(kfile.read_text(encoding="utf-8"))
+        found |= {(kfile.parent / p["path"]).resolve() for p in spec.get("patches", []) if "path" in p}
+    return found
+
+
+def objects(*, with_patches: bool = False) -> Iterator[tuple[Path, dict[str, Any]]]:
+    skipped = set() if with_patches else patch_files()
     for path in manifest_files():
-        if path.name == KUSTOMIZATION:
+        if path.name == KUSTOMIZATION or path.resolve() in skipped:
             continue
         for doc in load_all(path.read_text(encoding="utf-8")):
             assert isinstance(doc, dict), f"{path}: a document that is not an object"
@@ -98,7 +108,7 @@ def policy_of(path: Path) -> dict[str, Any]:
 
 def test_every_manifest_loads_and_every_object_is_named() -> None:
     count = 0
-    for path, obj in objects():
+    for path, obj in objects(with_patches=True):
         assert obj.get("apiVersion"), f"{path}: object without apiVersion"
         assert obj.get("kind"), f"{path}: object without kind"
         assert obj.get("metadata", {}).get("name"), f"{path}: {obj['kind']} without metadata.name"
@@ -474,3 +484,31 @@ def test_kustomize_renders_and_the_render_loads(root: str) -> None:
     if root == "overlays/kind":
         (policy,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuremediate-policy"]
         assert "gpu-sim:dev" in policy["data"]["policy.toml"]
+
+
+# -- scripts and workflows ----------------------------------------------------------------------
+
+ROOT = MANIFESTS.parent
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_kind_scripts_pass_shellcheck() -> None:
+    scripts = sorted(str(p) for p in (ROOT / "e2e/kind").glob("*.sh"))
+    assert scripts
+    result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kind_cluster_has_one_control_plane_and_three_workers() -> None:
+    cluster = load((ROOT / "e2e/kind/cluster.yaml").read_text(encoding="utf-8"))
+    assert [n["role"] for n in cluster["nodes"]] == ["control-plane", "worker", "worker", "worker"]
+
+
+def test_workflows_load_and_run_the_make_targets() -> None:
+    ci = load((ROOT / ".github/workflows/ci.yaml").read_text(encoding="utf-8"))
+    e2e = load((ROOT / ".github/workflows/e2e-kind.yaml").read_text(encoding="utf-8"))
+    ci_runs = [s.get("run", "") for job in ci["jobs"].values() for s in job["steps"]]
+    e2e_steps = [s for job in e2e["jobs"].values() for s in job["steps"]]
+    assert "make lint" in ci_runs and "make test" in ci_runs
+    assert [s.get("run") for s in e2e_steps if s.get("run", "").startswith("make")] == ["make test", "make e2e-kind"]
+    assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in e2e_steps)
