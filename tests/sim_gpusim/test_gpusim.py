@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -417,3 +421,28 @@ def test_scenario_plays_in_order(sim: GpuSim, tmp_path: Path) -> None:
 def test_scenario_validation(data: object, message: str) -> None:
     with pytest.raises(SimError, match=re.escape(message)):
         gpusim.parse_scenario(data)
+
+
+def test_standalone_script_as_in_the_image(tmp_path: Path) -> None:
+    """``python gpusim.py`` alone (the Dockerfile copies only this file): NODE_NAME, a scenario, SIGTERM."""
+    script = tmp_path / "gpusim.py"
+    script.write_text(Path(gpusim.__file__).read_text())
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps([{"at": 0, "node": "worker-3", "gpu": 1, "fault": "xid", "value": 79}]))
+    env = {**os.environ, "NODE_NAME": "worker-3", "PYTHONPATH": ""}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--port", "0", "--host", "127.0.0.1", "--gpus", "2", "--scenario", str(scenario)],
+        stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("gpu-sim: worker-3 on http://127.0.0.1:"), line
+        url = line.split(" on ", 1)[1].strip()
+        deadline = time.monotonic() + 3
+        while value(get(url)[1], "DCGM_FI_DEV_XID_ERRORS", 1) != "79":
+            assert time.monotonic() < deadline, "scenario not applied"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
