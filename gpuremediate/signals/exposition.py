@@ -38,10 +38,7 @@ _FLOAT = (
 _REAL = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _LABEL_SET = r"\{((?:" + _PAIR + r"(?:," + _PAIR + r")*)?)\}"
 
-_FAST_004 = re.compile(
-    "(" + _NAME + r")(?:\{((?:" + _PAIR + r"(?:," + _PAIR + r")*,?)?)\})?"
-    r"[ \t]+(" + _FLOAT + r")(?:[ \t]+([-+]?[0-9]+))?[ \t]*\Z"
-)
+_LABELS_004 = re.compile("(?:" + _PAIR + "(?:," + _PAIR + r")*,?)?\Z")
 _FAST_OM = re.compile(
     "(" + _NAME + ")(?:" + _LABEL_SET + ")? (" + _FLOAT + ")(?: (" + _REAL + r"))?"
     r"(?: # " + _LABEL_SET + " (" + _FLOAT + ")(?: (" + _REAL + r"))?)?\Z"
@@ -190,7 +187,7 @@ def parse(text: str, *, content_type: str | None = None, strict: bool = True) ->
 
 def _is_openmetrics(text: str, content_type: str | None) -> bool:
     if content_type is None:
-        return _EOF_LINE.search(text) is not None
+        return "# EOF" in text and _EOF_LINE.search(text) is not None
     media, _, params = content_type.partition(";")
     media = media.strip().lower()
     if media == "application/openmetrics-text":
@@ -222,6 +219,8 @@ class _Parser:
         self.samples: list[Sample] = []
         self.families: dict[str, _Family] = {}
         self.malformed: list[tuple[int, str]] = []
+        # decoded label sets by their raw text: exporters repeat the same few sets in every family
+        self.label_cache: dict[str, Labels] = {}
 
     def result(self, fmt: str) -> ParseResult:
         families = MappingProxyType({name: fam.frozen() for name, fam in self.families.items()})
@@ -247,20 +246,24 @@ class _Parser:
         return None
 
     def labels_of(self, text: str, om: bool) -> Labels:
-        """Decode the inside of a ``{...}`` already matched by the fast pattern."""
-        pairs = _PAIRS.findall(text)
-        if "\\" in text:
-            pairs = [(key, self.unescape(value)) for key, value in pairs]
-        return self.checked_labels(pairs, om)
+        """Decode the inside of a ``{...}`` already matched by a fast pattern (cached per text)."""
+        labels = self.label_cache.get(text)
+        if labels is None:
+            pairs = _decode_pairs(text)
+            if "\\" in text:
+                pairs = [(key, self.unescape(value)) for key, value in pairs]
+            labels = self.label_cache[text] = self.checked_labels(pairs, om, reserved_possible="__" in text)
+        return labels
 
-    def checked_labels(self, pairs: list[tuple[str, str]], om: bool) -> Labels:
+    def checked_labels(self, pairs: list[tuple[str, str]], om: bool, reserved_possible: bool = True) -> Labels:
         if len(dict(pairs)) != len(pairs):
             keys = [key for key, _ in pairs]
             dup = next(key for i, key in enumerate(keys) if key in keys[:i])
             raise _LineError(f"duplicate label name {dup!r}")
-        for key, _ in pairs:
-            if key.startswith("__") and (om or key == "__name__"):
-                raise _LineError(f"label name {key!r} is reserved")
+        if reserved_possible:
+            for key, _ in pairs:
+                if key.startswith("__") and (om or key == "__name__"):
+                    raise _LineError(f"label name {key!r} is reserved")
         return tuple(sorted(pairs))
 
     def unescape(self, raw: str) -> str:
@@ -312,6 +315,16 @@ class _Parser:
         return (self.unescape(raw) if "\\" in raw else raw), end + 1
 
 
+def _decode_pairs(text: str) -> list[tuple[str, str]]:
+    """Pairs of a well-formed label text (``a="1",b="2"`` with an optional trailing comma)."""
+    if "\\" in text:
+        return _PAIRS.findall(text)  # values still escaped
+    # With no backslash a value holds no quote, so '="' and '",' occur only between names and values.
+    body = text[:-2] if text.endswith(",") else text[:-1]
+    parts = iter(body.replace('",', '="').split('="')) if body else iter(())
+    return list(zip(parts, parts, strict=True))
+
+
 def _skip(line: str, pos: int, chars: str) -> int:
     while pos < len(line) and line[pos] in chars:
         pos += 1
@@ -349,7 +362,6 @@ class _Prometheus004Parser(_Parser):
         unterminated = lines.pop()  # "" when the text ends with a line feed, as it must
         resolved: dict[str, _Family] = {}
         samples = self.samples
-        fast = _FAST_004.match
         for line_no, line in enumerate(lines, 1):
             if not line:
                 continue
@@ -357,17 +369,10 @@ class _Prometheus004Parser(_Parser):
                 if line[0] == "#":
                     self.comment(line)
                     continue
-                match = fast(line)
-                if match is None:
-                    parsed = self.slow_line(line)
-                    if parsed is None:
-                        continue
-                    name, labels, value, stamp = parsed
-                else:
-                    name, label_text, value_text, stamp_text = match.groups()
-                    labels = self.labels_of(label_text, False) if label_text else ()
-                    value = float(value_text)
-                    stamp = _timestamp_ms(stamp_text) if stamp_text else None
+                parsed = self.quick_sample(line) or self.slow_line(line)
+                if parsed is None:
+                    continue
+                name, labels, value, stamp = parsed
                 fam = resolved.get(name)
                 if fam is None:
                     fam = resolved[name] = self.family_for(name)
@@ -380,6 +385,34 @@ class _Prometheus004Parser(_Parser):
         if unterminated.strip(" \t"):
             self.fail(len(lines) + 1, "the last line does not end with a line feed (truncated?)")
         return self.result(PROMETHEUS_004)
+
+    def quick_sample(self, line: str) -> tuple[str, Labels, float, float | None] | None:
+        """The common shape ``name{labels} value [ms]`` with single spaces, by string operations;
+        None for anything else (the slow path then reads it, or says what is wrong)."""
+        brace = line.find("{")
+        if brace == -1:
+            name, _, rest = line.partition(" ")
+            labels: Labels = ()
+        else:
+            close = line.rfind("}")  # values and timestamps hold no brace: the last one closes the labels
+            if close < brace or not line.startswith(" ", close + 1):
+                return None
+            name, rest = line[:brace], line[close + 2 :]
+            label_text = line[brace + 1 : close]
+            cached = self.label_cache.get(label_text)
+            if cached is None:
+                if _LABELS_004.match(label_text) is None:
+                    return None
+                cached = self.labels_of(label_text, False)
+            labels = cached
+        value_text, space, stamp_text = rest.partition(" ")
+        if _NAME_FULL.match(name) is None or _FLOAT_FULL.match(value_text) is None:
+            return None
+        if not space:
+            return name, labels, float(value_text), None
+        if _INT_FULL.match(stamp_text) is None:
+            return None
+        return name, labels, float(value_text), _timestamp_ms(stamp_text)
 
     def slow_line(self, line: str) -> tuple[str, Labels, float, float | None] | None:
         """A line the fast pattern did not take: blank, indented comment, or a sample to scan."""
@@ -424,6 +457,12 @@ class _Prometheus004Parser(_Parser):
         return name, labels, value, _timestamp_ms(tokens[1]) if len(tokens) == 2 else None
 
     def comment(self, line: str) -> None:
+        keyword = line[2:6]
+        if line.startswith("# ") and keyword in ("HELP", "TYPE") and line.startswith(" ", 6):
+            name, _, value = line[7:].partition(" ")
+            if value[:1] not in (" ", "\t") and _NAME_FULL.match(name) is not None:
+                self.describe(keyword, name, value)
+                return
         match = _COMMENT_004.match(line)
         if match is None or match.group(2) is None:
             return  # a plain comment
@@ -434,7 +473,9 @@ class _Prometheus004Parser(_Parser):
         name_end = name_match.end() if name_match else 0
         if name_end == 0 or (name_end < len(rest) and rest[name_end] not in " \t"):
             raise _LineError(f"invalid metric name in {keyword} line: {rest[:40]!r}")
-        name, value = rest[:name_end], rest[name_end:].lstrip(" \t")
+        self.describe(keyword, rest[:name_end], rest[name_end:].lstrip(" \t"))
+
+    def describe(self, keyword: str, name: str, value: str) -> None:
         if not value:
             return  # "# HELP name" alone says nothing (Go's parser ignores it too)
         fam = self.families.get(name) or self.new_family(name, "untyped")
