@@ -26,7 +26,7 @@ class Settings:
     log_format: str = "text"
     log_level: str = "info"
     leader_elect: bool = False
-    lease_name: str = "gpuremediate-leader"
+    lease_name: str = "gpuremediate"
     identity: str = ""
     source: str = "exporter"
     exporter_namespace: str = "gpu-operator"

@@ -305,7 +305,7 @@ class Verbs:
         adm.validate(t.rt, new, old)
         self.api.check_cel(t.rt, new, old)
         if operation == "Apply":
-            _set_managed(new, old, manager, operation, t.rt.group_version, owned or set(), replace=True)
+            _set_managed(new, new, manager, operation, t.rt.group_version, owned or set(), replace=True)
         else:
             _set_managed(new, old, manager, operation, t.rt.group_version, kp.changed_paths(old, new))
         stored = self.store.update(t.rt, new, old, dry_run=dry)
@@ -550,7 +550,9 @@ def _set_managed(new: Obj, old: Obj, manager: str, operation: str, api_version: 
 
 def _server_side_apply(old: Obj, applied: Obj, manager: str, force: bool,
                        api_version: str) -> tuple[Obj, set[kp.Path]]:
-    applied_leaves = {p: v for p, v in kp.leaf_paths(applied).items()}
+    # An empty map in the applied config claims nothing where the object already has that map.
+    applied_leaves = {p: v for p, v in kp.leaf_paths(applied).items()
+                      if not (v == {} and isinstance(kp.get_path(old, p), dict))}
     owners = _ownership(old)
     conflicts: list[tuple[str, str, kp.Path]] = []
     for (other, op), (version, paths) in owners.items():

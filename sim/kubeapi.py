@@ -86,7 +86,7 @@ class KubeAPIServer:
         if self.tls:
             self._wrap_tls(self._httpd)
         self.port = self._httpd.server_address[1]
-        threading.Thread(target=self._httpd.serve_forever, name="kubeapi", daemon=True).start()
+        threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="kubeapi", daemon=True).start()
         self.controllers.start()
         return self
 

@@ -148,6 +148,8 @@ def resumable_watch(
                     rv = event.resource_version
                 if event.type != "BOOKMARK":
                     on_event(event)
+                if stopped.is_set():
+                    break
         except errors.Gone:
             rv = relist()
         except (errors.ApiError, errors.TransportError) as exc:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.actions.events import EventRecorder
 from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, labels_of, node_unschedulable_of
 from gpuremediate.config import Settings
@@ -34,6 +35,7 @@ class LoopContext:
     events: EventRecorder
     nodes: NodeView
     writer: NodeWriter
+    breakers: BreakerStore
     stop: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] = time.time
     # The latest successful readings per node (the detect loop writes, the drain loop reads pods from them).

@@ -55,7 +55,8 @@ class DrainPolicy:
 @dataclass(frozen=True)
 class JobPolicy:
     image: str = setting(DCGM_IMAGE, "container image")
-    command: str = setting("true", "command, split like a shell would (shlex)", check=_command)
+    command: str = setting("true", "command, split like a shell would (shlex); $(NODE_NAME), $(GPU_IDS) (indexes) "
+                           "and $(GPU_UUIDS) are expanded by Kubernetes", check=_command)
     service_account: str = setting("gpuremediate-job", "ServiceAccount of the Job's pod")
     privileged: bool = setting(True, "privileged container (GPU reset and reboot need the host)")
     host_pid: bool = setting(False, "share the host's PID namespace")
@@ -63,11 +64,13 @@ class JobPolicy:
 
 
 def _reset_job() -> JobPolicy:
-    return JobPolicy(command="nvidia-smi --gpu-reset -i ${GPU_IDS}", timeout_s=600.0)
+    return JobPolicy(command="nvidia-smi --gpu-reset -i $(GPU_IDS)", timeout_s=600.0)
 
 
 def _reboot_job() -> JobPolicy:
-    return JobPolicy(image="busybox:1.36", command="chroot /host systemctl reboot", host_pid=True, timeout_s=1200.0)
+    return JobPolicy(
+        image="busybox:1.36", command="nsenter -t 1 -m -u -i -n -p -- systemctl reboot", host_pid=True, timeout_s=1200.0
+    )
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class RemediationPolicy:
     reboot: JobPolicy = field(default_factory=_reboot_job, metadata={"doc": "the reboot Job"})
     reboot_ready_timeout_s: float = setting(1800.0, "seconds for a new bootID and Ready after the reboot Job",
                                             check=at_least(1))
+    reboot_wait_for_boot_id: bool = setting(True, "a reboot is done when the node's bootID changed and it is Ready "
+                                            "(false: when the reboot Job succeeded; for simulated nodes)")
 
 
 def _validation_job() -> JobPolicy:

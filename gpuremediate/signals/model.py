@@ -33,7 +33,8 @@ class GpuReading:
     model: str | None = None
     mig_instance: str | None = None  # GPU_I_ID when the series is per MIG instance
     xid: int | None = None  # DCGM_FI_DEV_XID_ERRORS: the LAST XID seen, sticky until exporter restart
-    xid_counts: Mapping[int, float] = field(default_factory=dict, hash=False)  # DCGM_EXP_XID_ERRORS_COUNT{xid=...}: per XID, in a window
+    # DCGM_EXP_XID_ERRORS_COUNT{xid=...}: per XID, in a window
+    xid_counts: Mapping[int, float] = field(default_factory=dict, hash=False)
     ecc_dbe_volatile: float | None = None  # DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
     row_remap_failure: float | None = None  # DCGM_FI_DEV_ROW_REMAP_FAILURE
     row_remap_pending: float | None = None  # DCGM_FI_DEV_ROW_REMAP_PENDING

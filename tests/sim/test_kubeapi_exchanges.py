@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubeapi_support import Raw, make_ready, prepare
 
 from sim.kubeapi import KubeAPIServer
-from kubeapi_support import Raw, make_ready, prepare
 
 DATA = Path("/work/shared/data/kube-apiserver")
 if not DATA.exists():

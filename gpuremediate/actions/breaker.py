@@ -1,0 +1,85 @@
+"""Where the circuit breaker lives: ConfigMap ``gpuremediate-breaker`` in the controller's namespace.
+
+It survives controller restarts and leader changes. A person closes it with
+``gpuremediate breaker reset`` or by annotating the ConfigMap ``gpuremediate.io/breaker-reset=<anything>``
+(the controller sees the annotation, resets, and removes it).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import time
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import CONFIGMAPS
+from gpuremediate.policy.safety import CircuitBreaker
+
+log = logging.getLogger(__name__)
+
+BREAKER_CONFIGMAP = "gpuremediate-breaker"
+RESET_ANNOTATION = "gpuremediate.io/breaker-reset"
+
+
+class BreakerStore:
+    def __init__(self, client: KubeClient, namespace: str, *, dry_run: bool = False) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.dry_run = dry_run
+        self._memory: CircuitBreaker | None = None  # dry-run: never written
+        self._rv: str | None = None
+
+    def load(self) -> CircuitBreaker:
+        if self.dry_run and self._memory is not None:
+            return self._memory
+        try:
+            cm = self.client.get(CONFIGMAPS, BREAKER_CONFIGMAP, self.namespace)
+        except errors.NotFound:
+            self._rv = None
+            return CircuitBreaker()
+        self._rv = str(cm["metadata"].get("resourceVersion", ""))
+        breaker = self._parse(cm)
+        requested = (cm["metadata"].get("annotations") or {}).get(RESET_ANNOTATION)
+        if requested is not None:
+            breaker = breaker.reset(by=f"annotation {RESET_ANNOTATION}={requested}", now=time.time())
+            self.save(breaker)
+        return breaker
+
+    def _parse(self, cm: dict[str, Any]) -> CircuitBreaker:
+        text = (cm.get("data") or {}).get("state", "{}")
+        try:
+            return CircuitBreaker.from_dict(json.loads(text))
+        except (ValueError, TypeError) as exc:
+            # Unreadable: the safe side is "open" (start nothing new) until a person resets it.
+            log.error("circuit breaker state unreadable; treating it as open", extra={"error": str(exc)})
+            return CircuitBreaker(open=True, opened_at=time.time(), reason=f"breaker state unreadable: {exc}")
+
+    def save(self, breaker: CircuitBreaker) -> None:
+        if self.dry_run:
+            self._memory = breaker
+            return
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": BREAKER_CONFIGMAP, "namespace": self.namespace, "annotations": {}},
+            "data": {"state": json.dumps(breaker.to_dict(), sort_keys=True)},
+        }
+        if self._rv:
+            body["metadata"]["resourceVersion"] = self._rv
+            result = self.client.replace(CONFIGMAPS, BREAKER_CONFIGMAP, body, self.namespace)
+        else:
+            try:
+                result = self.client.create(CONFIGMAPS, body, self.namespace)
+            except errors.AlreadyExists:
+                raise errors.Conflict(409, {"reason": "Conflict", "message": "breaker created concurrently"}) from None
+        self._rv = str(result["metadata"].get("resourceVersion", ""))
+
+    def reset(self, by: str | None = None) -> CircuitBreaker:
+        """A person closes the breaker (the CLI)."""
+        self.load()
+        breaker = CircuitBreaker().reset(by=by or getpass.getuser(), now=time.time())
+        self.save(breaker)
+        return breaker

@@ -1,0 +1,238 @@
+"""The detect loop: every scrape interval, readings → findings → transitions for healthy and
+cordoned nodes. It owns those two states; the other loops own the rest.
+
+Unknown is not unhealthy: a node whose exporter is down, stale or missing is reported (metric,
+Event on change, log) and left alone — its handled fingerprints are not pruned either, so a stale
+XID does not come back as "new" when the exporter does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from gpuremediate.actions.events import NORMAL, WARNING
+from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedulable_of
+from gpuremediate.loops.base import LoopContext, state_of
+from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
+from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, KIND_THERMAL, Finding
+from gpuremediate.policy.safety import CircuitBreaker
+from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.signals.sources import Source
+from gpuremediate.state import decide, states
+from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+
+log = logging.getLogger(__name__)
+
+
+class DetectLoop:
+    name = "detect"
+    owned = decide.DETECT_STATES
+
+    def __init__(self, ctx: LoopContext, source: Source) -> None:
+        self.ctx = ctx
+        self.source = source
+        self.breakers = ctx.breakers
+        self.memory: dict[str, PolicyMemory] = {}
+        self.unknown: dict[str, str] = {}  # node -> why its health is unknown (events on change only)
+        self.excluded_seen: set[tuple[str, str]] = set()
+        self.breaker = CircuitBreaker()
+        self.cycles = 0
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    # ---- thread --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="loop-detect", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        interval = self.ctx.settings.scrape_interval_s
+        while not self.ctx.stop.is_set():
+            started = time.monotonic()
+            try:
+                self.cycle()
+            except Exception:
+                log.exception("detect cycle failed; next cycle in one interval")
+            self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
+            if self._wake.is_set():
+                return
+
+    # ---- one cycle -----------------------------------------------------------------------------------
+
+    def cycle(self) -> None:
+        readings = self._read()
+        by_node = {r.node: r for r in readings}
+        nodes = self.ctx.nodes.gpu_nodes()
+        self.breaker = self.breakers.load()
+        for node in nodes:
+            self.check_node(node, by_node.get(name_of(node)), len(nodes))
+        self._gauges(nodes)
+        self.cycles += 1
+
+    def _read(self) -> list[NodeReadings]:
+        started = time.monotonic()
+        source = self.ctx.settings.source
+        try:
+            readings = self.source.read()
+        except Exception as exc:
+            log.error("reading GPU metrics failed; every node's health is unknown", extra={"error": str(exc)})
+            self.ctx.metrics.scrape_errors.inc(source=source)
+            return []
+        finally:
+            if getattr(self.source, "observer", None) is None:  # sources with an observer time each scrape
+                self.ctx.metrics.scrape_seconds.observe(time.monotonic() - started, source=source)
+        return readings
+
+    def check_node(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
+        name = name_of(node)
+        if readings is None or readings.status != SOURCE_OK:
+            reason = readings.reason if readings is not None else "no GPU metrics for this node (no exporter pod?)"
+            self._report_unknown(name, reason or "unknown")
+            return
+        self._known_again(name)
+        self.ctx.readings[name] = readings
+        now = self.ctx.clock()
+        record = record_from_node(node)
+        if isinstance(record, RecordError):
+            self._apply(node, decide.on_malformed(record, node_unschedulable_of(node), now))
+            return
+        policy = self.ctx.policy_for(node)
+        memory = self._memory_for(name, record)
+        result = evaluate(readings, policy, memory, now)
+        self.memory[name] = result.memory
+        if is_excluded(node):
+            self._report_excluded(name, result.findings)
+            return
+        if record is not None and record.state not in self.owned:
+            return  # another loop owns it; its findings wait until it is back
+        self._decide(node, record, result.findings, result.memory, total_nodes, now)
+
+    def _decide(
+        self,
+        node: Node,
+        record: NodeRecord | None,
+        findings: Sequence[Finding],
+        memory: PolicyMemory,
+        total_nodes: int,
+        now: float,
+    ) -> None:
+        unschedulable = node_unschedulable_of(node)
+        if record is not None and decide.person_uncordoned(record, unschedulable):
+            self._apply(node, decide.on_person_uncordoned(record, now))
+            return
+        pruned = decide.prune_handled(record, findings) if record is not None else None
+        if pruned is not None and _thermal_cleared(pruned, findings):
+            decision = decide.thermal_cleared(pruned, now)
+        else:
+            opts = self._options(name_of(node), pruned, findings, total_nodes, now)
+            decision = decide.on_findings(pruned, findings, unschedulable, now, opts)
+        if decision.transition is not None or (pruned is not None and pruned != record):
+            stored = dataclasses.replace(decision.record, policy_memory=memory.to_dict())
+            decision = dataclasses.replace(decision, record=stored, changed=True)
+        self._count_fault(decision)
+        self._apply(node, decision)
+
+    def _options(
+        self, name: str, record: NodeRecord | None, findings: Sequence[Finding], total_nodes: int, now: float
+    ) -> decide.DecideOptions:
+        cluster = self.ctx.policy.cluster
+        actionable = [f for f in decide.new_findings(record, findings) if f.action != ACTION_NONE]
+        if record is not None and record.state == states.CORDONED:
+            actionable = [f for f in actionable if f.action != ACTION_CORDON]
+        if actionable and cluster.breaker.enabled and not self.breaker.is_open:
+            self._trip_breaker(name, total_nodes, now)
+        return decide.DecideOptions(
+            repeat_count=cluster.repeat_offender.count,
+            repeat_window_s=cluster.repeat_offender.window_s,
+            breaker_open=cluster.breaker.enabled and self.breaker.is_open,
+        )
+
+    def _trip_breaker(self, name: str, total_nodes: int, now: float) -> None:
+        cfg = self.ctx.policy.cluster.breaker
+        before = self.breaker
+        after = before.record_fault(name, now).evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s,
+                                                        cfg.min_nodes)
+        self.breakers.save(after)
+        self.breaker = after
+        if after.is_open:
+            log.error("circuit breaker opened: no new remediation until a person resets it",
+                      extra={"reason": after.reason})
+            self.ctx.events.node_event(name, "GPURemediationBreakerOpen",
+                                       f"circuit breaker opened: {after.reason}; run `gpuremediate breaker reset`",
+                                       WARNING)
+
+    def _apply(self, node: Node, decision: decide.Decision) -> None:
+        self.ctx.writer.apply(node, decision)  # a 409 is simply decided again next cycle
+
+    def _count_fault(self, decision: decide.Decision) -> None:
+        move, fault = decision.transition, decision.record.fault
+        if move is not None and fault is not None and states.is_fault_reason(move.reason):
+            self.ctx.metrics.faults.inc(kind=fault.kind, code=fault.code)
+
+    def _memory_for(self, name: str, record: NodeRecord | None) -> PolicyMemory:
+        if name in self.memory:
+            return self.memory[name]
+        if record is None or not record.policy_memory:
+            return PolicyMemory()
+        try:
+            return PolicyMemory.from_dict(record.policy_memory)
+        except PolicyMemoryError as exc:
+            log.warning("stored policy memory unreadable; starting fresh", extra={"node": name, "error": str(exc)})
+            return PolicyMemory()
+
+    # ---- reporting ---------------------------------------------------------------------------------
+
+    def _report_unknown(self, name: str, reason: str) -> None:
+        if self.unknown.get(name) != reason:
+            log.warning("GPU health unknown", extra={"node": name, "reason": reason})
+            self.ctx.events.node_event(name, "GPUHealthUnknown", f"GPU health unknown: {reason}", WARNING)
+        self.unknown[name] = reason
+
+    def _known_again(self, name: str) -> None:
+        if self.unknown.pop(name, None) is not None:
+            self.ctx.events.node_event(name, "GPUHealthKnown", "GPU metrics readable again", NORMAL)
+
+    def _report_excluded(self, name: str, findings: Sequence[Finding]) -> None:
+        for finding in findings:
+            key = (name, finding.fingerprint)
+            if key not in self.excluded_seen:
+                self.excluded_seen.add(key)
+                self.ctx.events.node_event(
+                    name, "GPUFaultExcludedNode",
+                    f"{finding.message} (node labelled gpuremediate.io/exclude=true: not acting)", WARNING,
+                )
+
+    def _gauges(self, nodes: Sequence[Node]) -> None:
+        counts = dict.fromkeys(states.STATES, 0)
+        blocked: dict[str, int] = {}
+        for node in nodes:
+            state = state_of(node)
+            counts[state] = counts.get(state, 0) + 1
+            record = record_from_node(node)
+            if isinstance(record, NodeRecord) and record.blocked is not None:
+                blocked[record.blocked.reason] = blocked.get(record.blocked.reason, 0) + 1
+        self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
+        self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())
+        self.ctx.metrics.unknown_nodes.set(float(len(self.unknown)))
+        self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breaker.is_open else 0.0)
+
+
+def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
+    """Cordoned for heat, and the thermal rule no longer asks for the cordon (hysteresis inside it)."""
+    if record.state != states.CORDONED or record.fault is None or record.fault.kind != KIND_THERMAL:
+        return False
+    return not any(f.kind == KIND_THERMAL and f.action == ACTION_CORDON for f in findings)

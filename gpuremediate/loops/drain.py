@@ -1,0 +1,160 @@
+"""The drain loop: owns ``draining``. A resumable step per reconcile, never one blocking call.
+
+First the node waits for the budget (and a closed circuit breaker); once admitted, the drain
+is recorded as the action in progress (so it holds a budget slot across restarts), and each
+step lists the node's pods, evicts (or waits for, or deletes) what the mode says, records the
+outcome — a PDB's refusal names the PDB in ``blocked`` — and requeues. When no pod of the
+drain's scope is left, the node moves on to repairing (or validating / quarantined).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuremediate.actions import evict as eviction
+from gpuremediate.actions.events import WARNING
+from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.actions.pods import SCOPE_GPU, SCOPE_IMPACTED, is_terminating, list_node_pods, pod_key, pods_to_drain
+from gpuremediate.kube import errors
+from gpuremediate.kube.resources import PODS
+from gpuremediate.loops.base import NodeLoop
+from gpuremediate.policy import safety
+from gpuremediate.policy.workflow import DrainPolicy
+from gpuremediate.state import decide, states
+from gpuremediate.state.record import BLOCK_BREAKER, BLOCK_BUDGET, BLOCK_PDB, NodeRecord, block, start_action, unblock
+
+log = logging.getLogger(__name__)
+
+DRAIN_ACTION = "drain"
+
+
+class DrainLoop(NodeLoop):
+    name = "drain"
+    owned = frozenset({states.DRAINING})
+
+    def reconcile(self, node: Node, record: NodeRecord) -> float | None:
+        policy = self.ctx.policy_for(node).drain
+        if record.action is None or record.action.kind != DRAIN_ACTION:
+            return self._admit(node, record, policy)
+        return self._step(node, record, policy)
+
+    # ---- admission ---------------------------------------------------------------------------------
+
+    def _admit(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> float | None:
+        now = self.ctx.clock()
+        cluster = self.ctx.policy.cluster
+        name = name_of(node)
+        if cluster.breaker.enabled and self._breaker_open():
+            return self._wait(node, block(record, BLOCK_BREAKER, "circuit breaker open: no new work", now))
+        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()]
+        budget = safety.Budget(cluster.budget.as_budget_value())
+        result = safety.budget_check(views, name, budget)
+        self.ctx.metrics.budget_in_use.set(float(result.in_use))
+        self.ctx.metrics.budget_limit.set(float(result.limit))
+        if not result.allowed:
+            return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
+        started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s)
+        if self.ctx.writer.write(node, started) is None:
+            return self.retry_after_conflict()
+        log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": policy.scope})
+        return 0.0
+
+    def _breaker_open(self) -> bool:
+        return self.ctx.breakers.load().is_open
+
+    def _wait(self, node: Node, record: NodeRecord) -> float:
+        if self.ctx.writer.write(node, record) is None:
+            return self.retry_after_conflict()
+        return self.ctx.settings.resync_s
+
+    # ---- one step -----------------------------------------------------------------------------------
+
+    def _step(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> float | None:
+        now = self.ctx.clock()
+        pods = self.targets(node, record, policy)
+        if not pods:
+            return self._complete(node, record, now)
+        assert record.action is not None
+        timed_out = record.action.deadline is not None and now >= record.action.deadline
+        if policy.mode == "DeleteAfterTimeout" or (timed_out and policy.timeout_action == "delete"):
+            if timed_out:
+                self._delete(pods, policy)
+            return self._note_waiting(node, record, pods, now, policy)
+        if timed_out:
+            return self._failed(node, record, pods, now)
+        if policy.mode == "AllowCompletion":
+            return self._note_waiting(node, record, pods, now, policy)
+        return self._evict(node, record, pods, now, policy)
+
+    def targets(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> list[Mapping[str, Any]]:
+        """The pods this drain must see gone (the same set a custom drain hands to its plugin)."""
+        pods = list_node_pods(self.ctx.client, name_of(node))
+        scope, impacted = policy.scope, self._impacted(name_of(node), record)
+        if scope == SCOPE_IMPACTED and impacted is None:
+            scope = SCOPE_GPU  # the exporter maps no pods to GPUs here: every GPU pod may be on the faulty GPU
+        return pods_to_drain(pods, scope, impacted or ())
+
+    def _impacted(self, node: str, record: NodeRecord) -> set[tuple[str, str]] | None:
+        readings = self.ctx.readings.get(node)
+        if readings is None or not any(g.pods for g in readings.gpus):
+            return None
+        faulty = set(record.fault.gpus) if record.fault else set()
+        return {(p.namespace, p.name) for g in readings.gpus if g.key in faulty or not faulty for p in g.pods}
+
+    def _evict(
+        self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
+    ) -> float:
+        grace = None if policy.grace_period_s < 0 else policy.grace_period_s
+        dry = "true" if self.ctx.writer.dry_run else "false"
+        blocked: eviction.EvictionOutcome | None = None
+        for pod in pods:
+            if is_terminating(pod):
+                continue
+            outcome = eviction.evict(self.ctx.client, pod, dry_run=self.ctx.writer.dry_run, grace_period_seconds=grace)
+            self.ctx.metrics.evictions.inc(result=outcome.result, dry_run=dry)
+            log.info("eviction", extra={"node": name_of(node), "pod": f"{outcome.namespace}/{outcome.name}",
+                                        "result": outcome.result, "pdb": outcome.pdb, "dry_run": dry})
+            if outcome.result in (eviction.BLOCKED, eviction.FAILED) and blocked is None:
+                blocked = outcome
+        after = unblock(record)
+        if blocked is not None:
+            detail = blocked.pdb or f"{blocked.namespace}/{blocked.name}: {blocked.message}"
+            after = block(record, BLOCK_PDB, detail, now)
+        if after != record and self.ctx.writer.write(node, after) is None:
+            return self.retry_after_conflict()
+        return policy.retry_s
+
+    def _note_waiting(
+        self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
+    ) -> float:
+        log.info("drain waiting for pods to finish", extra={"node": name_of(node), "pods": len(pods)})
+        return policy.retry_s
+
+    def _delete(self, pods: Sequence[Mapping[str, Any]], policy: DrainPolicy) -> None:
+        grace = None if policy.grace_period_s < 0 else policy.grace_period_s
+        for pod in pods:
+            if is_terminating(pod):
+                continue
+            namespace, name = pod_key(pod)
+            with contextlib.suppress(errors.NotFound):
+                self.ctx.client.delete(PODS, name, namespace, grace_period_seconds=grace,
+                                       dry_run=self.ctx.writer.dry_run)
+
+    def _failed(self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float) -> float | None:
+        left = ", ".join("/".join(pod_key(p)) for p in pods[:5])
+        detail = f"drain timed out with {len(pods)} pod(s) left ({left})"
+        self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
+        return self._finish(node, decide.drain_failed(record, now, detail))
+
+    def _complete(self, node: Node, record: NodeRecord, now: float) -> float | None:
+        if record.action is not None:
+            self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
+        return self._finish(node, decide.complete_drain(record, now))
+
+    def _finish(self, node: Node, decision: decide.Decision) -> float | None:
+        if self.apply(node, decision) is None:
+            return self.retry_after_conflict()
+        return None

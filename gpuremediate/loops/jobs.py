@@ -1,0 +1,86 @@
+"""What the remediate and validate loops share: running one Job per attempt for a node.
+
+Order matters for "never repeat a one-shot side effect": the Job's (deterministic) name is written
+into the record first, then the Job is created; a controller killed in between finds the name in
+the record and creates the Job with that same name, which is idempotent (lookup before create).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Sequence
+
+from gpuremediate.actions.events import NORMAL
+from gpuremediate.actions.jobs import JobSpec, build_job, delete_job, ensure_job, job_name
+from gpuremediate.actions.nodes import Node, gpu_count, name_of
+from gpuremediate.loops.base import NodeLoop
+from gpuremediate.policy.workflow import JobPolicy
+from gpuremediate.state.record import NodeRecord, start_action
+
+log = logging.getLogger(__name__)
+
+
+def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False) -> JobSpec:
+    return JobSpec(
+        image=policy.image,
+        command=tuple(shlex.split(policy.command)),
+        service_account=policy.service_account,
+        privileged=policy.privileged,
+        host_pid=policy.host_pid,
+        timeout_s=int(policy.timeout_s),
+        request_all_gpus=request_all_gpus,
+    )
+
+
+class JobLoop(NodeLoop):
+    """A node loop whose action is a Job on the node."""
+
+    def fingerprint(self, record: NodeRecord) -> str:
+        return record.fault.fingerprint if record.fault else f"since-{int(record.since)}"
+
+    def gpu_ids(self, node: Node, record: NodeRecord) -> tuple[list[str], list[str]]:
+        """(indexes, UUIDs) of the faulty GPUs, from the latest readings; all GPUs when unknown."""
+        readings = self.ctx.readings.get(name_of(node))
+        faulty = set(record.fault.gpus) if record.fault else set()
+        if readings is None:
+            return [], []
+        gpus = [g for g in readings.gpus if not faulty or g.key in faulty]
+        return sorted({g.gpu for g in gpus}), sorted({g.uuid for g in gpus if g.uuid})
+
+    def start_job(
+        self, node: Node, record: NodeRecord, kind: str, attempt: int, policy: JobPolicy, *,
+        timeout_s: float, request_all_gpus: bool = False, detail: str = "",
+    ) -> float | None:
+        """Write the attempt into the record, then create its Job."""
+        name = job_name(kind, name_of(node), self.fingerprint(record), attempt)
+        started = start_action(record, kind, name, attempt, self.ctx.clock(), timeout_s, detail)
+        written = self.ctx.writer.write(node, started)
+        if written is None:
+            return self.retry_after_conflict()
+        self.create_job(written, started, kind, name, attempt, policy, request_all_gpus)
+        return 1.0
+
+    def create_job(
+        self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
+        request_all_gpus: bool,
+    ) -> None:
+        indexes, uuids = self.gpu_ids(node, record)
+        spec = job_spec(policy, request_all_gpus=request_all_gpus)
+        spec = JobSpec(**{**spec.__dict__, "env": {"GPU_UUIDS": ",".join(uuids)}})
+        job = build_job(kind, name_of(node), self.fingerprint(record), attempt, spec,
+                        namespace=self.ctx.settings.jobs_namespace, gpus=gpu_count(node), gpu_ids=indexes)
+        assert job["metadata"]["name"] == name
+        if self.ctx.writer.dry_run:
+            self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({kind})", NORMAL)
+            return
+        ensure_job(self.ctx.client, job)
+        log.info("job created", extra={"node": name_of(node), "job": name, "kind": kind, "attempt": attempt})
+
+    def cancel(self, kind: str, name: str) -> None:
+        if name and not self.ctx.writer.dry_run:
+            delete_job(self.ctx.client, name, self.ctx.settings.jobs_namespace)
+
+
+def names(items: Sequence[str]) -> str:
+    return ", ".join(items) if items else "-"

@@ -1,0 +1,89 @@
+"""The remediate loop: owns ``repairing``. Built-in actions run as Jobs on the node:
+
+- ``reset-gpu``: done when its Job succeeds;
+- ``reboot``: done when the node's ``status.nodeInfo.bootID`` differs from the one recorded before
+  the reboot and the node is Ready again (or, with ``reboot_wait_for_boot_id = false``, when the
+  Job succeeds — for simulated nodes that cannot really reboot).
+
+A failed or timed-out attempt is followed by a new attempt (a new Job name) up to
+``remediation.max_attempts``; then the node is quarantined.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpuremediate.actions.jobs import FAILED, MISSING, SUCCEEDED, delete_job, job_outcome, read_job
+from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
+from gpuremediate.loops.jobs import JobLoop
+from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy
+from gpuremediate.state import decide, states
+from gpuremediate.state.record import ActionInProgress, NodeRecord
+
+log = logging.getLogger(__name__)
+
+BUILTIN_REPAIRS = (ACTION_RESET_GPU, ACTION_REBOOT)
+
+
+class RemediateLoop(JobLoop):
+    name = "remediate"
+    owned = frozenset({states.REPAIRING})
+
+    def reconcile(self, node: Node, record: NodeRecord) -> float | None:
+        policy = self.ctx.policy_for(node).remediation
+        kind = record.fault.action if record.fault else ""
+        if kind not in BUILTIN_REPAIRS:
+            return self.custom(node, record, kind)
+        job_policy = policy.reset_gpu if kind == ACTION_RESET_GPU else policy.reboot
+        action = record.action
+        if action is None or not action.name:
+            attempt = action.attempt if action else 1
+            timeout = job_policy.timeout_s + (policy.reboot_ready_timeout_s if kind == ACTION_REBOOT else 0.0)
+            detail = boot_id(node) if kind == ACTION_REBOOT else ""
+            return self.start_job(node, record, kind, attempt, job_policy, timeout_s=timeout, detail=detail)
+        return self._progress(node, record, action, kind, policy, job_policy)
+
+    def custom(self, node: Node, record: NodeRecord, kind: str) -> float | None:
+        """A custom remediation action (``actions.<name>``); without a handler the repair fails."""
+        detail = f"no remediation is configured for action {kind!r}"
+        return self._finish(node, record, ok=False, detail=detail, max_attempts=1)
+
+    def _progress(
+        self, node: Node, record: NodeRecord, action: ActionInProgress, kind: str,
+        policy: RemediationPolicy, job_policy: JobPolicy,
+    ) -> float | None:
+        namespace = self.ctx.settings.jobs_namespace
+        job = read_job(self.ctx.client, action.name, namespace)
+        outcome = job_outcome(job)
+        now = self.ctx.clock()
+        if outcome == MISSING and not self.ctx.writer.dry_run:
+            # Killed between writing the record and creating the Job: create it now (same name).
+            self.create_job(node, record, kind, action.name, action.attempt, job_policy, False)
+            return 1.0
+        done = outcome == SUCCEEDED
+        if kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id:
+            done = bool(action.detail) and boot_id(node) != action.detail and is_ready(node)
+        if done:
+            return self._finish(node, record, ok=True, detail=f"{kind} done ({action.name})",
+                                max_attempts=policy.max_attempts)
+        if outcome == FAILED:
+            return self._finish(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
+                                max_attempts=policy.max_attempts)
+        if action.deadline is not None and now >= action.deadline:
+            delete_job(self.ctx.client, action.name, namespace, dry_run=self.ctx.writer.dry_run)
+            return self._finish(node, record, ok=False, detail=f"{kind} attempt {action.attempt} timed out",
+                                max_attempts=policy.max_attempts)
+        return 1.0
+
+    def _finish(self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int) -> float | None:
+        now = self.ctx.clock()
+        if record.action is not None:
+            self.ctx.metrics.remediation_seconds.observe(max(0.0, now - record.action.started),
+                                                         action=record.action.kind)
+        decision = decide.complete_repair(record, ok, now, max_attempts, detail)
+        if not ok:
+            log.warning("repair attempt failed", extra={"node": name_of(node), "detail": detail})
+        if self.apply(node, decision) is None:
+            return self.retry_after_conflict()
+        return 0.0 if decision.record.state == states.REPAIRING else None
