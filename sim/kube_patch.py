@@ -40,7 +40,7 @@ def merge_diff(source: Any, target: Any) -> Any:
             patch[key] = None
     for key, value in target.items():
         old = source.get(key, _MISSING)
-        if isinstance(value, dict) and isinstance(old, dict) and value:
+        if isinstance(value, dict) and isinstance(old, dict):
             sub = merge_diff(old, value)
             if sub:
                 patch[key] = sub
