@@ -43,6 +43,7 @@ class Controllers:
         self.tick_s = tick_s
         self.queue: queue.Queue[WatchEvent | None] = queue.Queue()
         self.failed_deleted: dict[str, int] = {}
+        self.gc_pending: set[tuple[str, str, str]] = set()  # (storage key, namespace, name) awaiting GC
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.store.listeners.append(self._on_event)
@@ -69,6 +70,10 @@ class Controllers:
                 self.api.register_crd(event.obj)
         if event.type == "DELETED" and event.key == "/pods":
             self._note_pod_gone(event.obj)
+        meta = event.obj["metadata"]
+        if event.type != "DELETED" and meta.get("deletionTimestamp") and \
+                {"orphan", "foregroundDeletion"} & set(meta.get("finalizers") or []):
+            self.gc_pending.add((event.key, meta.get("namespace", ""), meta["name"]))
         self.queue.put(event)
 
     def _note_pod_gone(self, pod: Obj) -> None:
@@ -135,9 +140,12 @@ class Controllers:
                               propagation=policy)
 
     def _gc_pass(self) -> None:
-        for rt, obj in self._all_objects():
-            finalizers = obj["metadata"].get("finalizers") or []
-            if not obj["metadata"].get("deletionTimestamp"):
+        by_key = {rt.key: rt for rt in list(self.api.types.values())}
+        for key, ns, name in list(self.gc_pending):
+            obj, rt = self.store.get(key, ns, name), by_key.get(key)
+            finalizers = (obj or {}).get("metadata", {}).get("finalizers") or []
+            if obj is None or rt is None or not {"orphan", "foregroundDeletion"} & set(finalizers):
+                self.gc_pending.discard((key, ns, name))
                 continue
             if "orphan" in finalizers:
                 self._orphan(obj)
