@@ -614,7 +614,6 @@ class _WatchStream:
     def __init__(self, verbs: Verbs, h: Handler, t: Target, labels: Any, fields: Any, bookmarks: bool) -> None:
         self.verbs, self.h, self.t = verbs, h, t
         self.labels, self.fields, self.bookmarks = labels, fields, bookmarks
-        self.visible: set[str] = set()
         self.last_rv = 0
 
     def _send(self, event_type: str, obj: Obj) -> None:
@@ -627,7 +626,6 @@ class _WatchStream:
             objs = [o for o in store.list_all(self.t.rt.key, self.t.namespace)
                     if self.verbs._matches(o, self.t, self.labels, self.fields)]
         for obj in objs:
-            self.visible.add(obj["metadata"]["uid"])
             self._send("ADDED", self.verbs.render(self.t.rt, obj))
         self.last_rv = rv
         return rv
@@ -637,21 +635,16 @@ class _WatchStream:
         self._send("ERROR", errs.status(410, f"too old resource version: {rv} ({oldest})", "Expired"))
 
     def _translate(self, event: WatchEvent) -> tuple[str, Obj] | None:
+        """As the watch cache does: compare the old and new object against the filter."""
         if event.key != self.t.rt.key:
             return None
-        obj, uid = event.obj, event.obj["metadata"]["uid"]
-        matches = self.verbs._matches(obj, self.t, self.labels, self.fields)
-        seen = uid in self.visible
+        now = self.verbs._matches(event.obj, self.t, self.labels, self.fields)
+        before = event.prev is not None and self.verbs._matches(event.prev, self.t, self.labels, self.fields)
         if event.type == "DELETED":
-            self.visible.discard(uid)
-            return ("DELETED", obj) if matches or seen else None
-        if matches:
-            self.visible.add(uid)
-            return ("ADDED" if event.type == "ADDED" or not seen else "MODIFIED"), obj
-        if seen:
-            self.visible.discard(uid)
-            return "DELETED", obj
-        return None
+            return ("DELETED", event.obj) if now or before else None
+        if now:
+            return ("MODIFIED" if before else "ADDED"), event.obj
+        return ("DELETED", event.obj) if before else None
 
     def follow(self, since: int, deadline: float, cut_at: float | None) -> None:
         self.last_rv = max(self.last_rv, since)

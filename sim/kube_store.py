@@ -54,6 +54,7 @@ class WatchEvent:
     key: str
     type: str
     obj: Obj
+    prev: Obj | None = None  # the stored object before this change (None for ADDED)
 
 
 class Store:
@@ -90,13 +91,14 @@ class Store:
         meta = obj["metadata"]
         bucket = self.objects.setdefault(key, {})
         ident = (meta.get("namespace", ""), meta["name"])
+        prev = bucket.get(ident)
         if event_type == "DELETED":
             bucket.pop(ident, None)
         else:
             bucket[ident] = copy.deepcopy(obj)
         if len(self.history) == self.history.maxlen:
             self.compacted_rv = self.history[0].rv
-        event = WatchEvent(self.rv, key, event_type, copy.deepcopy(obj))
+        event = WatchEvent(self.rv, key, event_type, copy.deepcopy(obj), prev)
         self.history.append(event)
         self.changed.notify_all()
         for listener in list(self.listeners):

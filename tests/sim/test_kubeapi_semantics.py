@@ -415,3 +415,13 @@ def test_standalone_entry_point_prints_url_and_writes_kubeconfig(tmp_path: Any) 
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+def test_watch_from_rv_reports_modified_and_selector_exit_as_deleted(srv: KubeAPIServer, raw: Raw) -> None:
+    raw("POST", f"{NS}/configmaps", {"metadata": {"name": "m", "labels": {"keep": "yes"}}})
+    rv = raw("GET", f"{NS}/configmaps").body["metadata"]["resourceVersion"]
+    raw("PATCH", f"{NS}/configmaps/m", {"data": {"a": "1"}}, MERGE)
+    raw("PATCH", f"{NS}/configmaps/m", {"metadata": {"labels": {"keep": "no"}}}, MERGE)
+    events, _ = watch_events(srv, f"{NS}/configmaps?watch=true&timeoutSeconds=0.3&resourceVersion={rv}"
+                                  "&labelSelector=keep%3Dyes")
+    assert [e["type"] for e in events] == ["MODIFIED", "DELETED"]
