@@ -3,15 +3,88 @@
 from __future__ import annotations
 
 import argparse
+import getpass
+import json
+import os
 import sys
 from collections.abc import Sequence
 
-from gpuremediate import __version__
+from gpuremediate import __version__, fleet
+from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.config import SOURCES, Settings, SettingsError, parse_addr, parse_duration
+from gpuremediate.fleet import FleetError
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import load_config
+from gpuremediate.kube.errors import KubeError
+from gpuremediate.obs.log import setup_logging
+from gpuremediate.policy.config import PolicyError, default_policy, load_policy
 
 
 def _add_kube_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG, else ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context to use")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    _add_kube_flags(p)
+    p.add_argument("--policy", help="TOML policy file (default: the built-in policy)")
+    p.add_argument("--dry-run", action="store_true", help="decide and report everything, mutate nothing")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "gpuremediate-system"),
+                   help="the controller's namespace: leader Lease, breaker state (default: $POD_NAMESPACE)")
+    p.add_argument("--jobs-namespace", default="gpuremediate-jobs", help="where repair/validation Jobs run")
+    p.add_argument("--metrics-addr", default=":8080", help="[HOST]:PORT for /metrics /healthz /readyz")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--leader-elect", action="store_true", help="run leader election on a Lease (for >1 replica)")
+    p.add_argument("--lease-name", default="gpuremediate")
+    p.add_argument("--source", choices=SOURCES, default="exporter", help="where GPU health comes from")
+    p.add_argument("--exporter-namespace", default="gpu-operator")
+    p.add_argument("--exporter-selector", default="app=nvidia-dcgm-exporter")
+    p.add_argument("--exporter-port", type=int, default=9400)
+    p.add_argument("--exporter-path", default="/metrics")
+    p.add_argument("--scrape-timeout", default="5s")
+    p.add_argument("--prometheus-url", default="")
+    p.add_argument("--prometheus-token-file", default="")
+    p.add_argument("--prometheus-ca-file", default="")
+    p.add_argument("--prometheus-node-label", default="Hostname")
+    p.add_argument("--scrape-interval", default="15s", help="how often GPU health is read")
+    p.add_argument("--resync", default="10s", help="how often every in-flight node is reconciled again")
+    p.add_argument("--gpu-node-selector", default="",
+                   help="label selector for GPU nodes (default: nodes with nvidia.com/gpu capacity)")
+    p.add_argument("--maintenance-group", default="gpuremediate.io",
+                   help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    host, port = parse_addr(args.metrics_addr)
+    return Settings(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        policy_path=args.policy,
+        dry_run=args.dry_run,
+        namespace=args.namespace,
+        jobs_namespace=args.jobs_namespace,
+        metrics_host=host,
+        metrics_port=port,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        source=args.source,
+        exporter_namespace=args.exporter_namespace,
+        exporter_selector=args.exporter_selector,
+        exporter_port=args.exporter_port,
+        exporter_path=args.exporter_path,
+        scrape_timeout_s=parse_duration(args.scrape_timeout, "--scrape-timeout"),
+        prometheus_url=args.prometheus_url,
+        prometheus_token_file=args.prometheus_token_file,
+        prometheus_ca_file=args.prometheus_ca_file,
+        prometheus_node_label=args.prometheus_node_label,
+        scrape_interval_s=parse_duration(args.scrape_interval, "--scrape-interval"),
+        resync_s=parse_duration(args.resync, "--resync"),
+        gpu_node_selector=args.gpu_node_selector,
+        maintenance_group=args.maintenance_group,
+    ).validate()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +96,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sub.add_parser("version", help="print the version")
+
+    _add_run_flags(sub.add_parser("run", help="run the controller (in-cluster, or with --kubeconfig)"))
+
+    status = sub.add_parser("status", help="a table of the GPU nodes: state, since, fault, action, blocked")
+    _add_kube_flags(status)
+    status.add_argument("--json", action="store_true")
+
+    explain = sub.add_parser("explain", help="why a node is where it is: its record and history in words")
+    _add_kube_flags(explain)
+    explain.add_argument("node")
+
+    release = sub.add_parser("release", help="a person clears a quarantined node: it goes back through validation")
+    _add_kube_flags(release)
+    release.add_argument("node")
+    release.add_argument("--by", default="", help="who releases it (default: the local user)")
+
+    breaker = sub.add_parser("breaker", help="the circuit breaker")
+    _add_kube_flags(breaker)
+    breaker.add_argument("action", choices=("status", "reset"))
+    breaker.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "gpuremediate-system"))
+
+    demo = sub.add_parser("demo", help="the embedded default: a simulated GPU cluster healing itself")
+    demo.add_argument("--nodes", type=int, default=4)
+    demo.add_argument("--speed", type=float, default=1.0, help="> 1 runs the timeline faster")
+    demo.add_argument("--no-color", action="store_true")
 
     check = sub.add_parser("check", help="check this machine's GPUs with nvidia-smi")
     check.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -46,12 +144,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"gpuremediate {__version__}")
         return 0
+    try:
+        return _dispatch(parser, args)
+    except (SettingsError, PolicyError, FleetError, KubeError) as exc:
+        print(f"gpuremediate {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "check":
         from gpuremediate import check
 
         return check.main(args)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "demo":
+        from gpuremediate import demo
+
+        return demo.main(nodes=args.nodes, speed=args.speed, color=not args.no_color and sys.stdout.isatty())
+    client = KubeClient(load_config(args.kubeconfig, args.context))
+    if args.command == "status":
+        rows = fleet.status_rows(client)
+        print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else fleet.render_status(rows), end="")
+        return 0
+    if args.command == "explain":
+        print(fleet.explain_node(client, args.node), end="")
+        return 0
+    if args.command == "release":
+        record = fleet.release(client, args.node, args.by or getpass.getuser())
+        print(f"{args.node}: {record.state} ({record.message}); validation decides whether it returns to service")
+        return 0
+    if args.command == "breaker":
+        return _breaker(client, args)
     parser.error(f"unknown command {args.command!r}")
     return 2  # unreachable: parser.error exits
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpuremediate.controller import Controller
+
+    settings = settings_from_args(args)
+    setup_logging(settings.log_format, settings.log_level)
+    policy = load_policy(settings.policy_path) if settings.policy_path else default_policy()
+    return Controller(settings, policy).run()
+
+
+def _breaker(client: KubeClient, args: argparse.Namespace) -> int:
+    store = BreakerStore(client, args.namespace)
+    breaker = store.reset() if args.action == "reset" else store.load()
+    state = "open" if breaker.is_open else "closed"
+    detail = breaker.reason if breaker.is_open else (f"reset by {breaker.reset_by}" if breaker.reset_by else "")
+    print(f"circuit breaker: {state}" + (f" ({detail})" if detail else ""))
+    return 0
 
 
 if __name__ == "__main__":

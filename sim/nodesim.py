@@ -12,6 +12,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +59,9 @@ class NodeSim:
         self.started_at: dict[str, float] = {}
         self.terminating_since: dict[str, float] = {}
         self.errors: list[str] = []
+        # Hooks for a simulated cluster: decide a Job pod's outcome, and act on it (e.g. reset gpu-sim's GPUs).
+        self.job_succeeds: Callable[[str, dict[str, Any]], bool] | None = None
+        self.on_job_finished: Callable[[str, dict[str, Any], bool], None] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,7 +205,8 @@ class NodeSim:
         started = self.started_at.setdefault(pod["metadata"]["uid"], time.monotonic())
         if time.monotonic() - started < outcome.duration_s:
             return
-        code, phase = (0, "Succeeded") if outcome.succeed else (1, "Failed")
+        succeed = self.job_succeeds(node.name, pod) if self.job_succeeds is not None else outcome.succeed
+        code, phase = (0, "Succeeded") if succeed else (1, "Failed")
         now = _now()
         statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
                      "imageID": "", "started": False,
@@ -210,6 +215,8 @@ class NodeSim:
                     for c in pod.get("spec", {}).get("containers") or []]
         self._patch_status(pod, {"phase": phase, "conditions": _pod_conditions(False, "PodCompleted"),
                                  "containerStatuses": statuses})
+        if self.on_job_finished is not None:
+            self.on_job_finished(node.name, pod, succeed)
 
     def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         self.client.patch(PODS, pod["metadata"]["name"], {"status": status}, pod["metadata"]["namespace"],

@@ -1,0 +1,144 @@
+"""The fleet at a glance for people: ``status`` (a table), ``explain NODE`` (the record in words),
+``release NODE`` (a person clears ``quarantined``: back through validation)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuremediate.actions.nodes import is_excluded, is_gpu_node, name_of, node_unschedulable_of
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import NODES
+from gpuremediate.state import decide, states
+from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
+
+
+class FleetError(RuntimeError):
+    """A request a person made that cannot be done; the message says why."""
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    node: str
+    state: str
+    since: float | None
+    fault: str
+    action: str
+    blocked: str
+    schedulable: bool
+    excluded: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "-"
+    seconds = max(0, int(now - ts))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def row_for(node: Mapping[str, Any]) -> StatusRow:
+    record = record_from_node(node)
+    name, schedulable, excluded = name_of(node), not node_unschedulable_of(node), is_excluded(node)
+    if record is None:
+        return StatusRow(name, states.HEALTHY, None, "-", "-", "-", schedulable, excluded)
+    if isinstance(record, RecordError):
+        return StatusRow(name, "unreadable", None, str(record), "-", "-", schedulable, excluded)
+    fault = f"{record.fault.kind} {record.fault.code}".strip() if record.fault else "-"
+    action = "-"
+    if record.action:
+        a = record.action
+        action = f"{a.kind}#{a.attempt}" + (f" {a.name}" if a.name else "")
+    blocked = f"{record.blocked.reason}: {record.blocked.detail}" if record.blocked else "-"
+    return StatusRow(name, record.state, record.since, fault, action, blocked, schedulable, excluded)
+
+
+def status_rows(client: KubeClient) -> list[StatusRow]:
+    nodes = client.list(NODES).get("items", [])
+    return [row_for(n) for n in sorted(nodes, key=name_of) if is_gpu_node(n)]
+
+
+def render_status(rows: Iterable[StatusRow], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    header = ("NODE", "STATE", "SINCE", "FAULT", "ACTION", "BLOCKED")
+    table = [header]
+    for r in rows:
+        state = r.state + (" (excluded)" if r.excluded else "") + ("" if r.schedulable else " *")
+        table.append((r.node, state, _ago(r.since, now), r.fault, r.action, r.blocked))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    return "\n".join(lines) + "\n* unschedulable\n"
+
+
+def explain(record: NodeRecord | RecordError | None, node: str, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if record is None:
+        return f"{node}: healthy. gpuremediate has never acted on this node.\n"
+    if isinstance(record, RecordError):
+        return f"{node}: the record annotation cannot be read ({record}). Nothing will be undone automatically.\n"
+    lines = [f"{node}: {record.state} for {_ago(record.since, now)} (reason {record.reason or '-'})."]
+    if record.message:
+        lines.append(f"  Why: {record.message}")
+    if record.fault:
+        f = record.fault
+        gpus = ", ".join(f.gpus) or "-"
+        lines.append(f"  Open fault: {f.kind} {f.code} on GPU(s) {gpus}; recommended action {f.action}; "
+                     f"first seen {_ago(f.first_seen, now)} ago.")
+    if record.action:
+        a = record.action
+        deadline = f", deadline in {_ago(now, a.deadline)}" if a.deadline and a.deadline > now else ""
+        lines.append(f"  In progress: {a.kind} attempt {a.attempt} {a.name or '(not created yet)'}, "
+                     f"started {_ago(a.started, now)} ago{deadline}.")
+    if record.blocked:
+        lines.append(f"  Waiting: {record.blocked.reason} ({record.blocked.detail}) "
+                     f"since {_ago(record.blocked.since, now)} ago.")
+    if record.was_unschedulable:
+        lines.append("  The node was unschedulable before gpuremediate touched it: it will never uncordon it.")
+    elif record.cordoned_by_us:
+        lines.append("  gpuremediate cordoned this node and will uncordon it once validation passes.")
+    if record.stopped:
+        lines.append("  A person uncordoned the node mid-flow: gpuremediate stopped working on that fault.")
+    if record.state == states.QUARANTINED:
+        lines.append(f"  Needs a person. When fixed: gpuremediate release {node}")
+    if record.history:
+        lines.append("  Repair history (newest last):")
+        lines += [f"    {_ago(h.at, now)} ago: {h.kind} {h.code} → {h.action}: {h.outcome}" for h in record.history]
+    return "\n".join(lines) + "\n"
+
+
+def explain_node(client: KubeClient, node: str) -> str:
+    try:
+        obj = client.get(NODES, node)
+    except errors.NotFound:
+        raise FleetError(f"node {node!r} not found") from None
+    return explain(record_from_node(obj), node)
+
+
+def release(client: KubeClient, node: str, by: str, now: float | None = None) -> NodeRecord:
+    """quarantined → validating (validation decides whether it is healthy), guarded by resourceVersion."""
+    now = time.time() if now is None else now
+    try:
+        obj = client.get(NODES, node)
+    except errors.NotFound:
+        raise FleetError(f"node {node!r} not found") from None
+    record = record_from_node(obj)
+    if isinstance(record, RecordError):
+        raise FleetError(f"{node}: record unreadable ({record}); fix or remove the annotation by hand") from None
+    if record is None or record.state != states.QUARANTINED:
+        state = record.state if record else states.HEALTHY
+        raise FleetError(f"{node} is {state}, not quarantined: nothing to release")
+    released = decide.release(record, now, by)
+    rv = str(obj["metadata"].get("resourceVersion", ""))
+    try:
+        client.patch(NODES, node, node_patch(released, resource_version=rv))
+    except errors.Conflict:
+        raise FleetError(f"{node} changed while releasing it; run the command again") from None
+    return released

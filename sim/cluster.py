@@ -1,0 +1,180 @@
+"""A whole simulated GPU cluster in one process: the API emulator, gpu-sim serving one dcgm-exporter
+per node, and the node simulator whose Jobs have real effects on the simulated GPUs.
+
+Used by the demo and the e2e scenarios (target ``emulator``). A repair Job that succeeds does what
+the real one would: ``reset-gpu`` resets the GPUs named in its ``GPU_IDS``; ``reboot`` makes the
+node NotReady, then Ready with a new bootID, with its GPUs reset and its exporter restarted. A
+validation Job succeeds or fails as ``set_validation(node, ok)`` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import load_config
+from gpuremediate.kube.resources import NAMESPACES, PDBS, PODS
+from sim.gpusim import GpuSim
+from sim.kubeapi import KubeAPIServer
+from sim.nodesim import NodeSim
+
+EXPORTER_NAMESPACE = "gpu-operator"
+EXPORTER_LABEL = {"app": "nvidia-dcgm-exporter"}
+NAMESPACES_NEEDED = ("gpuremediate-system", "gpuremediate-jobs", EXPORTER_NAMESPACE, "workloads", "default")
+JOB_LABEL = "gpuremediate.io/job"
+
+
+def node_name(index: int) -> str:
+    return f"gpu-node-{index}"
+
+
+class SimCluster:
+    def __init__(
+        self,
+        nodes: int = 4,
+        gpus: int = 8,
+        *,
+        grace_cap_s: float = 0.5,
+        job_duration_s: float = 0.3,
+        reboot_down_s: float = 1.0,
+        ip_base: int = 11,
+    ) -> None:
+        self.node_names = [node_name(i) for i in range(1, nodes + 1)]
+        self.gpus = gpus
+        self.job_duration_s = job_duration_s
+        self.reboot_down_s = reboot_down_s
+        self.ip_base = ip_base
+        self.api = KubeAPIServer()
+        self.gpusim = GpuSim(port=0)
+        self._dir = tempfile.TemporaryDirectory(prefix="gpuremediate-sim-")
+        self.kubeconfig = str(Path(self._dir.name) / "kubeconfig")
+        self.client: KubeClient | None = None
+        self.nodesim: NodeSim | None = None
+        self.validation_ok: dict[str, bool] = {}
+        self.job_log: list[tuple[str, str, bool]] = []  # (node, job kind, succeeded)
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> SimCluster:
+        self.api.start()
+        self.api.write_kubeconfig(self.kubeconfig)
+        self.client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
+        for i, name in enumerate(self.node_names):
+            self.gpusim.add_node(name, gpus=self.gpus, ip=f"127.0.0.{self.ip_base + i}")
+        self.gpusim.start()
+        for ns in NAMESPACES_NEEDED:
+            self._ensure_namespace(ns)
+        self.nodesim = NodeSim(self.client, grace_cap_s=0.5, tick_s=0.1)
+        self.nodesim.on_job_finished = self._job_finished
+        self.nodesim.job_succeeds = self.job_succeeds
+        for name in self.node_names:
+            self.nodesim.add_node(name, gpus=self.gpus)
+            self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
+            self._exporter_pod(name)
+        self.nodesim.start()
+        return self
+
+    def stop(self) -> None:
+        if self.nodesim is not None:
+            self.nodesim.stop()
+        self.gpusim.stop()
+        if self.client is not None:
+            self.client.close()
+        self.api.stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> SimCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def kube(self) -> KubeClient:
+        assert self.client is not None, "start() the cluster first"
+        return self.client
+
+    @property
+    def exporter_port(self) -> int:
+        return self.gpusim.port
+
+    def controller_args(self) -> list[str]:
+        """``gpuremediate run`` flags that point the controller at this cluster."""
+        return [
+            "--kubeconfig", self.kubeconfig,
+            "--exporter-namespace", EXPORTER_NAMESPACE,
+            "--exporter-port", str(self.exporter_port),
+        ]
+
+    # ---- the world -----------------------------------------------------------------------------------
+
+    def _ensure_namespace(self, name: str) -> None:
+        with contextlib.suppress(errors.AlreadyExists):
+            self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def _exporter_pod(self, node: str) -> None:
+        name = f"nvidia-dcgm-exporter-{node}"
+        assert self.nodesim is not None
+        self.nodesim.set_pod_ip(EXPORTER_NAMESPACE, name, self.gpusim.node(node).ip)
+        self.kube.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": EXPORTER_NAMESPACE, "labels": dict(EXPORTER_LABEL),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                              "name": "nvidia-dcgm-exporter", "uid": "sim-daemonset",
+                                              "controller": True}]},
+            "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
+                     "tolerations": [{"operator": "Exists"}]},
+        }, EXPORTER_NAMESPACE)
+
+    def workload(self, name: str, node: str, *, gpus: int = 1, namespace: str = "workloads",
+                 labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """A Running pod bound to ``node`` asking for ``gpus`` GPUs."""
+        resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        return self.kube.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": name}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": "cuda:sample", "resources": resources}]},
+        }, namespace)
+
+    def pdb(self, name: str, selector: dict[str, str], *, min_available: int | str = 1,
+            namespace: str = "workloads") -> dict[str, Any]:
+        return self.kube.create(PDBS, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}},
+        }, namespace)
+
+    def set_validation(self, node: str, ok: bool) -> None:
+        self.validation_ok[node] = ok
+
+    # ---- what Jobs do ----------------------------------------------------------------------------------
+
+    def job_succeeds(self, node: str, pod: dict[str, Any]) -> bool:
+        kind = (pod["metadata"].get("labels") or {}).get(JOB_LABEL, "")
+        return self.validation_ok.get(node, True) if kind == "validate" else True
+
+    def _job_finished(self, node: str, pod: dict[str, Any], succeeded: bool) -> None:
+        kind = (pod["metadata"].get("labels") or {}).get(JOB_LABEL, "")
+        self.job_log.append((node, kind, succeeded))
+        if not succeeded:
+            return
+        if kind == "reset-gpu":
+            for gpu in _gpu_ids(pod) or range(self.gpus):
+                self.gpusim.reset_gpu(node, int(gpu))
+        elif kind == "reboot":
+            self.gpusim.reboot(node)
+            assert self.nodesim is not None
+            self.nodesim.reboot(node, down_s=self.reboot_down_s)
+
+
+def _gpu_ids(pod: dict[str, Any]) -> list[str]:
+    for container in pod.get("spec", {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == "GPU_IDS" and env.get("value"):
+                return [g for g in str(env["value"]).split(",") if g]
+    return []
