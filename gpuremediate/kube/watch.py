@@ -69,7 +69,8 @@ class WatchStream(Iterator[WatchEvent]):
                 raise StopIteration
             try:
                 line = self._response.readline()
-            except (OSError, http.client.HTTPException, ValueError) as exc:
+            except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
+                # AttributeError: http.client trips over its own fp when another thread closed the stream
                 self.close()
                 if self._stopped:
                     raise StopIteration from None
