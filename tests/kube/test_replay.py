@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
@@ -449,3 +451,25 @@ def test_rate_limiter_spaces_requests(replay: ReplayServer) -> None:
     for _ in range(6):
         client.get(CONFIGMAPS, "x", "capture")
     assert time.monotonic() - start >= 0.18  # 4 requests beyond the burst at 20/s
+
+
+_label_key = st.from_regex(r"([a-z0-9]([-a-z0-9.]{0,10}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,10}[A-Za-z0-9])?",
+                           fullmatch=True)
+_requirement = st.one_of(
+    st.builds(lambda k, v: f"{k}={v}", _label_key, _label_key),
+    st.builds(lambda k, v: f"{k}!={v}", _label_key, _label_key),
+    st.builds(lambda k, vs: f"{k} in ({','.join(vs)})", _label_key, st.lists(_label_key, min_size=1, max_size=3)),
+    st.builds(lambda k: f"!{k}", _label_key),
+    _label_key,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_requirement, min_size=1, max_size=4).map(",".join), _label_key.map(lambda k: f"metadata.name={k}"))
+def test_selector_strings_reach_the_server_intact(replay: ReplayServer, client: KubeClient, labels: str,
+                                                   fields: str) -> None:
+    replay.requests.clear()
+    replay.add(Canned("GET", "/api/v1/pods", 200, "OK", [("Content-Type", "application/json")],
+                      b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}'))
+    client.list(PODS, label_selector=labels, field_selector=fields)
+    assert replay.requests[0].query == {"labelSelector": labels, "fieldSelector": fields, "limit": "500"}
