@@ -148,13 +148,7 @@ def test_watch_resume_from_last_resource_version(kube_target: KubeTarget) -> Non
     assert resumed[0].object["data"] == {"x": "1"}
 
 
-def test_watch_from_a_resource_version_reports_modified(kube_target: KubeTarget,
-                                                        request: pytest.FixtureRequest) -> None:
-    request.applymarker(pytest.mark.xfail(
-        kube_target.emulator is not None, strict=False,
-        reason="sim.kubeapi bug (committed 14ca387; a fix is in progress): a watch started at a resourceVersion "
-               "reports the first change of an object that existed before as ADDED, not MODIFIED. "
-               "Remove this marker once the fix is committed."))
+def test_watch_from_a_resource_version_reports_modified(kube_target: KubeTarget) -> None:
     client, ns = kube_target.client(), kube_target.namespace
     created = client.create(CONFIGMAPS, cm("m1", ns))
     client.patch(CONFIGMAPS, "m1", {"data": {"x": "1"}}, ns)
