@@ -308,9 +308,14 @@ def _needs_repair(fault: Fault | None) -> bool:
 
 
 def complete_drain(record: NodeRecord, now: float) -> Decision:
-    """Drain done: repairing when the fault needs a repair, validating when not (maintenance only)."""
+    """Drain done: repairing when the fault needs a repair; a MaintenanceRequest with action none
+    is held in maintenance (cordoned and drained) until the request is deleted; else validating."""
     fault = record.fault
     message = "drain complete"
+    if is_maintenance_fault(fault) and fault is not None and fault.action == ACTION_NONE:
+        held = transition(record, states.MAINTENANCE, states.DRAIN_COMPLETE, now, "drained; held for maintenance",
+                          action=None)
+        return _moved(record, held)
     if fault is not None and fault.action == ACTION_QUARANTINE:
         reason = states.fault_reason(fault.kind, fault.code)
         return _moved(record, transition(record, states.QUARANTINED, reason, now, fault.message, action=None))
@@ -362,6 +367,42 @@ def thermal_cleared(record: NodeRecord, now: float) -> Decision:
 
 
 # ---- maintenance --------------------------------------------------------------------------------
+
+MAINTENANCE_KIND = "maintenance"  # Fault.kind of a MaintenanceRequest's fault
+
+
+def is_maintenance_fault(fault: Fault | None) -> bool:
+    return fault is not None and fault.kind == MAINTENANCE_KIND
+
+
+def is_maintenance_held(record: NodeRecord) -> bool:
+    """In maintenance after its drain (action none): cordoned, drained, waiting for the request's end."""
+    return record.state == states.MAINTENANCE and record.reason == states.DRAIN_COMPLETE
+
+
+def maintenance_request_deleted(record: NodeRecord, fingerprint: str, now: float) -> Decision:
+    """The MaintenanceRequest whose fault has ``fingerprint`` was deleted: clear its fault.
+
+    - held (drained, action none) → validating, then healthy (uncordoned only if we cordoned);
+    - not started or mid-drain (maintenance / draining) → healthy at once (``end_maintenance``);
+    - quarantined by the request itself (REPLACE_VM / CONTACT_SUPPORT) → validating (released);
+    - repairing / validating: the running remediation finishes on its own — no change;
+    - quarantined after a failed repair or validation: a person decides — no change;
+    - a record without this request's fault (another fault, a predecessor's uid): no change.
+    """
+    fault = record.fault
+    if fault is None or fault.fingerprint != fingerprint:
+        return _decide(record, record)
+    if is_maintenance_held(record):
+        after = transition(record, states.VALIDATING, states.MAINTENANCE_COMPLETE, now,
+                           "maintenance request deleted; validating before service", action=None)
+        return _moved(record, after)
+    if record.state in (states.MAINTENANCE, states.DRAINING):
+        return end_maintenance(record, now)
+    if record.state == states.QUARANTINED and record.reason == states.fault_reason(fault.kind, fault.code):
+        return _moved(record, release(record, now, "maintenance request deletion"))
+    return _decide(record, record)
+
 
 
 def enter_maintenance(record: NodeRecord | None, fault: Fault, node_unschedulable: bool, now: float) -> Decision:

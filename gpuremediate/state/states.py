@@ -94,6 +94,7 @@ TRANSITIONS: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
             quarantined=(DRAIN_FAILED, FAULT),
             healthy=(PERSON_UNCORDONED, MAINTENANCE_CANCELLED),
             validating=(DRAIN_COMPLETE,),  # maintenance with no repair
+            maintenance=(DRAIN_COMPLETE,),  # a MaintenanceRequest with action none: drained, then held
         ),
         REPAIRING: _edges(
             validating=(REPAIR_COMPLETE,),

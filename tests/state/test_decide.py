@@ -335,15 +335,88 @@ def test_thermal_clear() -> None:
     assert not d.thermal_cleared(persons, 100.0).uncordon
 
 
+def mr_fault(action: str = "none", fp: str = "maintenance/mr-1/uid-1") -> r.Fault:
+    return r.Fault(d.MAINTENANCE_KIND, "", (), fp, action, 1.0, 1.0, "planned")
+
+
 def test_maintenance_flow() -> None:
-    fault = r.Fault("maintenance", "", (), "mr-uid-1", "none", 1.0, 1.0, "planned")
-    held = d.enter_maintenance(None, fault, False, 1.0)
+    held = d.enter_maintenance(None, mr_fault(), False, 1.0)
     assert held.record.state == s.MAINTENANCE and not held.cordon
+    assert not d.is_maintenance_held(held.record)  # entered, not drained yet
     started = d.start_maintenance(held.record, False, 5.0)
     assert started.cordon and started.record.state == s.DRAINING
-    assert d.complete_drain(started.record, 6.0).record.state == s.VALIDATING
     ended = d.end_maintenance(started.record, 7.0)
     assert ended.uncordon and ended.record.state == s.HEALTHY
+
+
+def test_maintenance_none_is_held_after_its_drain_and_validated_after_the_request_ends() -> None:
+    started = d.start_maintenance(d.enter_maintenance(None, mr_fault(), False, 1.0).record, False, 5.0).record
+    drained = d.complete_drain(started, 6.0)
+    assert drained.transition == d.Transition(s.DRAINING, s.MAINTENANCE, s.DRAIN_COMPLETE, drained.record.message)
+    assert d.is_maintenance_held(drained.record) and drained.record.cordoned_by_us
+    held = restart(drained.record)
+    assert d.is_maintenance_held(held)
+    ended = d.maintenance_request_deleted(held, "maintenance/mr-1/uid-1", 9.0)
+    assert ended.record.state == s.VALIDATING and ended.record.reason == s.MAINTENANCE_COMPLETE
+    assert not ended.uncordon  # validation uncordons, not the deletion
+    passed = d.complete_validation(ended.record, True, 10.0)
+    assert passed.uncordon and passed.record.state == s.HEALTHY
+    assert "maintenance/mr-1/uid-1" in passed.record.handled
+
+
+def test_a_fault_that_is_not_maintenance_still_validates_after_a_drain_without_repair() -> None:
+    rec = r.NodeRecord(state=s.DRAINING, fault=dataclasses.replace(mr_fault(), kind="xid", code="13"))
+    assert d.complete_drain(rec, 2.0).record.state == s.VALIDATING
+
+
+@pytest.mark.parametrize(
+    ("action", "after"), [("reboot", s.REPAIRING), ("reset-gpu", s.REPAIRING), ("vendor-fix", s.REPAIRING),
+                          ("quarantine", s.QUARANTINED)]
+)
+def test_maintenance_with_a_repair_action_goes_on_after_its_drain(action: str, after: str) -> None:
+    started = d.start_maintenance(d.enter_maintenance(None, mr_fault(action), False, 1.0).record, False, 5.0)
+    assert d.complete_drain(started.record, 6.0).record.state == after
+
+
+def test_request_deleted_before_or_during_the_drain_returns_the_node_at_once() -> None:
+    entered = d.enter_maintenance(None, mr_fault("reboot"), False, 1.0).record
+    assert d.maintenance_request_deleted(entered, "maintenance/mr-1/uid-1", 2.0).record.state == s.HEALTHY
+    draining = d.start_maintenance(entered, False, 3.0).record
+    draining = r.start_action(draining, "drain", "", 1, 3.5)
+    ended = d.maintenance_request_deleted(draining, "maintenance/mr-1/uid-1", 4.0)
+    assert ended.record.state == s.HEALTHY and ended.uncordon and ended.cancel == draining.action
+    assert ended.record.reason == s.MAINTENANCE_CANCELLED
+
+
+def test_request_deleted_on_a_node_a_person_cordoned_never_uncordons() -> None:
+    entered = d.enter_maintenance(None, mr_fault(), True, 1.0).record
+    draining = d.start_maintenance(entered, True, 3.0)
+    assert not draining.cordon
+    ended = d.maintenance_request_deleted(draining.record, "maintenance/mr-1/uid-1", 4.0)
+    assert ended.record.state == s.HEALTHY and not ended.uncordon
+
+
+@pytest.mark.parametrize("state", [s.REPAIRING, s.VALIDATING])
+def test_request_deleted_mid_remediation_lets_it_finish(state: str) -> None:
+    rec = r.NodeRecord(state=state, reason="x", fault=mr_fault("reboot"), cordoned_by_us=True)
+    decision = d.maintenance_request_deleted(rec, "maintenance/mr-1/uid-1", 5.0)
+    assert not decision.changed and decision.record == rec
+
+
+def test_request_deleted_releases_only_its_own_quarantine() -> None:
+    started = d.start_maintenance(d.enter_maintenance(None, mr_fault("quarantine"), False, 1.0).record, False, 2.0)
+    quarantined = d.complete_drain(started.record, 3.0).record
+    released = d.maintenance_request_deleted(quarantined, "maintenance/mr-1/uid-1", 4.0)
+    assert released.record.state == s.VALIDATING and released.record.reason == s.RELEASED
+    failed = r.NodeRecord(state=s.QUARANTINED, reason=s.VALIDATION_FAILED, fault=mr_fault("reboot"))
+    assert not d.maintenance_request_deleted(failed, "maintenance/mr-1/uid-1", 4.0).changed
+
+
+def test_a_recreated_request_never_touches_its_predecessors_work() -> None:
+    started = d.start_maintenance(d.enter_maintenance(None, mr_fault(), False, 1.0).record, False, 2.0).record
+    held = d.complete_drain(started, 3.0).record
+    same_name_new_uid = "maintenance/mr-1/uid-2"
+    assert not d.maintenance_request_deleted(held, same_name_new_uid, 4.0).changed
 
 
 # ---- malformed records ----------------------------------------------------------------------
