@@ -39,6 +39,7 @@ from gpuremediate.policy.workflow import (
     BreakerPolicy,
     BudgetPolicy,
     DrainPolicy,
+    MaintenancePolicy,
     RemediationPolicy,
     RepeatOffenderPolicy,
     ValidationPolicy,
@@ -165,6 +166,9 @@ class ClusterSettings:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy, metadata={"doc": "the circuit breaker"})
     repeat_offender: RepeatOffenderPolicy = field(
         default_factory=RepeatOffenderPolicy, metadata={"doc": "quarantine nodes that keep failing"}
+    )
+    maintenance: MaintenancePolicy = field(
+        default_factory=MaintenancePolicy, metadata={"doc": "inbound MaintenanceRequests"}
     )
 
 

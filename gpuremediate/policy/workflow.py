@@ -123,3 +123,13 @@ class BreakerPolicy:
 class RepeatOffenderPolicy:
     count: int = setting(3, "repairs within the window that quarantine a node (0 disables)", check=at_least(0))
     window_s: float = setting(7 * 86400.0, "the window, seconds", check=at_least(1))
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    prepare_lead_s: float = setting(1800.0, "seconds before a MaintenanceRequest's startTime that preparation "
+                                    "(cordon + drain) starts", check=at_least(0))
+    respect_budget: bool = setting(True, "a maintenance drain waits for the disruption budget and the circuit "
+                                   "breaker like a fault does (false: it starts at its time regardless)")
+    warn_age_s: float = setting(7 * 86400.0, "a request older than this is reported as forgotten (an Event)",
+                                check=at_least(1))
