@@ -1,0 +1,42 @@
+"""Fixtures for the e2e scenarios: ``cluster`` (see e2e/harness.py for the API and the targets)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.harness import Cluster, make_cluster
+
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    setattr(item, f"e2e_report_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A fresh, started cluster (controller not started); the controller's log tail on failure."""
+    c = make_cluster(tmp_path).start()
+    try:
+        yield c
+    finally:
+        report = getattr(request.node, "e2e_report_call", None)
+        failed = report is not None and report.failed
+        if failed:
+            summaries = []
+            for node in c.nodes:
+                try:
+                    summaries.append(c.summary(node))
+                except Exception as exc:  # the cluster may be what broke
+                    summaries.append(f"{node}: {exc}")
+            tail = c.controller_log().splitlines()[-LOG_TAIL_LINES:]
+            print(f"\n---- nodes ({c.target})\n" + "\n".join(summaries))
+            print(f"---- controller log (last {LOG_TAIL_LINES} lines)\n" + "\n".join(tail))
+        c.stop()

@@ -1,0 +1,760 @@
+"""The e2e harness: one small ``Cluster`` API that every scenario suite uses, on two targets.
+
+Target (env ``GPUREMEDIATE_E2E_TARGET``):
+
+- ``emulator`` (default): ``sim.cluster.SimCluster`` runs in the test process (API emulator, gpu-sim,
+  node simulator); the controller runs as a SUBPROCESS (``python -m gpuremediate run``) with a
+  per-scenario policy file, scrape/resync ``EmulatorCluster.INTERVAL_S``, JSON logs captured.
+  (Set ``GPUREMEDIATE_E2E_INTERVAL`` to change that interval.)
+- ``kubeconfig``: any cluster with the controller and gpu-sim deployed (``e2e/kind/run.sh``);
+  everything goes through the API (faults via the pod proxy to gpu-sim, metrics via the service
+  proxy, restarts by deleting the controller pod). Scenarios needing in-process control call
+  ``cluster.require(...)`` and are skipped there with the reason.
+
+Fixtures (e2e/conftest.py): ``cluster`` — a fresh, started cluster per test, controller NOT yet
+started; on failure the controller's log tail is printed.
+
+The API (``c`` is the ``cluster`` fixture)::
+
+    c.nodes                                   # GPU node names, sorted
+    c.start_controller(policy=None, dry_run=False)  # policy: {"drain": {"mode": ...}} merged over BASE_POLICY
+    c.stop_controller(); c.kill_controller(); c.restart_controller()   # SIGTERM / SIGKILL / kill+start
+    c.metrics() -> Metrics                    # .value(name, **labels) sums matching samples (0.0 if none)
+    c.controller_log() -> str                 # what the controller logged so far (all runs)
+    c.inject(node, gpu, fault, value=None)    # gpu-sim faults: xid|dbe|row-remap-failure|row-remap-pending|temp|...
+    c.reset_gpu(node, gpu); c.exporter_down(node, mode="refuse"); c.exporter_up(node)
+    c.set_validation(node, ok)                # emulator only (c.require skips elsewhere)
+    c.workload(name, node, gpus=1, labels=None) -> pod;  c.pdb(name, selector, min_available=1)
+    c.set_pdb_min_available(name, value)
+    c.node(name) -> dict; c.record(name) -> NodeRecord | None; c.state(name) -> str ("healthy" if untouched)
+    c.label(name) -> str | None (the gpuremediate.io/state label); c.unschedulable(name) -> bool
+    c.cordon(name) / c.uncordon(name)         # as a person would (kubectl cordon/uncordon)
+    c.set_label(name, key, value|None)
+    c.events(node) -> list[dict]; c.event_reasons(node) -> list[str]  (oldest first)
+    c.evicted() -> set["ns/name"]             # workload pods disrupted (deletionTimestamp set or deleted)
+    c.jobs(node=None, kind=None) -> list[dict]  # repair/validation Jobs (label gpuremediate.io/job = kind)
+    c.cli(*args) -> CompletedProcess          # `gpuremediate ARGS --kubeconfig ...`
+    c.wait(predicate, timeout, describe, seen=None)   # timeouts scaled for the target
+    with c.invariant(check, describe): ...    # check() -> problem text | None, polled all along; fails at exit
+
+``wait_for`` is also usable alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.cache import Informer
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import load_config
+from gpuremediate.kube.resources import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    JOBS,
+    NAMESPACES,
+    NODES,
+    PDBS,
+    PODS,
+    Resource,
+)
+from gpuremediate.signals import exposition
+from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD_NS = "workloads"
+SYSTEM_NS = "gpuremediate-system"
+JOBS_NS = "gpuremediate-jobs"
+EXPORTER_NS = "gpu-operator"
+STATE_LABEL = "gpuremediate.io/state"
+JOB_LABEL = "gpuremediate.io/job"
+BREAKER_CONFIGMAP = "gpuremediate-breaker"
+
+# Short timers for every scenario; a scenario's own sections are merged over these.
+BASE_POLICY: dict[str, dict[str, Any]] = {
+    "thermal": {"hold_s": 0, "clear_hold_s": 1.0},
+    "drain": {"retry_s": 0.3, "timeout_s": 30},
+    "remediation": {"max_attempts": 2, "reboot_ready_timeout_s": 20},
+    "remediation.reset_gpu": {"timeout_s": 20},
+    "remediation.reboot": {"timeout_s": 20},
+    "validation.job": {"timeout_s": 20},
+    "budget": {"max_unavailable": "1"},
+}
+
+
+class E2EError(AssertionError):
+    """A wait timed out or the harness could not do what a scenario asked."""
+
+
+# ---- waiting ------------------------------------------------------------------------------------
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    describe: str,
+    *,
+    seen: Callable[[], object] | None = None,
+    interval: float = 0.05,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned); else fail naming what was awaited
+    and what was seen last (``seen()`` if given, else the predicate's last value or exception)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = predicate()
+        except (errors.KubeError, OSError, KeyError) as exc:
+            last = exc
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(interval)
+            continue
+        last = value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    observed = seen() if seen is not None else last
+    raise E2EError(f"timed out after {timeout:.1f}s waiting for {describe}; last seen: {observed!r}")
+
+
+# ---- policy -------------------------------------------------------------------------------------
+
+
+def policy_toml(sections: Mapping[str, Mapping[str, Any]]) -> str:
+    """BASE_POLICY merged with ``sections`` ({"drain": {"mode": "AllowCompletion"}, ...}) as TOML."""
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in BASE_POLICY.items()}
+    for table, values in sections.items():
+        merged.setdefault(table, {}).update(values)
+    lines: list[str] = []
+    for table, values in merged.items():
+        lines.append(f"[{table}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"policy value {value!r}: expected bool, number, string or table")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+
+
+class Metrics:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples = exposition.parse(text).samples
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples called ``name`` whose labels include ``labels`` (0.0 when none)."""
+        total = 0.0
+        for sample in self.samples:
+            if sample.name == name and all(sample.label(k) == v for k, v in labels.items()):
+                total += sample.value
+        return total
+
+    def has(self, name: str, **labels: str) -> bool:
+        return any(s.name == name and all(s.label(k) == v for k, v in labels.items()) for s in self.samples)
+
+
+# ---- the cluster --------------------------------------------------------------------------------
+
+
+class Cluster:
+    """What both targets share: everything done through the Kubernetes API."""
+
+    target = "base"
+    slow = 1.0  # timeouts are multiplied by this (a real cluster is slower than the emulator)
+
+    def __init__(self) -> None:
+        self.nodes: list[str] = []
+        self._kube: KubeClient | None = None
+        self._pods: Informer | None = None
+        self._evicted: set[str] = set()
+        self._evicted_lock = threading.Lock()
+
+    # -- to implement per target
+    def start(self) -> Cluster:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def start_controller(self, policy: Mapping[str, Mapping[str, Any]] | None = None, *,
+                         dry_run: bool = False) -> None:
+        raise NotImplementedError
+
+    def stop_controller(self) -> None:
+        raise NotImplementedError
+
+    def kill_controller(self) -> None:
+        raise NotImplementedError
+
+    def restart_controller(self) -> None:
+        raise NotImplementedError
+
+    def metrics_text(self) -> str:
+        raise NotImplementedError
+
+    def controller_log(self) -> str:
+        raise NotImplementedError
+
+    def gpusim(self, node: str, endpoint: str, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def set_validation(self, node: str, ok: bool) -> None:
+        raise NotImplementedError
+
+    def kubeconfig_args(self) -> list[str]:
+        raise NotImplementedError
+
+    def require(self, what: str) -> None:
+        """Skip the scenario on a target that cannot do ``what`` (emulator can do everything)."""
+
+    # -- shared
+    @property
+    def kube(self) -> KubeClient:
+        assert self._kube is not None, "start() the cluster first"
+        return self._kube
+
+    def metrics(self) -> Metrics:
+        return Metrics(self.metrics_text())
+
+    def wait(self, predicate: Callable[[], T], timeout: float, describe: str, *,
+             seen: Callable[[], object] | None = None) -> T:
+        return wait_for(predicate, timeout * self.slow, describe, seen=seen)
+
+    def _watch_pods(self) -> None:
+        self._pods = Informer(self.kube, PODS, namespace=WORKLOAD_NS)
+        self._pods.add_handler(on_update=lambda _old, new: self._note_pod(new, deleted=False),
+                               on_delete=lambda old: self._note_pod(old, deleted=True))
+        self._pods.start()
+        if not self._pods.wait_for_sync(10 * self.slow):
+            raise E2EError("the workload pod watch did not sync")
+
+    def _note_pod(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
+        meta = pod.get("metadata") or {}
+        if deleted or meta.get("deletionTimestamp"):
+            with self._evicted_lock:
+                self._evicted.add(f"{meta.get('namespace')}/{meta.get('name')}")
+
+    def _stop_pod_watch(self) -> None:
+        if self._pods is not None:
+            self._pods.stop()
+            self._pods = None
+
+    # faults
+    def inject(self, node: str, gpu: int, fault: str, value: float | None = None) -> None:
+        body: dict[str, Any] = {"node": node, "gpu": gpu, "fault": fault}
+        if value is not None:
+            body["value"] = value
+        self.gpusim(node, "inject", body)
+
+    def reset_gpu(self, node: str, gpu: int) -> None:
+        self.gpusim(node, "reset", {"node": node, "gpu": gpu})
+
+    def exporter_down(self, node: str, mode: str = "refuse") -> None:
+        self.gpusim(node, "down", {"node": node, "mode": mode})
+
+    def exporter_up(self, node: str) -> None:
+        self.gpusim(node, "down", {"node": node, "mode": None})
+
+    # workloads
+    def workload(self, name: str, node: str, *, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        return self.kube.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": WORKLOAD_NS, "labels": labels or {"app": name}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                     "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "main", "image": self.workload_image(), "resources": resources}]},
+        }, WORKLOAD_NS)
+
+    def workload_image(self) -> str:
+        return "cuda:sample"
+
+    def pdb(self, name: str, selector: dict[str, str], *, min_available: int | str = 1) -> dict[str, Any]:
+        return self.kube.create(PDBS, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": WORKLOAD_NS},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}},
+        }, WORKLOAD_NS)
+
+    def set_pdb_min_available(self, name: str, value: int | str) -> None:
+        self.kube.patch(PDBS, name, {"spec": {"minAvailable": value}}, WORKLOAD_NS)
+
+    def pod_exists(self, name: str) -> bool:
+        try:
+            pod = self.kube.get(PODS, name, WORKLOAD_NS)
+        except errors.NotFound:
+            return False
+        return not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+    def evicted(self) -> set[str]:
+        with self._evicted_lock:
+            return set(self._evicted)
+
+    # nodes
+    def node(self, name: str) -> dict[str, Any]:
+        return self.kube.get(NODES, name)
+
+    def record(self, name: str) -> NodeRecord | None:
+        rec = record_from_node(self.node(name))
+        if isinstance(rec, RecordError):
+            raise E2EError(f"{name}: record unreadable: {rec}")
+        return rec
+
+    def state(self, name: str) -> str:
+        rec = self.record(name)
+        return rec.state if rec is not None else "healthy"
+
+    def label(self, name: str) -> str | None:
+        return ((self.node(name).get("metadata") or {}).get("labels") or {}).get(STATE_LABEL)
+
+    def unschedulable(self, name: str) -> bool:
+        return bool((self.node(name).get("spec") or {}).get("unschedulable", False))
+
+    def cordon(self, name: str) -> None:
+        self.kube.patch(NODES, name, {"spec": {"unschedulable": True}})
+
+    def uncordon(self, name: str) -> None:
+        self.kube.patch(NODES, name, {"spec": {"unschedulable": None}})
+
+    def set_label(self, name: str, key: str, value: str | None) -> None:
+        self.kube.patch(NODES, name, {"metadata": {"labels": {key: value}}})
+
+    def wait_state(self, name: str, state: str, timeout: float = 15.0) -> NodeRecord:
+        def reached() -> NodeRecord | None:
+            rec = self.record(name)
+            return rec if rec is not None and rec.state == state else None
+
+        rec = self.wait(reached, timeout, f"{name} to reach {state}", seen=lambda: self.summary(name))
+        assert rec is not None
+        return rec
+
+    def summary(self, name: str) -> str:
+        """One line about a node for failure messages."""
+        try:
+            rec = self.record(name)
+            unsched = self.unschedulable(name)
+        except (errors.KubeError, E2EError) as exc:
+            return f"{name}: {exc}"
+        if rec is None:
+            return f"{name}: untouched, unschedulable={unsched}"
+        action = f"{rec.action.kind}/{rec.action.name}#{rec.action.attempt}" if rec.action else "-"
+        blocked = f"{rec.blocked.reason}: {rec.blocked.detail}" if rec.blocked else "-"
+        return (f"{name}: state={rec.state} reason={rec.reason} unschedulable={unsched} action={action} "
+                f"blocked={blocked} events={self.event_reasons(name)}")
+
+    # events and jobs
+    def events(self, node: str) -> list[dict[str, Any]]:
+        items = self.kube.list(EVENTS, "default")["items"]
+        mine = [e for e in items if (e.get("involvedObject") or {}).get("kind") == "Node"
+                and (e.get("involvedObject") or {}).get("name") == node]
+        return sorted(mine, key=lambda e: (e.get("firstTimestamp") or "", (e.get("metadata") or {})
+                                           .get("creationTimestamp") or "", int((e.get("metadata") or {})
+                                           .get("resourceVersion") or 0)))
+
+    def event_reasons(self, node: str) -> list[str]:
+        return [str(e.get("reason")) for e in self.events(node)]
+
+    def jobs(self, node: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        selector = f"{JOB_LABEL}={kind}" if kind else JOB_LABEL
+        items = self.kube.list(JOBS, JOBS_NS, label_selector=selector)["items"]
+        if node is None:
+            return items
+        return [j for j in items if _job_node(j) == node]
+
+    # people
+    def cli(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpuremediate", *args, *self.kubeconfig_args()],
+                              capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_child_env())
+
+    @contextlib.contextmanager
+    def invariant(self, check: Callable[[], str | None], describe: str, interval: float = 0.05) -> Iterator[None]:
+        """Poll ``check`` in a thread while the block runs; fail at exit if it ever reported a problem."""
+        problems: list[str] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                with contextlib.suppress(errors.KubeError, OSError):
+                    problem = check()
+                    if problem:
+                        problems.append(problem)
+                done.wait(interval)
+
+        thread = threading.Thread(target=watch, name="e2e-invariant", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(5)
+        if problems:
+            raise E2EError(f"invariant broken ({describe}) {len(problems)} time(s); first: {problems[0]}")
+
+
+def _job_node(job: Mapping[str, Any]) -> str:
+    spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("gpuremediate.io/node", ""))
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    return env
+
+
+# ---- the controller as a subprocess -------------------------------------------------------------
+
+
+class ControllerProcess:
+    """``python -m gpuremediate run ARGS``; its JSON log is collected line by line."""
+
+    def __init__(self, args: list[str], log: list[str]) -> None:
+        self.args = args
+        self.log = log
+        self.port: int | None = None
+        self._port_seen = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuremediate", "run", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_child_env(),
+        )
+        self._reader = threading.Thread(target=self._read, name="controller-log", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line.rstrip("\n"))
+            if self.port is None and "observability port open" in line:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    self.port = int(json.loads(line)["port"])
+                    self._port_seen.set()
+        self._port_seen.set()
+
+    def wait_port(self, timeout: float) -> int:
+        self._port_seen.wait(timeout)
+        if self.port is None:
+            tail = "\n".join(self.log[-20:])
+            raise E2EError(f"the controller did not report its port within {timeout}s "
+                           f"(exit code {self.proc.poll()}); log tail:\n{tail}")
+        return self.port
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._reader.join(2)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(5)
+        self._reader.join(2)
+
+
+class EmulatorCluster(Cluster):
+    target = "emulator"
+    INTERVAL_S = float(os.environ.get("GPUREMEDIATE_E2E_INTERVAL", "0.3"))
+
+    def __init__(self, tmp: Path, nodes: int = 4) -> None:
+        super().__init__()
+        from sim.cluster import SimCluster
+
+        self.tmp = tmp
+        self.sim = SimCluster(nodes=nodes, job_duration_s=0.2, reboot_down_s=0.5)
+        self.nodes = list(self.sim.node_names)
+        self.proc: ControllerProcess | None = None
+        self.log: list[str] = []
+        self._last_start: tuple[Mapping[str, Mapping[str, Any]] | None, bool] = (None, False)
+
+    def start(self) -> EmulatorCluster:
+        self.sim.start()
+        self._kube = self.sim.kube
+        self._watch_pods()
+        return self
+
+    def stop(self) -> None:
+        self.stop_controller()
+        self._stop_pod_watch()
+        self.sim.stop()
+
+    def kubeconfig_args(self) -> list[str]:
+        return ["--kubeconfig", self.sim.kubeconfig]
+
+    # controller
+    def start_controller(self, policy: Mapping[str, Mapping[str, Any]] | None = None, *,
+                         dry_run: bool = False) -> None:
+        if self.proc is not None and self.proc.proc.poll() is None:
+            raise E2EError("the controller is already running")
+        self._last_start = (policy, dry_run)
+        path = self.tmp / "policy.toml"
+        path.write_text(policy_toml(policy or {}))
+        interval = f"{self.INTERVAL_S}s"
+        args = [*self.sim.controller_args(), "--policy", str(path), "--metrics-addr", "127.0.0.1:0",
+                "--log-format", "json", "--scrape-interval", interval, "--resync", interval,
+                "--scrape-timeout", "2s"]
+        if dry_run:
+            args.append("--dry-run")
+        self.log.append(f"---- controller start: {' '.join(args)}")
+        self.proc = ControllerProcess(args, self.log)
+        self.proc.wait_port(20)
+        self.wait(self._ready, 20, "the controller's /readyz to answer 200")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self._url("/readyz"), timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def _url(self, path: str) -> str:
+        if self.proc is None or self.proc.port is None:
+            raise E2EError("the controller is not running")
+        return f"http://127.0.0.1:{self.proc.port}{path}"
+
+    def stop_controller(self) -> None:
+        if self.proc is not None:
+            code = self.proc.terminate()
+            self.log.append(f"---- controller stopped (exit code {code})")
+            self.proc = None
+
+    def kill_controller(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.log.append("---- controller killed (SIGKILL)")
+            self.proc = None
+
+    def restart_controller(self) -> None:
+        self.kill_controller()
+        policy, dry_run = self._last_start
+        self.start_controller(policy, dry_run=dry_run)
+
+    def controller_exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.proc.poll()
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self._url("/metrics"), timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def controller_log(self) -> str:
+        return "\n".join(self.log)
+
+    # the simulated world
+    def gpusim(self, node: str, endpoint: str, body: dict[str, Any]) -> None:
+        url = self.sim.gpusim.url_for(node).rsplit("/", 1)[0] + "/" + endpoint
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if endpoint == "down" and body.get("mode") is None:
+            self.sim.gpusim.set_down(node, None)  # a refusing node has no listener to receive "up"
+            return
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            if resp.status != 200:
+                raise E2EError(f"gpu-sim {endpoint} {body}: HTTP {resp.status}")
+
+    def set_validation(self, node: str, ok: bool) -> None:
+        self.sim.set_validation(node, ok)
+
+
+# ---- any cluster through a kubeconfig -----------------------------------------------------------
+
+CONTROLLER_SELECTOR = "app.kubernetes.io/name=gpuremediate"
+POLICY_CONFIGMAP = "gpuremediate-policy"
+METRICS_PROXY = f"/api/v1/namespaces/{SYSTEM_NS}/services/gpuremediate-metrics:metrics/proxy/metrics"
+GPUSIM_URL = "http://gpu-sim.gpu-operator.svc:9400"
+
+
+class KubeconfigCluster(Cluster):
+    """A real cluster (kind via e2e/kind/run.sh): controller Deployment + gpu-sim DaemonSet already there."""
+
+    target = "kubeconfig"
+    slow = 8.0  # the Deployment scrapes every few seconds and real pods take time to terminate
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        super().__init__()
+        self.kubeconfig = kubeconfig
+        self.log: list[str] = []
+
+    def start(self) -> KubeconfigCluster:
+        self._kube = KubeClient(load_config(self.kubeconfig), qps=50, burst=100)
+        nodes = self.kube.list(NODES, label_selector="nvidia.com/gpu.present=true")["items"]
+        self.nodes = sorted(str(n["metadata"]["name"]) for n in nodes)
+        if not self.nodes:
+            raise E2EError("no GPU nodes (label nvidia.com/gpu.present=true) in this cluster")
+        with contextlib.suppress(errors.AlreadyExists):
+            self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": WORKLOAD_NS}})
+        self.reset_world()
+        self._watch_pods()
+        return self
+
+    def stop(self) -> None:
+        self._stop_pod_watch()
+        self.reset_world()
+        self.kube.close()
+
+    def require(self, what: str) -> None:
+        import pytest
+
+        pytest.skip(f"target kubeconfig cannot {what}")
+
+    def kubeconfig_args(self) -> list[str]:
+        return ["--kubeconfig", self.kubeconfig] if self.kubeconfig else []
+
+    def workload_image(self) -> str:
+        return "registry.k8s.io/pause:3.9"  # preloaded in kind's node image
+
+    def workload(self, name: str, node: str, *, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        # No device plugin serves nvidia.com/gpu on kind: the kubelet would reject a pod asking for it.
+        return super().workload(name, node, gpus=0, labels=labels)
+
+    def reset_world(self) -> None:
+        """Between scenarios: no workloads, PDBs or Jobs; GPUs reset; records, cordons, breaker cleared."""
+        for res, ns in ((PODS, WORKLOAD_NS), (PDBS, WORKLOAD_NS), (JOBS, JOBS_NS)):
+            for item in self.kube.list(res, ns)["items"]:
+                with contextlib.suppress(errors.NotFound):
+                    self.kube.delete(res, item["metadata"]["name"], ns, grace_period_seconds=0,
+                                     propagation_policy="Background")
+        with contextlib.suppress(errors.NotFound):
+            self.kube.delete(CONFIGMAPS, BREAKER_CONFIGMAP, SYSTEM_NS)
+        for node in self.nodes:
+            with contextlib.suppress(errors.KubeError, E2EError):
+                self.gpusim(node, "reboot", {"node": node})
+                self.gpusim(node, "down", {"node": node, "mode": None})
+            self.kube.patch(NODES, node, {
+                "metadata": {"annotations": {"gpuremediate.io/record": None},
+                             "labels": {STATE_LABEL: None, "gpuremediate.io/exclude": None}},
+                "spec": {"unschedulable": None}})
+
+    # controller: the Deployment
+    def start_controller(self, policy: Mapping[str, Mapping[str, Any]] | None = None, *,
+                         dry_run: bool = False) -> None:
+        if dry_run:
+            self.require("switch the deployed controller to --dry-run (use manifests/overlays/dry-run)")
+        sections = {k: dict(v) for k, v in self._job_sections().items()}
+        for table, values in (policy or {}).items():
+            sections.setdefault(table, {}).update(values)
+        self.kube.patch(CONFIGMAPS, POLICY_CONFIGMAP, {"data": {"policy.toml": policy_toml(sections)}}, SYSTEM_NS)
+        self._scale(1)
+        self.restart_controller()
+
+    def _job_sections(self) -> dict[str, dict[str, Any]]:
+        """kind: the repair Jobs call gpu-sim on their node (the Service is node-local) instead of GPUs."""
+        client = f"python -m sim.gpusim {{}} --url={GPUSIM_URL} --node=$(NODE_NAME)"
+        job = {"image": "gpu-sim:dev", "privileged": False}
+        return {
+            "remediation": {"reboot_wait_for_boot_id": False},
+            "remediation.reset_gpu": {**job, "command": client.format("reset") + " --gpu=$(GPU_IDS)"},
+            "remediation.reboot": {**job, "command": client.format("reboot")},
+            "validation.job": {**job, "command": "true"},
+        }
+
+    def _scale(self, replicas: int) -> None:
+        self.kube.patch(DEPLOYMENTS, "gpuremediate", {"spec": {"replicas": replicas}}, SYSTEM_NS)
+
+    def _controller_pods(self) -> list[dict[str, Any]]:
+        items = self.kube.list(PODS, SYSTEM_NS, label_selector=CONTROLLER_SELECTOR)["items"]
+        return [p for p in items if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+    def _delete_controller_pods(self, grace: int | None) -> None:
+        for pod in self._controller_pods():
+            with contextlib.suppress(errors.NotFound):
+                self.kube.delete(PODS, pod["metadata"]["name"], SYSTEM_NS, grace_period_seconds=grace)
+
+    def _wait_controller_ready(self) -> None:
+        def ready() -> bool:
+            for pod in self._controller_pods():
+                for cond in (pod.get("status") or {}).get("conditions") or []:
+                    if cond.get("type") == "Ready" and cond.get("status") == "True":
+                        return True
+            return False
+
+        self.wait(ready, 15, "a Ready controller pod")
+
+    def stop_controller(self) -> None:
+        self._scale(0)
+        self._delete_controller_pods(grace=None)
+
+    def kill_controller(self) -> None:
+        self._delete_controller_pods(grace=0)
+
+    def restart_controller(self) -> None:
+        self._delete_controller_pods(grace=0)
+        self._wait_controller_ready()
+
+    def metrics_text(self) -> str:
+        return self._raw("GET", METRICS_PROXY).decode()
+
+    def controller_log(self) -> str:
+        out = []
+        for pod in self._controller_pods():
+            name = pod["metadata"]["name"]
+            with contextlib.suppress(errors.KubeError):
+                out.append(f"---- {name}\n" + self._raw("GET", f"/api/v1/namespaces/{SYSTEM_NS}/pods/{name}/log"
+                                                        "?tailLines=400").decode())
+        return "\n".join(out)
+
+    def gpusim(self, node: str, endpoint: str, body: dict[str, Any]) -> None:
+        pods = self.kube.list(PODS, EXPORTER_NS, label_selector="app=nvidia-dcgm-exporter",
+                              field_selector=f"spec.nodeName={node}")["items"]
+        if not pods:
+            raise E2EError(f"no gpu-sim pod on {node}")
+        pod = pods[0]["metadata"]["name"]
+        self._raw("POST", f"/api/v1/namespaces/{EXPORTER_NS}/pods/{pod}:9400/proxy/{endpoint}", body)
+
+    def set_validation(self, node: str, ok: bool) -> None:
+        self.require("choose a validation outcome per node (the validation Job runs for real)")
+
+    def _raw(self, method: str, path: str, body: Any = None) -> bytes:
+        """A request outside the typed client (proxy subresources): the client's own transport and auth."""
+        retry = "read" if method == "GET" else "mutation"
+        reply = self.kube._call(method, path, query=None, body=body, content_type="application/json", retry=retry)
+        return bytes(reply.body)
+
+
+def make_cluster(tmp: Path) -> Cluster:
+    target = os.environ.get("GPUREMEDIATE_E2E_TARGET", "emulator")
+    if target == "emulator":
+        return EmulatorCluster(tmp)
+    if target == "kubeconfig":
+        return KubeconfigCluster(os.environ.get("KUBECONFIG"))
+    raise E2EError(f"GPUREMEDIATE_E2E_TARGET: expected emulator or kubeconfig, got {target!r}")
+
+
+__all__ = ["BASE_POLICY", "Cluster", "E2EError", "Metrics", "Resource", "make_cluster", "policy_toml", "wait_for"]
