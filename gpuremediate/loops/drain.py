@@ -20,6 +20,7 @@ from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import SCOPE_GPU, SCOPE_IMPACTED, is_terminating, list_node_pods, pod_key, pods_to_drain
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import PODS
+from gpuremediate.loops import custom_drain
 from gpuremediate.loops.base import NodeLoop
 from gpuremediate.policy import safety
 from gpuremediate.policy.workflow import DrainPolicy
@@ -73,6 +74,9 @@ class DrainLoop(NodeLoop):
     # ---- one step -----------------------------------------------------------------------------------
 
     def _step(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> float | None:
+        custom = self.ctx.policy_for(node).customDrain
+        if custom.enabled and not custom_drain.fell_back(record):  # hook: a drain plugin drains (issue 5)
+            return custom_drain.CustomDrain(self, custom).step(node, record, policy)
         now = self.ctx.clock()
         pods = self.targets(node, record, policy)
         if not pods:

@@ -15,6 +15,7 @@ import logging
 
 from gpuremediate.actions.jobs import FAILED, MISSING, SUCCEEDED, delete_job, job_outcome, read_job
 from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
+from gpuremediate.loops import custom_remediate
 from gpuremediate.loops.jobs import JobLoop
 from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy
@@ -45,9 +46,8 @@ class RemediateLoop(JobLoop):
         return self._progress(node, record, action, kind, policy, job_policy)
 
     def custom(self, node: Node, record: NodeRecord, kind: str) -> float | None:
-        """A custom remediation action (``actions.<name>``); without a handler the repair fails."""
-        detail = f"no remediation is configured for action {kind!r}"
-        return self._finish(node, record, ok=False, detail=detail, max_attempts=1)
+        """A custom remediation action (``actions.<name>``): a plugin's resource (issue 5 hook)."""
+        return custom_remediate.CustomRemediation(self).step(node, record, kind)
 
     def _progress(
         self, node: Node, record: NodeRecord, action: ActionInProgress, kind: str,

@@ -38,6 +38,8 @@ from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
 from gpuremediate.policy.workflow import (
     BreakerPolicy,
     BudgetPolicy,
+    CustomAction,
+    CustomDrainPolicy,
     DrainPolicy,
     MaintenancePolicy,
     RemediationPolicy,
@@ -152,10 +154,33 @@ class Policy:
     validation: ValidationPolicy = field(
         default_factory=ValidationPolicy, metadata={"doc": "the validation Job on all the node's GPUs"}
     )
+    customDrain: CustomDrainPolicy = field(
+        default_factory=CustomDrainPolicy, metadata={"doc": "hand the drain to a drain plugin (DrainRequest)"}
+    )
 
     @property
     def thermal_action(self) -> str:
         return ACTION_CORDON
+
+
+def parse_actions(raw: Any, path: str, current: Mapping[str, CustomAction]) -> Mapping[str, CustomAction]:
+    """``[actions.<name>]`` tables → custom actions; superseding groups must name a node-wide group."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table of [actions.<name>] tables, got {_show(raw)}")
+    merged = dict(current)
+    for name, table in raw.items():
+        sub = _join(path, name)
+        if name in BUILTIN_ACTIONS:
+            raise PolicyError(f"{sub}: {_show(name)} is a built-in action; a custom action needs another name")
+        check_action(name, sub)
+        merged[name] = _merge(merged.get(name, CustomAction()), table, sub)
+    node_wide = {a.group_of(n) for n, a in merged.items() if not a.impactedEntityScope}
+    for name, action in merged.items():
+        for group in action.supersedingEquivalenceGroups:
+            if group not in node_wide:
+                raise PolicyError(f"{_join(path, name)}.supersedingEquivalenceGroups: {_show(group)} is not the "
+                                  "equivalence group of a defined action without impactedEntityScope")
+    return MappingProxyType(merged)
 
 
 @dataclass(frozen=True)
@@ -166,6 +191,10 @@ class ClusterSettings:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy, metadata={"doc": "the circuit breaker"})
     repeat_offender: RepeatOffenderPolicy = field(
         default_factory=RepeatOffenderPolicy, metadata={"doc": "quarantine nodes that keep failing"}
+    )
+    actions: Mapping[str, CustomAction] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata={"doc": "custom remediation actions, [actions.<name>]", "parse": parse_actions},
     )
     maintenance: MaintenancePolicy = field(
         default_factory=MaintenancePolicy, metadata={"doc": "inbound MaintenanceRequests"}
@@ -325,12 +354,15 @@ def loads_policy(text: str, source: str = "<string>") -> PolicyFile:
 
 
 def load_policy(path: str | Path) -> PolicyFile:
-    """Read and check the policy file (the one I/O of the policy layer)."""
+    """Read and check the policy file (the one I/O of the policy layer), including that every custom
+    action it names is defined under ``[actions.<name>]``."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"{path}: cannot read the policy file: {exc}") from None
-    return loads_policy(text, str(path))
+    policy_file = loads_policy(text, str(path))
+    policy_file.check_custom_actions(policy_file.cluster.actions)
+    return policy_file
 
 
 def default_policy() -> PolicyFile:

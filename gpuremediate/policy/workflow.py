@@ -9,6 +9,7 @@ sit on ``ClusterSettings``. Durations are seconds.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,3 +134,125 @@ class MaintenancePolicy:
                                    "breaker like a fault does (false: it starts at its time regardless)")
     warn_age_s: float = setting(7 * 86400.0, "a request older than this is reported as forgotten (an Event)",
                                 check=at_least(1))
+
+
+# --- plugins (NVSentinel's contracts; field names as NVSentinel spells them) ------------------------
+
+CUSTOM_DRAIN_ON_TIMEOUT = ("quarantine", "builtin")
+ACTION_SCOPES = ("Namespaced", "Cluster")
+# Placeholders a custom action's template may use, in string values only.
+PLACEHOLDERS = ("nodeName", "healthEventID", "action", "gpuUUIDs", "attempt", "namespace", "reason")
+ENTITY_SCOPES = ("", "GPU", "GPU_UUID")
+_PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+_RESERVED_TEMPLATE_KEYS = ("apiVersion", "kind", "status")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _not_empty(value: Any, path: str) -> None:
+    if not str(value).strip():
+        raise PolicyError(f"{path}: must not be empty")
+
+
+def _condition_status(value: Any, path: str) -> None:
+    one_of("True", "False", "Unknown")(value, path)
+
+
+@dataclass(frozen=True)
+class CustomDrainPolicy:
+    """``[customDrain]``: hand the drain to a plugin through a DrainRequest-shaped resource."""
+
+    enabled: bool = setting(False, "create one request per fault instead of evicting (a plugin drains)")
+    apiGroup: str = setting("nvsentinel.nvidia.com", "API group of the request kind", check=_not_empty)
+    version: str = setting("v1alpha1", "API version of the request kind", check=_not_empty)
+    kind: str = setting("DrainRequest", "the request kind (its plural comes from discovery)", check=_not_empty)
+    namespace: str = setting("gpuremediate-system", "namespace the requests are created in", check=_not_empty)
+    statusConditionType: str = setting("DrainComplete", "condition the plugin sets when the drain is done",
+                                       check=_not_empty)
+    statusConditionStatus: str = setting("True", "the condition's status that means done", check=_condition_status)
+    timeout: float = setting(1800.0, "seconds to wait for the plugin (measured from the drain's start)",
+                             check=at_least(1))
+    onTimeout: str = setting("quarantine", "quarantine (pods stay, a person decides) | builtin (delete the "
+                             "request and drain with the built-in drain)", check=one_of(*CUSTOM_DRAIN_ON_TIMEOUT))
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.apiGroup}/{self.version}"
+
+
+def template_placeholders(value: Any) -> set[str]:
+    """Every placeholder name used in the string values of a template (keys are never templated)."""
+    if isinstance(value, str):
+        return {m.group(1) for m in _PLACEHOLDER.finditer(value)}
+    children: Any = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else ()
+    found: set[str] = set()
+    for child in children:
+        found |= template_placeholders(child)
+    return found
+
+
+def parse_template(raw: Any, path: str, current: Any) -> Any:
+    """A structured resource body (TOML table) with ``{{placeholder}}`` in string values."""
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{path}: expected a table (the resource body), got {type(raw).__name__}")
+    for key in _RESERVED_TEMPLATE_KEYS:
+        if key in raw:
+            raise PolicyError(f"{path}.{key}: set by the controller (apiVersion/kind from the action, status by "
+                              "the plugin); remove it from the template")
+    meta = raw.get("metadata", {})
+    if not isinstance(meta, dict) or set(meta) - {"labels", "annotations"}:
+        raise PolicyError(f"{path}.metadata: only labels and annotations may be templated (the name and "
+                          "namespace are the controller's)")
+    unknown = sorted(template_placeholders(raw) - set(PLACEHOLDERS))
+    if unknown:
+        raise PolicyError(f"{path}: unknown placeholder {{{{{unknown[0]}}}}} (known: {', '.join(PLACEHOLDERS)})")
+    return raw
+
+
+def parse_names(raw: Any, path: str, current: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(v, str) and v for v in raw):
+        raise PolicyError(f"{path}: expected an array of non-empty strings")
+    return tuple(raw)
+
+
+def _default_template() -> dict[str, Any]:
+    return {"spec": {"nodeName": "{{nodeName}}", "action": "{{action}}", "healthEventId": "{{healthEventID}}"}}
+
+
+@dataclass(frozen=True)
+class CustomAction:
+    """``[actions.<name>]``: a custom remediation resource and how to read its completion."""
+
+    apiGroup: str = setting("", "API group of the remediation kind", check=_not_empty)
+    version: str = setting("v1alpha1", "API version of the remediation kind", check=_not_empty)
+    kind: str = setting("", "the remediation kind (its plural comes from discovery)", check=_not_empty)
+    scope: str = setting("Namespaced", "Namespaced | Cluster", check=one_of(*ACTION_SCOPES))
+    namespace: str = setting("gpuremediate-system", "namespace of the resources (Namespaced scope)")
+    completeConditionType: str = setting("Complete", "condition: True = repaired, False = failed (retry), "
+                                         "absent/Unknown = in progress", check=_not_empty)
+    equivalenceGroup: str = setting("", "repairs of one group are never duplicated on a node (default: the "
+                                    "action's name)")
+    supersedingEquivalenceGroups: tuple[str, ...] = field(
+        default=(), metadata={"doc": "groups whose in-progress or succeeded repair covers this one",
+                              "parse": parse_names})
+    impactedEntityScope: str = setting("", "\"\" (the node) | GPU | GPU_UUID: the group is per faulty GPU",
+                                       check=one_of(*ENTITY_SCOPES))
+    template: Any = field(default_factory=_default_template, metadata={
+        "doc": "the resource body (a table); string values may use {{" + "}}, {{".join(PLACEHOLDERS) + "}}",
+        "parse": parse_template})
+    maxAttempts: int = setting(2, "resources (attempts) before the node is quarantined", check=at_least(1))
+    timeout: float = setting(3600.0, "seconds one attempt may take before it counts as failed", check=at_least(1))
+
+    def validate(self, path: str) -> None:
+        for key in ("apiGroup", "kind"):
+            if not getattr(self, key).strip():
+                raise PolicyError(f"{path}.{key}: required (the custom resource's {key})")
+        if self.scope == "Namespaced" and not _DNS_LABEL.fullmatch(self.namespace):
+            raise PolicyError(f"{path}.namespace: a Namespaced action needs a namespace name, got {self.namespace!r}")
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.apiGroup}/{self.version}"
+
+    def group_of(self, name: str) -> str:
+        """The equivalence group (the action's own name when none is configured)."""
+        return self.equivalenceGroup or name

@@ -84,7 +84,8 @@ def test_first_matching_group_wins_and_inherits_the_top_level() -> None:
 
 def test_load_policy_reads_a_file(tmp_path: Path) -> None:
     path = tmp_path / "policy.toml"
-    path.write_text(FULL, encoding="utf-8")
+    # load_policy also checks that every custom action named is defined (issue 5)
+    path.write_text(FULL + '\n[actions.my-fix]\napiGroup = "x.example.com"\nkind = "Fix"\n', encoding="utf-8")
     loaded = load_policy(path)
     assert loaded.source == str(path) and len(loaded.groups) == 2
     with pytest.raises(PolicyError, match="cannot read the policy file"):

@@ -1,0 +1,181 @@
+"""Custom drain (NVSentinel's drain-plugin contract): the drain loop evicts nothing itself.
+
+Per fault it creates one request (default ``DrainRequest``, ``nvsentinel.nvidia.com/v1alpha1``)
+named ``drain-<node>-<eventID>`` and labelled ``nvsentinel.nvidia.com/node-name=<node>``, whose
+spec lists exactly the pods the built-in drain would evict, then waits for the plugin's
+completion condition. Done → the drain is complete (record written first), then the request is
+deleted. Past ``customDrain.timeout`` (from the drain's start) → quarantined, or the request is
+deleted and the built-in drain takes over (``onTimeout = "builtin"``).
+
+Restarts: the name is derived from the fault, and the request is looked up (by label, then name)
+before any create, so a restarted controller reuses the request it already made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpuremediate.actions.custom import (
+    FAULT_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NODE_LABEL,
+    NVSENTINEL_NODE_LABEL,
+    CustomResources,
+    Ref,
+    base_body,
+    condition_is,
+    dns_name,
+    event_id,
+    label_value,
+)
+from gpuremediate.actions.events import NORMAL, WARNING
+from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.actions.pods import pod_key
+from gpuremediate.policy.workflow import CustomDrainPolicy, DrainPolicy
+from gpuremediate.state import decide
+from gpuremediate.state.record import Fault, NodeRecord, start_action
+
+if TYPE_CHECKING:
+    from gpuremediate.loops.drain import DrainLoop
+
+log = logging.getLogger(__name__)
+
+FALLBACK = "builtin-fallback"  # action.detail once a timed-out custom drain fell back to the built-in one
+
+
+def fell_back(record: NodeRecord) -> bool:
+    return record.action is not None and record.action.detail == FALLBACK
+
+
+def fault_event_id(record: NodeRecord) -> str:
+    return event_id(record.fault.fingerprint if record.fault else f"since-{int(record.since)}")
+
+
+def request_name(node: str, record: NodeRecord) -> str:
+    return dns_name("drain", node, fault_event_id(record))
+
+
+def pods_by_namespace(pods: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for pod in pods:
+        namespace, name = pod_key(pod)
+        grouped.setdefault(namespace, []).append(name)
+    return {ns: sorted(names) for ns, names in sorted(grouped.items())}
+
+
+def entities(fault: Fault | None) -> list[dict[str, str]]:
+    """The fault's GPUs as NVSentinel entities: a UUID as GPU_UUID, a ``node/gpuN`` key as GPU N."""
+    found = []
+    for key in fault.gpus if fault else ():
+        if key.startswith("GPU-"):
+            found.append({"type": "GPU_UUID", "value": key})
+        else:
+            found.append({"type": "GPU", "value": key.rsplit("gpu", 1)[-1]})
+    return found
+
+
+def context(record: NodeRecord) -> dict[str, Any]:
+    """The optional DrainRequest context fields (a plugin's CRD prunes what it does not declare)."""
+    fault = record.fault
+    if fault is None:
+        return {"healthEventID": fault_event_id(record)}
+    return {
+        "checkName": f"gpuremediate/{fault.kind}",
+        "recommendedAction": fault.action,
+        "errorCode": [fault.code] if fault.code else [],
+        "healthEventID": fault_event_id(record),
+        "entitiesImpacted": entities(fault),
+        "reason": fault.message,
+    }
+
+
+def request_body(ref: Ref, node: str, record: NodeRecord, pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    labels = {
+        NVSENTINEL_NODE_LABEL: label_value(node),
+        NODE_LABEL: label_value(node),
+        FAULT_LABEL: fault_event_id(record),
+        MANAGED_BY_LABEL: MANAGED_BY,
+    }
+    body = base_body(ref, request_name(node, record), labels)
+    body["spec"] = {"nodeName": node, "podsToDrain": pods_by_namespace(pods), **context(record)}
+    return body
+
+
+class CustomDrain:
+    """One step of a custom drain for one node (called from ``DrainLoop._step``)."""
+
+    def __init__(self, loop: DrainLoop, policy: CustomDrainPolicy) -> None:
+        self.loop = loop
+        self.ctx = loop.ctx
+        self.policy = policy
+        self.ref = Ref(policy.api_version, policy.kind, policy.namespace)
+        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run)
+
+    def step(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> float | None:
+        assert record.action is not None
+        now = self.ctx.clock()
+        name = request_name(name_of(node), record)
+        existing = self._find(name_of(node), name)
+        if existing is not None and condition_is(existing, self.policy.statusConditionType,
+                                                 self.policy.statusConditionStatus):
+            return self._complete(node, record, name, now)
+        deadline = record.action.started + self.policy.timeout
+        if now >= deadline:
+            return self._timed_out(node, record, name, now, drain)
+        if existing is None:
+            self._create(node, record, drain)
+        return max(0.1, min(drain.retry_s, deadline - now))
+
+    def _find(self, node: str, name: str) -> dict[str, Any] | None:
+        """Our request for this fault, found by the node label then the name; completed leftovers
+        of earlier drains of this node (a crash between completing and deleting) are removed."""
+        mine = None
+        for item in self.api.list(self.ref, {NVSENTINEL_NODE_LABEL: label_value(node)}):
+            meta = item.get("metadata") or {}
+            if meta.get("name") == name:
+                mine = item
+            elif (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY and condition_is(
+                    item, self.policy.statusConditionType, self.policy.statusConditionStatus):
+                self.api.delete(self.ref, str(meta.get("name")))
+        return mine
+
+    def _create(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> None:
+        pods = self.loop.targets(node, record, drain)
+        body = request_body(self.ref, name_of(node), record, pods)
+        self.api.ensure(self.ref, body)
+        name = body["metadata"]["name"]
+        verb = "would create" if self.api.dry_run else "created"
+        self.ctx.events.node_event(name_of(node), "GPUDrainRequested",
+                                   f"{verb} {self.ref.kind} {self.ref.namespace}/{name} for {len(pods)} pod(s); "
+                                   "a drain plugin drains the node", NORMAL)
+        log.info("drain request created", extra={"node": name_of(node), "request": name, "pods": len(pods)})
+
+    def _complete(self, node: Node, record: NodeRecord, name: str, now: float) -> float | None:
+        assert record.action is not None
+        self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
+        # The record first: a crash before the delete leaves a completed request, removed next time.
+        if self.loop.apply(node, decide.complete_drain(record, now)) is None:
+            return self.loop.retry_after_conflict()
+        self.api.delete(self.ref, name)
+        return None
+
+    def _timed_out(self, node: Node, record: NodeRecord, name: str, now: float, drain: DrainPolicy) -> float | None:
+        # The request first: a crash before the record write finds no request and times out again.
+        self.api.delete(self.ref, name)
+        detail = (f"drain plugin did not set {self.policy.statusConditionType}={self.policy.statusConditionStatus} "
+                  f"on {self.ref.kind} {self.ref.namespace}/{name} within {self.policy.timeout:g}s")
+        if self.policy.onTimeout == "builtin":
+            self.ctx.events.node_event(name_of(node), "GPUDrainPluginTimedOut", f"{detail}; built-in drain takes over",
+                                       WARNING)
+            fallback = start_action(record, record.action.kind if record.action else "drain", "", 1, now,
+                                    drain.timeout_s, FALLBACK)
+            if self.ctx.writer.write(node, fallback) is None:
+                return self.loop.retry_after_conflict()
+            return 0.0
+        self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
+        if self.loop.apply(node, decide.drain_failed(record, now, detail)) is None:
+            return self.loop.retry_after_conflict()
+        return None
