@@ -25,6 +25,7 @@ from gpuremediate.kube.resources import NODES
 from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
+from gpuremediate.loops.maintenance import MaintenanceLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
@@ -99,6 +100,7 @@ class Controller:
         self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view))
         self.node_loops: list[NodeLoop] = [DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx)]
         self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new))
+        self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
         self.acting = False
         self.lost_lease = False
         self._stopped = threading.Event()
@@ -107,6 +109,8 @@ class Controller:
         if self.acting and self.ctx.nodes.node_filter(node):
             for loop in self.node_loops:
                 loop.on_node(node)
+            if self.maintenance is not None:
+                self.maintenance.on_node(node)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -121,6 +125,10 @@ class Controller:
         self.detect.start()
         for loop in self.node_loops:
             loop.start()
+        drain = next(loop for loop in self.node_loops if isinstance(loop, DrainLoop))
+        self.maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel)
+        if self.maintenance is not None:
+            self.maintenance.start()
 
     def stop(self) -> None:
         self.acting = False
@@ -128,6 +136,8 @@ class Controller:
         self.detect.stop()
         for loop in self.node_loops:
             loop.stop()
+        if self.maintenance is not None:
+            self.maintenance.stop()
         self.informer.stop()
         self.metrics.leader.set(0.0)
         self._stopped.set()
@@ -137,6 +147,8 @@ class Controller:
             return False, "node cache not synced"
         if self.acting and not (self.detect.running and all(loop.running for loop in self.node_loops)):
             return False, "a loop is not running"
+        if self.acting and self.maintenance is not None and not self.maintenance.running:
+            return False, "the maintenance loop is not running"
         return True, "ok" if self.acting else "ok (standby: not the leader)"
 
     def alive(self) -> tuple[bool, str]:
