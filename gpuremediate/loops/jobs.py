@@ -37,7 +37,12 @@ class JobLoop(NodeLoop):
     """A node loop whose action is a Job on the node."""
 
     def fingerprint(self, record: NodeRecord) -> str:
-        return record.fault.fingerprint if record.fault else f"since-{int(record.since)}"
+        """The fault occurrence the Job is for. The same fingerprint can come back after a repair (the same
+        XID again), so the time the fault was first seen is part of it: a new occurrence never finds the
+        previous occurrence's finished Job under its name."""
+        if record.fault is None:
+            return f"since-{int(record.since * 1000)}"
+        return f"{record.fault.fingerprint}@{int(record.fault.first_seen * 1000)}"
 
     def gpu_ids(self, node: Node, record: NodeRecord) -> tuple[list[str], list[str]]:
         """(indexes, UUIDs) of the faulty GPUs, from the latest readings; all GPUs when unknown."""
