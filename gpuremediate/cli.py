@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     breaker.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "gpuremediate-system"))
 
     demo = sub.add_parser("demo", help="the embedded default: a simulated GPU cluster healing itself")
-    demo.add_argument("--nodes", type=int, default=4)
+    demo.add_argument("--nodes", type=int, default=6)
     demo.add_argument("--speed", type=float, default=1.0, help="> 1 runs the timeline faster")
     demo.add_argument("--no-color", action="store_true")
 
@@ -132,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="also read NVRM Xid lines from journalctl -k / dmesg (Linux; default: when readable)",
     )
+    plugin = sub.add_parser("plugin", help="run a reference plugin (NVSentinel plugin contracts)")
+    plugins = plugin.add_subparsers(dest="plugin", metavar="PLUGIN", required=True)
+    from gpuremediate.plugins import drain_window
+
+    drain_window.add_arguments(plugins.add_parser("drain-window", help="drain DrainRequests in a maintenance window"))
     return parser
 
 
@@ -158,6 +163,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return check.main(args)
     if args.command == "run":
         return _run(args)
+    if args.command == "plugin":
+        from gpuremediate.plugins import drain_window
+
+        return drain_window.main(args)
     if args.command == "demo":
         from gpuremediate import demo
 

@@ -1,0 +1,1 @@
+"""Reference plugins that speak NVSentinel's plugin contracts."""
