@@ -7,6 +7,8 @@ port, or one node (DaemonSet: node name from ``NODE_NAME``).
 
 Faults come in over HTTP (``POST /inject``, ``/reset``, ``/reboot``, ``/down``), from the
 CLI (``gpu-sim inject ...`` against a running sim) or from a JSON scenario timeline.
+``POST /validate`` (``gpu-sim validate``) plays the validation Job: it fails while a GPU of the
+node still shows a fault (the kind overlay's repair and validation Jobs use these commands).
 This file is copied alone into the gpu-sim image: it imports nothing outside the stdlib.
 """
 
@@ -418,6 +420,18 @@ class GpuSim:
             for g in self.node(node).gpus:
                 g.xid = None
 
+    def reset_gpus(self, node: str, gpus: Sequence[int]) -> None:
+        """Reset the listed GPUs; an empty list resets every GPU of the node (GPU_IDS unknown)."""
+        with self._lock:
+            state = self.node(node)
+            for g in [state.gpu(i) for i in gpus] if gpus else state.gpus:
+                g.reset()
+
+    def problems(self, node: str) -> list[str]:
+        """What a validation (dcgmi diag) would fail on: every GPU fault still visible."""
+        with self._lock:
+            return [p for g in self.node(node).gpus for p in _gpu_problems(g)]
+
     def reboot(self, node: str) -> None:
         """The node reboots: every GPU is reset and the exporter restarts."""
         with self._lock:
@@ -565,6 +579,12 @@ class GpuSim:
             self.inject(ev.node, _need_gpu(ev), ev.fault, ev.value)
 
 
+def _gpu_problems(g: GpuState) -> list[str]:
+    checks = ((g.xid is not None, f"XID {g.xid}"), (g.dbe_vol > 0, f"{g.dbe_vol} volatile DBE"),
+              (g.remap_failure > 0, "row remap failure"), (g.remap_pending > 0, "row remap pending"))
+    return [f"GPU {g.index}: {what}" for failed, what in checks if failed]
+
+
 def _need_gpu(ev: ScenarioEvent) -> int:
     if ev.gpu is None:
         raise SimError(f"scenario event {ev.fault!r} at {ev.at}s needs a gpu")
@@ -704,12 +724,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         routes: dict[str, Callable[[dict[str, Any]], None]] = {
             "/inject": self._post_inject,
-            "/reset": lambda b: self.server.sim.reset_gpu(_str(b, "node"), _int(b, "gpu")),
+            "/reset": self._post_reset,
             "/reboot": lambda b: self.server.sim.reboot(_str(b, "node")),
             "/restart-exporter": lambda b: self.server.sim.restart_exporter(_str(b, "node")),
             "/down": lambda b: self.server.sim.set_down(_str(b, "node"), b.get("mode")),
         }
-        route = routes.get(self.path.split("?", 1)[0])
+        path = self.path.split("?", 1)[0]
+        if path == "/validate":
+            self._post_validate()
+            return
+        route = routes.get(path)
         if route is None:
             self._json(404, {"error": f"no such endpoint {self.path}"})
             return
@@ -719,6 +743,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": str(e)})
             return
         self._json(200, {"ok": True})
+
+    def _post_reset(self, body: dict[str, Any]) -> None:
+        """``{"node", "gpu": 2}`` or ``{"node", "gpus": [0, 3]}`` (``[]``: every GPU)."""
+        if "gpus" not in body:
+            self.server.sim.reset_gpu(_str(body, "node"), _int(body, "gpu"))
+            return
+        gpus = body["gpus"]
+        if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
+            raise SimError(f"'gpus' must be a list of GPU indexes, got {gpus!r}")
+        self.server.sim.reset_gpus(_str(body, "node"), gpus)
+
+    def _post_validate(self) -> None:
+        try:
+            problems = self.server.sim.problems(_str(self._body(), "node"))
+        except SimError as e:
+            self._json(400, {"error": str(e)})
+            return
+        self._json(200, {"ok": not problems, "problems": problems})
 
     def _post_inject(self, body: dict[str, Any]) -> None:
         value = body.get("value")
@@ -781,8 +823,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", help="JSON timeline of faults to play once serving")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _client_parser(sub, "inject", "inject a fault into a running sim", with_gpu=True, with_fault=True)
-    _client_parser(sub, "reset", "reset one GPU (XID cleared, volatile ECC zeroed)", with_gpu=True)
+    reset = _client_parser(sub, "reset", "reset GPUs (XID cleared, volatile ECC zeroed)")
+    which = reset.add_mutually_exclusive_group(required=True)
+    which.add_argument("--gpu", type=int, help="one GPU index")
+    which.add_argument("--gpus", dest="gpu_list",
+                       help="comma-separated GPU indexes, as a Job's $(GPU_IDS); empty: every GPU")
     _client_parser(sub, "reboot", "reboot a node (all GPUs reset, exporter restarted)")
+    _client_parser(sub, "validate", "exit 0 when no GPU of the node shows a fault, else 1 (the validation Job)")
     down = _client_parser(sub, "down", "take a node's exporter down")
     down.add_argument("--mode", choices=(*DOWN_MODES, "up"), default="refuse")
     return p
@@ -806,6 +853,8 @@ def _client_request(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"node": args.node}
     if getattr(args, "gpu", None) is not None:
         body["gpu"] = args.gpu
+    if getattr(args, "gpu_list", None) is not None:
+        body["gpus"] = _gpu_list(args.gpu_list)
     if args.command == "inject":
         body["fault"] = args.fault
         if args.value is not None:
@@ -820,14 +869,22 @@ def _client_request(args: argparse.Namespace) -> int:
     )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            print(resp.read().decode().strip())
-            return 0
+            answer = resp.read().decode().strip()
+            print(answer)
+            return 1 if args.command == "validate" and not json.loads(answer).get("ok") else 0
     except urllib.error.HTTPError as e:
         print(f"gpu-sim: {e.code}: {e.read().decode().strip()}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as e:
         print(f"gpu-sim: cannot reach {args.url}: {e}", file=sys.stderr)
         return 1
+
+
+def _gpu_list(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        raise SimError(f"--gpus: expected comma-separated GPU indexes like 0,3 (or nothing), got {text!r}")
+    return [int(p) for p in parts]
 
 
 def sim_from_args(args: argparse.Namespace) -> GpuSim:

@@ -61,6 +61,7 @@ class KubeAPIServer:
         self.tokens: dict[str, tuple[str, tuple[str, ...]]] = {
             self.admin_token: ("kubernetes-admin", ("system:masters", "system:authenticated"))}
         self.rbac: dict[str, list[dict[str, Any]]] = {}
+        self.rbac_namespaced: dict[str, dict[str, list[dict[str, Any]]]] = {}
         self.faults: list[Fault] = []
         self.requests: list[AuditRecord] = []
         self.types: dict[tuple[str, str, str], ResourceType] = {}
@@ -123,8 +124,12 @@ class KubeAPIServer:
     def add_token(self, token: str, user: str, groups: tuple[str, ...] | list[str] = ()) -> None:
         self.tokens[token] = (user, tuple(groups))
 
-    def enforce_rbac(self, user: str, rules: list[dict[str, Any]]) -> None:
+    def enforce_rbac(self, user: str, rules: list[dict[str, Any]],
+                     namespaced: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        """``rules``: a ClusterRole's rules (everywhere); ``namespaced``: namespace -> a Role's rules,
+        which allow requests inside that namespace only (never cluster-scoped or all-namespace ones)."""
         self.rbac[user] = rules
+        self.rbac_namespaced[user] = dict(namespaced or {})
 
     def inject(self, method: str = "GET", path: str = r".*", count: int = 1, status: int = 500,
                retry_after: int | None = None, action: str = "status", delay_s: float = 0.2) -> None:
@@ -284,7 +289,8 @@ class KubeAPIServer:
         if rules is None and req.user != "system:anonymous":
             return
         resource = f"{t.rt.resource}/{t.subresource}" if t.subresource else t.rt.resource
-        if not any(_rule_allows(rule, verb, t.rt.group, resource, t.name) for rule in rules or []):
+        scoped = self.rbac_namespaced.get(req.user, {}).get(t.namespace, []) if t.namespace else []
+        if not any(_rule_allows(rule, verb, t.rt.group, resource, t.name) for rule in [*(rules or []), *scoped]):
             raise errs.forbidden(req.user, verb, resource, t.rt.group, t.namespace or None, t.name or None)
 
     # --- non-resource and discovery ----------------------------------------------------------------

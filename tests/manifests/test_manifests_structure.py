@@ -8,99 +8,31 @@ import json
 import re
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests_support import (
+    AGGREGATE_LABEL,
+    KUSTOMIZATION,
+    MANIFESTS,
+    ROOT,
+    controller_grants,
+    known_series,
+    named,
+    objects,
+    of_kind,
+    series_in,
+)
 
+from gpuremediate import cli
+from gpuremediate.signals import dcgm
+from sim import gpusim
 from sim.miniyaml import load, load_all
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
-KUSTOMIZATION = "kustomization.yaml"
-CONTROLLER_SA = ("gpuremediate-system", "gpuremediate")
-AGGREGATE_LABEL = "gpuremediate.io/aggregate-to-controller"
-
-# design §7, prefix gpuremediate_; histograms also expose _bucket/_sum/_count
-METRICS = {
-    "nodes", "transitions_total", "faults_total", "evictions_total", "budget_in_use", "budget_limit",
-    "circuit_breaker_open", "scrape_seconds", "scrape_errors_total", "leader", "blocked_nodes", "dry_run",
-}
-HISTOGRAMS = {"drain_seconds", "remediation_seconds"}
-KNOWN_SERIES = {f"gpuremediate_{m}" for m in METRICS} | {
-    f"gpuremediate_{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")
-}
-
-# (apiGroup, resource, verb, namespace or None for cluster-wide): the brief's least privilege
-EXPECTED_GRANTS = {
-    *{("", "nodes", v, None) for v in ("get", "list", "watch", "patch", "update")},
-    ("", "nodes/status", "get", None),
-    *{("", "pods", v, None) for v in ("get", "list", "watch", "delete")},
-    ("", "pods/eviction", "create", None),
-    *{(g, "events", v, None) for g in ("", "events.k8s.io") for v in ("create", "patch")},
-    *{("policy", "poddisruptionbudgets", v, None) for v in ("get", "list", "watch")},
-    *{("apiextensions.k8s.io", "customresourcedefinitions", v, None) for v in ("get", "list")},
-    *{("gpuremediate.io", "maintenancerequests", v, None) for v in ("get", "list", "watch", "update", "patch")},
-    *{("gpuremediate.io", "maintenancerequests/status", v, None) for v in ("update", "patch")},
-    ("gpuremediate.io", "maintenancerequests/finalizers", "update", None),
-    *{("nvsentinel.nvidia.com", "drainrequests", v, None) for v in ("create", "get", "list", "watch", "delete")},
-    *{("batch", "jobs", v, "gpuremediate-jobs") for v in ("create", "get", "list", "watch", "delete")},
-    *{("coordination.k8s.io", "leases", v, "gpuremediate-system") for v in ("get", "create", "update")},
-    *{("", "configmaps", v, "gpuremediate-system") for v in ("get", "list", "watch")},
-}
-
-# the series the policy reads (design §4 and the policy's sections)
-POLICY_FIELDS = {
-    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE",
-    "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_THERMAL_VIOLATION",
-}
-
-
-# -- loading ------------------------------------------------------------------------------------
-
-
-def manifest_files() -> list[Path]:
-    return sorted(p for p in MANIFESTS.rglob("*.yaml"))
-
-
-def patch_files() -> set[Path]:
-    """Files kustomize merges onto other objects: partial objects, not resources of their own."""
-    found: set[Path] = set()
-    for kfile in MANIFESTS.rglob(KUSTOMIZATION):
-        spec = load(kfile.read_text(encoding="utf-8"))
-        found |= {(kfile.parent / p["path"]).resolve() for p in spec.get("patches", []) if "path" in p}
-    return found
-
-
-def objects(*, with_patches: bool = False) -> Iterator[tuple[Path, dict[str, Any]]]:
-    skipped = set() if with_patches else patch_files()
-    for path in manifest_files():
-        if path.name == KUSTOMIZATION or path.resolve() in skipped:
-            continue
-        for doc in load_all(path.read_text(encoding="utf-8")):
-            assert isinstance(doc, dict), f"{path}: a document that is not an object"
-            yield path, doc
-
-
-def of_kind(*kinds: str) -> list[dict[str, Any]]:
-    return [obj for _, obj in objects() if obj["kind"] in kinds]
-
-
-def named(kind: str, name: str) -> dict[str, Any]:
-    found = [obj for obj in of_kind(kind) if obj["metadata"]["name"] == name]
-    assert len(found) >= 1, f"no {kind} {name}"
-    return found[0]
-
-
-def policy_of(path: Path) -> dict[str, Any]:
-    config_map = load(path.read_text(encoding="utf-8"))
-    return tomllib.loads(config_map["data"]["policy.toml"])
+# the series the controller's dcgm parser reads (signals/dcgm.py): the counters must enable them
+POLICY_FIELDS = {dcgm.XID_FIELD, dcgm.XID_COUNT_SERIES, *dcgm.NAMED_FIELDS}
 
 
 # -- every file ---------------------------------------------------------------------------------
@@ -174,15 +106,16 @@ def test_controller_deployment_matches_the_contract() -> None:
     assert pod["topologySpreadConstraints"] and pod["affinity"]["podAntiAffinity"]
     (container,) = pod["containers"]
     assert container["image"] == "gpuremediate:dev"
-    assert container["args"] == [
-        "run", "--leader-elect", "--metrics-addr=:8080",
-        "--policy=/etc/gpuremediate/policy.toml", "--log-format=json",
-    ]
+    args = cli.build_parser().parse_args(container["args"])  # the real flags of `gpuremediate run`
+    settings = cli.settings_from_args(args)
+    assert args.command == "run" and settings.leader_elect and settings.log_format == "json"
+    assert settings.policy_path == "/etc/gpuremediate/policy.toml"
+    assert settings.lease_name == "gpuremediate" and settings.jobs_namespace == "gpuremediate-jobs"
     assert container["securityContext"]["runAsUser"] == 65532
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8080}
+    assert ports == {"metrics": settings.metrics_port}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -221,52 +154,13 @@ def test_no_rbac_rule_uses_a_wildcard() -> None:
                 assert not any("*" in v for v in rule.get(field, [])), role["metadata"]["name"]
 
 
-def _bound_roles(kind: str) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """(role, namespace) for every role bound to the controller's ServiceAccount in the base."""
-    base = [obj for path, obj in objects() if MANIFESTS / "base" in path.parents]
-    for binding in (b for b in base if b["kind"] in (f"{kind}Binding",)):
-        subjects = {(s.get("namespace"), s["name"]) for s in binding["subjects"]}
-        if CONTROLLER_SA not in subjects:
-            continue
-        namespace = binding["metadata"].get("namespace")
-        ref = binding["roleRef"]
-        matches = [
-            r for r in base
-            if r["kind"] == ref["kind"] and r["metadata"]["name"] == ref["name"]
-            and r["metadata"].get("namespace") == namespace
-        ]
-        assert len(matches) == 1, f"{binding['metadata']['name']} refers to a missing {ref['kind']}"
-        yield matches[0], namespace
-
-
-def _grants(role: dict[str, Any], namespace: str | None) -> set[tuple[str, str, str, str | None]]:
-    return {
-        (group, resource, verb, namespace)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-
-
-def test_controller_permissions_are_exactly_the_least_privilege_set() -> None:
-    granted: set[tuple[str, str, str, str | None]] = set()
-    base_cluster_roles = [
-        obj for path, obj in objects() if obj["kind"] == "ClusterRole" and MANIFESTS / "base" in path.parents
-    ]
-    for role, namespace in [*_bound_roles("ClusterRole"), *_bound_roles("Role")]:
-        selectors = role.get("aggregationRule", {}).get("clusterRoleSelectors", [])
-        if role["kind"] == "ClusterRole":
-            assert selectors == [{"matchLabels": {AGGREGATE_LABEL: "true"}}], "controller role must aggregate"
-            assert role["rules"] == []
-            for part in base_cluster_roles:
-                if part["metadata"].get("labels", {}).get(AGGREGATE_LABEL) == "true":
-                    granted |= _grants(part, None)
-        else:
-            granted |= _grants(role, namespace)
-    assert granted == EXPECTED_GRANTS, (
-        f"missing: {sorted(map(str, EXPECTED_GRANTS - granted))}; extra: {sorted(map(str, granted - EXPECTED_GRANTS))}"
-    )
+def test_the_controller_cluster_role_aggregates_and_holds_no_rules_itself() -> None:
+    role = named("ClusterRole", "gpuremediate-controller")
+    assert role["aggregationRule"]["clusterRoleSelectors"] == [{"matchLabels": {AGGREGATE_LABEL: "true"}}]
+    assert role["rules"] == []
+    grants = controller_grants()
+    assert {g.role for g in grants} >= {"gpuremediate-controller-core", "gpuremediate-controller"}
+    assert all(g.namespace in (None, "gpuremediate-system", "gpuremediate-jobs", "default") for g in grants)
 
 
 def test_plugin_kinds_sit_in_their_own_aggregated_cluster_roles() -> None:
@@ -379,32 +273,7 @@ def test_drain_request_crd_follows_nvsentinel_contract() -> None:
     assert {"checkName", "recommendedAction", "errorCode", "healthEventID", "entitiesImpacted"} <= set(spec)
 
 
-# -- policy ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("path", ["base/policy-configmap.yaml", "overlays/kind/policy-configmap.yaml"])
-def test_policy_toml_parses_and_holds_every_section(path: str) -> None:
-    policy = policy_of(MANIFESTS / path)
-    sections = {"thermal", "ecc", "row_remap", "xid", "drain", "remediation", "validation", "budget", "breaker",
-                "repeatOffender", "customDrain", "maintenance"}
-    assert sections <= set(policy), sections - set(policy)
-    assert policy["drain"]["mode"] in {"Immediate", "AllowCompletion", "DeleteAfterTimeout"}
-    assert policy["drain"]["scope"] in {"all", "gpu", "impacted"}
-    assert policy["customDrain"]["onTimeout"] in {"quarantine", "builtin"}
-    assert policy["customDrain"]["enabled"] is False
-    assert (policy["repeatOffender"]["count"], policy["repeatOffender"]["window"]) == (3, "7d")
-    for job in (policy["remediation"]["reset-gpu"], policy["remediation"]["reboot"], policy["validation"]):
-        assert isinstance(job["image"], str) and job["image"]
-        assert job["command"] and all(isinstance(part, str) for part in job["command"])
-
-
-def test_kind_policy_jobs_call_gpu_sim() -> None:
-    policy = policy_of(MANIFESTS / "overlays/kind/policy-configmap.yaml")
-    for job, verb in ((policy["remediation"]["reset-gpu"], "reset"), (policy["remediation"]["reboot"], "reboot"),
-                      (policy["validation"], "validate")):
-        assert job["image"] == "gpu-sim:dev"
-        assert job["command"][:4] == ["python", "-m", "sim.gpusim", "client"] and verb in job["command"]
-        assert "--node=$(NODE_NAME)" in job["command"]
+# -- kind ------------------------------------------------------------------------------------------
 
 
 def test_gpu_sim_daemonset_poses_as_dcgm_exporter() -> None:
@@ -416,6 +285,9 @@ def test_gpu_sim_daemonset_poses_as_dcgm_exporter() -> None:
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
     assert env == {"NODE_NAME": "spec.nodeName"}
     assert container["ports"][0]["containerPort"] == 9400
+    assert "command" not in container, "the image's entrypoint runs gpu-sim (sim/Dockerfile)"
+    args = gpusim.build_parser().parse_args(container["args"])
+    assert args.command is None and args.port == 9400 and args.host == "0.0.0.0"  # serve
 
 
 # -- dcgm-exporter, monitoring --------------------------------------------------------------------
@@ -434,16 +306,13 @@ def test_dcgm_counters_enable_every_field_the_policy_reads() -> None:
     assert set(fields) >= POLICY_FIELDS, POLICY_FIELDS - set(fields)
 
 
-def _series_in(text: str) -> set[str]:
-    return set(re.findall(r"\bgpuremediate_[a-z_]+\b", text))
-
-
 def test_grafana_dashboard_parses_and_uses_only_known_metrics() -> None:
     dashboard = json.loads((MANIFESTS / "monitoring/grafana-dashboard.json").read_text(encoding="utf-8"))
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     assert exprs
-    used = set().union(*map(_series_in, exprs))
-    assert used <= KNOWN_SERIES, used - KNOWN_SERIES
+    used = set().union(*map(series_in, exprs))
+    unknown = used - known_series()
+    assert not unknown, f"the dashboard queries metrics the controller does not export: {unknown}"
     assert {"gpuremediate_nodes", "gpuremediate_transitions_total", "gpuremediate_blocked_nodes",
             "gpuremediate_remediation_seconds_bucket"} <= used
 
@@ -451,8 +320,8 @@ def test_grafana_dashboard_parses_and_uses_only_known_metrics() -> None:
 def test_alerts_cover_the_failure_modes_with_known_metrics() -> None:
     rule = named("PrometheusRule", "gpuremediate")
     alerts = {r["alert"]: r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]}
-    for expr in alerts.values():
-        assert _series_in(expr) <= KNOWN_SERIES, _series_in(expr) - KNOWN_SERIES
+    for name, expr in alerts.items():
+        assert series_in(expr) <= known_series(), f"{name}: unknown metrics {series_in(expr) - known_series()}"
     joined = " ".join(alerts.values())
     for series in ("circuit_breaker_open", 'nodes{state="quarantined"}', 'nodes{state="draining"}',
                    'nodes{state="repairing"}', "scrape_errors_total", "leader"):
@@ -481,15 +350,16 @@ def test_kustomize_renders_and_the_render_loads(root: str) -> None:
         args = deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[-1] == "--maintenance-group=nvsentinel.dgxc.nvidia.com"
         assert any(d["metadata"]["name"] == "maintenancerequests.nvsentinel.dgxc.nvidia.com" for d in docs)
-    if root == "overlays/kind":
-        (policy,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuremediate-policy"]
-        assert "gpu-sim:dev" in policy["data"]["policy.toml"]
+    policies = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("gpuremediate-policy")]
+    if root in ("base", "overlays/kind"):
+        (policy,) = policies
+        want = (MANIFESTS / root / "policy.toml").read_text(encoding="utf-8")
+        assert policy["data"]["policy.toml"] == want
+        volumes = deployments[0]["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "policy", "configMap": {"name": policy["metadata"]["name"]}} in volumes
 
 
 # -- scripts and workflows ----------------------------------------------------------------------
-
-ROOT = MANIFESTS.parent
-
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_kind_scripts_pass_shellcheck() -> None:

@@ -1,0 +1,120 @@
+"""Loading manifests/ for the tests (no cluster, no PyYAML): objects, roles, the controller's grants."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuremediate.obs.controller_metrics import ControllerMetrics
+from sim.miniyaml import load, load_all
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+KUSTOMIZATION = "kustomization.yaml"
+CONTROLLER_SA = ("gpuremediate-system", "gpuremediate")
+AGGREGATE_LABEL = "gpuremediate.io/aggregate-to-controller"
+
+
+def manifest_files() -> list[Path]:
+    return sorted(MANIFESTS.rglob("*.yaml"))
+
+
+def patch_files() -> set[Path]:
+    """Files kustomize merges onto other objects: partial objects, not resources of their own."""
+    found: set[Path] = set()
+    for kfile in MANIFESTS.rglob(KUSTOMIZATION):
+        spec = load(kfile.read_text(encoding="utf-8"))
+        found |= {(kfile.parent / p["path"]).resolve() for p in spec.get("patches", []) if "path" in p}
+    return found
+
+
+def objects(*, with_patches: bool = False, under: str = "") -> Iterator[tuple[Path, dict[str, Any]]]:
+    skipped = set() if with_patches else patch_files()
+    root = MANIFESTS / under if under else MANIFESTS
+    for path in manifest_files():
+        if path.name == KUSTOMIZATION or path.resolve() in skipped or root not in path.parents:
+            continue
+        for doc in load_all(path.read_text(encoding="utf-8")):
+            assert isinstance(doc, dict), f"{path}: a document that is not an object"
+            yield path, doc
+
+
+def of_kind(*kinds: str, under: str = "") -> list[dict[str, Any]]:
+    return [obj for _, obj in objects(under=under) if obj["kind"] in kinds]
+
+
+def named(kind: str, name: str) -> dict[str, Any]:
+    found = [obj for obj in of_kind(kind) if obj["metadata"]["name"] == name]
+    assert found, f"no {kind} {name} under manifests/"
+    return found[0]
+
+
+# -- RBAC ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One rule of a role bound to the controller; ``namespace`` None: cluster-wide (a ClusterRole)."""
+
+    role: str
+    namespace: str | None
+    rule: dict[str, Any]
+
+    def permissions(self) -> set[tuple[str, str, str, str | None]]:
+        """(apiGroup, resource, verb, namespace) — what this rule grants, one per combination."""
+        rule = self.rule
+        return {(g, r, v, self.namespace) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def _aggregated(role: dict[str, Any], cluster_roles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ClusterRoles an aggregating ClusterRole collects (matchLabels selectors, as the control plane does)."""
+    selectors = [s.get("matchLabels", {}) for s in role["aggregationRule"]["clusterRoleSelectors"]]
+    labels_of = [(r, r["metadata"].get("labels", {})) for r in cluster_roles]
+    return [r for r, labels in labels_of if any(sel.items() <= labels.items() for sel in selectors)]
+
+
+def controller_grants(under: str = "base") -> list[Grant]:
+    """Every rule the controller's ServiceAccount gets from the bindings under ``manifests/<under>``."""
+    found = [obj for _, obj in objects(under=under)]
+    cluster_roles = [o for o in found if o["kind"] == "ClusterRole"]
+    grants: list[Grant] = []
+    for binding in (o for o in found if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        subjects = {(s.get("namespace"), s["name"]) for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+        if CONTROLLER_SA not in subjects:
+            continue
+        namespace = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        ref = binding["roleRef"]
+        matches = [o for o in found if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]
+                   and (ref["kind"] == "ClusterRole" or o["metadata"].get("namespace") == namespace)]
+        assert len(matches) == 1, f"binding {binding['metadata']['name']} refers to a missing {ref['kind']}"
+        role = matches[0]
+        parts = _aggregated(role, cluster_roles) if "aggregationRule" in role else [role]
+        for part in parts:
+            grants += [Grant(part["metadata"]["name"], namespace, rule) for rule in part.get("rules", [])]
+    return grants
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def controller_metrics() -> dict[str, str]:
+    """name -> type of every metric the controller registers (from its own /metrics text)."""
+    text = ControllerMetrics().registry.render()
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+
+
+def known_series() -> set[str]:
+    """Every series name a query may use: the metrics, plus _bucket/_sum/_count of histograms."""
+    series: set[str] = set()
+    for name, kind in controller_metrics().items():
+        series.add(name)
+        if kind == "histogram":
+            series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return series
+
+
+def series_in(text: str) -> set[str]:
+    return set(re.findall(r"\bgpuremediate_[a-z_]+\b", text))
