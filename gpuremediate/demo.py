@@ -1,0 +1,192 @@
+"""``gpuremediate demo``: the embedded default. A simulated GPU cluster (API emulator, gpu-sim as
+the dcgm-exporter of every node, a kubelet stand-in) and the real controller, in one process.
+Faults are injected on a timeline and each node is shown walking through its states."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.fleet import StatusRow, explain_node, render_status, status_rows
+from gpuremediate.obs.log import setup_logging
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.state import states
+from gpuremediate.state.record import RecordError, record_from_node
+from sim.cluster import SimCluster
+
+DEMO_POLICY = """
+[thermal]
+hold_s = 2.0        # seconds hot before the cordon (production default: 60)
+clear_hold_s = 3.0  # seconds cool before it clears (production default: 300)
+
+[budget]
+max_unavailable = "2"
+
+[breaker]
+threshold_percent = 70.0  # four of six nodes fault within minutes in this demo; the default is 30
+
+[repeat_offender]
+count = 3           # the 4th fault needing repair within the window quarantines the node
+"""
+
+COLORS = {
+    states.HEALTHY: "32", states.CORDONED: "33", states.DRAINING: "35", states.REPAIRING: "36",
+    states.VALIDATING: "34", states.QUARANTINED: "31", states.MAINTENANCE: "37",
+}
+
+
+@dataclass
+class Step:
+    at: float
+    what: str
+    act: Callable[[SimCluster], None]
+
+
+def timeline() -> list[Step]:
+    return [
+        Step(1.0, "gpu-node-1 GPU 3: XID 79 (GPU fallen off the bus)",
+             lambda c: c.gpusim.inject_xid("gpu-node-1", 3, 79)),
+        Step(2.0, "gpu-node-2 GPU 1: volatile double-bit ECC error",
+             lambda c: c.gpusim.inject_dbe("gpu-node-2", 1, 1)),
+        Step(3.0, "gpu-node-3 GPU 0: 93 °C", lambda c: c.gpusim.set_temp("gpu-node-3", 0, 93.0)),
+        Step(4.0, "gpu-node-4 GPU 2: XID 48 (double-bit ECC), 1st time",
+             lambda c: c.gpusim.inject_xid("gpu-node-4", 2, 48)),
+        Step(9.0, "gpu-node-3 GPU 0: back to 60 °C", lambda c: c.gpusim.set_temp("gpu-node-3", 0, 60.0)),
+    ]
+
+
+class Demo:
+    def __init__(self, nodes: int, speed: float, color: bool, out: TextIO | None = None) -> None:
+        self.speed = max(0.1, speed)
+        self.color = color
+        self.out = out or sys.stdout
+        self.cluster = SimCluster(nodes=max(4, nodes))
+        self.seen: dict[str, tuple[str, str]] = {}
+        self.started = 0.0
+        self.repeat_faults = 1
+
+    def say(self, text: str) -> None:
+        print(f"{time.monotonic() - self.started:6.1f}s  {text}", file=self.out, flush=True)
+
+    def paint(self, state: str) -> str:
+        return f"\033[{COLORS.get(state, '0')}m{state}\033[0m" if self.color else state
+
+    def run(self) -> int:
+        print("Starting a simulated cluster: Kubernetes API emulator, gpu-sim exporters, node simulator...",
+              file=self.out, flush=True)
+        with self.cluster as cluster:
+            self._workloads(cluster)
+            settings = Settings(kubeconfig=cluster.kubeconfig, exporter_port=cluster.exporter_port,
+                                scrape_interval_s=0.5 / self.speed, resync_s=0.5 / self.speed, metrics_port=0)
+            controller = Controller(settings, loads_policy(DEMO_POLICY, "<demo policy>"), client=cluster.kube)
+            if not controller.start_caches(30):
+                print("the node cache did not sync", file=sys.stderr)
+                return 1
+            controller.start_loops()
+            try:
+                self._play(cluster)
+            finally:
+                controller.stop()
+            print("\n$ gpuremediate status\n" + render_status(status_rows(cluster.kube)),
+                  file=self.out)
+            print("$ gpuremediate explain gpu-node-4\n" + explain_node(cluster.kube, "gpu-node-4"),
+                  file=self.out)
+            self._summary(controller)
+        return 0
+
+    def _workloads(self, cluster: SimCluster) -> None:
+        for name in cluster.node_names:
+            cluster.workload(f"train-{name[-1]}", name, gpus=8, labels={"app": "train"})
+        print(f"{len(cluster.node_names)} GPU nodes x 8 GPUs, one training pod each. Injecting faults:\n",
+              file=self.out, flush=True)
+
+    def _play(self, cluster: SimCluster) -> None:
+        self.started = time.monotonic()
+        steps = timeline()
+        deadline = self.started + 90.0 / self.speed
+        while time.monotonic() < deadline:
+            elapsed = (time.monotonic() - self.started) * self.speed
+            while steps and steps[0].at <= elapsed:
+                step = steps.pop(0)
+                self.say(f"⚡ {step.what}")
+                step.act(cluster)
+            rows = status_rows(cluster.kube)
+            self._report(cluster, rows)
+            if not steps and self._settled(rows):
+                return
+            time.sleep(0.1)
+        self.say("demo timeline over")
+
+    def _report(self, cluster: SimCluster, rows: list[StatusRow]) -> None:
+        for row in rows:
+            key = (row.state, row.blocked)
+            before = self.seen.get(row.node)
+            if before == key:
+                continue
+            self.seen[row.node] = key
+            if before is None and row.state == states.HEALTHY:
+                continue
+            detail = self._why(cluster, row.node)
+            if before is not None and before[0] == row.state:
+                if row.blocked != "-":
+                    self.say(f"  {row.node:<11} {self.paint(row.state):<11} waiting: {row.blocked}")
+                continue
+            self.say(f"  {row.node:<11} {self.paint(row.state):<11} {detail}")
+            self._repeat_offender(cluster, row)
+
+    def _why(self, cluster: SimCluster, node: str) -> str:
+        from gpuremediate.kube.resources import NODES
+
+        record = record_from_node(cluster.kube.get(NODES, node))
+        if record is None or isinstance(record, RecordError):
+            return ""
+        text = f"({record.reason})"
+        if record.message:
+            text += " " + (record.message if len(record.message) <= 100 else record.message[:99].rstrip() + "…")
+        return text
+
+    def _repeat_offender(self, cluster: SimCluster, row: StatusRow) -> None:
+        """gpu-node-4 keeps failing: a new XID 48 each time it comes back, until it is quarantined."""
+        if row.node == "gpu-node-4" and row.state == states.HEALTHY and self.repeat_faults < 4:
+            self.repeat_faults += 1
+            threading.Timer(1.0 / self.speed, self._refault, args=(cluster,)).start()
+
+    def _refault(self, cluster: SimCluster) -> None:
+        self.say(f"⚡ gpu-node-4 GPU 2: XID 48 again ({self.repeat_faults}{_ordinal(self.repeat_faults)} time)")
+        cluster.gpusim.inject_xid("gpu-node-4", 2, 48)
+
+    def _settled(self, rows: list[StatusRow]) -> bool:
+        done = {r.node: r.state for r in rows}
+        return (self.repeat_faults >= 4 and done.get("gpu-node-4") == states.QUARANTINED
+                and all(s == states.HEALTHY for n, s in done.items() if n != "gpu-node-4"))
+
+    def _summary(self, controller: Controller) -> None:
+        m = controller.metrics
+        print("What happened: gpu-node-1 rebooted, gpu-node-2 had its GPU reset, both validated and returned;\n"
+              "gpu-node-3 was cordoned while hot and uncordoned once cool (its pods stayed);\n"
+              "gpu-node-4 was repaired three times, then quarantined as a repeat offender: it needs a person\n"
+              "(`gpuremediate explain gpu-node-4`, then `gpuremediate release gpu-node-4`).\n"
+              f"Evictions: {int(m.evictions.value(result='evicted', dry_run='false'))}; "
+              f"transitions: {_total(m.registry.render(), 'gpuremediate_transitions_total')}.",
+              file=self.out)
+
+
+def _ordinal(n: int) -> str:
+    return {1: "st", 2: "nd", 3: "rd"}.get(n, "th")
+
+
+def _total(text: str, name: str) -> int:
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")))
+
+
+def main(nodes: int = 6, speed: float = 1.0, color: bool = False) -> int:
+    setup_logging("text", "critical")
+    logging.getLogger("gpuremediate").setLevel(logging.CRITICAL)
+    return Demo(nodes, speed, color).run()
