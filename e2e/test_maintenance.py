@@ -15,7 +15,7 @@ import pytest
 
 from e2e.harness import Cluster
 from gpuremediate.kube import errors
-from gpuremediate.kube.resources import CRDS, Resource
+from gpuremediate.kube.resources import CRDS, EVENTS, Resource
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION, FINALIZER, rfc3339
 from sim import miniyaml
 
@@ -192,7 +192,7 @@ def test_request_deleted_mid_drain_returns_the_node_at_once(mc: Cluster) -> None
     create(mc, request("mr-drain", node, "RESTART_BM"))
     obj = mc.wait(lambda: _blocked_by_pdb(get(mc, "mr-drain")), 15, "the drain blocked by the PDB",
                   seen=lambda: get(mc, "mr-drain"))
-    assert obj["status"]["phase"] == "Preparing" and mc.unschedulable(node)
+    assert obj is not None and obj["status"]["phase"] == "Preparing" and mc.unschedulable(node)
     delete_and_wait_gone(mc, "mr-drain")
     assert mc.state(node) == "healthy" and not mc.unschedulable(node)
     assert mc.pod_exists("stuck-0") and mc.job_runs(node, "reboot") == 0 and claim(mc, node) == ""
@@ -261,3 +261,44 @@ def test_cel_rejects_an_opening_event_that_is_healthy(mc: Cluster) -> None:
                     "real API server (GPUREMEDIATE_E2E_TARGET=kubeconfig)")
     with pytest.raises(errors.Invalid, match="isHealthy"):
         create(mc, request("mr-healthy", mc.nodes[0], healthy=True))
+
+
+def test_forgotten_request_is_surfaced_by_metric_and_event(mc: Cluster) -> None:
+    mc.start_controller({**POLICY, "maintenance": {"prepare_lead_s": 1.0, "warn_age_s": 1.0}})
+    create(mc, request("mr-old", mc.nodes[0], start=time.time() + 3600))
+    mc.wait(lambda: (_age(mc, "mr-old") or 0.0) > 1.0, 15, "the request's age in the metric",
+            seen=lambda: _age(mc, "mr-old"))
+    mc.wait(lambda: _forgotten_events(mc, "mr-old"), 15, "a MaintenanceRequestForgotten Event")
+    delete_and_wait_gone(mc, "mr-old")
+    mc.wait(lambda: _age(mc, "mr-old") is None, 10, "the deleted request gone from the age metric")
+
+
+def _age(c: Cluster, request_name: str) -> float | None:
+    """The age metric's sample for a request (its label is called ``name``), None when absent."""
+    for sample in c.metrics().samples:
+        if sample.name == "gpuremediate_maintenance_request_age_seconds" and sample.label("name") == request_name:
+            return float(sample.value)
+    return None
+
+
+def _forgotten_events(c: Cluster, name: str) -> list[dict[str, Any]]:
+    items = c.kube.list(EVENTS, "default")["items"]
+    return [e for e in items if e.get("reason") == "MaintenanceRequestForgotten"
+            and e["involvedObject"].get("name") == name and e["involvedObject"].get("kind") == "MaintenanceRequest"]
+
+
+def test_request_whose_finalizer_a_person_removed_leaves_no_orphan(mc: Cluster) -> None:
+    node = mc.nodes[1]
+    mc.start_controller(POLICY)
+    create(mc, request("mr-orphan", node))
+    wait_phase(mc, "mr-orphan", "Prepared")
+    mc.kube.delete(MRS, "mr-orphan")
+    mc.kube.patch(MRS, "mr-orphan", {"metadata": {"finalizers": None}})  # kubectl patch ... finalizers=null
+    mc.wait(lambda: mc.state(node) == "healthy" and not mc.unschedulable(node) and claim(mc, node) == "", 20,
+            f"{node} returned although its request vanished without cleanup", seen=lambda: mc.summary(node))
+
+
+def test_without_the_crd_maintenance_requests_are_disabled(cluster: Cluster) -> None:
+    cluster.start_controller(POLICY)  # no CRD installed: the controller still starts and is ready
+    cluster.wait(lambda: "maintenance requests disabled" in cluster.controller_log(), 10,
+                 "the controller to log that maintenance requests are disabled")
