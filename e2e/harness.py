@@ -24,6 +24,8 @@ The API (``c`` is the ``cluster`` fixture)::
     c.inject(node, gpu, fault, value=None)    # gpu-sim faults: xid|dbe|row-remap-failure|row-remap-pending|temp|...
     c.reset_gpu(node, gpu); c.exporter_down(node, mode="refuse"); c.exporter_up(node)
     c.set_validation(node, ok)                # emulator only (c.require skips elsewhere)
+    c.audit_mark() / c.mutations_since(mark)  # emulator only: mutating API requests (no Events/status)
+    c.job_runs(node, kind) -> int             # Job pods of that kind that ran on the node
     c.workload(name, node, gpus=1, labels=None) -> pod;  c.pdb(name, selector, min_available=1)
     c.set_pdb_min_available(name, value)
     c.node(name) -> dict; c.record(name) -> NodeRecord | None; c.state(name) -> str ("healthy" if untouched)
@@ -235,6 +237,20 @@ class Cluster:
 
     def require(self, what: str) -> None:
         """Skip the scenario on a target that cannot do ``what`` (emulator can do everything)."""
+
+    def audit_mark(self) -> int:
+        self.require("read the API server's audit of requests")
+        return 0
+
+    def mutations_since(self, mark: int) -> list[tuple[str, ...]]:
+        self.require("read the API server's audit of requests")
+        return []
+
+    def job_runs(self, node: str, kind: str) -> int:
+        """How many times a Job of ``kind`` ran on ``node``: its pods (a Job's retries included)."""
+        jobs = {j["metadata"]["name"] for j in self.jobs(node, kind)}
+        pods = self.kube.list(PODS, JOBS_NS, label_selector=JOB_LABEL)["items"]
+        return sum(1 for p in pods if (p["metadata"].get("labels") or {}).get("job-name") in jobs)
 
     # -- shared
     @property
@@ -489,6 +505,9 @@ class ControllerProcess:
         self._reader.join(2)
 
 
+MUTATING_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
 class EmulatorCluster(Cluster):
     target = "emulator"
     INTERVAL_S = float(os.environ.get("GPUREMEDIATE_E2E_INTERVAL", "0.3"))
@@ -590,6 +609,18 @@ class EmulatorCluster(Cluster):
 
     def set_validation(self, node: str, ok: bool) -> None:
         self.sim.set_validation(node, ok)
+
+    def audit_mark(self) -> int:
+        return len(self.sim.api.requests)
+
+    def mutations_since(self, mark: int) -> list[tuple[str, ...]]:
+        """Mutating requests after ``mark`` except Events and status writes (the node simulator's)."""
+        return [tuple(str(x) for x in r[1:]) for r in self.sim.api.requests[mark:]
+                if r[1] in MUTATING_VERBS and r[3] != "events" and r[4] != "status"]
+
+    def job_runs(self, node: str, kind: str) -> int:
+        """How many times a Job pod of ``kind`` ran to completion on ``node`` (the simulated kubelet's log)."""
+        return sum(1 for n, k, _ok in self.sim.job_log if n == node and k == kind)
 
 
 # ---- any cluster through a kubeconfig -----------------------------------------------------------

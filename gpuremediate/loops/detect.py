@@ -180,7 +180,9 @@ class DetectLoop:
 
     def _count_fault(self, decision: decide.Decision) -> None:
         move, fault = decision.transition, decision.record.fault
-        if move is not None and fault is not None and states.is_fault_reason(move.reason):
+        # A repeat offender's fault is a new occurrence too (its transition reason just says why it is quarantined).
+        new_fault = states.is_fault_reason(move.reason) or move.reason == states.REPEAT_OFFENDER if move else False
+        if move is not None and fault is not None and new_fault:
             self.ctx.metrics.faults.inc(kind=fault.kind, code=fault.code)
 
     def _memory_for(self, name: str, record: NodeRecord | None) -> PolicyMemory:
