@@ -41,6 +41,7 @@ from gpuremediate.kube.resources import Resource
 from gpuremediate.kube.workqueue import WorkQueue
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.drain import DRAIN_ACTION
+from gpuremediate.policy.findings import BUILTIN_ACTIONS
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide, states
 from gpuremediate.state import maintenance as mr
@@ -193,7 +194,7 @@ class MaintenanceLoop:
         if status.get("phase") in mr.TERMINAL_PHASES:
             return self._release_finished(obj)
         try:
-            request = mr.parse_request(obj)
+            request = self._checked(mr.parse_request(obj))
         except mr.RequestError as exc:
             self._write_status(obj, mr.rejected(exc))
             return None
@@ -203,6 +204,14 @@ class MaintenanceLoop:
         return requeue
 
     # ---- one request --------------------------------------------------------------------------------------
+
+    def _checked(self, request: mr.Request) -> mr.Request:
+        """A CUSTOM action must be one the policy defines (``[actions.<name>]``)."""
+        known = getattr(self.ctx.policy.cluster, "actions", None)
+        if request.action not in BUILTIN_ACTIONS and known is not None and request.action not in known:
+            raise mr.RequestError(f"spec.healthEvent.customRecommendedAction: {request.action!r} is not a custom "
+                                  f"action of the policy (no [actions.{request.action}])")
+        return request
 
     def _advance(self, obj: Obj, request: mr.Request) -> Step:
         resync = self.ctx.settings.resync_s
