@@ -1,0 +1,257 @@
+"""The shipped RBAC against the calls the controller really makes.
+
+`gpuremediate run`, with the base Deployment's own args, runs against a SimCluster under its own
+token, and the emulator enforces exactly the rules the base manifests bind to the controller's
+ServiceAccount (aggregated ClusterRoles cluster-wide, each Role in its namespace). A flow that
+touches every path the controller has drives it: XID 79 -> drain (a PDB refuses an eviction with
+429 first) -> reboot Job -> validation Job -> healthy; a DBE drained with DeleteAfterTimeout ->
+reset Job -> healthy; a reset that times out twice (Job deleted) -> quarantined; an exporter that
+goes down twice (an Event created, then patched); breaker state written; the leader Lease taken,
+renewed and released. Then: every call must be allowed (no missing permission) and every granted
+verb must have been used, except the ones listed in ALLOWED_UNUSED with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from manifests_support import ROOT, Grant, controller_grants, named
+
+from gpuremediate.kube.resources import EVENTS, NODES, PDBS
+from gpuremediate.state.record import record_from_node
+from sim.cluster import SimCluster
+
+USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
+Permission = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+# Granted on purpose, but this flow cannot reach the code that uses it (each says why).
+ALLOWED_UNUSED: dict[Permission, str] = {
+    # The maintenance loop only starts when the MaintenanceRequest CRD is served (the emulator
+    # here does not install it); e2e/test_maintenance*.py drives those calls.
+    ("gpuremediate.io", "maintenancerequests", "get"): "maintenance flow not driven here",
+    ("gpuremediate.io", "maintenancerequests", "list"): "maintenance flow not driven here",
+    ("gpuremediate.io", "maintenancerequests", "watch"): "maintenance flow not driven here",
+    ("gpuremediate.io", "maintenancerequests", "patch"): "maintenance flow not driven here",
+    ("gpuremediate.io", "maintenancerequests/status", "patch"): "maintenance flow not driven here",
+    # [customDrain] is off by default; with it on the controller creates, reads (get, list by
+    # label) and deletes DrainRequests instead of evicting. e2e's plugin scenarios drive it.
+    ("nvsentinel.nvidia.com", "drainrequests", "create"): "custom drain is off in this flow",
+    ("nvsentinel.nvidia.com", "drainrequests", "get"): "custom drain is off in this flow",
+    ("nvsentinel.nvidia.com", "drainrequests", "list"): "custom drain is off in this flow",
+    ("nvsentinel.nvidia.com", "drainrequests", "delete"): "custom drain is off in this flow",
+}
+
+POLICY = """
+[drain]
+retry_s = 0.3
+
+[budget]
+max_unavailable = "4"
+
+[breaker]
+# never opens with 4 nodes (it still records every fault in its ConfigMap)
+threshold_percent = 100.0
+
+[[groups]]
+name = "delete-drain"
+selector = "rbac-test/group=delete"
+[groups.drain]
+mode = "DeleteAfterTimeout"
+timeout_s = 1.0
+retry_s = 0.3
+
+[[groups]]
+name = "slow-repair"
+selector = "rbac-test/group=slow"
+[groups.remediation.reset_gpu]
+timeout_s = 1.0
+"""
+
+
+def _args_from_deployment(policy: Path, cluster: SimCluster, kubeconfig: str) -> list[str]:
+    """The base Deployment's args, pointed at this cluster (policy file, port, kubeconfig)."""
+    (container,) = named("Deployment", "gpuremediate")["spec"]["template"]["spec"]["containers"]
+    args = [a for a in container["args"] if not a.startswith(("--policy=", "--metrics-addr="))]
+    sim_args = cluster.controller_args()
+    sim_args[sim_args.index("--kubeconfig") + 1] = kubeconfig
+    return [*args, f"--policy={policy}", "--metrics-addr=127.0.0.1:0", "--scrape-interval=0.3s",
+            "--resync=0.3s", "--log-format=text", *sim_args]
+
+
+def _rules_by_scope(grants: list[Grant]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    cluster = [g.rule for g in grants if g.namespace is None]
+    namespaced: dict[str, list[dict[str, Any]]] = {}
+    for g in grants:
+        if g.namespace is not None:
+            namespaced.setdefault(g.namespace, []).append(g.rule)
+    return cluster, namespaced
+
+
+def _allows(grant: Grant, verb: str, group: str, resource: str, namespace: str | None, name: str | None) -> bool:
+    rule = grant.rule
+    if grant.namespace is not None and grant.namespace != namespace:
+        return False
+    names = rule.get("resourceNames") or []
+    return (group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            and (not names or name in names))
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float = 45.0, seen: Callable[[], str] = str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; seen: {seen()}")
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimCluster, str]]:
+    tmp = tmp_path_factory.mktemp("rbac")
+    cluster = SimCluster(nodes=4, gpus=4, job_duration_s=0.3, reboot_down_s=0.5).start()
+    try:
+        yield cluster, _drive(cluster, tmp)
+    finally:
+        cluster.stop()
+
+
+def _state(cluster: SimCluster, node: str) -> str:
+    record = record_from_node(cluster.kube.get(NODES, node))
+    return "healthy" if record is None else str(getattr(record, "state", "malformed"))
+
+
+def _states(cluster: SimCluster) -> str:
+    return ", ".join(f"{n}={_state(cluster, n)}" for n in cluster.node_names)
+
+
+def _drive(cluster: SimCluster, tmp: Path) -> str:
+    kube, sim = cluster.kube, cluster.gpusim
+    for node, group in (("gpu-node-2", "delete"), ("gpu-node-4", "slow")):
+        kube.patch(NODES, node, {"metadata": {"labels": {"rbac-test/group": group}}})
+    assert cluster.nodesim is not None
+    cluster.nodesim.set_job_outcome("gpu-node-4", succeed=True, duration_s=60.0)
+    cluster.workload("guarded", "gpu-node-1", labels={"app": "guarded"})
+    cluster.workload("stubborn", "gpu-node-2")
+    cluster.pdb("guarded", {"app": "guarded"}, min_available=1)
+
+    token = secrets.token_hex(16)
+    cluster.api.add_token(token, USER, ["system:serviceaccounts", "system:authenticated"])
+    rules, namespaced = _rules_by_scope(controller_grants())
+    cluster.api.enforce_rbac(USER, rules, namespaced=namespaced)
+    kubeconfig = cluster.api.write_kubeconfig(tmp / "controller.kubeconfig", token)
+    policy = tmp / "policy.toml"
+    policy.write_text(POLICY, encoding="utf-8")
+
+    env = {**os.environ, "POD_NAMESPACE": "gpuremediate-system", "POD_NAME": "gpuremediate-rbac-test",
+           "PYTHONPATH": str(ROOT)}
+    log = (tmp / "controller.log").open("w")
+    argv = [sys.executable, "-m", "gpuremediate", *_args_from_deployment(policy, cluster, kubeconfig)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _faults_and_waits(cluster, sim)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    return (tmp / "controller.log").read_text(encoding="utf-8")
+
+
+def _faults_and_waits(cluster: SimCluster, sim: Any) -> None:
+    kube = cluster.kube
+    _wait("the controller to take the lease", lambda: any(r[0] == USER and r[3] == "leases" and r[1] == "create"
+                                                           for r in list(cluster.api.requests)))
+    sim.inject_xid("gpu-node-1", 0, 79)
+    sim.inject_dbe("gpu-node-2", 1)
+    sim.inject_dbe("gpu-node-4", 2)
+
+    def pdb_blocked() -> bool:
+        record = record_from_node(kube.get(NODES, "gpu-node-1"))
+        blocked = getattr(record, "blocked", None)
+        return blocked is not None and blocked.reason == "pdb"
+
+    _wait("gpu-node-1's drain to be refused by the PDB (429)", pdb_blocked, seen=lambda: _states(cluster))
+    kube.delete(PDBS, "guarded", "workloads")
+
+    sim.set_down("gpu-node-3", "refuse")
+    _wait("GPUHealthUnknown for gpu-node-3", lambda: _events(cluster, "gpu-node-3", "GPUHealthUnknown") >= 1)
+    sim.set_down("gpu-node-3", None)
+    _wait("GPUHealthKnown for gpu-node-3", lambda: _events(cluster, "gpu-node-3", "GPUHealthKnown") >= 1)
+    sim.set_down("gpu-node-3", "refuse")
+    _wait("the repeated GPUHealthUnknown to bump its Event's count (a patch)",
+          lambda: _events(cluster, "gpu-node-3", "GPUHealthUnknown") >= 2)
+    sim.set_down("gpu-node-3", None)
+
+    done = {("gpu-node-1", "reboot"), ("gpu-node-1", "validate"), ("gpu-node-2", "reset-gpu"),
+            ("gpu-node-2", "validate")}
+    _wait("reboot+validate on gpu-node-1, reset+validate on gpu-node-2",
+          lambda: done <= {(n, k) for n, k, ok in cluster.job_log if ok}, seen=lambda: str(cluster.job_log))
+    _wait("gpu-node-1 and gpu-node-2 healthy, gpu-node-4 quarantined",
+          lambda: [_state(cluster, n) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-4")]
+          == ["healthy", "healthy", "quarantined"], seen=lambda: _states(cluster))
+
+
+def _events(cluster: SimCluster, node: str, reason: str) -> int:
+    items = cluster.kube.list(EVENTS, "default")["items"]
+    return sum(int(e.get("count", 1)) for e in items
+               if e.get("reason") == reason and e["involvedObject"]["name"] == node)
+
+
+def _calls(cluster: SimCluster) -> list[tuple[str, str, str, str | None, str | None]]:
+    """(verb, group, resource[/sub], namespace, name) of every resource request the controller made."""
+    return [(verb, group, f"{res}/{sub}" if sub else res, ns, name)
+            for user, verb, group, res, sub, ns, name in list(cluster.api.requests) if user == USER and res]
+
+
+def test_the_flow_ran_and_the_lease_was_released(flow: tuple[SimCluster, str]) -> None:
+    cluster, log = flow
+    calls = _calls(cluster)
+    assert ("create", "", "pods/eviction", "workloads", "guarded") in calls
+    assert ("delete", "", "pods", "workloads", "stubborn") in calls
+    assert any(c[0] == "delete" and c[2] == "jobs" for c in calls), "no Job was deleted after its timeout"
+    assert any(c[0] == "update" and c[2] == "configmaps" for c in calls), "the breaker state was never updated"
+    assert calls[-1][:3] == ("update", "coordination.k8s.io", "leases"), f"lease not released last: {calls[-1]}"
+    assert "Traceback" not in log, log
+
+
+def test_every_call_is_allowed_by_the_shipped_rules(flow: tuple[SimCluster, str]) -> None:
+    cluster, log = flow
+    grants = controller_grants()
+    missing = sorted({c for c in _calls(cluster) if not any(_allows(g, *c) for g in grants)},
+                     key=str)
+    assert not missing, f"calls the manifests do not allow (403): {missing}"
+    assert "Forbidden" not in log and " 403" not in log, log
+
+
+def test_every_granted_verb_is_used_or_explained(flow: tuple[SimCluster, str]) -> None:
+    cluster, _ = flow
+    grants = controller_grants()
+    used: set[tuple[str, str, str, str, str | None]] = set()
+    for call in _calls(cluster):
+        for g in grants:
+            if _allows(g, *call):
+                used.add((g.role, *call[1:3], call[0], g.namespace))
+    unused = []
+    for g in grants:
+        for group, resource, verb, namespace in sorted(g.permissions(), key=str):
+            if (g.role, group, resource, verb, namespace) not in used and (group, resource, verb) not in ALLOWED_UNUSED:
+                unused.append(f"{g.role}{f' ({namespace})' if namespace else ''}: {verb} {group or 'core'}/{resource}")
+    assert not unused, f"granted but never used (remove, or add to ALLOWED_UNUSED with a reason): {unused}"
+
+
+def test_allow_list_names_only_permissions_that_are_granted() -> None:
+    granted = {(group, resource, verb) for g in controller_grants() for group, resource, verb, _ in g.permissions()}
+    stale = set(ALLOWED_UNUSED) - granted
+    assert not stale, f"ALLOWED_UNUSED lists permissions the manifests no longer grant: {sorted(stale)}"
