@@ -9,19 +9,15 @@ between cycles (the thermal timers); the node record persists it via ``to_dict``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.findings import (
-    ACTION_CORDON,
-    ACTION_NONE,
-    ACTION_QUARANTINE,
-    ACTION_REBOOT,
-    ACTION_RESET_GPU,
     Finding,
+    by_severity,
 )
 from gpuremediate.policy.rules import (
     GpuView,
@@ -36,13 +32,6 @@ from gpuremediate.policy.rules import (
 from gpuremediate.signals.model import SOURCE_UNKNOWN, GpuReading, NodeReadings
 
 MEMORY_VERSION = 1
-
-# Higher is worse. Custom actions rank between reset-gpu and cordon.
-_ACTION_RANK: Mapping[str, int] = MappingProxyType(
-    {ACTION_NONE: 0, ACTION_CORDON: 1, ACTION_RESET_GPU: 3, ACTION_REBOOT: 4, ACTION_QUARANTINE: 5}
-)
-_CUSTOM_RANK = 2
-
 
 class PolicyMemoryError(ValueError):
     """A stored PolicyMemory document that is not valid; the message names the path."""
@@ -85,20 +74,6 @@ def memory_of(timers: Mapping[str, ThermalTimer]) -> PolicyMemory:
 class Evaluation:
     findings: list[Finding]  # worst first
     memory: PolicyMemory
-
-
-def severity(finding: Finding) -> tuple[int, bool]:
-    return _ACTION_RANK.get(finding.action, _CUSTOM_RANK), finding.urgent
-
-
-def by_severity(findings: Iterable[Finding]) -> list[Finding]:
-    """Worst first: quarantine > reboot > reset-gpu > custom > cordon > none; urgent before non-urgent."""
-    return sorted(findings, key=lambda f: (-severity(f)[0], not f.urgent, f.fingerprint))
-
-
-def worst(findings: Iterable[Finding]) -> Finding | None:
-    ranked = by_severity(findings)
-    return ranked[0] if ranked else None
 
 
 def _by_gpu(readings: NodeReadings) -> dict[str, GpuView]:

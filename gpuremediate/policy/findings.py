@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Built-in actions. Any other action string names a custom remediation (``actions.<name>``).
@@ -35,3 +36,22 @@ class Finding:
     @property
     def needs_repair(self) -> bool:
         return self.action not in (ACTION_NONE, ACTION_CORDON)
+
+
+# Higher is worse. A custom action ranks between reset-gpu and cordon.
+_ACTION_RANK = {ACTION_NONE: 0, ACTION_CORDON: 1, ACTION_RESET_GPU: 3, ACTION_REBOOT: 4, ACTION_QUARANTINE: 5}
+_CUSTOM_RANK = 2
+
+
+def severity(finding: Finding) -> tuple[int, bool]:
+    return _ACTION_RANK.get(finding.action, _CUSTOM_RANK), finding.urgent
+
+
+def by_severity(findings: Iterable[Finding]) -> list[Finding]:
+    """Worst first: quarantine > reboot > reset-gpu > custom > cordon > none; urgent before non-urgent."""
+    return sorted(findings, key=lambda f: (-severity(f)[0], not f.urgent, f.fingerprint))
+
+
+def worst(findings: Iterable[Finding]) -> Finding | None:
+    ranked = by_severity(findings)
+    return ranked[0] if ranked else None

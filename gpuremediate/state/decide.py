@@ -39,10 +39,9 @@ from gpuremediate.policy.findings import (
     ACTION_CORDON,
     ACTION_NONE,
     ACTION_QUARANTINE,
-    ACTION_REBOOT,
-    ACTION_RESET_GPU,
     Finding,
 )
+from gpuremediate.policy.findings import worst as worst_finding
 from gpuremediate.state import states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
@@ -141,15 +140,12 @@ def prune_handled(record: NodeRecord, findings: Sequence[Finding]) -> NodeRecord
 
 # ---- detect loop --------------------------------------------------------------------------------
 
-# The same ranking as policy.evaluate.by_severity (kept here so that the state layer does not
-# depend on the signals model): quarantine > reboot > reset-gpu > custom > cordon > none.
-_RANK = {ACTION_NONE: 0, ACTION_CORDON: 1, ACTION_RESET_GPU: 3, ACTION_REBOOT: 4, ACTION_QUARANTINE: 5}
-_CUSTOM_RANK = 2
-
-
 def worst(findings: Sequence[Finding]) -> Finding:
     """The finding that decides: the most drastic action, urgent first, then by fingerprint."""
-    return min(findings, key=lambda f: (-_RANK.get(f.action, _CUSTOM_RANK), not f.urgent, f.fingerprint))
+    found = worst_finding(findings)
+    if found is None:
+        raise ValueError("worst() of no findings")
+    return found
 
 
 def fault_from_finding(finding: Finding, now: float) -> Fault:

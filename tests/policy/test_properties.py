@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from policy_builders import NODE, gpu, node
 
 from gpuremediate.policy.config import Policy, loads_policy
-from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate, worst
-from gpuremediate.policy.findings import BUILTIN_ACTIONS, Finding
+from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
+from gpuremediate.policy.findings import BUILTIN_ACTIONS, Finding, worst
 from gpuremediate.policy.rules import ThermalTimer
 from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, GpuReading, NodeReadings
 
