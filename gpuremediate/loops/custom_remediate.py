@@ -5,7 +5,8 @@ One attempt = one resource, created from the action's structured template with a
 looked up before any create, so a restart never makes a second one. Its completion condition
 decides: True → repaired (validate next); False → the attempt failed (a new resource for the next
 attempt, up to ``maxAttempts``, then quarantined); absent/Unknown → in progress; past ``timeout``
-→ the resource is deleted and the attempt failed.
+→ the attempt failed, but the resource stays (its plugin may still be acting on the node), so it
+keeps covering its equivalence group: the next attempt adopts it rather than duplicating it.
 
 Equivalence (NVSentinel's rule): no new resource while one of the same effective group (group +
 impacted entity when ``impactedEntityScope`` is set), or of a group that supersedes it, is in
@@ -208,7 +209,7 @@ class CustomRemediation:
                                 max_attempts=action.maxAttempts)
         now = self.ctx.clock()
         if current.deadline is not None and now >= current.deadline:
-            self.api.delete(ref, current.name)
+            # The resource stays: its plugin may still act, so it keeps covering its group (no duplicate).
             return self._finish(node, record, ok=False, detail=f"{name} attempt {current.attempt} timed out ({label})",
                                 max_attempts=action.maxAttempts)
         return POLL_S

@@ -1,0 +1,1 @@
+"""Test and example plugins for the e2e scenarios (issue 5)."""
