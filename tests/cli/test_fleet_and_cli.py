@@ -1,0 +1,151 @@
+"""The people-facing commands: status, explain, release, breaker, and flag errors that name the flag."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuremediate import cli, fleet
+from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, RESET_ANNOTATION, BreakerStore
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import load_config
+from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
+from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
+from gpuremediate.policy.safety import CircuitBreaker
+from gpuremediate.state import states
+from gpuremediate.state.record import Fault, NodeRecord, RecordError, node_patch, record_from_node
+from sim.kubeapi import KubeAPIServer
+
+NS = "gpuremediate-system"
+
+
+@pytest.fixture()
+def api(tmp_path: Path) -> Iterator[tuple[KubeClient, str]]:
+    srv = KubeAPIServer().start()
+    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+    client = KubeClient(load_config(kubeconfig))
+    client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    try:
+        yield client, str(kubeconfig)
+    finally:
+        client.close()
+        srv.stop()
+
+
+def _node(client: KubeClient, name: str, record: NodeRecord | None = None, unschedulable: bool = False) -> None:
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+            "spec": {"unschedulable": unschedulable},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}}
+    client.create(NODES, body)
+    if record is not None:
+        client.patch(NODES, name, node_patch(record))
+
+
+def _quarantined(now: float = 1000.0) -> NodeRecord:
+    fault = Fault(KIND_ROW_REMAP_FAILURE, "", ("GPU-1",), "row-remap-failure:GPU-1", ACTION_QUARANTINE, now, now,
+                  "row remapping failed")
+    return NodeRecord(state=states.QUARANTINED, since=now, reason="row-remap-failure", message="row remapping failed",
+                      fault=fault, cordoned_by_us=True)
+
+
+def test_release_moves_a_quarantined_node_to_validating_and_keeps_the_cordon(api: tuple[KubeClient, str]) -> None:
+    client, kubeconfig = api
+    _node(client, "gpu-a", _quarantined(), unschedulable=True)
+    assert cli.main(["release", "gpu-a", "--kubeconfig", kubeconfig, "--by", "alice"]) == 0
+    node = client.get(NODES, "gpu-a")
+    record = record_from_node(node)
+    assert isinstance(record, NodeRecord)
+    assert record.state == states.VALIDATING and record.reason == states.RELEASED
+    assert "alice" in record.message
+    assert node["metadata"]["labels"]["gpuremediate.io/state"] == "validating"
+    assert node["spec"]["unschedulable"] is True  # validation decides; nothing is uncordoned on release
+
+
+def test_release_refuses_a_node_that_is_not_quarantined(api: tuple[KubeClient, str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    client, kubeconfig = api
+    _node(client, "gpu-b")
+    assert cli.main(["release", "gpu-b", "--kubeconfig", kubeconfig]) == 2
+    assert "gpu-b is healthy, not quarantined" in capsys.readouterr().err
+    assert cli.main(["release", "nope", "--kubeconfig", kubeconfig]) == 2
+    assert "node 'nope' not found" in capsys.readouterr().err
+
+
+def test_status_lists_gpu_nodes_with_state_fault_and_blocked(api: tuple[KubeClient, str],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    client, kubeconfig = api
+    _node(client, "gpu-a", _quarantined(), unschedulable=True)
+    _node(client, "gpu-b")
+    client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}})
+    assert cli.main(["status", "--kubeconfig", kubeconfig, "--json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"gpu-a", "gpu-b"}
+    assert rows["gpu-a"]["state"] == "quarantined" and rows["gpu-a"]["fault"] == "row-remap-failure"
+    assert rows["gpu-a"]["schedulable"] is False and rows["gpu-b"]["state"] == "healthy"
+    assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["NODE", "STATE", "SINCE", "FAULT", "ACTION", "BLOCKED"]
+    assert "quarantined *" in table
+
+
+def test_explain_says_why_and_what_a_person_can_do() -> None:
+    text = fleet.explain(_quarantined(now=1000.0), "gpu-a", now=1000.0 + 7200)
+    assert "gpu-a: quarantined for 2h (reason row-remap-failure)" in text
+    assert "row remapping failed" in text and "gpuremediate release gpu-a" in text
+    assert "will uncordon it once validation passes" in text
+    assert "never acted" in fleet.explain(None, "gpu-b")
+    assert "cannot be read" in fleet.explain(RecordError("bad json"), "gpu-c")
+
+
+def test_breaker_store_round_trips_and_resets_by_annotation(api: tuple[KubeClient, str]) -> None:
+    client, _ = api
+    store = BreakerStore(client, NS)
+    assert store.load().is_open is False  # no ConfigMap yet: closed
+    opened = CircuitBreaker().record_fault("a", 1.0).record_fault("b", 2.0).evaluate(2, 3.0, 30.0, 600.0, 1)
+    assert opened.is_open
+    store.save(opened)
+    assert BreakerStore(client, NS).load() == opened
+    client.patch(CONFIGMAPS, BREAKER_CONFIGMAP, {"metadata": {"annotations": {RESET_ANNOTATION: "now"}}}, NS)
+    after = BreakerStore(client, NS).load()
+    assert after.is_open is False and RESET_ANNOTATION in after.reset_by
+    cm = client.get(CONFIGMAPS, BREAKER_CONFIGMAP, NS)
+    assert RESET_ANNOTATION not in (cm["metadata"].get("annotations") or {})
+
+
+def test_unreadable_breaker_state_is_treated_as_open(api: tuple[KubeClient, str]) -> None:
+    client, kubeconfig = api
+    client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                               "metadata": {"name": BREAKER_CONFIGMAP, "namespace": NS},
+                               "data": {"state": "{not json"}}, NS)
+    assert BreakerStore(client, NS).load().is_open
+    assert cli.main(["breaker", "reset", "--kubeconfig", kubeconfig, "--namespace", NS]) == 0
+    assert BreakerStore(client, NS).load().is_open is False
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--scrape-interval", "soon"], "--scrape-interval: expected a duration"),
+    (["--metrics-addr", "8080"], "--metrics-addr: expected [HOST]:PORT"),
+    (["--source", "prometheus"], "--prometheus-url is required"),
+    (["--resync=-5s"], "--resync: must not be negative"),
+])
+def test_bad_run_flags_are_named(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_policy_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[drain]\nmode = \"Fast\"\n")
+    assert cli.main(["run", "--policy", str(policy), "--kubeconfig", str(tmp_path / "none")]) == 2
+    assert "drain.mode: expected one of Immediate, AllowCompletion, DeleteAfterTimeout" in capsys.readouterr().err
+
+
+def test_settings_from_flags() -> None:
+    args = cli.build_parser().parse_args(["run", "--metrics-addr", "127.0.0.1:9090", "--scrape-interval", "500ms",
+                                          "--dry-run", "--leader-elect"])
+    settings = cli.settings_from_args(args)
+    assert (settings.metrics_host, settings.metrics_port) == ("127.0.0.1", 9090)
+    assert settings.scrape_interval_s == 0.5 and settings.dry_run and settings.leader_elect
