@@ -43,7 +43,13 @@ NODE_NAMES = [node_name(i) for i in range(1, NODES_IN_CLUSTER + 1)]
 
 # Violation codes of controller bugs already reported, with the reason; an example that finds
 # only these ends as xfail (the focused regression tests in test_regressions.py pin each one).
-KNOWN_BUGS: dict[str, str] = {}
+KNOWN_BUGS: dict[str, str] = {
+    "job-recreated-after-own-delete": (
+        "known bug: a timed-out repair/validation Job is deleted before its outcome is written; when that write "
+        "fails the next reconcile re-creates the Job under the same name (remediate.py _progress, validate.py "
+        "reconcile; pinned by test_regressions.py)"
+    ),
+}
 
 GPU_FAULTS = [
     ("xid", 79.0),  # reboot
