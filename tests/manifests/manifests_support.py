@@ -107,12 +107,13 @@ def controller_metrics() -> dict[str, str]:
 
 
 def known_series() -> set[str]:
-    """Every series name a query may use: the metrics, plus _bucket/_sum/_count of histograms."""
+    """Every series name a query may use: counters and gauges, and _bucket/_sum/_count of histograms."""
     series: set[str] = set()
     for name, kind in controller_metrics().items():
-        series.add(name)
-        if kind == "histogram":
+        if kind == "histogram":  # a histogram's own name is no series: only these three are
             series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        else:
+            series.add(name)
     return series
 
 
