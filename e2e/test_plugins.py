@@ -80,7 +80,7 @@ class DrainWindowProcess:
     """``gpuremediate plugin drain-window`` as its Deployment runs it (a subprocess)."""
 
     def __init__(self, cluster: Cluster, days: str) -> None:
-        self.log = tempfile.TemporaryFile(mode="w+")
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop())
         args = [sys.executable, "-m", "gpuremediate", "plugin", "drain-window", f"--days={days}",
                 "--hours=00:00-24:00", "--timezone=UTC", "--retry=300ms", "--resync=1s", "--log-format=json",
                 *cluster.kubeconfig_args()]
@@ -94,7 +94,9 @@ class DrainWindowProcess:
             self.proc.kill()
             self.proc.wait(5)
         self.log.seek(0)
-        return self.log.read()
+        text = self.log.read()
+        self.log.close()
+        return text
 
 
 @pytest.fixture
@@ -194,11 +196,12 @@ def test_custom_drain_deferred_then_allowed(cluster: Cluster, drain_res: Resourc
 
     request = cluster.wait(deferred, 15, "DrainDeferred=True on the DrainRequest",
                            seen=lambda: drain_requests(cluster, drain_res, node))
-    message = str(condition(request, "DrainDeferred")["message"])  # type: ignore[index]
+    assert request is not None
+    deferral = condition(request, "DrainDeferred") or {}
+    message = str(deferral.get("message"))
     assert "next opening" in message and not_today() in message, message
     assert cond_status(request, "DrainComplete") is None
-    observed = condition(request, "DrainDeferred")["observedGeneration"]  # type: ignore[index]
-    assert observed == request["metadata"]["generation"]
+    assert deferral.get("observedGeneration") == request["metadata"]["generation"]
     time.sleep(1.5)
     assert cluster.pod_exists("train-a") and cluster.evicted() == set(), "a deferred drain touched a pod"
     assert cluster.state(node) == "draining"

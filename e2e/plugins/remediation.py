@@ -12,6 +12,7 @@ only through the ``/status`` subresource. Run standalone: ``python -m e2e.plugin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -55,12 +56,11 @@ def drain_request_crd() -> dict[str, Any]:
     return crd
 
 
-def install_crd(client: KubeClient, crd: dict[str, Any], api_version: str, kind: str, timeout: float = 10.0) -> Resource:
+def install_crd(client: KubeClient, crd: dict[str, Any], api_version: str, kind: str,
+                timeout: float = 10.0) -> Resource:
     """Create the CRD (if missing) and wait until discovery serves the kind."""
-    try:
+    with contextlib.suppress(errors.AlreadyExists):
         client.create(CRDS, crd)
-    except errors.AlreadyExists:
-        pass
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -128,10 +128,8 @@ class ExampleRemediationController:
         item["status"] = {"conditions": [{"type": COMPLETE, "status": status, "reason": reason,
                                           "message": f"example repair {reason}",
                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}
-        try:
+        with contextlib.suppress(errors.Conflict, errors.NotFound):
             self.client.replace(self.res, name, item, item["metadata"]["namespace"], subresource="status")
-        except (errors.Conflict, errors.NotFound):
-            pass
 
     def _decide(self, item: dict[str, Any], name: str) -> str | None:
         if name in self._manual:

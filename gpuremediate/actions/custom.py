@@ -61,7 +61,8 @@ def dns_name(*parts: str) -> str:
     if name == raw and len(name) <= _MAX_NAME:
         return name
     suffix = _digest(raw, 10)
-    return f"{name[:_MAX_NAME - len(suffix) - 1].rstrip('-.')}-{suffix}"
+    head = name[:_MAX_NAME - len(suffix) - 1].rstrip("-.")
+    return f"{head}-{suffix}" if head else suffix
 
 
 def label_value(text: str) -> str:

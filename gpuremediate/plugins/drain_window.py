@@ -102,8 +102,9 @@ class DrainWindowPlugin:
     def reconcile(self, key: str) -> float | None:
         """One pass over one request; seconds until the next pass, or None when nothing is left."""
         namespace, _, name = key.rpartition("/")
+        res = self.resource()  # a kind the server does not serve is an error, not a deleted request
         try:
-            request = self.client.get(self.resource(), name, namespace or None)
+            request = self.client.get(res, name, namespace or None)
         except errors.NotFound:
             return None
         if condition_is(request, self.settings.complete_condition, "True"):
