@@ -21,6 +21,7 @@ The API (``c`` is the ``cluster`` fixture)::
     c.stop_controller(); c.kill_controller(); c.restart_controller()   # SIGTERM / SIGKILL / kill+start
     c.metrics() -> Metrics                    # .value(name, **labels) sums matching samples (0.0 if none)
     c.controller_log() -> str                 # what the controller logged so far (all runs)
+    c.log_problems() -> list[str]             # after stop_controller(): tracebacks, non-zero exit on SIGTERM
     c.inject(node, gpu, fault, value=None)    # gpu-sim faults: xid|dbe|row-remap-failure|row-remap-pending|temp|...
     c.reset_gpu(node, gpu); c.exporter_down(node, mode="refuse"); c.exporter_up(node)
     c.set_validation(node, ok)                # emulator only (c.require skips elsewhere)
@@ -237,6 +238,10 @@ class Cluster:
 
     def require(self, what: str) -> None:
         """Skip the scenario on a target that cannot do ``what`` (emulator can do everything)."""
+
+    def log_problems(self) -> list[str]:
+        """Tracebacks in the controller's log, unclean exits (emulator; elsewhere the log is not all ours)."""
+        return []
 
     def audit_mark(self) -> int:
         self.require("read the API server's audit of requests")
@@ -521,6 +526,7 @@ class EmulatorCluster(Cluster):
         self.nodes = list(self.sim.node_names)
         self.proc: ControllerProcess | None = None
         self.log: list[str] = []
+        self.shutdown_failures: list[str] = []
         self._last_start: tuple[Mapping[str, Mapping[str, Any]] | None, bool] = (None, False)
 
     def start(self) -> EmulatorCluster:
@@ -572,7 +578,14 @@ class EmulatorCluster(Cluster):
         if self.proc is not None:
             code = self.proc.terminate()
             self.log.append(f"---- controller stopped (exit code {code})")
+            if code != 0:
+                self.shutdown_failures.append(f"exit code {code} after SIGTERM")
             self.proc = None
+
+    def log_problems(self) -> list[str]:
+        """Tracebacks in the controller's log and unclean exits on SIGTERM (a crash is always a bug)."""
+        tracebacks = [line[:300] for line in self.log if '"exc": ' in line or line.startswith("Traceback")]
+        return self.shutdown_failures + tracebacks
 
     def kill_controller(self) -> None:
         if self.proc is not None:

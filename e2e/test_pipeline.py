@@ -7,10 +7,21 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from e2e.harness import Cluster, Metrics
 
 TRANSITIONS = "gpuremediate_transitions_total"
+
+
+@pytest.fixture(autouse=True)
+def clean_controller_log(cluster: Cluster) -> Iterator[None]:
+    """Every scenario ends with a clean SIGTERM shutdown and no traceback in the controller's log."""
+    yield
+    cluster.stop_controller()
+    assert cluster.log_problems() == []
 
 
 def assert_transitions(m: Metrics, moves: list[tuple[str, str, str]], dry_run: str = "false", count: float = 1) -> None:
