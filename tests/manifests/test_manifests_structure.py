@@ -27,6 +27,7 @@ from manifests_support import (
 )
 
 from gpuremediate import cli
+from gpuremediate.plugins import window
 from gpuremediate.signals import dcgm
 from sim import gpusim
 from sim.miniyaml import load, load_all
@@ -350,7 +351,7 @@ def test_kustomize_renders_and_the_render_loads(root: str) -> None:
         args = deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[-1] == "--maintenance-group=nvsentinel.dgxc.nvidia.com"
         assert any(d["metadata"]["name"] == "maintenancerequests.nvsentinel.dgxc.nvidia.com" for d in docs)
-    policies = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("gpuremediate-policy")]
+    policies = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuremediate-policy"]
     if root in ("base", "overlays/kind"):
         (policy,) = policies
         want = (MANIFESTS / root / "policy.toml").read_text(encoding="utf-8")
@@ -382,3 +383,10 @@ def test_workflows_load_and_run_the_make_targets() -> None:
     assert "make lint" in ci_runs and "make test" in ci_runs
     assert [s.get("run") for s in e2e_steps if s.get("run", "").startswith("make")] == ["make test", "make e2e-kind"]
     assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in e2e_steps)
+
+
+def test_drain_window_plugin_runs_a_real_subcommand_with_valid_flags() -> None:
+    (container,) = named("Deployment", "gpuremediate-drain-window")["spec"]["template"]["spec"]["containers"]
+    args = cli.build_parser().parse_args(container["args"])
+    assert (args.command, args.plugin) == ("plugin", "drain-window"), args
+    assert window.parse_days(args.days) and window.parse_hours(args.hours)  # raise on a bad window

@@ -116,6 +116,8 @@ def test_kind_overlay_replaces_the_policy_through_the_generator() -> None:
     (theirs,) = kind["configMapGenerator"]
     assert (ours["name"], ours["files"]) == ("gpuremediate-policy", ["policy.toml"])
     assert (theirs["name"], theirs["behavior"], theirs["files"]) == ("gpuremediate-policy", "replace", ["policy.toml"])
+    for generator in (ours, theirs):  # a stable name: people and the e2e harness patch it by name
+        assert generator["options"]["disableNameSuffixHash"] is True
 
 
 def test_a_bad_policy_names_the_key() -> None:
