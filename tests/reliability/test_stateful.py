@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from gpuremediate import fleet
 from gpuremediate.kube import errors
@@ -49,7 +49,14 @@ KNOWN_BUGS: dict[str, str] = {
         "fails the next reconcile re-creates the Job under the same name (remediate.py _progress, validate.py "
         "reconcile; pinned by test_regressions.py)"
     ),
+    "person-cordon-removed-stale-record": (
+        "known bug: a person's uncordon of a quarantined node goes unnoticed (no loop owns quarantined), so after "
+        "the person cordons it again and releases it, the passed validation removes the person's cordon "
+        "(pinned by test_regressions.py)"
+    ),
 }
+
+KNOWN_HITS: dict[str, str] = {}  # code -> first violation text, this run
 
 GPU_FAULTS = [
     ("xid", 79.0),  # reboot
@@ -128,8 +135,13 @@ class ControllerUnderFire(RuleBasedStateMachine):
 
     # ---- setup and teardown -------------------------------------------------------------------
 
-    @initialize(limit=st.sampled_from([1, 2]))
-    def start(self, limit: int) -> None:
+    @initialize(
+        limit=st.sampled_from([1, 2]),
+        first_faults=st.lists(st.tuples(nodes, gpus, st.sampled_from(DRAINING_FAULTS)), min_size=1, max_size=3),
+    )
+    def start(self, limit: int, first_faults: list[tuple[str, int, tuple[str, float | None]]]) -> None:
+        """The cluster, a GPU pod on every node, the controller, and a first fault or three (so that even
+        the simplest example has flows to disturb)."""
         cluster = self.cluster = SimCluster(nodes=NODES_IN_CLUSTER, gpus=GPUS_PER_NODE, job_duration_s=0.2,
                                             reboot_down_s=0.3)
         self.recorder = Recorder(cluster.api).install()
@@ -142,6 +154,9 @@ class ControllerUnderFire(RuleBasedStateMachine):
             cluster.workload(f"base-{node}", node, gpus=1)
         self.controllers = Controllers(cluster, reliability_policy(limit), reliability_settings(cluster))
         self.controllers.start()
+        for node, gpu, (fault, value) in first_faults:
+            cluster.gpusim.inject(node, gpu, fault, value)
+        self.trace.append(f"start(limit={limit}, first_faults={first_faults})")
 
     def teardown(self) -> None:
         try:
@@ -285,14 +300,23 @@ class ControllerUnderFire(RuleBasedStateMachine):
         found = self.checker.violations
         if not found:
             return
-        report = self.checker.report(self.recorder)
         unknown = [v for v in found if v.code not in KNOWN_BUGS]
         if unknown:
-            raise AssertionError(f"invariant violated\n{report}")
-        pytest.xfail("; ".join(sorted({KNOWN_BUGS[v.code] for v in found})) + "\n" + report)
+            raise AssertionError(f"invariant violated\nsteps: {'; '.join(self.trace)}\n"
+                                 f"{self.checker.report(self.recorder)}")
+        for violation in found:  # a known bug: noted, and every other invariant is still checked
+            KNOWN_HITS.setdefault(violation.code, violation.text)
 
 
-ControllerUnderFire.TestCase.settings = settings(
+def test_controller_under_fire() -> None:
+    KNOWN_HITS.clear()
+    run_state_machine_as_test(ControllerUnderFire, settings=RELIABILITY_SETTINGS)
+    if KNOWN_HITS:
+        pytest.xfail("only known bugs found: " + "; ".join(f"{KNOWN_BUGS[code]} — e.g. {text}"
+                                                            for code, text in KNOWN_HITS.items()))
+
+
+RELIABILITY_SETTINGS = settings(
     max_examples=_examples(),
     stateful_step_count=25,
     deadline=None,
@@ -300,4 +324,3 @@ ControllerUnderFire.TestCase.settings = settings(
     phases=_phases(),
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_controller_under_fire = ControllerUnderFire.TestCase
