@@ -175,9 +175,9 @@ class Controller:
         else:
             threading.Thread(target=elector.run, name="leader-election", daemon=True).start()
         self._stopped.wait()
+        self.stop()  # stop acting first: nothing may be written once the lease is released
         if elector is not None:
             elector.stop()
-        self.stop()
         server.stop()
         return 1 if self.lost_lease else 0
 
@@ -190,7 +190,8 @@ class Controller:
         )
 
     def _lost(self) -> None:
-        if self.acting:
+        # Called also when we release the lease on shutdown; only a lease lost while acting is an error.
+        if self.acting and not self.ctx.stop.is_set():
             log.error("lost the leader lease: stopping all action")
             self.lost_lease = True
             self.acting = False

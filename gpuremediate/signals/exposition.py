@@ -319,10 +319,14 @@ def _decode_pairs(text: str) -> list[tuple[str, str]]:
     """Pairs of a well-formed label text (``a="1",b="2"`` with an optional trailing comma)."""
     if "\\" in text:
         return _PAIRS.findall(text)  # values still escaped
-    # With no backslash a value holds no quote, so '="' and '",' occur only between names and values.
+    # With no backslash a value holds no quote, so '="' and '",' usually occur only between names and
+    # values; a value that itself starts with ',' or ends with '=' breaks that, so check by rebuilding.
     body = text[:-2] if text.endswith(",") else text[:-1]
     parts = iter(body.replace('",', '="').split('="')) if body else iter(())
-    return list(zip(parts, parts, strict=True))
+    pairs = list(zip(parts, parts, strict=False))
+    if ",".join(f'{key}="{value}"' for key, value in pairs) != text.removesuffix(","):
+        return _PAIRS.findall(text)
+    return pairs
 
 
 def _skip(line: str, pos: int, chars: str) -> int:

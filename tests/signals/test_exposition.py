@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,12 @@ def test_format_rejects_unwritable_names() -> None:
         format([Sample("a b", (), 1.0)])
     with pytest.raises(ValueError, match="invalid label name '1x'"):
         format([Sample("a", (("1x", "v"),), 1.0)])
+
+
+@pytest.mark.parametrize("labels", ['l=","', 'a=",",b=","', 'a="=",b=""', 'a="x=",b="y"'])
+def test_values_that_look_like_separators_are_read_whole(labels: str) -> None:
+    """Found by hypothesis: a value starting with ',' or ending with '=' must not split the label set."""
+    text = f"m{{{labels}}} 1\n"
+    expected = tuple(sorted((k, v) for k, v in re.findall(r'(\w+)="([^"]*)"', labels)))
+    for strict in (True, False):
+        assert parse(text, strict=strict).samples[0].labels == expected
