@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from gpuremediate.actions.pods import SCOPE_GPU, SCOPE_IMPACTED, is_terminating,
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import PODS
 from gpuremediate.loops import custom_drain
-from gpuremediate.loops.base import NodeLoop
+from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.policy import safety
 from gpuremediate.policy.workflow import DrainPolicy
 from gpuremediate.state import decide, states
@@ -35,6 +36,10 @@ DRAIN_ACTION = "drain"
 class DrainLoop(NodeLoop):
     name = "drain"
     owned = frozenset({states.DRAINING})
+
+    def __init__(self, ctx: LoopContext) -> None:
+        super().__init__(ctx)
+        self._next_attempt: dict[str, float] = {}  # pod uid -> monotonic time of its next eviction attempt
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node).drain
@@ -114,15 +119,19 @@ class DrainLoop(NodeLoop):
         grace = None if policy.grace_period_s < 0 else policy.grace_period_s
         dry = "true" if self.ctx.writer.dry_run else "false"
         blocked: eviction.EvictionOutcome | None = None
+        attempted = False
         for pod in pods:
-            if is_terminating(pod):
+            if is_terminating(pod) or not self._attempt_due(pod, policy.retry_s):
                 continue
+            attempted = True
             outcome = eviction.evict(self.ctx.client, pod, dry_run=self.ctx.writer.dry_run, grace_period_seconds=grace)
             self.ctx.metrics.evictions.inc(result=outcome.result, dry_run=dry)
             log.info("eviction", extra={"node": name_of(node), "pod": f"{outcome.namespace}/{outcome.name}",
                                         "result": outcome.result, "pdb": outcome.pdb, "dry_run": dry})
             if outcome.result in (eviction.BLOCKED, eviction.FAILED) and blocked is None:
                 blocked = outcome
+        if not attempted:
+            return policy.retry_s  # nothing new learnt: keep what the record says
         after = unblock(record)
         if blocked is not None:
             detail = blocked.pdb or f"{blocked.namespace}/{blocked.name}: {blocked.message}"
@@ -130,6 +139,17 @@ class DrainLoop(NodeLoop):
         if after != record and self.ctx.writer.write(node, after) is None:
             return self.retry_after_conflict()
         return policy.retry_s
+
+    def _attempt_due(self, pod: Mapping[str, Any], retry_s: float) -> bool:
+        """One eviction attempt per pod per ``retry_s``, however often the node is reconciled
+        (informer events, resyncs and requeues all queue it)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "/".join(pod_key(pod)))
+        now = time.monotonic()
+        if now < self._next_attempt.get(uid, 0.0):
+            return False
+        self._next_attempt = {k: t for k, t in self._next_attempt.items() if t > now}
+        self._next_attempt[uid] = now + retry_s
+        return True
 
     def _note_waiting(
         self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
