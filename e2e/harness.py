@@ -720,13 +720,14 @@ class KubeconfigCluster(Cluster):
 
     def _job_sections(self) -> dict[str, dict[str, Any]]:
         """kind: the repair Jobs call gpu-sim on their node (the Service is node-local) instead of GPUs."""
-        client = f"python -m sim.gpusim {{}} --url={GPUSIM_URL} --node=$(NODE_NAME)"
+        # The same commands as manifests/overlays/kind/policy.toml: the gpu-sim image holds /app/gpusim.py only.
+        client = f"python /app/gpusim.py {{}} --url={GPUSIM_URL} --node=$(NODE_NAME)"
         job = {"image": "gpu-sim:dev", "privileged": False}
         return {
             "remediation": {"reboot_wait_for_boot_id": False},
-            "remediation.reset_gpu": {**job, "command": client.format("reset") + " --gpu=$(GPU_IDS)"},
-            "remediation.reboot": {**job, "command": client.format("reboot")},
-            "validation.job": {**job, "command": "true"},
+            "remediation.reset_gpu": {**job, "command": client.format("reset") + " --gpus=$(GPU_IDS)"},
+            "remediation.reboot": {**job, "command": client.format("reboot"), "host_pid": False},
+            "validation.job": {**job, "command": client.format("validate")},
         }
 
     def _scale(self, replicas: int) -> None:
