@@ -123,3 +123,13 @@ def test_kind_overlay_replaces_the_policy_through_the_generator() -> None:
 def test_a_bad_policy_names_the_key() -> None:
     with pytest.raises(PolicyError, match=r"remediation.reboot_wait_for_boot_id: expected true or false"):
         loads_policy("[remediation]\nreboot_wait_for_boot_id = 1\n")
+
+
+def test_the_e2e_kind_target_runs_the_same_jobs_as_the_kind_overlay() -> None:
+    from e2e import harness
+
+    policy = loads_policy(KIND.read_text(encoding="utf-8")).defaults
+    sections = harness.KubeconfigCluster._job_sections(None)  # type: ignore[arg-type]
+    assert sections["remediation.reset_gpu"]["command"] == policy.remediation.reset_gpu.command
+    assert sections["remediation.reboot"]["command"] == policy.remediation.reboot.command
+    assert sections["validation.job"]["command"] == policy.validation.job.command
