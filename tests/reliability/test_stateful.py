@@ -95,7 +95,7 @@ STEP_PAUSE_S = 0.15
 
 
 def _examples() -> int:
-    return int(os.environ.get("RELIABILITY_EXAMPLES", "10"))
+    return int(os.environ.get("RELIABILITY_EXAMPLES", "8"))
 
 
 def _phases() -> list[Phase]:
