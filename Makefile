@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo lint bench e2e e2e-kind image clean help
+.PHONY: test demo lint shellcheck bench e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
@@ -32,9 +32,17 @@ $(LINTSTAMP): $(STAMP)
 	$(PY) -m pip install -q ruff mypy
 	touch $@
 
-lint: $(LINTSTAMP)
+lint: $(LINTSTAMP) shellcheck
 	$(VENV)/bin/ruff check gpuremediate sim
 	$(VENV)/bin/mypy gpuremediate
+
+# shellcheck comes from Debian's packages when it is missing (root, or sudo, needed for that once).
+shellcheck:
+	@command -v shellcheck >/dev/null 2>&1 || { \
+	  echo "installing shellcheck (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq shellcheck >/dev/null; }
+	shellcheck e2e/kind/*.sh
 
 bench: $(STAMP)
 	$(PY) -m pip install -q prometheus_client
@@ -43,7 +51,7 @@ bench: $(STAMP)
 e2e: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider e2e
 
-e2e-kind:
+e2e-kind: shellcheck
 	bash e2e/kind/run.sh
 
 image:
