@@ -26,6 +26,7 @@ from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.loops.maintenance import MaintenanceLoop
+from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
@@ -98,7 +99,9 @@ class Controller:
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,
                                events=events, nodes=view, writer=writer, breakers=breakers, clock=clock)
         self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view))
-        self.node_loops: list[NodeLoop] = [DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx)]
+        self.node_loops: list[NodeLoop] = [
+            DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx), QuarantineLoop(self.ctx)
+        ]
         self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new))
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
         self.acting = False

@@ -9,16 +9,30 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpuremediate.actions.events import NORMAL
-from gpuremediate.actions.jobs import JobSpec, build_job, delete_job, ensure_job, job_name
+from gpuremediate.actions.jobs import (
+    FAILED,
+    MISSING,
+    RUNNING,
+    SUCCEEDED,
+    JobSpec,
+    build_job,
+    delete_job,
+    ensure_job,
+    job_name,
+    job_outcome,
+    read_job,
+)
 from gpuremediate.actions.nodes import Node, gpu_count, name_of
 from gpuremediate.loops.base import NodeLoop
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state.record import NodeRecord, start_action
+from gpuremediate.state.record import ActionInProgress, NodeRecord, start_action
 
 log = logging.getLogger(__name__)
+
+TIMED_OUT = "timed-out"
 
 
 def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False) -> JobSpec:
@@ -81,6 +95,22 @@ class JobLoop(NodeLoop):
             return
         ensure_job(self.ctx.client, job)
         log.info("job created", extra={"node": name_of(node), "job": name, "kind": kind, "attempt": attempt})
+
+    def attempt_outcome(self, action: ActionInProgress, recreate: Callable[[], None]) -> str:
+        """succeeded / failed / timed-out / running, for the attempt's Job.
+
+        A Job missing before the deadline was never created (killed between the record write and the
+        create): it is created now under the same name. Past the deadline a missing Job is not created
+        again — the attempt timed out, and the loop writes that before deleting anything.
+        """
+        outcome = job_outcome(read_job(self.ctx.client, action.name, self.ctx.settings.jobs_namespace))
+        if outcome in (SUCCEEDED, FAILED):
+            return outcome
+        if action.deadline is not None and self.ctx.clock() >= action.deadline:
+            return TIMED_OUT
+        if outcome == MISSING and not self.ctx.writer.dry_run:
+            recreate()
+        return RUNNING
 
     def cancel(self, kind: str, name: str) -> None:
         if name and not self.ctx.writer.dry_run:

@@ -11,12 +11,13 @@ A failed or timed-out attempt is followed by a new attempt (a new Job name) up t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
-from gpuremediate.actions.jobs import FAILED, MISSING, SUCCEEDED, delete_job, job_outcome, read_job
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
 from gpuremediate.loops import custom_remediate
-from gpuremediate.loops.jobs import JobLoop
+from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
 from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy
 from gpuremediate.state import decide, states
@@ -53,14 +54,9 @@ class RemediateLoop(JobLoop):
         self, node: Node, record: NodeRecord, action: ActionInProgress, kind: str,
         policy: RemediationPolicy, job_policy: JobPolicy,
     ) -> float | None:
-        namespace = self.ctx.settings.jobs_namespace
-        job = read_job(self.ctx.client, action.name, namespace)
-        outcome = job_outcome(job)
-        now = self.ctx.clock()
-        if outcome == MISSING and not self.ctx.writer.dry_run:
-            # Killed between writing the record and creating the Job: create it now (same name).
-            self.create_job(node, record, kind, action.name, action.attempt, job_policy, False)
-            return 1.0
+        outcome = self.attempt_outcome(
+            action, lambda: self.create_job(node, record, kind, action.name, action.attempt, job_policy, False)
+        )
         done = outcome == SUCCEEDED
         if kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id:
             done = bool(action.detail) and boot_id(node) != action.detail and is_ready(node)
@@ -70,18 +66,20 @@ class RemediateLoop(JobLoop):
         if outcome == FAILED:
             return self._finish(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
                                 max_attempts=policy.max_attempts)
-        if action.deadline is not None and now >= action.deadline:
-            delete_job(self.ctx.client, action.name, namespace, dry_run=self.ctx.writer.dry_run)
+        if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
             return self._finish(node, record, ok=False, detail=f"{kind} attempt {action.attempt} timed out",
-                                max_attempts=policy.max_attempts)
+                                max_attempts=policy.max_attempts, cancel=action)
         return 1.0
 
-    def _finish(self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int) -> float | None:
+    def _finish(
+        self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int,
+        cancel: ActionInProgress | None = None,
+    ) -> float | None:
         now = self.ctx.clock()
         if record.action is not None:
             self.ctx.metrics.remediation_seconds.observe(max(0.0, now - record.action.started),
                                                          action=record.action.kind)
-        decision = decide.complete_repair(record, ok, now, max_attempts, detail)
+        decision = dataclasses.replace(decide.complete_repair(record, ok, now, max_attempts, detail), cancel=cancel)
         if not ok:
             log.warning("repair attempt failed", extra={"node": name_of(node), "detail": detail})
         if self.apply(node, decision) is None:

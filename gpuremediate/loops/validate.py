@@ -4,11 +4,13 @@ and uncordoned (only if we cordoned it); failure or timeout → quarantined."""
 
 from __future__ import annotations
 
-from gpuremediate.actions.jobs import FAILED, MISSING, SUCCEEDED, delete_job, job_outcome, read_job
+import dataclasses
+
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node
-from gpuremediate.loops.jobs import JobLoop
+from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.state.record import ActionInProgress, NodeRecord
 
 VALIDATE = "validate"
 
@@ -25,22 +27,21 @@ class ValidateLoop(JobLoop):
         if action is None or action.kind != VALIDATE or not action.name:
             return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s,
                                   request_all_gpus=True)
-        namespace = self.ctx.settings.jobs_namespace
-        outcome = job_outcome(read_job(self.ctx.client, action.name, namespace))
-        if outcome == MISSING and not self.ctx.writer.dry_run:
-            self.create_job(node, record, VALIDATE, action.name, action.attempt, policy.job, True)
-            return 1.0
+        outcome = self.attempt_outcome(
+            action, lambda: self.create_job(node, record, VALIDATE, action.name, action.attempt, policy.job, True)
+        )
         if outcome == SUCCEEDED:
             return self._finish(node, record, True, f"validation Job {action.name} passed")
         if outcome == FAILED:
             return self._finish(node, record, False, f"validation Job {action.name} failed")
-        if action.deadline is not None and self.ctx.clock() >= action.deadline:
-            delete_job(self.ctx.client, action.name, namespace)
-            return self._finish(node, record, False, f"validation Job {action.name} timed out")
+        if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
+            return self._finish(node, record, False, f"validation Job {action.name} timed out", cancel=action)
         return 1.0
 
-    def _finish(self, node: Node, record: NodeRecord, ok: bool, detail: str) -> float | None:
-        decision = decide.complete_validation(record, ok, self.ctx.clock(), detail)
+    def _finish(
+        self, node: Node, record: NodeRecord, ok: bool, detail: str, cancel: ActionInProgress | None = None
+    ) -> float | None:
+        decision = dataclasses.replace(decide.complete_validation(record, ok, self.ctx.clock(), detail), cancel=cancel)
         if self.apply(node, decision) is None:
             return self.retry_after_conflict()
         return None

@@ -252,11 +252,15 @@ def on_person_uncordoned(record: NodeRecord, now: float) -> Decision:
 
     The open fault's fingerprint becomes handled (we will not act on it again) and ``stopped`` is
     set. In ``repairing`` the repair cannot be recalled: the flow continues to validation, but
-    the node is no longer ours to uncordon.
+    the node is no longer ours to uncordon. A ``quarantined`` node stays quarantined (it still
+    needs a person), but is no longer ours to uncordon either.
     """
     if record.state == states.HEALTHY:
         return _decide(record, record)
-    if record.state == states.REPAIRING:
+    if record.state in (states.REPAIRING, states.QUARANTINED):
+        # A repair cannot be recalled, and a quarantined node stays flagged for a person (a broken GPU must
+        # not look healthy because someone uncordoned it): the state stays, but the node is no longer ours
+        # to uncordon, ever, in this flow.
         after = dataclasses.replace(record, cordoned_by_us=False, was_unschedulable=False)
         return _decide(record, after)
     after = _close_flow(record, states.PERSON_UNCORDONED, now, "a person uncordoned the node", OUTCOME_STOPPED)

@@ -103,9 +103,6 @@ def _time_out_with_conflict(rig: Rig, timeout: float) -> str:
     return job
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: remediate.py _progress: a timed-out attempt's Job is deleted before the "
-                   "outcome is written; if that write fails (409/500), the next reconcile finds the Job missing and "
-                   "creates it again under the same name (one-shot repair run twice)")
 def test_timed_out_repair_job_is_not_created_again_when_the_outcome_write_fails(rig: Rig) -> None:
     assert rig.cluster.nodesim is not None
     rig.cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=30.0)  # outlasts the 2 s Job timeout
@@ -116,9 +113,6 @@ def test_timed_out_repair_job_is_not_created_again_when_the_outcome_write_fails(
     assert twice == [], f"{job}: {twice}"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: validate.py reconcile: a timed-out validation Job is deleted before the "
-                   "outcome is written; if that write fails (409/500), the next reconcile finds the Job missing and "
-                   "creates it again under the same name")
 def test_timed_out_validation_job_is_not_created_again_when_the_outcome_write_fails(rig: Rig) -> None:
     assert rig.cluster.nodesim is not None
     rig.cluster.gpusim.inject_row_remap_failure(NODE, 0)  # quarantine at once
@@ -132,9 +126,6 @@ def test_timed_out_validation_job_is_not_created_again_when_the_outcome_write_fa
     assert twice == [], f"{job}: {twice}"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: nothing owns quarantined, so a person's uncordon of a quarantined node "
-                   "is never noticed (record keeps cordoned_by_us=True); after the person cordons it again and "
-                   "releases it, a passed validation uncordons the person's cordon (decide.complete_validation)")
 def test_person_cordon_on_a_quarantined_node_survives_release_and_validation(rig: Rig) -> None:
     rig.cluster.gpusim.inject_row_remap_failure(NODE, 0)  # quarantine at once, cordoned by us
     rig.wait_state(states.QUARANTINED, 10)

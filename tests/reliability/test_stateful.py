@@ -41,20 +41,11 @@ NODES_IN_CLUSTER = 4
 GPUS_PER_NODE = 2
 NODE_NAMES = [node_name(i) for i in range(1, NODES_IN_CLUSTER + 1)]
 
-# Violation codes of controller bugs already reported, with the reason; an example that finds
-# only these ends as xfail (the focused regression tests in test_regressions.py pin each one).
-KNOWN_BUGS: dict[str, str] = {
-    "job-recreated-after-own-delete": (
-        "known bug: a timed-out repair/validation Job is deleted before its outcome is written; when that write "
-        "fails the next reconcile re-creates the Job under the same name (remediate.py _progress, validate.py "
-        "reconcile; pinned by test_regressions.py)"
-    ),
-    "person-cordon-removed-stale-record": (
-        "known bug: a person's uncordon of a quarantined node goes unnoticed (no loop owns quarantined), so after "
-        "the person cordons it again and releases it, the passed validation removes the person's cordon "
-        "(pinned by test_regressions.py)"
-    ),
-}
+# Violation codes of controller bugs already reported and not fixed yet, with the reason; an example
+# that finds only these ends as xfail (a focused regression test in test_regressions.py pins each one).
+# Empty: the two the test found (a timed-out Job re-created after its own delete; a person's cordon
+# on a quarantined node removed after release) are fixed and pinned by test_regressions.py.
+KNOWN_BUGS: dict[str, str] = {}
 
 KNOWN_HITS: dict[str, str] = {}  # code -> first violation text, this run
 

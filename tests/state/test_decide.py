@@ -223,7 +223,7 @@ def test_person_uncordon_detection() -> None:
     assert not d.person_uncordoned(r.NodeRecord(), False)
 
 
-@pytest.mark.parametrize("state", [s.CORDONED, s.DRAINING, s.VALIDATING, s.QUARANTINED, s.MAINTENANCE])
+@pytest.mark.parametrize("state", [s.CORDONED, s.DRAINING, s.VALIDATING, s.MAINTENANCE])
 def test_person_uncordon_mid_flow_stops_work_for_that_fault(state: str) -> None:
     fault = d.fault_from_finding(finding("reboot"), 1.0)
     action = r.ActionInProgress("drain", "n", 1, 2.0)
@@ -237,6 +237,15 @@ def test_person_uncordon_mid_flow_stops_work_for_that_fault(state: str) -> None:
     # the same stale finding later does not start the flow again (also after a restart)
     again = d.on_findings(restart(rec), [finding("reboot")], False, 60.0)
     assert again.transition is None
+
+
+def test_person_uncordon_of_a_quarantined_node_keeps_it_flagged_but_never_ours_to_uncordon() -> None:
+    record = r.NodeRecord(state=s.QUARANTINED, fault=d.fault_from_finding(finding(), 1.0), cordoned_by_us=True)
+    decision = d.on_person_uncordoned(record, 5.0)
+    assert decision.transition is None and decision.record.state == s.QUARANTINED and decision.changed
+    assert not d.person_uncordoned(decision.record, False)  # noticed once
+    released = d.release(decision.record, 6.0, "alice")
+    assert not d.complete_validation(released, True, 7.0).uncordon  # a later cordon is the person's
 
 
 def test_person_uncordon_during_repair_lets_the_repair_finish_but_never_uncordons() -> None:
