@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+
+from gpuremediate.kube import errors
+
+log = logging.getLogger(__name__)
 
 
 class WorkQueue:
@@ -121,3 +126,29 @@ class WorkQueue:
 
     def __len__(self) -> int:
         return self.len()
+
+
+Reconcile = Callable[[str], "float | None"]
+
+
+def process_next(queue: WorkQueue, key: Hashable, reconcile: Reconcile, *, what: str,
+                 on_api_error: Callable[[errors.KubeError], None] | None = None) -> None:
+    """Run ``reconcile(key)`` the controller way: on success forget the key's backoff and requeue it after
+    the seconds returned (None: not at all); on an API or transport error (or a crash) log it and requeue
+    with per-key backoff. Nothing a reconcile raises stops the worker."""
+    try:
+        requeue = reconcile(str(key))
+    except (errors.ApiError, errors.TransportError) as exc:
+        if on_api_error is not None:
+            on_api_error(exc)
+        log.warning("reconcile failed; retrying", extra={"worker": what, "key": str(key), "error": str(exc)})
+        queue.add_rate_limited(key)
+    except Exception:
+        log.exception("reconcile crashed; retrying", extra={"worker": what, "key": str(key)})
+        queue.add_rate_limited(key)
+    else:
+        queue.forget(key)
+        if requeue is not None:
+            queue.add_after(key, requeue)
+    finally:
+        queue.done(key)

@@ -16,7 +16,7 @@ from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, 
 from gpuremediate.config import Settings
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.workqueue import WorkQueue
+from gpuremediate.kube.workqueue import WorkQueue, process_next
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy, PolicyFile
 from gpuremediate.signals.model import NodeReadings
@@ -97,22 +97,11 @@ class NodeLoop:
             self._process(str(key))
 
     def _process(self, name: str) -> None:
-        try:
-            requeue = self.reconcile_name(name)
-        except (errors.ApiError, errors.TransportError) as exc:
-            reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
-            self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
-            log.warning("reconcile failed; retrying", extra={"loop": self.name, "node": name, "error": str(exc)})
-            self.queue.add_rate_limited(name)
-        except Exception:
-            log.exception("reconcile crashed; retrying", extra={"loop": self.name, "node": name})
-            self.queue.add_rate_limited(name)
-        else:
-            self.queue.forget(name)
-            if requeue is not None:
-                self.queue.add_after(name, requeue)
-        finally:
-            self.queue.done(name)
+        process_next(self.queue, name, self.reconcile_name, what=self.name, on_api_error=self._count_api_error)
+
+    def _count_api_error(self, exc: errors.KubeError) -> None:
+        reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
+        self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
 
     def reconcile_name(self, name: str) -> float | None:
         node = self.ctx.nodes.get(name)

@@ -38,7 +38,7 @@ from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedu
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.resources import Resource
-from gpuremediate.kube.workqueue import WorkQueue
+from gpuremediate.kube.workqueue import WorkQueue, process_next
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.drain import DRAIN_ACTION
 from gpuremediate.policy.findings import BUILTIN_ACTIONS
@@ -160,22 +160,11 @@ class MaintenanceLoop:
             log.exception("maintenance step failed", extra={"step": what})
 
     def _process(self, name: str) -> None:
-        try:
-            requeue = self.reconcile(name)
-        except (errors.ApiError, errors.TransportError) as exc:
-            reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
-            self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
-            log.warning("maintenance reconcile failed; retrying", extra={"request": name, "error": str(exc)})
-            self.queue.add_rate_limited(name)
-        except Exception:
-            log.exception("maintenance reconcile crashed; retrying", extra={"request": name})
-            self.queue.add_rate_limited(name)
-        else:
-            self.queue.forget(name)
-            if requeue is not None:
-                self.queue.add_after(name, requeue)
-        finally:
-            self.queue.done(name)
+        process_next(self.queue, name, self.reconcile, what="maintenance", on_api_error=self._count_api_error)
+
+    def _count_api_error(self, exc: errors.KubeError) -> None:
+        reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
+        self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
 
     def reconcile(self, name: str) -> float | None:
         obj = self.informer.get(name)

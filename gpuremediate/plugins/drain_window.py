@@ -37,7 +37,7 @@ from gpuremediate.kube.cache import Informer, object_key
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import PODS, Resource
-from gpuremediate.kube.workqueue import WorkQueue
+from gpuremediate.kube.workqueue import WorkQueue, process_next
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.plugins.window import Window, WindowError
 
@@ -221,21 +221,7 @@ class DrainWindowPlugin:
             self._process(str(key))
 
     def _process(self, key: str) -> None:
-        try:
-            requeue = self.reconcile(key)
-        except (errors.ApiError, errors.TransportError) as exc:
-            log.warning("reconcile failed; retrying", extra={"request": key, "error": str(exc)})
-            self.queue.add_rate_limited(key)
-        except Exception:
-            log.exception("reconcile crashed; retrying", extra={"request": key})
-            self.queue.add_rate_limited(key)
-        else:
-            self.queue.forget(key)
-            if requeue is not None:
-                self.queue.add_after(key, requeue)
-        finally:
-            self.queue.done(key)
-
+        process_next(self.queue, key, self.reconcile, what="drain-window")
 
 # ---- the command ----------------------------------------------------------------------------------
 

@@ -80,3 +80,34 @@ def test_get_timeout_returns_none() -> None:
 def test_bad_delays_rejected() -> None:
     with pytest.raises(ValueError, match="base_delay"):
         WorkQueue(base_delay=0)
+
+
+def test_process_next_requeues_by_outcome() -> None:
+    from gpuremediate.kube import errors
+    from gpuremediate.kube.workqueue import process_next
+
+    q = WorkQueue(base_delay=0.01, max_delay=0.05)
+    seen: list[str] = []
+
+    def fail_api(key: str) -> float | None:
+        raise errors.Conflict(409, {"reason": "Conflict", "message": "stale"})
+
+    def crash(key: str) -> float | None:
+        raise RuntimeError("boom")
+
+    for reconcile in (fail_api, crash):
+        q.add("a")
+        key = q.get(timeout=1)
+        process_next(q, key, reconcile, what="test", on_api_error=lambda exc: seen.append(type(exc).__name__))
+        assert q.get(timeout=1) == "a"  # retried with backoff, never dropped
+        q.done("a")
+    assert seen == ["Conflict"] and q.num_requeues("a") == 2
+
+    q.add("a")
+    key = q.get(timeout=1)
+    process_next(q, key, lambda k: None, what="test")
+    assert q.num_requeues("a") == 0 and q.get(timeout=0.1) is None  # success: forgotten, not requeued
+    q.add("b")
+    key = q.get(timeout=1)
+    process_next(q, key, lambda k: 0.05, what="test")
+    assert q.get(timeout=1) == "b"  # requeued after the seconds the reconcile asked for
