@@ -36,7 +36,7 @@ from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import pod_key
 from gpuremediate.policy.workflow import CustomDrainPolicy, DrainPolicy
 from gpuremediate.state import decide
-from gpuremediate.state.record import Fault, NodeRecord, start_action
+from gpuremediate.state.record import Fault, NodeRecord, occurrence, start_action
 
 if TYPE_CHECKING:
     from gpuremediate.loops.drain import DrainLoop
@@ -51,7 +51,8 @@ def fell_back(record: NodeRecord) -> bool:
 
 
 def fault_event_id(record: NodeRecord) -> str:
-    return event_id(record.fault.fingerprint if record.fault else f"since-{int(record.since)}")
+    """The health event id: one per fault occurrence (a recurring fingerprint gets a new one)."""
+    return event_id(occurrence(record))
 
 
 def request_name(node: str, record: NodeRecord) -> str:

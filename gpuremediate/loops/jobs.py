@@ -28,7 +28,7 @@ from gpuremediate.actions.jobs import (
 from gpuremediate.actions.nodes import Node, gpu_count, name_of
 from gpuremediate.loops.base import NodeLoop
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state.record import ActionInProgress, NodeRecord, start_action
+from gpuremediate.state.record import ActionInProgress, NodeRecord, occurrence, start_action
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,7 @@ class JobLoop(NodeLoop):
     """A node loop whose action is a Job on the node."""
 
     def fingerprint(self, record: NodeRecord) -> str:
-        """The fault occurrence the Job is for. The same fingerprint can come back after a repair (the same
-        XID again), so the time the fault was first seen is part of it: a new occurrence never finds the
-        previous occurrence's finished Job under its name."""
-        if record.fault is None:
-            return f"since-{int(record.since * 1000)}"
-        return f"{record.fault.fingerprint}@{int(record.fault.first_seen * 1000)}"
+        return occurrence(record)
 
     def gpu_ids(self, node: Node, record: NodeRecord) -> tuple[list[str], list[str]]:
         """(indexes, UUIDs) of the faulty GPUs, from the latest readings; all GPUs when unknown."""

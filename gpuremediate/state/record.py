@@ -176,6 +176,16 @@ def start_action(
     return dataclasses.replace(record, action=action, blocked=None)
 
 
+def occurrence(record: NodeRecord) -> str:
+    """The identity of the open fault's occurrence, for naming what is created for it (Jobs, custom
+    resources, health event ids). A fingerprint can come back after a repair (the same XID again), so
+    the time the fault was first seen is part of it: a new occurrence never finds the previous
+    occurrence's finished objects under its names. Stable across restarts: both parts are in the record."""
+    if record.fault is None:
+        return f"since-{int(record.since * 1000)}"
+    return f"{record.fault.fingerprint}@{int(record.fault.first_seen * 1000)}"
+
+
 # ---- codec ---------------------------------------------------------------------------------
 
 

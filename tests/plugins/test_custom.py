@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -23,7 +24,7 @@ from gpuremediate.loops.custom_drain import entities, pods_by_namespace, request
 from gpuremediate.loops.custom_remediate import build_resource, resource_name
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.schema import PolicyError
-from gpuremediate.state.record import Fault, NodeRecord
+from gpuremediate.state.record import Fault, NodeRecord, occurrence
 
 DNS = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LABEL = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
@@ -61,7 +62,8 @@ def test_drain_request_is_named_and_filled_per_nvsentinel() -> None:
     pods = [{"metadata": {"namespace": "b", "name": "p2"}}, {"metadata": {"namespace": "a", "name": "p1"}},
             {"metadata": {"namespace": "b", "name": "p1"}}]
     body = request_body(Ref("nvsentinel.nvidia.com/v1alpha1", "DrainRequest", "ns"), "node-1", rec, pods)
-    eid = event_id(rec.fault.fingerprint)  # type: ignore[union-attr]
+    eid = event_id(occurrence(rec))  # one id per fault occurrence: fingerprint + first seen
+    assert eid != event_id(occurrence(dataclasses.replace(rec, fault=dataclasses.replace(rec.fault, first_seen=99.0))))
     assert body["metadata"]["name"] == request_name("node-1", rec) == f"drain-node-1-{eid}"
     assert body["metadata"]["namespace"] == "ns"
     assert body["metadata"]["labels"]["nvsentinel.nvidia.com/node-name"] == "node-1"

@@ -233,3 +233,15 @@ def test_node_unschedulable() -> None:
     assert not r.node_unschedulable(_node())
     assert r.node_unschedulable(_node(unschedulable=True))
     assert not r.node_unschedulable(_node(unschedulable=False))
+
+
+def test_occurrence_names_each_fault_occurrence_apart() -> None:
+    from gpuremediate.state.record import Fault, NodeRecord, occurrence
+
+    def with_fault(first_seen: float) -> NodeRecord:
+        fault = Fault("xid", "48", ("GPU-1",), "xid:GPU-1:48", "reset-gpu", first_seen, first_seen, "m")
+        return NodeRecord(state="draining", since=first_seen, fault=fault)
+
+    assert occurrence(with_fault(100.0)) == occurrence(with_fault(100.0))  # stable: restart-safe
+    assert occurrence(with_fault(100.0)) != occurrence(with_fault(200.0))  # the same XID again is a new one
+    assert occurrence(NodeRecord(state="validating", since=5.0)) == "since-5000"
