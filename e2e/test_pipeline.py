@@ -225,6 +225,8 @@ def test_budget_of_one_with_two_faults(cluster: Cluster) -> None:
     assert any("budget" in msg for msg in blocked), blocked
     m = cluster.metrics()
     assert m.value("gpuremediate_budget_limit") == 1
+    cluster.wait(lambda: cluster.metrics().value("gpuremediate_budget_in_use") == 0, 5,
+                 "budget_in_use back to 0 once both nodes are back in service")
     assert m.value(TRANSITIONS, to="healthy", reason="validation-passed") == 2
 
 

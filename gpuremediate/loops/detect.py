@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedulable_of
 from gpuremediate.loops.base import LoopContext, state_of
+from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, KIND_THERMAL, Finding
 from gpuremediate.policy.safety import CircuitBreaker
@@ -230,6 +231,10 @@ class DetectLoop:
         self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
         self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())
         self.ctx.metrics.unknown_nodes.set(float(len(self.unknown)))
+        views = [safety.node_view(n) for n in nodes]
+        budget = safety.Budget(self.ctx.policy.cluster.budget.as_budget_value())
+        self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if v.out_of_service)))
+        self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
         self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breaker.is_open else 0.0)
 
 
