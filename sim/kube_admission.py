@@ -99,10 +99,13 @@ def _validate_pod(obj: Obj, old: Obj | None) -> list[dict[str, str]]:
 
 
 def _validate_event(obj: Obj) -> list[dict[str, str]]:
+    """legacyValidateEvent: an Event about a cluster-scoped object lives in "default"; a new-style one
+    (eventTime set, as every events.k8s.io/v1 Event) may also live in "kube-system"."""
     involved = obj.get("involvedObject") or {}
     event_ns = obj.get("metadata", {}).get("namespace", "")
     involved_ns = involved.get("namespace", "")
-    if involved_ns != event_ns and not (involved_ns == "" and event_ns in ("default", "kube-system")):
+    cluster_scoped_homes = ("default", "kube-system") if obj.get("eventTime") else ("default",)
+    if involved_ns != event_ns and not (involved_ns == "" and event_ns in cluster_scoped_homes):
         return [_invalid_value("involvedObject.namespace", involved_ns, "does not match event.namespace")]
     return []
 
@@ -127,6 +130,28 @@ def _validate_lease(obj: Obj) -> list[dict[str, str]]:
         return [errs.cause("FieldValueInvalid", f"Invalid value: {duration}: must be greater than 0",
                            "spec.leaseDurationSeconds")]
     return []
+
+
+MICRO_TIME_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
+_MICRO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
+_SECONDS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
+LEASE_MICRO_TIMES = ("acquireTime", "renewTime")
+
+
+def micro_time_error(rt: ResourceType, obj: Obj) -> str:
+    """Go's time.Parse error for the first Lease MicroTime without exactly six fractional digits, or ""."""
+    if rt.resource != "leases":
+        return ""
+    spec = obj.get("spec") or {}
+    for key in LEASE_MICRO_TIMES:
+        value = spec.get(key)
+        if value is None or (isinstance(value, str) and _MICRO_TIME.match(value)):
+            continue
+        text = str(value)
+        head = _SECONDS.match(text)
+        rest, wanted = (text[head.end():], ".000000") if head else (text, "2006")
+        return f'parsing time "{text}" as "{MICRO_TIME_LAYOUT}": cannot parse "{rest}" as "{wanted}"'
+    return ""
 
 
 def _validate_finalizers(obj: Obj, old: Obj) -> list[dict[str, str]]:

@@ -11,6 +11,8 @@ import json
 import math
 import queue
 import threading
+import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_admission as adm
@@ -44,6 +46,7 @@ class Controllers:
         self.queue: queue.Queue[WatchEvent | None] = queue.Queue()
         self.failed_deleted: dict[str, int] = {}
         self.gc_pending: set[tuple[str, str, str]] = set()  # (storage key, namespace, name) awaiting GC
+        self.job_deadlines: dict[tuple[str, str], float] = {}  # (namespace, name) -> when activeDeadlineSeconds ends
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.store.listeners.append(self._on_event)
@@ -93,6 +96,7 @@ class Controllers:
                 if event is not None:
                     self._react(event)
                 self._gc_pass()
+                self._deadline_pass()
             except errs.ApiError:
                 continue  # a conflict with a concurrent writer: the next event or tick retries
 
@@ -103,6 +107,8 @@ class Controllers:
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Job":
                     self.sync_job(ns, ref["name"])
+            if event.type != "DELETED":
+                self._release_orphan_pod(obj)
             self.sync_pdbs(ns)
         elif event.key == "batch/jobs":
             self.sync_job(ns, meta["name"])
@@ -176,6 +182,27 @@ class Controllers:
                 self.store.remove_finalizer(rt, obj, adm.TRACKING_FINALIZER)
 
     # --- Job controller ------------------------------------------------------------------------------
+    def _release_orphan_pod(self, pod: Obj) -> None:
+        """syncOrphanPod: a pod whose controlling Job is gone (or is another Job now) loses the
+        job-tracking finalizer, so it can really go away."""
+        if adm.TRACKING_FINALIZER not in (pod["metadata"].get("finalizers") or []):
+            return
+        refs = [r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")]
+        if refs and refs[0].get("kind") != "Job":
+            return
+        if refs:
+            job = self.store.get(self.rt("batch", "jobs").key, pod["metadata"].get("namespace", ""), refs[0]["name"])
+            if job is not None and job["metadata"]["uid"] == refs[0].get("uid"):
+                return
+        self.store.remove_finalizer(self.rt("", "pods"), pod, adm.TRACKING_FINALIZER)
+
+    def _deadline_pass(self) -> None:
+        now = time.time()
+        for (ns, name), due in list(self.job_deadlines.items()):
+            if due <= now:
+                self.job_deadlines.pop((ns, name), None)
+                self.sync_job(ns, name)
+
     def sync_job(self, ns: str, name: str) -> None:
         jobs, pods_rt = self.rt("batch", "jobs"), self.rt("", "pods")
         with self.store.lock:
@@ -207,15 +234,18 @@ class Controllers:
                   and not p["metadata"].get("deletionTimestamp")]
         status.setdefault("startTime", now_time())
         now = now_time()
+        past_deadline = self._past_deadline(job, status)
         if succeeded >= int(spec.get("completions") or 1):
             status["conditions"] = [*status.get("conditions", []), {"type": "Complete", "status": "True",
                                     "lastProbeTime": now, "lastTransitionTime": now}]
             status["completionTime"] = now
             active = []
-        elif failed > int(spec.get("backoffLimit", 6)):
+        elif failed > int(spec.get("backoffLimit", 6)) or past_deadline:
+            reason, message = (("DeadlineExceeded", "Job was active longer than specified deadline") if past_deadline
+                               else ("BackoffLimitExceeded", "Job has reached the specified backoff limit"))
             status["conditions"] = [*status.get("conditions", []), {
                 "type": "Failed", "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
-                "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]
+                "reason": reason, "message": message}]
             for pod in active:
                 self._delete(self.rt("", "pods"), pod, "Background")
             active = []
@@ -224,6 +254,18 @@ class Controllers:
             for _ in range(wanted - len(active)):
                 active.append(self._create_job_pod(job))
         return _job_counts(status, len(active), succeeded, failed, sum(1 for p in active if is_ready(p)))
+
+    def _past_deadline(self, job: Obj, status: dict[str, Any]) -> bool:
+        """activeDeadlineSeconds counts from status.startTime; a Job not yet there is looked at again then."""
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        if deadline is None:
+            return False
+        started = datetime.strptime(status["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        due = started + int(deadline)
+        if time.time() >= due:
+            return True
+        self.job_deadlines[(job["metadata"].get("namespace", ""), job["metadata"]["name"])] = due
+        return False
 
     def _create_job_pod(self, job: Obj) -> Obj:
         meta, template = job["metadata"], copy.deepcopy(job["spec"]["template"])

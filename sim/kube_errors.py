@@ -45,6 +45,7 @@ class ApiError(Exception):
         self.code = code
         self.body = body
         self.headers = headers or {}
+        self.raced = False  # a stale write the server itself retries (the client pinned no resourceVersion)
 
 
 def _named_details(name: str, group: str, kind: str) -> dict[str, Any]:
@@ -83,6 +84,13 @@ STALE = "the object has been modified; please apply your changes to the latest v
 
 def stale(resource: str, group: str, name: str) -> ApiError:
     return conflict(resource, group, name, STALE)
+
+
+def raced(resource: str, group: str, name: str) -> ApiError:
+    """The stored object changed between a write's read and its commit."""
+    err = stale(resource, group, name)
+    err.raced = True
+    return err
 
 
 def bad_request(message: str) -> ApiError:

@@ -7,6 +7,7 @@ import binascii
 import copy
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_admission as adm
@@ -193,6 +194,9 @@ class Verbs:
         if not isinstance(obj, dict):
             raise errs.bad_request(f"the object provided is unrecognized (must be of type {rt.kind})")
         self._check_kind(obj, rt)
+        bad_time = adm.micro_time_error(rt, obj)
+        if bad_time:
+            raise errs.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {bad_time}')
         return self._drop_unknown(req, rt, obj)
 
     def _check_kind(self, obj: Obj, rt: ResourceType) -> None:
@@ -286,13 +290,22 @@ class Verbs:
         if body_name and body_name != t.name:
             raise errs.bad_request(f"the name of the object ({body_name}) does not match the name on the URL "
                                    f"({t.name})")
-        old = self._existing(t)
         rv = body.get("metadata", {}).get("resourceVersion")
-        if rv and rv != old["metadata"]["resourceVersion"]:
-            raise errs.stale(t.rt.resource, t.rt.group, t.name)
+        if not rv and t.rt.custom:  # customResourceStrategy.AllowUnconditionalUpdate() is false
+            cause = errs.cause("FieldValueInvalid", "Invalid value: 0x0: must be specified for an update",
+                               "metadata.resourceVersion")
+            raise errs.invalid(errs.qualified(t.rt.resource, t.rt.group), t.name, t.rt.group, t.rt.resource,
+                               [cause])
         if t.rt.key == "events":
             body = self._to_event_storage(t, body)
-        new = self.commit_update(req, t, old, body, dry, self.manager(req), "Update")
+
+        def attempt() -> Obj:
+            old = self._existing(t)
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise errs.stale(t.rt.resource, t.rt.group, t.name)
+            return self.commit_update(req, t, old, copy.deepcopy(body), dry, self.manager(req), "Update")
+
+        new = _retry_on_race(attempt)
         h.send_json(200, self.render(t.rt, new), self._warning_headers(req))
 
     def commit_update(self, req: Request, t: Target, old: Obj, body: Obj, dry: bool, manager: str,
@@ -326,11 +339,18 @@ class Verbs:
         if kind == "apply":
             self._apply(h, req, t, dry)
             return
-        old = self._existing(t)
-        new = self._patched(req, old, kind)
-        if new.get("metadata", {}).get("resourceVersion") != old["metadata"]["resourceVersion"]:
-            raise errs.stale(t.rt.resource, t.rt.group, t.name)
-        stored = self.commit_update(req, t, old, new, dry, self.manager(req), "Update")
+
+        def attempt() -> Obj:
+            old = self._existing(t)
+            new = self._patched(req, old, kind)
+            bad_time = adm.micro_time_error(t.rt, new)
+            if bad_time:
+                raise _patch_decode_invalid(new, bad_time)
+            if new.get("metadata", {}).get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                raise errs.stale(t.rt.resource, t.rt.group, t.name)
+            return self.commit_update(req, t, old, new, dry, self.manager(req), "Update")
+
+        stored = _retry_on_race(attempt)
         h.send_json(200, self.render(t.rt, stored))
 
     def _patched(self, req: Request, old: Obj, kind: str) -> Obj:
@@ -437,6 +457,31 @@ class Verbs:
             except errs.ApiError:
                 continue
         h.send_json(200, listing)
+
+
+RACE_RETRIES = 5
+
+
+def _retry_on_race(attempt: Callable[[], Obj]) -> Obj:
+    """GuaranteedUpdate: a write whose read went stale in the meantime is computed again from the newer
+    object; only a resourceVersion the client pinned (checked inside ``attempt``) answers 409."""
+    for _ in range(RACE_RETRIES):
+        try:
+            return attempt()
+        except errs.ApiError as err:
+            if not err.raced:
+                raise
+    return attempt()
+
+
+def _patch_decode_invalid(patched: Obj, why: str) -> errs.ApiError:
+    """A patch whose result does not decode (e.g. a Lease MicroTime without microseconds): 422 naming
+    the whole patched object, with no kind or name (exchange 25)."""
+    value = json.dumps(patched, separators=(",", ":"))
+    text = f"Invalid value: {json.dumps(value)}: {why}"
+    body = errs.status(422, f' "" is invalid: patch: {text}', "Invalid",
+                       {"causes": [errs.cause("FieldValueInvalid", text, "patch")]})
+    return errs.ApiError(422, body)
 
 
 _CONTINUE_TOO_OLD = ("The provided continue parameter is too old to display a consistent list result. You can "

@@ -155,7 +155,7 @@ class Store:
             if current is None:
                 raise errs.not_found(rt.resource, rt.group, old["metadata"]["name"])
             if current["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"]:
-                raise errs.stale(rt.resource, rt.group, old["metadata"]["name"])
+                raise errs.raced(rt.resource, rt.group, old["metadata"]["name"])
             new = shape(rt, new)
             if _same_ignoring_rv(new, current):
                 return current
