@@ -31,6 +31,7 @@ class BreakerStore:
         self.dry_run = dry_run
         self._memory: CircuitBreaker | None = None  # dry-run: never written
         self._rv: str | None = None
+        self._kept: dict[str, Any] = {}  # labels and annotations of the ConfigMap as read (a PUT replaces them)
 
     def load(self) -> CircuitBreaker:
         if self.dry_run and self._memory is not None:
@@ -39,8 +40,10 @@ class BreakerStore:
             cm = self.client.get(CONFIGMAPS, BREAKER_CONFIGMAP, self.namespace)
         except errors.NotFound:
             self._rv = None
+            self._kept = {}
             return CircuitBreaker()
         self._rv = str(cm["metadata"].get("resourceVersion", ""))
+        self._kept = _kept_metadata(cm)
         breaker = self._parse(cm)
         requested = (cm["metadata"].get("annotations") or {}).get(RESET_ANNOTATION)
         if requested is not None:
@@ -64,7 +67,7 @@ class BreakerStore:
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": BREAKER_CONFIGMAP, "namespace": self.namespace, "annotations": {}},
+            "metadata": {"name": BREAKER_CONFIGMAP, "namespace": self.namespace, **self._kept},
             "data": {"state": json.dumps(breaker.to_dict(), sort_keys=True)},
         }
         if self._rv:
@@ -76,6 +79,7 @@ class BreakerStore:
             except errors.AlreadyExists:
                 raise errors.Conflict(409, {"reason": "Conflict", "message": "breaker created concurrently"}) from None
         self._rv = str(result["metadata"].get("resourceVersion", ""))
+        self._kept = _kept_metadata(result)
 
     def reset(self, by: str | None = None) -> CircuitBreaker:
         """A person closes the breaker (the CLI)."""
@@ -83,3 +87,13 @@ class BreakerStore:
         breaker = CircuitBreaker().reset(by=by or getpass.getuser(), now=time.time())
         self.save(breaker)
         return breaker
+
+
+def _kept_metadata(cm: dict[str, Any]) -> dict[str, Any]:
+    """What a replace must carry over: labels, and annotations except the reset request (consumed)."""
+    meta = cm.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != RESET_ANNOTATION}
+    kept: dict[str, Any] = {"annotations": annotations}
+    if meta.get("labels"):
+        kept["labels"] = dict(meta["labels"])
+    return kept

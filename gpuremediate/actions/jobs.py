@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuremediate.actions.custom import label_value
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import JOBS
@@ -63,7 +64,7 @@ def build_job(
     gpu_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     name = job_name(kind, node, fingerprint, attempt)
-    labels = {JOB_LABEL: kind, NODE_LABEL: node}
+    labels = {JOB_LABEL: kind, NODE_LABEL: label_value(node)}  # node names may exceed a label value's 63 chars
     env = [
         {"name": "NODE_NAME", "value": node},
         {"name": "GPU_IDS", "value": ",".join(gpu_ids)},

@@ -25,6 +25,14 @@ def micro_time(moment: datetime | None = None) -> str:
     return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _duration_of(spec: dict[str, Any]) -> float:
+    """The holder's leaseDurationSeconds: expiry is judged by the holder's promise (client-go's isLeaseValid)."""
+    try:
+        return max(0.0, float(spec.get("leaseDurationSeconds") or 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -126,7 +134,7 @@ class LeaderElector:
         spec = dict(lease.get("spec") or {})
         self._observe(lease, spec)
         holder = spec.get("holderIdentity") or ""
-        if holder and holder != self.identity and self._observed_at + self.lease_duration > time.monotonic():
+        if holder and holder != self.identity and self._observed_at + _duration_of(spec) > time.monotonic():
             return False
         i_held_it = holder == self.identity
         new_spec = self._spec(now, acquired=spec.get("acquireTime") if i_held_it else None)
