@@ -166,6 +166,25 @@ def _validate_finalizers(obj: Obj, old: Obj) -> list[dict[str, str]]:
     return [errs.cause("FieldValueForbidden", msg, "metadata.finalizers")] * 2
 
 
+# --- omitempty: a typed object never stores a false bool that Go's encoder omits ---------------------
+
+_OMITEMPTY_FALSE = {
+    "nodes": (("spec", "unschedulable"),),
+    "pods": (("spec", "hostNetwork"), ("spec", "hostPID"), ("spec", "hostIPC")),
+}
+
+
+def drop_omitted(rt: ResourceType, obj: Obj) -> None:
+    """Drop the ``false`` values of omitempty bools (exchange 29: an uncordoned Node has no
+    spec.unschedulable at all)."""
+    for path in _OMITEMPTY_FALSE.get(rt.resource, ()) if not rt.custom else ():
+        parent = obj
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and parent.get(path[-1]) is False:
+            del parent[path[-1]]
+
+
 # --- defaults on create -----------------------------------------------------------------------------
 
 def prepare_create(rt: ResourceType, obj: Obj) -> Obj:

@@ -254,6 +254,7 @@ class Verbs:
         if t.rt.key == "events":
             obj = self._to_event_storage(t, obj)
         obj = adm.prepare_create(t.rt, obj)
+        adm.drop_omitted(t.rt, obj)
         if not meta.get("name") and meta.get("generateName"):
             obj["metadata"]["name"] = meta["generateName"] + "xxxxx"
             adm.validate(t.rt, obj, None)
@@ -311,6 +312,7 @@ class Verbs:
     def commit_update(self, req: Request, t: Target, old: Obj, body: Obj, dry: bool, manager: str,
                       operation: str, owned: set[kp.Path] | None = None) -> Obj:
         new = _merge_subresource(t.rt, old, body, t.subresource)
+        adm.drop_omitted(t.rt, new)
         new["apiVersion"], new["kind"] = t.rt.group_version, t.rt.kind
         _keep_system_metadata(new, old)
         if t.rt.generation and _spec_changed(old, new):

@@ -139,3 +139,14 @@ def test_pods_of_a_deleted_job_lose_the_tracking_finalizer(client: KubeClient) -
     for pod in _pods(client, "gone"):  # the kubelet confirms the pod stopped
         client.delete(PODS, pod["metadata"]["name"], NS, grace_period_seconds=0)
     assert wait_for(lambda: not _pods(client, "gone"), 3.0), _pods(client, "gone")
+
+
+def test_uncordon_leaves_no_unschedulable_key(client: KubeClient) -> None:
+    """Exchange 29: spec.unschedulable is omitempty; false (or null) is never echoed."""
+    client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+    assert client.patch(NODES, "n1", {"spec": {"unschedulable": True}})["spec"] == {"unschedulable": True}
+    assert "unschedulable" not in client.patch(NODES, "n1", {"spec": {"unschedulable": False}})["spec"]
+    assert "unschedulable" not in client.get(NODES, "n1").get("spec", {})
+    node = client.get(NODES, "n1")
+    node["spec"] = {"unschedulable": False}
+    assert "unschedulable" not in client.replace(NODES, "n1", node)["spec"]
