@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Any
 
 from sim import kube_errors as errs
 from sim.kube_resources import ResourceType, type_errors
@@ -178,7 +179,7 @@ def drop_omitted(rt: ResourceType, obj: Obj) -> None:
     """Drop the ``false`` values of omitempty bools (exchange 29: an uncordoned Node has no
     spec.unschedulable at all)."""
     for path in _OMITEMPTY_FALSE.get(rt.resource, ()) if not rt.custom else ():
-        parent = obj
+        parent: Any = obj
         for key in path[:-1]:
             parent = parent.get(key) if isinstance(parent, dict) else None
         if isinstance(parent, dict) and parent.get(path[-1]) is False:

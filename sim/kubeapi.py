@@ -6,7 +6,8 @@ with PodDisruptionBudgets, bearer-token auth with optional per-user RBAC, and fa
 runs the controllers kube-controller-manager would: Job -> pods, owner-reference GC, PDB status.
 
 Not implemented: CEL x-kubernetes-validations other than the `self == oldSelf` immutability rule; Table
-output; protobuf; admission webhooks; the node lifecycle controller (no node.kubernetes.io/* taints). Reference: shared/data/kube-apiserver.
+output; protobuf; admission webhooks; the node lifecycle controller (no node.kubernetes.io/* taints).
+Reference: shared/data/kube-apiserver.
 """
 
 from __future__ import annotations
