@@ -58,12 +58,16 @@ class RemediateLoop(JobLoop):
             action, lambda: self.create_job(node, record, kind, action.name, action.attempt, job_policy, False)
         )
         done = outcome == SUCCEEDED
-        if kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id:
-            done = bool(action.detail) and boot_id(node) != action.detail and is_ready(node)
+        by_boot_id = kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id
+        rebooted = bool(action.detail) and boot_id(node) != action.detail
+        if by_boot_id:
+            done = rebooted and is_ready(node)
         if done:
             return self._finish(node, record, ok=True, detail=f"{kind} done ({action.name})",
                                 max_attempts=policy.max_attempts)
-        if outcome == FAILED:
+        # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is
+        # back. Only a node that neither rebooted nor went down makes a failed reboot Job a failed attempt.
+        if outcome == FAILED and not (by_boot_id and (rebooted or not is_ready(node))):
             return self._finish(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
                                 max_attempts=policy.max_attempts)
         if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
