@@ -6,10 +6,11 @@ Target (env ``GPUREMEDIATE_E2E_TARGET``):
   node simulator); the controller runs as a SUBPROCESS (``python -m gpuremediate run``) with a
   per-scenario policy file, scrape/resync ``EmulatorCluster.INTERVAL_S``, JSON logs captured.
   (Set ``GPUREMEDIATE_E2E_INTERVAL`` to change that interval.)
-- ``kubeconfig``: any cluster with the controller and gpu-sim deployed (``e2e/kind/run.sh``);
+- ``kubeconfig``: any cluster with manifests/overlays/kind applied (``e2e/kind/run.sh``);
   everything goes through the API (faults via the pod proxy to gpu-sim, metrics via the service
-  proxy, restarts by deleting the controller pod). Scenarios needing in-process control call
-  ``cluster.require(...)`` and are skipped there with the reason.
+  proxy, the controller by scaling its Deployment between 0 and 1 with the scenario's policy in
+  its ConfigMap; every scenario starts with fresh gpu-sim pods and no leftovers). Scenarios needing
+  in-process control call ``cluster.require(...)`` and are skipped there with the reason.
 
 Fixtures (e2e/conftest.py): ``cluster`` — a fresh, started cluster per test, controller NOT yet
 started; on failure the controller's log tail is printed.
@@ -58,6 +59,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpuremediate.actions.events import COMPONENT as EVENT_COMPONENT
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
@@ -71,9 +73,12 @@ from gpuremediate.kube.resources import (
     NODES,
     PDBS,
     PODS,
+    SERVICEACCOUNTS,
     Resource,
 )
+from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals import exposition
+from gpuremediate.state.maintenance import CLAIM_ANNOTATION
 from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
 
 T = TypeVar("T")
@@ -638,22 +643,40 @@ class EmulatorCluster(Cluster):
 
 # ---- any cluster through a kubeconfig -----------------------------------------------------------
 
+CONTROLLER_DEPLOYMENT = "gpuremediate"
 CONTROLLER_SELECTOR = "app.kubernetes.io/name=gpuremediate"
 POLICY_CONFIGMAP = "gpuremediate-policy"
 METRICS_PROXY = f"/api/v1/namespaces/{SYSTEM_NS}/services/gpuremediate-metrics:metrics/proxy/metrics"
-GPUSIM_URL = "http://gpu-sim.gpu-operator.svc:9400"
+GPUSIM_IMAGE = "gpu-sim:dev"
+GPUSIM_PORT = 9400
+GPUSIM_SELECTOR = "app=nvidia-dcgm-exporter"
+GPUSIM_URL = f"http://gpu-sim.gpu-operator.svc:{GPUSIM_PORT}"
+RECORD_ANNOTATION = "gpuremediate.io/record"
+EXCLUDE_LABEL = "gpuremediate.io/exclude"
+# What scenarios create that a real cluster keeps from one scenario to the next (CRDs may be absent).
+SCENARIO_RESOURCES = (
+    Resource("nvsentinel.nvidia.com", "v1alpha1", "drainrequests", "DrainRequest", True),
+    Resource("remediation.example.com", "v1alpha1", "remediationrequests", "RemediationRequest", True),
+    Resource("gpuremediate.io", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False),
+    Resource("nvsentinel.dgxc.nvidia.com", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False),
+)
 
 
 class KubeconfigCluster(Cluster):
-    """A real cluster (kind via e2e/kind/run.sh): controller Deployment + gpu-sim DaemonSet already there."""
+    """A real cluster (kind via e2e/kind/run.sh) with manifests/overlays/kind applied: the controller
+    Deployment and the gpu-sim DaemonSet. Each scenario starts from a clean world (``reset_world``) with
+    the controller scaled to 0; ``start_controller`` writes the scenario's policy into the ConfigMap and
+    scales it to 1 replica, so the new pod reads that policy. It cannot SIGKILL a process: "kill" is a
+    grace-0 pod delete (the kubelet still sends SIGTERM first)."""
 
     target = "kubeconfig"
-    slow = 8.0  # the Deployment scrapes every few seconds and real pods take time to terminate
+    slow = 8.0  # the Deployment scrapes every 2 s, and real pods take seconds to start and stop
 
     def __init__(self, kubeconfig: str | None) -> None:
         super().__init__()
         self.kubeconfig = kubeconfig
-        self.log: list[str] = []
+        self.log: list[str] = []  # logs of the controller pods already stopped
+        self.problems: list[str] = []
 
     def start(self) -> KubeconfigCluster:
         self._kube = KubeClient(load_config(self.kubeconfig), qps=50, burst=100)
@@ -661,17 +684,35 @@ class KubeconfigCluster(Cluster):
         self.nodes = sorted(str(n["metadata"]["name"]) for n in nodes)
         if not self.nodes:
             raise E2EError("no GPU nodes (label nvidia.com/gpu.present=true) in this cluster")
+        self._check_deployed()
         with contextlib.suppress(errors.AlreadyExists):
             self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                           "metadata": {"name": WORKLOAD_NS}})
+        # A pod is refused until its namespace's default ServiceAccount exists (a controller makes it).
+        self.wait(lambda: self.kube.get(SERVICEACCOUNTS, "default", WORKLOAD_NS), 5,
+                  f"the default ServiceAccount of namespace {WORKLOAD_NS}")
+        self.stop_controller()  # as applied it runs two replicas with the overlay's own policy
+        self.problems.clear()  # a restart before this scenario is not the scenario's
         self.reset_world()
         self._watch_pods()
         return self
 
     def stop(self) -> None:
-        self._stop_pod_watch()
-        self.reset_world()
-        self.kube.close()
+        """The controller stopped; the world stays as the scenario left it (the next start resets it)."""
+        try:
+            self._stop_pod_watch()
+            self.stop_controller()
+        finally:
+            self.kube.close()
+
+    def _check_deployed(self) -> None:
+        try:
+            self.kube.get(DEPLOYMENTS, CONTROLLER_DEPLOYMENT, SYSTEM_NS)
+        except errors.NotFound:
+            raise E2EError(f"no Deployment {SYSTEM_NS}/{CONTROLLER_DEPLOYMENT}: apply manifests/overlays/kind "
+                           "first (e2e/kind/run.sh does)") from None
+        if not self._gpusim_pods():
+            raise E2EError(f"no gpu-sim pods ({GPUSIM_SELECTOR}) in {EXPORTER_NS}: apply manifests/overlays/kind")
 
     def require(self, what: str) -> None:
         import pytest
@@ -681,48 +722,113 @@ class KubeconfigCluster(Cluster):
     def kubeconfig_args(self) -> list[str]:
         return ["--kubeconfig", self.kubeconfig] if self.kubeconfig else []
 
-    def workload_image(self) -> str:
-        return "registry.k8s.io/pause:3.9"  # preloaded in kind's node image
-
-    def workload(self, name: str, node: str, *, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        # No device plugin serves nvidia.com/gpu on kind: the kubelet would reject a pod asking for it.
-        return super().workload(name, node, gpus=0, labels=labels)
-
+    # -- the world between scenarios
     def reset_world(self) -> None:
-        """Between scenarios: no workloads, PDBs or Jobs; GPUs reset; records, cordons, breaker cleared."""
-        for res, ns in ((PODS, WORKLOAD_NS), (PDBS, WORKLOAD_NS), (JOBS, JOBS_NS)):
-            for item in self.kube.list(res, ns)["items"]:
-                with contextlib.suppress(errors.NotFound):
-                    self.kube.delete(res, item["metadata"]["name"], ns, grace_period_seconds=0,
-                                     propagation_policy="Background")
+        """What the emulator target gets by starting afresh: no workloads, PDBs, Jobs (nor their pods),
+        scenario custom resources or controller Events; a fresh gpu-sim on every node; records, state
+        labels, exclusions, maintenance claims and cordons gone; the breaker closed."""
+        self._delete_all(PODS, WORKLOAD_NS, grace_period_seconds=0)
+        self._delete_all(PDBS, WORKLOAD_NS)
+        self._delete_all(JOBS, JOBS_NS, propagation_policy="Background")
+        self._delete_all(PODS, JOBS_NS, grace_period_seconds=0)  # a Job pod holding GPUs blocks the next ones
         with contextlib.suppress(errors.NotFound):
             self.kube.delete(CONFIGMAPS, BREAKER_CONFIGMAP, SYSTEM_NS)
+        for res in SCENARIO_RESOURCES:
+            self._delete_custom(res)
+        self._delete_controller_events()
+        self._restart_gpusims()
         for node in self.nodes:
-            with contextlib.suppress(errors.KubeError, E2EError):
-                self.gpusim(node, "reboot", {"node": node})
-                self.gpusim(node, "down", {"node": node, "mode": None})
             self.kube.patch(NODES, node, {
-                "metadata": {"annotations": {"gpuremediate.io/record": None},
-                             "labels": {STATE_LABEL: None, "gpuremediate.io/exclude": None}},
+                "metadata": {"annotations": {RECORD_ANNOTATION: None, CLAIM_ANNOTATION: None},
+                             "labels": {STATE_LABEL: None, EXCLUDE_LABEL: None}},
                 "spec": {"unschedulable": None}})
 
-    # controller: the Deployment
+    def _delete_all(self, res: Resource, namespace: str, **options: Any) -> None:
+        for item in self.kube.list(res, namespace)["items"]:
+            with contextlib.suppress(errors.NotFound):
+                self.kube.delete(res, item["metadata"]["name"], namespace, **options)
+
+    def _delete_custom(self, res: Resource) -> None:
+        """Every object of a scenario kind, finalizers removed first (no controller runs to remove them)."""
+        try:
+            items = self.kube.list(res)["items"]
+        except errors.NotFound:
+            return  # its CRD is not installed
+        for item in items:
+            meta = item["metadata"]
+            namespace = meta.get("namespace") if res.namespaced else None
+            with contextlib.suppress(errors.NotFound):
+                if meta.get("finalizers"):
+                    self.kube.patch(res, meta["name"], {"metadata": {"finalizers": None}}, namespace)
+                self.kube.delete(res, meta["name"], namespace)
+
+    def _delete_controller_events(self) -> None:
+        for event in self.kube.list(EVENTS, "default")["items"]:
+            if _from_controller(event):
+                with contextlib.suppress(errors.NotFound):
+                    self.kube.delete(EVENTS, event["metadata"]["name"], "default")
+
+    def _gpusim_pods(self) -> list[dict[str, Any]]:
+        items = self.kube.list(PODS, EXPORTER_NS, label_selector=GPUSIM_SELECTOR)["items"]
+        return [p for p in items if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+    def _restart_gpusims(self) -> None:
+        """A new gpu-sim pod on every node (the DaemonSet makes it): no fault, heat or row-remap failure
+        left from an earlier scenario. gpu-sim's state lives in its process, so a reboot is not enough."""
+        old = self._gpusim_pods()
+        for pod in old:
+            with contextlib.suppress(errors.NotFound):
+                self.kube.delete(PODS, pod["metadata"]["name"], EXPORTER_NS, grace_period_seconds=0)
+        old_uids = {p["metadata"]["uid"] for p in old}
+
+        def fresh_everywhere() -> bool:
+            ready = {p["spec"].get("nodeName") for p in self._gpusim_pods()
+                     if p["metadata"]["uid"] not in old_uids and _pod_ready(p)}
+            return set(self.nodes) <= ready
+
+        self.wait(fresh_everywhere, 15, "a new Ready gpu-sim pod on every GPU node",
+                  seen=lambda: [_pod_summary(p) for p in self._gpusim_pods()])
+
+    # -- workloads: real pods that really start, asking for the (patched-on) nvidia.com/gpu capacity
+    def workload(self, name: str, node: str, *, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        pod = self.kube.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": WORKLOAD_NS, "labels": labels or {"app": name}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                     "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                     # the gpu-sim image is loaded into every node: no registry needed
+                     "containers": [{"name": "main", "image": GPUSIM_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                     "command": ["sleep", "infinity"], "resources": resources}]},
+        }, WORKLOAD_NS)
+        self.wait(lambda: _pod_ready(self.kube.get(PODS, name, WORKLOAD_NS)), 10, f"workload {name} Ready on {node}",
+                  seen=lambda: _pod_summary(self.kube.get(PODS, name, WORKLOAD_NS)))
+        return pod
+
+    def events(self, node: str) -> list[dict[str, Any]]:
+        """The controller's Events only: on a real cluster the kubelet and node controller write some too."""
+        return [e for e in super().events(node) if _from_controller(e)]
+
+    # -- the controller: the Deployment
     def start_controller(self, policy: Mapping[str, Mapping[str, Any]] | None = None, *,
                          dry_run: bool = False) -> None:
         if dry_run:
             self.require("switch the deployed controller to --dry-run (use manifests/overlays/dry-run)")
+        self.stop_controller()
         sections = {k: dict(v) for k, v in self._job_sections().items()}
         for table, values in (policy or {}).items():
             sections.setdefault(table, {}).update(values)
-        self.kube.patch(CONFIGMAPS, POLICY_CONFIGMAP, {"data": {"policy.toml": policy_toml(sections)}}, SYSTEM_NS)
+        text = policy_toml(sections)
+        loads_policy(text, "the scenario's policy")  # a bad one fails here, not as a crash-looping pod
+        self.kube.patch(CONFIGMAPS, POLICY_CONFIGMAP, {"data": {"policy.toml": text}}, SYSTEM_NS)
         self._scale(1)
-        self.restart_controller()
+        self._wait_controller_ready()
 
     def _job_sections(self) -> dict[str, dict[str, Any]]:
         """kind: the repair Jobs call gpu-sim on their node (the Service is node-local) instead of GPUs."""
         # The same commands as manifests/overlays/kind/policy.toml: the gpu-sim image holds /app/gpusim.py only.
         client = f"python /app/gpusim.py {{}} --url={GPUSIM_URL} --node=$(NODE_NAME)"
-        job = {"image": "gpu-sim:dev", "privileged": False}
+        job = {"image": GPUSIM_IMAGE, "privileged": False}
         return {
             "remediation": {"reboot_wait_for_boot_id": False},
             "remediation.reset_gpu": {**job, "command": client.format("reset") + " --gpus=$(GPU_IDS)"},
@@ -731,66 +837,114 @@ class KubeconfigCluster(Cluster):
         }
 
     def _scale(self, replicas: int) -> None:
-        self.kube.patch(DEPLOYMENTS, "gpuremediate", {"spec": {"replicas": replicas}}, SYSTEM_NS)
+        self.kube.patch(DEPLOYMENTS, CONTROLLER_DEPLOYMENT, {"spec": {"replicas": replicas}}, SYSTEM_NS)
 
-    def _controller_pods(self) -> list[dict[str, Any]]:
+    def _controller_pods(self, *, terminating: bool = False) -> list[dict[str, Any]]:
         items = self.kube.list(PODS, SYSTEM_NS, label_selector=CONTROLLER_SELECTOR)["items"]
-        return [p for p in items if not (p.get("metadata") or {}).get("deletionTimestamp")]
-
-    def _delete_controller_pods(self, grace: int | None) -> None:
-        for pod in self._controller_pods():
-            with contextlib.suppress(errors.NotFound):
-                self.kube.delete(PODS, pod["metadata"]["name"], SYSTEM_NS, grace_period_seconds=grace)
+        return [p for p in items if terminating or not (p.get("metadata") or {}).get("deletionTimestamp")]
 
     def _wait_controller_ready(self) -> None:
-        def ready() -> bool:
-            for pod in self._controller_pods():
-                for cond in (pod.get("status") or {}).get("conditions") or []:
-                    if cond.get("type") == "Ready" and cond.get("status") == "True":
-                        return True
-            return False
+        self.wait(lambda: any(_pod_ready(p) for p in self._controller_pods()), 15, "a Ready controller pod",
+                  seen=lambda: [_pod_summary(p) for p in self._controller_pods(terminating=True)])
 
-        self.wait(ready, 15, "a Ready controller pod")
+    def _note_pods_going(self, pods: list[dict[str, Any]]) -> None:
+        """Keep the logs of controller pods about to go, and note any container restart (a crash)."""
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            restarts = sum(int(s.get("restartCount") or 0) for s in (pod.get("status") or {}).get("containerStatuses")
+                           or [])
+            if restarts:
+                self.problems.append(f"controller pod {name} restarted {restarts} time(s)")
+                self.log.append(f"---- {name} (previous container)\n" + self._pod_log(name, previous=True))
+            self.log.append(f"---- {name}\n" + self._pod_log(name))
+
+    def _pod_log(self, name: str, *, previous: bool = False) -> str:
+        path = f"/api/v1/namespaces/{SYSTEM_NS}/pods/{name}/log" + ("?previous=true" if previous else "")
+        try:
+            return self._raw("GET", path).decode(errors="replace")
+        except errors.KubeError as exc:
+            return f"(no log: {exc})"
 
     def stop_controller(self) -> None:
+        """Scaled to 0, and every controller pod gone (so nothing acts while the world is reset)."""
         self._scale(0)
-        self._delete_controller_pods(grace=None)
+        self._note_pods_going(self._controller_pods(terminating=True))
+        self.wait(lambda: not self._controller_pods(terminating=True), 10, "no controller pod left",
+                  seen=lambda: [_pod_summary(p) for p in self._controller_pods(terminating=True)])
 
     def kill_controller(self) -> None:
-        self._delete_controller_pods(grace=0)
+        """Scaled to 0 and its pods deleted with grace 0: gone at once, as far as the API is concerned."""
+        self._scale(0)
+        pods = self._controller_pods(terminating=True)
+        self._note_pods_going(pods)
+        for pod in pods:
+            with contextlib.suppress(errors.NotFound):
+                self.kube.delete(PODS, pod["metadata"]["name"], SYSTEM_NS, grace_period_seconds=0)
 
     def restart_controller(self) -> None:
-        self._delete_controller_pods(grace=0)
+        """Killed, then a new pod with the same policy (the ConfigMap still holds it)."""
+        self.kill_controller()
+        self._scale(1)
         self._wait_controller_ready()
+
+    def log_problems(self) -> list[str]:
+        """Controller containers that restarted during the scenario (a crash or a failed liveness probe)."""
+        return list(self.problems)
 
     def metrics_text(self) -> str:
         return self._raw("GET", METRICS_PROXY).decode()
 
     def controller_log(self) -> str:
-        out = []
-        for pod in self._controller_pods():
-            name = pod["metadata"]["name"]
-            with contextlib.suppress(errors.KubeError):
-                out.append(f"---- {name}\n" + self._raw("GET", f"/api/v1/namespaces/{SYSTEM_NS}/pods/{name}/log"
-                                                        "?tailLines=400").decode())
-        return "\n".join(out)
+        current = [f"---- {p['metadata']['name']}\n{self._pod_log(p['metadata']['name'])}"
+                   for p in self._controller_pods(terminating=True)]
+        return "\n".join([*self.log, *current])
 
+    # -- gpu-sim through the API server's pod proxy
     def gpusim(self, node: str, endpoint: str, body: dict[str, Any]) -> None:
-        pods = self.kube.list(PODS, EXPORTER_NS, label_selector="app=nvidia-dcgm-exporter",
-                              field_selector=f"spec.nodeName={node}")["items"]
+        pods = [p for p in self._gpusim_pods() if p["spec"].get("nodeName") == node and _pod_ready(p)]
         if not pods:
-            raise E2EError(f"no gpu-sim pod on {node}")
+            raise E2EError(f"no Ready gpu-sim pod on {node}: {[_pod_summary(p) for p in self._gpusim_pods()]}")
         pod = pods[0]["metadata"]["name"]
-        self._raw("POST", f"/api/v1/namespaces/{EXPORTER_NS}/pods/{pod}:9400/proxy/{endpoint}", body)
+        self._raw("POST", f"/api/v1/namespaces/{EXPORTER_NS}/pods/{pod}:{GPUSIM_PORT}/proxy/{endpoint}", body)
+
+    def exporter_down(self, node: str, mode: str = "refuse") -> None:
+        if mode == "refuse":
+            self.require("bring back a gpu-sim that refuses connections: the pod port the API server's proxy "
+                         "reaches is its only listener (modes 500 and hang work)")
+        super().exporter_down(node, mode)
 
     def set_validation(self, node: str, ok: bool) -> None:
         self.require("choose a validation outcome per node (the validation Job runs for real)")
 
     def _raw(self, method: str, path: str, body: Any = None) -> bytes:
-        """A request outside the typed client (proxy subresources): the client's own transport and auth."""
+        """A request outside the typed client (proxy and log subresources): the client's own transport and auth."""
         retry = "read" if method == "GET" else "mutation"
         reply = self.kube._call(method, path, query=None, body=body, content_type="application/json", retry=retry)
         return bytes(reply.body)
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _pod_summary(pod: Mapping[str, Any]) -> str:
+    """name@node phase ready, and why a container waits or stopped (ImagePullBackOff, CrashLoopBackOff...)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    why = []
+    for cs in status.get("containerStatuses") or []:
+        for state in ("waiting", "terminated"):
+            reason = ((cs.get("state") or {}).get(state) or {}).get("reason")
+            if reason:
+                why.append(f"{cs.get('name')}: {reason}")
+    gone = " terminating" if meta.get("deletionTimestamp") else ""
+    return (f"{meta.get('name')}@{(pod.get('spec') or {}).get('nodeName')} {status.get('phase')}"
+            f" ready={_pod_ready(pod)}{gone} {status.get('reason') or ''} {'; '.join(why)}".rstrip())
+
+
+def _from_controller(event: Mapping[str, Any]) -> bool:
+    return (event.get("source") or {}).get("component") == EVENT_COMPONENT or \
+        event.get("reportingComponent") == EVENT_COMPONENT
 
 
 def make_cluster(tmp: Path) -> Cluster:

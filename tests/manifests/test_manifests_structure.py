@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import json
 import re
@@ -370,9 +371,22 @@ def test_kind_scripts_pass_shellcheck() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_kind_cluster_has_one_control_plane_and_three_workers() -> None:
+def test_kind_cluster_has_as_many_gpu_workers_as_the_emulator_target_has_nodes() -> None:
+    from e2e.harness import EmulatorCluster
+
     cluster = load((ROOT / "e2e/kind/cluster.yaml").read_text(encoding="utf-8"))
-    assert [n["role"] for n in cluster["nodes"]] == ["control-plane", "worker", "worker", "worker"]
+    roles = [n["role"] for n in cluster["nodes"]]
+    emulated = inspect.signature(EmulatorCluster).parameters["nodes"].default
+    assert roles == ["control-plane"] + ["worker"] * emulated, "the scenarios index nodes[0..3]"
+
+
+def test_kind_controller_stays_on_the_control_plane() -> None:
+    patch = load((MANIFESTS / "overlays/kind/controller-on-control-plane.yaml").read_text(encoding="utf-8"))
+    spec = patch["spec"]["template"]["spec"]
+    # the scenarios drain the GPU workers with scope "all": a controller there would evict itself
+    assert spec["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} \
+        in spec["tolerations"]
 
 
 def test_workflows_load_and_run_the_make_targets() -> None:
