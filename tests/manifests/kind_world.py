@@ -199,7 +199,8 @@ class KindWorld:
         for node in self.nodes:
             self.gpusim.add_node(node, gpus=8, ip=self.ips[node])
         self.gpusim.start()
-        self.api = KindAPI(self.gpusim.port).start()
+        self.api = KindAPI(self.gpusim.port)
+        self.api.start()
         self.kubeconfig = self.api.write_kubeconfig(tmp / "kubeconfig")
         self.client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
         self.api.lookup = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
