@@ -139,6 +139,14 @@ def job_outcome(job: Mapping[str, Any] | None) -> str:
     return RUNNING
 
 
+def deadline_exceeded(job: Mapping[str, Any] | None) -> bool:
+    """The Job controller ended the Job at its activeDeadlineSeconds (Failed, reason DeadlineExceeded)."""
+    for cond in ((job or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True" and cond.get("reason") == "DeadlineExceeded":
+            return True
+    return False
+
+
 def read_job(client: KubeClient, name: str, namespace: str) -> dict[str, Any] | None:
     try:
         job: dict[str, Any] = client.get(JOBS, name, namespace)

@@ -19,6 +19,7 @@ from gpuremediate.actions.jobs import (
     SUCCEEDED,
     JobSpec,
     build_job,
+    deadline_exceeded,
     delete_job,
     ensure_job,
     job_name,
@@ -94,11 +95,15 @@ class JobLoop(NodeLoop):
     def attempt_outcome(self, action: ActionInProgress, recreate: Callable[[], None]) -> str:
         """succeeded / failed / timed-out / running, for the attempt's Job.
 
-        A Job missing before the deadline was never created (killed between the record write and the
+        A Job the Job controller failed at its activeDeadlineSeconds timed out, like one past the record's
+        deadline. A Job missing before the deadline was never created (killed between the record write and the
         create): it is created now under the same name. Past the deadline a missing Job is not created
         again — the attempt timed out, and the loop writes that before deleting anything.
         """
-        outcome = job_outcome(read_job(self.ctx.client, action.name, self.ctx.settings.jobs_namespace))
+        job = read_job(self.ctx.client, action.name, self.ctx.settings.jobs_namespace)
+        outcome = job_outcome(job)
+        if outcome == FAILED and deadline_exceeded(job):
+            return TIMED_OUT  # activeDeadlineSeconds (the same timeout) ended it first: its Job goes too
         if outcome in (SUCCEEDED, FAILED):
             return outcome
         if action.deadline is not None and self.ctx.clock() >= action.deadline:

@@ -65,9 +65,13 @@ class RemediateLoop(JobLoop):
         if done:
             return self._finish(node, record, ok=True, detail=f"{kind} done ({action.name})",
                                 max_attempts=policy.max_attempts)
-        # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is
-        # back. Only a node that neither rebooted nor went down makes a failed reboot Job a failed attempt.
-        if outcome == FAILED and not (by_boot_id and (rebooted or not is_ready(node))):
+        # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is back,
+        # or the Job hits its activeDeadlineSeconds while the node is down. Until the record's deadline, only a
+        # node that neither rebooted nor went down makes a failed reboot Job a failed attempt.
+        before_deadline = action.deadline is None or self.ctx.clock() < action.deadline
+        if by_boot_id and before_deadline and (rebooted or not is_ready(node)) and outcome in (FAILED, TIMED_OUT):
+            return 1.0
+        if outcome == FAILED:
             return self._finish(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
                                 max_attempts=policy.max_attempts)
         if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so

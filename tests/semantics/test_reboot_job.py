@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpuremediate.actions.jobs import FAILED
+from gpuremediate.loops.jobs import TIMED_OUT
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.policy.findings import ACTION_REBOOT
 from gpuremediate.policy.workflow import RemediationPolicy
@@ -31,7 +32,7 @@ def _record() -> NodeRecord:
     return NodeRecord(state=states.REPAIRING, since=950.0, fault=fault, action=action, cordoned_by_us=True)
 
 
-def _loop(written: list[Decision]) -> RemediateLoop:
+def _loop(written: list[Decision], outcome: str = FAILED) -> RemediateLoop:
     loop = RemediateLoop.__new__(RemediateLoop)
     def apply(node: dict[str, Any], decision: Decision) -> dict[str, Any]:
         written.append(decision)
@@ -42,7 +43,7 @@ def _loop(written: list[Decision]) -> RemediateLoop:
     loop.ctx = SimpleNamespace(  # type: ignore[assignment]
         clock=lambda: NOW, writer=writer, metrics=metrics,
         policy_for=lambda node: SimpleNamespace(remediation=RemediationPolicy()))
-    loop.attempt_outcome = lambda action, recreate: FAILED  # type: ignore[method-assign]
+    loop.attempt_outcome = lambda action, recreate: outcome  # type: ignore[method-assign]
     return loop
 
 
@@ -59,3 +60,11 @@ def test_failed_reboot_job_on_a_node_that_never_went_down_is_a_failure() -> None
     written: list[Decision] = []
     _loop(written).reconcile(_node("boot-before", ready=True), _record())
     assert len(written) == 1 and written[0].record.action is not None and written[0].record.action.attempt == 2
+
+
+def test_reboot_job_past_its_active_deadline_while_the_node_is_down_waits() -> None:
+    """The node stays down longer than the Job's activeDeadlineSeconds: the record's deadline (which adds
+    reboot_ready_timeout_s) still decides."""
+    written: list[Decision] = []
+    assert _loop(written, TIMED_OUT).reconcile(_node("boot-before", ready=False), _record()) == 1.0
+    assert written == []
