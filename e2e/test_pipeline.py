@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.harness import Cluster, Metrics
+from gpuremediate.kube.resources import PODS
 
 TRANSITIONS = "gpuremediate_transitions_total"
 
@@ -105,6 +106,12 @@ def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
 
     done = cluster.cli("release", node, "--by", "e2e-operator")
     assert done.returncode == 0, done.stderr
+    # Validation needs every GPU: it waits, saying which pod holds one, until the person drains the node.
+    waiting = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.blocked is not None
+                           and r.blocked.reason == "gpu-pods" and r, 10, "validation waiting for the GPU pods")
+    assert waiting.state == "validating" and "workloads/job-x" in waiting.blocked.detail, waiting.blocked
+    assert cluster.jobs(node, "validate") == []
+    cluster.kube.delete(PODS, "job-x", "workloads", grace_period_seconds=0)  # the person: kubectl drain
     rec = cluster.wait_state(node, "healthy", 15)
     assert rec.reason == "validation-passed" and not cluster.unschedulable(node)
     assert len(cluster.jobs(node, "validate")) == 1

@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
-from gpuremediate.actions.nodes import Node
+from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key, requests_gpu
 from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.state.record import BLOCK_GPU_PODS, ActionInProgress, NodeRecord, block
 
 VALIDATE = "validate"
 
@@ -25,6 +26,9 @@ class ValidateLoop(JobLoop):
             return self._finish(node, record, True, "validation disabled by policy")
         action = record.action
         if action is None or action.kind != VALIDATE or not action.name:
+            busy = self.gpu_pods(node)
+            if busy:
+                return self._wait_for_gpus(node, record, busy)
             return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s,
                                   request_all_gpus=True)
         outcome = self.attempt_outcome(
@@ -37,6 +41,20 @@ class ValidateLoop(JobLoop):
         if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
             return self._finish(node, record, False, f"validation Job {action.name} timed out", cancel=action)
         return 1.0
+
+    def gpu_pods(self, node: Node) -> list[str]:
+        """Pods that hold GPUs on the node (a node quarantined without a drain, then released, still has
+        them): the kubelet would refuse a validation Job that asks for every GPU (OutOf nvidia.com/gpu)."""
+        pods = list_node_pods(self.ctx.client, name_of(node))
+        return sorted("/".join(pod_key(p)) for p in pods if requests_gpu(p) and not never_drained(p))
+
+    def _wait_for_gpus(self, node: Node, record: NodeRecord, busy: list[str]) -> float | None:
+        shown = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
+        detail = f"validation needs every GPU; still held by {shown} (drain them: kubectl drain)"
+        after = block(record, BLOCK_GPU_PODS, detail, self.ctx.clock())
+        if after != record and self.ctx.writer.write(node, after) is None:
+            return self.retry_after_conflict()
+        return self.ctx.settings.resync_s
 
     def _finish(
         self, node: Node, record: NodeRecord, ok: bool, detail: str, cancel: ActionInProgress | None = None
