@@ -43,6 +43,7 @@ class Request:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # small responses on a kept-alive connection: no 40 ms delayed-ACK stalls
     api: KubeAPIServer  # set on the subclass the server makes
 
     def log_message(self, format: str, *args: Any) -> None:
