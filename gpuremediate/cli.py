@@ -168,7 +168,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         return drain_window.main(args)
     if args.command == "demo":
-        from gpuremediate import demo
+        try:
+            from gpuremediate import demo
+        except ModuleNotFoundError as exc:
+            print(f"gpuremediate demo: needs the simulators (package 'sim') beside the package: run it from a source "
+                  f"checkout with `make demo` ({exc})", file=sys.stderr)
+            return 3
 
         return demo.main(nodes=args.nodes, speed=args.speed, color=not args.no_color and sys.stdout.isatty())
     client = KubeClient(load_config(args.kubeconfig, args.context))
