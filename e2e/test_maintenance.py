@@ -7,6 +7,7 @@ starts: the controller enables its maintenance loop only when discovery shows th
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def test_restart_bm_request_reboots_and_validates(mc: Cluster) -> None:
 def test_future_start_time_waits_then_prepares(mc: Cluster) -> None:
     node = mc.nodes[0]
     mc.start_controller(POLICY)
-    start = time.time() + 4.0  # preparation at start - 1 s
+    start = math.ceil(time.time()) + 4.0  # a whole second: startTime is written to the second; preparation at -1 s
     create(mc, request("mr-later", node, start=start))
     obj = wait_phase(mc, "mr-later", "Pending")
     mc.wait(lambda: condition(get(mc, "mr-later"), "HealthEventEmitted").get("reason") == "WaitingForStartTime", 10,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,21 @@ class SimCluster:
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
             self._exporter_pod(name)
         self.nodesim.start()
+        self._wait_for_exporters()
         return self
+
+    def _wait_for_exporters(self, timeout: float = 15.0) -> None:
+        """Every node's exporter pod Running with its IP: the cluster starts out with GPU health known."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = self.kube.list(PODS, EXPORTER_NAMESPACE, label_selector="app=nvidia-dcgm-exporter")["items"]
+            running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
+                       and (p.get("status") or {}).get("podIP")]
+            if len(running) >= len(self.node_names):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(running)} of {len(self.node_names)} exporter pods Running after {timeout}s")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.nodesim is not None:
