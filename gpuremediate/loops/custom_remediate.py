@@ -41,11 +41,10 @@ from gpuremediate.actions.custom import (
     outcome,
     render,
 )
-from gpuremediate.actions.events import NORMAL, WARNING
+from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.loops.custom_drain import fault_event_id
 from gpuremediate.policy.workflow import CustomAction
-from gpuremediate.state import decide, states
 from gpuremediate.state.record import ActionInProgress, NodeRecord, start_action
 
 if TYPE_CHECKING:
@@ -117,7 +116,8 @@ class CustomRemediation:
     def step(self, node: Node, record: NodeRecord, name: str) -> float | None:
         action = self.actions.get(name)
         if action is None:
-            return self._finish(node, record, ok=False, detail=f"no [actions.{name}] is configured", max_attempts=1)
+            return self.loop.finish_attempt(node, record, ok=False, detail=f"no [actions.{name}] is configured",
+                                            max_attempts=1)
         current = record.action
         if current is None or not current.name:
             return self._start(node, record, name, action, current.attempt if current else 1)
@@ -201,17 +201,18 @@ class CustomRemediation:
         state = self._outcome(obj, action)
         label = f"{ref.kind} {current.name}"
         if state == SUCCEEDED:
-            return self._finish(node, record, ok=True, detail=f"{name} done ({label})", max_attempts=action.maxAttempts)
+            return self.loop.finish_attempt(node, record, ok=True, detail=f"{name} done ({label})",
+                                            max_attempts=action.maxAttempts)
         if state == FAILED:
             cond = condition(obj, (self.actions.get(name) or action).completeConditionType) or {}
             why = cond.get("message") or cond.get("reason") or "no message"
-            return self._finish(node, record, ok=False, detail=f"{name}: {label} failed ({why})",
-                                max_attempts=action.maxAttempts)
+            return self.loop.finish_attempt(node, record, ok=False, detail=f"{name}: {label} failed ({why})",
+                                            max_attempts=action.maxAttempts)
         now = self.ctx.clock()
         if current.deadline is not None and now >= current.deadline:
             # The resource stays: its plugin may still act, so it keeps covering its group (no duplicate).
-            return self._finish(node, record, ok=False, detail=f"{name} attempt {current.attempt} timed out ({label})",
-                                max_attempts=action.maxAttempts)
+            detail = f"{name} attempt {current.attempt} timed out ({label})"
+            return self.loop.finish_attempt(node, record, ok=False, detail=detail, max_attempts=action.maxAttempts)
         return POLL_S
 
     def _missing(self, node: Node, record: NodeRecord, name: str, action: CustomAction,
@@ -227,18 +228,5 @@ class CustomRemediation:
             return POLL_S
         if self.ctx.writer.dry_run:
             return POLL_S
-        return self._finish(node, record, ok=False, detail=f"{name}: {current.name} was deleted before it completed",
-                            max_attempts=action.maxAttempts)
-
-    def _finish(self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int) -> float | None:
-        now = self.ctx.clock()
-        if record.action is not None:
-            self.ctx.metrics.remediation_seconds.observe(max(0.0, now - record.action.started),
-                                                         action=record.action.kind)
-        decision = decide.complete_repair(record, ok, now, max_attempts, detail)
-        if not ok:
-            self.ctx.events.node_event(name_of(node), "GPURemediationFailed", detail, WARNING)
-            log.warning("custom repair attempt failed", extra={"node": name_of(node), "detail": detail})
-        if self.loop.apply(node, decision) is None:
-            return self.loop.retry_after_conflict()
-        return 0.0 if decision.record.state == states.REPAIRING else None
+        detail = f"{name}: {current.name} was deleted before it completed"
+        return self.loop.finish_attempt(node, record, ok=False, detail=detail, max_attempts=action.maxAttempts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from gpuremediate.actions.events import WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
 from gpuremediate.loops import custom_remediate
@@ -63,7 +64,7 @@ class RemediateLoop(JobLoop):
         if by_boot_id:
             done = rebooted and is_ready(node)
         if done:
-            return self._finish(node, record, ok=True, detail=f"{kind} done ({action.name})",
+            return self.finish_attempt(node, record, ok=True, detail=f"{kind} done ({action.name})",
                                 max_attempts=policy.max_attempts)
         # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is back,
         # or the Job hits its activeDeadlineSeconds while the node is down. Until the record's deadline, only a
@@ -72,23 +73,25 @@ class RemediateLoop(JobLoop):
         if by_boot_id and before_deadline and (rebooted or not is_ready(node)) and outcome in (FAILED, TIMED_OUT):
             return 1.0
         if outcome == FAILED:
-            return self._finish(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
+            return self.finish_attempt(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
                                 max_attempts=policy.max_attempts)
         if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
-            return self._finish(node, record, ok=False, detail=f"{kind} attempt {action.attempt} timed out",
+            return self.finish_attempt(node, record, ok=False, detail=f"{kind} attempt {action.attempt} timed out",
                                 max_attempts=policy.max_attempts, cancel=action)
         return 1.0
 
-    def _finish(
+    def finish_attempt(
         self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int,
         cancel: ActionInProgress | None = None,
     ) -> float | None:
+        """An attempt ended (built-in or custom): the next attempt, validation, or quarantine."""
         now = self.ctx.clock()
         if record.action is not None:
             self.ctx.metrics.remediation_seconds.observe(max(0.0, now - record.action.started),
                                                          action=record.action.kind)
         decision = dataclasses.replace(decide.complete_repair(record, ok, now, max_attempts, detail), cancel=cancel)
         if not ok:
+            self.ctx.events.node_event(name_of(node), "GPURemediationFailed", detail, WARNING)
             log.warning("repair attempt failed", extra={"node": name_of(node), "detail": detail})
         if self.apply(node, decision) is None:
             return self.retry_after_conflict()
