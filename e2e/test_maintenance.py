@@ -1,6 +1,6 @@
 """MaintenanceRequest scenarios (issue 6): a request walks its node through the pipeline.
 
-The CRD comes from manifests/crds (loaded with sim.miniyaml) and is created before the controller
+The CRD comes from manifests/crds (loaded with gpuremediate.kube.miniyaml) and is created before the controller
 starts: the controller enables its maintenance loop only when discovery shows the kind served.
 """
 
@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from e2e.harness import Cluster
-from gpuremediate.kube import errors
+from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.resources import CRDS, EVENTS, Resource
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION, FINALIZER, rfc3339
-from sim import miniyaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_FILE = ROOT / "manifests" / "crds" / "gpuremediate.io_maintenancerequests.yaml"
@@ -28,7 +27,7 @@ POLICY: dict[str, dict[str, Any]] = {"maintenance": {"prepare_lead_s": 1.0, "res
 
 
 def install_crd(c: Cluster) -> None:
-    crd = miniyaml.load(CRD_FILE.read_text())
+    crd = miniyaml.loads(CRD_FILE.read_text())
     with contextlib.suppress(errors.AlreadyExists):
         c.kube.create(CRDS, crd)
     c.wait(lambda: _served(c), 10, "the MaintenanceRequest CRD served")

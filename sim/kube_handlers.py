@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuremediate.kube import miniyaml
 from sim import kube_admission as adm
 from sim import kube_errors as errs
 from sim import kube_patch as kp
@@ -17,7 +18,6 @@ from sim.kube_http import Handler, Request
 from sim.kube_resources import ResourceType, prune
 from sim.kube_selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from sim.kube_store import Obj, WatchEvent, now_time
-from sim.kube_yaml import parse_yaml
 
 if TYPE_CHECKING:
     from sim.kubeapi import KubeAPIServer
@@ -184,7 +184,7 @@ class Verbs:
             raise errs.unsupported_body(CORE_MEDIA if not rt.custom else "application/json, application/yaml")
         text = req.body.decode("utf-8", errors="replace")
         try:
-            obj = json.loads(text) if req.content_type != "application/yaml" else parse_yaml(text)
+            obj = json.loads(text) if req.content_type != "application/yaml" else miniyaml.loads(text)
         except (ValueError, json.JSONDecodeError) as exc:
             snippet = text[:30] + (" ..." if len(text) > 30 else "")
             reason = "unexpected end of JSON input" if "Expecting" in str(exc) and _at_end(exc, text) \
@@ -383,7 +383,7 @@ class Verbs:
         try:
             applied = json.loads(text)
         except ValueError:
-            applied = parse_yaml(text)
+            applied = miniyaml.loads(text)
         if not isinstance(applied, dict) or not applied.get("apiVersion") or not applied.get("kind"):
             raise errs.bad_request("invalid object type: /, Kind=")
         self._check_kind(applied, t.rt)

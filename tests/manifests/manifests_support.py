@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuremediate.kube.miniyaml import load, load_all
 from gpuremediate.obs.controller_metrics import ControllerMetrics
-from sim.miniyaml import load, load_all
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

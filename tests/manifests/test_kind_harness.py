@@ -18,11 +18,10 @@ from kind_world import EXPORTER_NS, JOBS_NS, SYSTEM_NS, KindWorld, live, ready
 
 from e2e.harness import KubeconfigCluster
 from e2e.plugins.remediation import API_VERSION, KIND, drain_request_crd, install_crd, remediation_crd
-from gpuremediate.kube import errors
+from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.resources import CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, JOBS, NODES, PDBS, PODS, Resource
 from gpuremediate.policy.config import PolicyError, loads_policy
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION, FINALIZER
-from sim import miniyaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MRS = Resource("gpuremediate.io", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False)
@@ -32,7 +31,7 @@ DRAINS = Resource("nvsentinel.nvidia.com", "v1alpha1", "drainrequests", "DrainRe
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindWorld]:
     w = KindWorld(tmp_path_factory.mktemp("kind"))
-    crd = miniyaml.load((ROOT / "manifests/crds/gpuremediate.io_maintenancerequests.yaml").read_text())
+    crd = miniyaml.loads((ROOT / "manifests/crds/gpuremediate.io_maintenancerequests.yaml").read_text())
     w.client.create(CRDS, crd)
     install_crd(w.client, remediation_crd(), API_VERSION, KIND)
     install_crd(w.client, drain_request_crd(), "nvsentinel.nvidia.com/v1alpha1", "DrainRequest")

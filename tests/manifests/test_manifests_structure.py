@@ -28,10 +28,10 @@ from manifests_support import (
 )
 
 from gpuremediate import cli
+from gpuremediate.kube.miniyaml import load, load_all
 from gpuremediate.plugins import window
 from gpuremediate.signals import dcgm
 from sim import gpusim
-from sim.miniyaml import load, load_all
 
 # the series the controller's dcgm parser reads (signals/dcgm.py): the counters must enable them
 POLICY_FIELDS = {dcgm.XID_FIELD, dcgm.XID_COUNT_SERIES, *dcgm.NAMED_FIELDS}

@@ -11,10 +11,10 @@ import tomllib
 import pytest
 from manifests_support import MANIFESTS, ROOT
 
+from gpuremediate.kube.miniyaml import load, load_all
 from gpuremediate.policy import doc
 from gpuremediate.policy.config import PolicyError, default_policy, loads_policy
 from sim import gpusim
-from sim.miniyaml import load, load_all
 
 BASE = MANIFESTS / "base/policy.toml"
 KIND = MANIFESTS / "overlays/kind/policy.toml"
