@@ -205,6 +205,10 @@ def test_custom_drain_deferred_then_allowed(cluster: Cluster, drain_res: Resourc
     time.sleep(1.5)
     assert cluster.pod_exists("train-a") and cluster.evicted() == set(), "a deferred drain touched a pod"
     assert cluster.state(node) == "draining"
+    # The deferral shows on the node: `gpuremediate status` says what it waits for, and until when.
+    waiting = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.blocked is not None
+                           and r.blocked.reason == "window" and r, 5, "the node blocked: window")
+    assert "next opening" in waiting.blocked.detail, waiting.blocked
 
     plugins.pop().stop()
     plugins.append(DrainWindowProcess(cluster, today()))

@@ -50,7 +50,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape-interval", default="15s", help="how often GPU health is read")
     p.add_argument("--resync", default="10s", help="how often every in-flight node is reconciled again")
     p.add_argument("--gpu-node-selector", default="",
-                   help="label selector for GPU nodes (default: nodes with nvidia.com/gpu capacity)")
+                   help="label selector for GPU nodes (default: nodes with nvidia.com/gpu capacity or the label "
+                        "nvidia.com/gpu.present=true)")
     p.add_argument("--maintenance-group", default="gpuremediate.io",
                    help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
 

@@ -36,13 +36,14 @@ from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import pod_key
 from gpuremediate.policy.workflow import CustomDrainPolicy, DrainPolicy
 from gpuremediate.state import decide
-from gpuremediate.state.record import Fault, NodeRecord, occurrence, start_action
+from gpuremediate.state.record import BLOCK_WINDOW, Fault, NodeRecord, block, occurrence, start_action, unblock
 
 if TYPE_CHECKING:
     from gpuremediate.loops.drain import DrainLoop
 
 log = logging.getLogger(__name__)
 
+DEFERRED_CONDITION = "DrainDeferred"  # set by a drain plugin that holds the drain back (NVSentinel's example)
 FALLBACK = "builtin-fallback"  # action.detail once a timed-out custom drain fell back to the built-in one
 
 
@@ -128,7 +129,23 @@ class CustomDrain:
             return self._timed_out(node, record, name, now, drain)
         if existing is None:
             self._create(node, record, drain)
+        else:
+            self._note_deferral(node, record, existing, now)
         return max(0.1, min(drain.retry_s, deadline - now))
+
+    def _note_deferral(self, node: Node, record: NodeRecord, request: Mapping[str, Any], now: float) -> None:
+        """A plugin that holds the drain back (the drain-window plugin's ``DrainDeferred=True``) shows as
+        ``blocked: window`` on the node, with the plugin's message (e.g. when the window opens)."""
+        deferred = next((c for c in (request.get("status") or {}).get("conditions") or []
+                         if c.get("type") == DEFERRED_CONDITION), None)
+        if deferred is not None and deferred.get("status") == "True":
+            after = block(record, BLOCK_WINDOW, str(deferred.get("message") or deferred.get("reason") or ""), now)
+        elif record.blocked is not None and record.blocked.reason == BLOCK_WINDOW:
+            after = unblock(record)
+        else:
+            return
+        if after != record:
+            self.ctx.writer.write(node, after)  # a 409 is simply noted again on the next step
 
     def _find(self, node: str, name: str) -> dict[str, Any] | None:
         """Our request for this fault, found by the node label then the name; completed leftovers

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedulable_of
+from gpuremediate.kube import errors
 from gpuremediate.loops.base import LoopContext, state_of
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
@@ -80,7 +81,13 @@ class DetectLoop:
         nodes = self.ctx.nodes.gpu_nodes()
         self.breaker = self.breakers.load()
         for node in nodes:
-            self.check_node(node, by_node.get(name_of(node)), len(nodes))
+            try:
+                self.check_node(node, by_node.get(name_of(node)), len(nodes))
+            except (errors.ApiError, errors.TransportError) as exc:  # one node's failure is not the fleet's
+                reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
+                self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
+                log.warning("detect: node step failed; next cycle retries it",
+                            extra={"node": name_of(node), "error": str(exc)})
         self._gauges(nodes)
         self.cycles += 1
 

@@ -26,11 +26,30 @@ from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.policy import safety
 from gpuremediate.policy.workflow import DrainPolicy
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import BLOCK_BREAKER, BLOCK_BUDGET, BLOCK_PDB, NodeRecord, block, start_action, unblock
+from gpuremediate.state.record import (
+    BLOCK_BREAKER,
+    BLOCK_BUDGET,
+    BLOCK_PDB,
+    NodeRecord,
+    block,
+    record_from_node,
+    start_action,
+    unblock,
+)
 
 log = logging.getLogger(__name__)
 
 DRAIN_ACTION = "drain"
+
+
+def waiting_for_budget(nodes: Sequence[Node]) -> list[str]:
+    """The nodes cordoned for a fault whose drain has not started: they are admitted oldest fault first."""
+    waiting = []
+    for node in nodes:
+        record = record_from_node(node)
+        if isinstance(record, NodeRecord) and safety.is_waiting(record):
+            waiting.append(name_of(node))
+    return waiting
 
 
 class DrainLoop(NodeLoop):
@@ -55,13 +74,16 @@ class DrainLoop(NodeLoop):
         name = name_of(node)
         if cluster.breaker.enabled and self._breaker_open():
             return self._wait(node, block(record, BLOCK_BREAKER, "circuit breaker open: no new work", now))
-        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()]
+        nodes = self.ctx.nodes.gpu_nodes()
+        views = [safety.node_view(n) for n in nodes]
         budget = safety.Budget(cluster.budget.as_budget_value())
         result = safety.budget_check(views, name, budget)
         self.ctx.metrics.budget_in_use.set(float(result.in_use))
         self.ctx.metrics.budget_limit.set(float(result.limit))
         if not result.allowed:
             return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
+        if name not in safety.admit(views, [*waiting_for_budget(nodes), name], budget):
+            return self._wait(node, block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now))
         started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s)
         if self.ctx.writer.write(node, started) is None:
             return self.retry_after_conflict()
@@ -134,7 +156,8 @@ class DrainLoop(NodeLoop):
             return policy.retry_s  # nothing new learnt: keep what the record says
         after = unblock(record)
         if blocked is not None:
-            detail = blocked.pdb or f"{blocked.namespace}/{blocked.name}: {blocked.message}"
+            detail = f"{blocked.namespace}/{blocked.pdb}" if blocked.pdb else \
+                f"{blocked.namespace}/{blocked.name}: {blocked.message}"
             after = block(record, BLOCK_PDB, detail, now)
         if after != record and self.ctx.writer.write(node, after) is None:
             return self.retry_after_conflict()
