@@ -59,7 +59,10 @@ def _resolve_plain(text: str) -> Any:
     if text in _FALSES:
         return False
     if _INT.fullmatch(text):
-        return int(text)
+        # A leading zero ("0123") stays text: read into a string field (a kubeconfig token, a port name)
+        # Go's YAML keeps the digits as written, and int("0123") would silently drop the zero.
+        digits = text.lstrip("+-")
+        return text if len(digits) > 1 and digits.startswith("0") else int(text)
     if _OCT.fullmatch(text):
         return int(text[2:], 8)
     if _HEX.fullmatch(text):

@@ -221,7 +221,7 @@ def test_core_schema_typing_of_plain_scalars() -> None:
     assert doc == {
         "a": 1, "b": -2.5, "c": 1000.0, "d": True, "e": False, "f": None, "g": None, "h": 15,
         "i": 31, "j": math.inf, "k": "yes", "l": "1.2.3", "m": "1", "n": "true", "o": None,
-        "p": True, "q": None, "r": -math.inf, "s": "1_000", "u": 7,
+        "p": True, "q": None, "r": -math.inf, "s": "1_000", "u": "007",  # a leading zero stays text (see below)
     }
 
 
@@ -332,3 +332,8 @@ def test_loads_refuses_a_stream_of_several_documents_that_load_all_reads() -> No
         loads("a: 1\n---\nb: 2\n---\n")
     assert load_all("a: 1\n---\nb: 2\n---\n") == [{"a": 1}, {"b": 2}, None]
     assert load is loads
+
+
+def test_digits_with_a_leading_zero_stay_text() -> None:
+    doc = loads("token: 0123\nport: 8080\nzero: 0\nneg: -012\n")
+    assert doc == {"token": "0123", "port": 8080, "zero": 0, "neg": "-012"}
