@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuremediate.actions.events import COMPONENT as EVENT_COMPONENT
+from gpuremediate.actions.nodes import EVENT_REASONS
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
@@ -381,6 +382,11 @@ class Cluster:
 
         rec = self.wait(reached, timeout, f"{name} to reach {state}", seen=lambda: self.summary(name))
         assert rec is not None
+        # The transition's Event is written right after the node: wait for it too, so that a scenario's
+        # Event assertions do not race the controller.
+        reason = EVENT_REASONS.get(state)
+        if reason is not None and rec.reason:
+            self.wait(lambda: reason in self.event_reasons(name), 5, f"the {reason} Event of {name}")
         return rec
 
     def summary(self, name: str) -> str:

@@ -227,8 +227,9 @@ def test_budget_of_one_with_two_faults(cluster: Cluster) -> None:
         cluster.wait_state(b, "healthy", 30)
     assert cluster.evicted() == {"workloads/pod-a", "workloads/pod-b"}
     assert not cluster.unschedulable(a) and not cluster.unschedulable(b)
-    reasons = cluster.event_reasons(a) + cluster.event_reasons(b)
-    assert reasons.count("GPUNodeHealthy") == 2
+    # The Event follows the node write: wait for it rather than race it.
+    cluster.wait(lambda: (cluster.event_reasons(a) + cluster.event_reasons(b)).count("GPUNodeHealthy") == 2, 5,
+                 "a GPUNodeHealthy Event for each node")
     blocked = [e["message"] for n in (a, b) for e in cluster.events(n) if e["reason"] == "GPURemediationBlocked"]
     assert any("budget" in msg for msg in blocked), blocked
     m = cluster.metrics()
@@ -316,8 +317,11 @@ def test_controller_killed_mid_drain_resumes_without_repeating(cluster: Cluster)
     assert started is not None and started.action is not None
     cluster.set_pdb_min_available("stuck-pdb", 0)
     cluster.start_controller()
-    rec = cluster.wait_state(node, "repairing", 10)
-    # The drain resumed (same action, not restarted) and the repair Job is named in the record.
+    cluster.wait_state(node, "repairing", 10)
+    # The drain resumed (same action, not restarted) and the repair Job is named in the record
+    # (written by the remediate loop just after the transition: wait for it).
+    rec = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.action is not None and r, 5,
+                       "the repair attempt named in the record", seen=lambda: cluster.summary(node))
     assert rec.action is not None and rec.action.kind == "reboot"
     cluster.wait(lambda: cluster.jobs(node, "reboot"), 5, "the reboot Job")
     cluster.kill_controller()  # again, right after the one-shot Job was created
