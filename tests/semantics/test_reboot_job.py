@@ -41,7 +41,7 @@ def _loop(written: list[Decision], outcome: str = FAILED) -> RemediateLoop:
     writer = SimpleNamespace(dry_run=False, apply=apply)
     metrics = SimpleNamespace(remediation_seconds=SimpleNamespace(observe=lambda *a, **k: None))
     loop.ctx = SimpleNamespace(  # type: ignore[assignment]
-        clock=lambda: NOW, writer=writer, metrics=metrics,
+        clock=lambda: NOW, writer=writer, metrics=metrics, events=SimpleNamespace(node_event=lambda *a, **k: None),
         policy_for=lambda node: SimpleNamespace(remediation=RemediationPolicy()))
     loop.attempt_outcome = lambda action, recreate: outcome  # type: ignore[method-assign]
     return loop
