@@ -11,21 +11,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, TextIO
 
 from gpuremediate.policy.config import Policy, PolicyError, default_policy, load_policy
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 from gpuremediate.policy.findings import ACTION_NONE, Finding
+from gpuremediate.signals.kernellog import KernelLog, read_kernel_log, with_kernel_xids
 from gpuremediate.signals.model import GpuReading, NodeReadings
-from gpuremediate.signals.nvidiasmi import NvidiaSmiError, NvidiaSmiSource, normalise_bus_id
+from gpuremediate.signals.nvidiasmi import NvidiaSmiError, NvidiaSmiSource
 
 EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
@@ -37,118 +34,6 @@ VERDICTS = {
     EXIT_NEEDS_REPAIR: "needs repair",
     EXIT_CANNOT_CHECK: "could not check",
 }
-
-# NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
-XID_LINE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (?P<xid>\d+)"
-    r"(?:, (?P<rest>.*))?"
-)
-JOURNAL_DENIED = ("insufficient permissions", "not seeing messages", "permission denied")
-
-
-# ---------------------------------------------------------------- kernel log
-
-
-@dataclass(frozen=True)
-class KernelXid:
-    bus_id: str  # normalised, e.g. 0000:3b:00.0
-    xid: int
-    text: str  # the rest of the line: pid, process, NVIDIA's message
-
-
-@dataclass(frozen=True)
-class KernelLog:
-    xids: tuple[KernelXid, ...] = ()
-    source: str = ""  # "journalctl -k --since -24h" or "dmesg"
-    note: str = ""  # why it could not be read (empty when it was)
-
-    @property
-    def read(self) -> bool:
-        return not self.note
-
-
-class KernelLogError(RuntimeError):
-    """The kernel log could not be read; ``denied`` when it was a permission problem."""
-
-    def __init__(self, message: str, denied: bool = False) -> None:
-        super().__init__(message)
-        self.denied = denied
-
-
-def parse_kernel_xids(text: str) -> list[KernelXid]:
-    """Every NVRM Xid line in journalctl/dmesg output, in order."""
-    found = []
-    for line in text.splitlines():
-        m = XID_LINE.search(line)
-        if m:
-            rest = (m.group("rest") or "").strip()
-            found.append(KernelXid(normalise_bus_id(m.group("bus")), int(m.group("xid")), rest))
-    return found
-
-
-Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-
-
-def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False, errors="replace")
-
-
-def _read_journal(runner: Runner) -> str:
-    if shutil.which("journalctl") is None:
-        raise KernelLogError("journalctl not found")
-    proc = runner(["journalctl", "-k", "--since", "-24h", "-o", "short-iso", "--no-pager"])
-    # Without access journalctl may exit 0 with nothing but a hint on stderr.
-    if any(s in proc.stderr.lower() for s in JOURNAL_DENIED):
-        raise KernelLogError(f"journalctl: {proc.stderr.strip().splitlines()[0]}", denied=True)
-    if proc.returncode != 0:
-        raise KernelLogError(f"journalctl exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def _read_dmesg(runner: Runner) -> str:
-    if shutil.which("dmesg") is None:
-        raise KernelLogError("dmesg not found")
-    proc = runner(["dmesg"])
-    if proc.returncode != 0:
-        message = proc.stderr.strip() or f"exit {proc.returncode}"
-        denied = "not permitted" in message.lower() or "permission denied" in message.lower()
-        raise KernelLogError(f"dmesg: {message}", denied=denied)
-    return proc.stdout
-
-
-def read_kernel_log(runner: Runner = _run, platform: str = sys.platform) -> KernelLog:
-    """XIDs of the last 24 h (journalctl), else since boot (dmesg); a note when neither is readable."""
-    if not platform.startswith("linux"):
-        return KernelLog(note=f"the kernel log is only read on Linux (this is {platform})")
-    errors = []
-    for source, reader in (("journalctl -k --since -24h", _read_journal), ("dmesg", _read_dmesg)):
-        try:
-            return KernelLog(tuple(parse_kernel_xids(reader(runner))), source=source)
-        except KernelLogError as e:
-            errors.append(str(e))
-        except (OSError, subprocess.TimeoutExpired) as e:
-            errors.append(f"{source}: {e}")
-    return KernelLog(note="kernel log not readable: " + "; ".join(errors))
-
-
-def with_kernel_xids(readings: NodeReadings, log: KernelLog) -> tuple[NodeReadings, list[str]]:
-    """Add per-GPU XID counts from the kernel log; notes for XIDs on PCI devices nvidia-smi did not list."""
-    counts: dict[str, dict[int, float]] = {}
-    for event in log.xids:
-        per_gpu = counts.setdefault(event.bus_id, {})
-        per_gpu[event.xid] = per_gpu.get(event.xid, 0.0) + 1
-    known = {normalise_bus_id(g.pci_bus_id or ""): g for g in readings.gpus}
-    notes = [
-        f"kernel log: XID {', '.join(map(str, sorted(c)))} on PCI {bus}, which nvidia-smi does not list "
-        "(a GPU that fell off the bus?)"
-        for bus, c in sorted(counts.items())
-        if bus not in known
-    ]
-    gpus = tuple(
-        dataclasses.replace(g, xid_counts=MappingProxyType(counts[bus])) if bus in counts else g
-        for bus, g in ((normalise_bus_id(g.pci_bus_id or ""), g) for g in readings.gpus)
-    )
-    return dataclasses.replace(readings, gpus=gpus), notes
 
 
 # ---------------------------------------------------------------- verdict

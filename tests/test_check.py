@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpuremediate import check, cli
+from gpuremediate.signals import kernellog
 from gpuremediate.signals.model import GpuReading, NodeReadings
 
 
@@ -160,9 +161,9 @@ def test_parse_kernel_xids_formats() -> None:
         "[ 1234.567890] NVRM: Xid (0000:3b:00): 13, Graphics Exception: ESR 0x404600=0x80000001\n"
         "[ 1300.000000] NVRM: GPU at PCI:0000:3b:00: GPU-abc\n"
     )
-    got = [(x.bus_id, x.xid) for x in check.parse_kernel_xids(text)]
+    got = [(x.bus_id, x.xid) for x in kernellog.parse_kernel_xids(text)]
     assert got == [("0000:00:09.0", 79), ("0000:00:09.0", 79), ("0000:9a:00.0", 48), ("0000:3b:00.0", 13)]
-    assert check.parse_kernel_xids(JOURNAL)[0].text.startswith("pid=4242, name=python3, GPU has fallen off")
+    assert kernellog.parse_kernel_xids(JOURNAL)[0].text.startswith("pid=4242, name=python3, GPU has fallen off")
 
 
 def test_kernel_xids_feed_the_policy(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -213,7 +214,7 @@ def test_unreadable_kernel_log_is_a_note_with_auto_and_a_failure_with_yes(
 
 
 def test_kernel_log_is_linux_only() -> None:
-    log = check.read_kernel_log(platform="win32")
+    log = kernellog.read_kernel_log(platform="win32")
     assert not log.read and "only read on Linux" in log.note
 
 
