@@ -23,9 +23,8 @@ from gpuremediate.policy.findings import (
     Finding,
 )
 from gpuremediate.policy.xid import lookup
-from gpuremediate.signals.model import GpuReading
+from gpuremediate.signals.model import PLACEHOLDER_MIN, GpuReading
 
-PLACEHOLDER_MIN = 9.22e18  # old exporters' "not supported" integers: missing, never a reading
 ABSOLUTE_ZERO_C = -273.15
 
 

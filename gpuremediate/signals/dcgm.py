@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuremediate.signals.exposition import Sample
-from gpuremediate.signals.model import GpuReading, NodeReadings, PodRef
+from gpuremediate.signals.model import PLACEHOLDER_MIN, GpuReading, NodeReadings, PodRef
 
-PLACEHOLDER_MIN = 9.22e18
 NODE_LABEL_CANDIDATES = ("Hostname", "hostname", "node", "kubernetes_node")
 DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
 

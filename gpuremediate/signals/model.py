@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
-EMPTY: Mapping[str, float] = MappingProxyType({})
+# Old exporters' "not supported" integers (>= 9.22e18): missing, never a reading.
+PLACEHOLDER_MIN = 9.22e18
 
 SOURCE_OK = "ok"
 SOURCE_UNKNOWN = "unknown"  # exporter unreachable, stale, unparseable: reported, never remediated

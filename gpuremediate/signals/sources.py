@@ -37,7 +37,6 @@ POLICY_METRICS = (
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_MEMORY_TEMP",
 )
-NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node")
 
 
 class Source(Protocol):
@@ -293,7 +292,7 @@ class PrometheusSource:
         self.url = url.rstrip("/")
         self.token = token
         self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
-        self.node_labels = (node_label, *[n for n in NODE_LABELS if n != node_label])
+        self.node_labels = (node_label, *[n for n in dcgm.NODE_LABEL_CANDIDATES if n != node_label])
         self.timeout_s, self.stale_after_s, self.max_bytes = timeout_s, stale_after_s, max_bytes
         self.clock = clock
 
