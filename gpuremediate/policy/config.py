@@ -21,7 +21,6 @@ from types import MappingProxyType
 from typing import Any, TypeVar, get_type_hints
 
 from gpuremediate.policy.findings import (
-    ACTION_CORDON,
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
     BUILTIN_ACTIONS,
@@ -157,10 +156,6 @@ class Policy:
     customDrain: CustomDrainPolicy = field(
         default_factory=CustomDrainPolicy, metadata={"doc": "hand the drain to a drain plugin (DrainRequest)"}
     )
-
-    @property
-    def thermal_action(self) -> str:
-        return ACTION_CORDON
 
 
 def parse_actions(raw: Any, path: str, current: Mapping[str, CustomAction]) -> Mapping[str, CustomAction]:
