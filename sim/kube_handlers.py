@@ -261,7 +261,6 @@ class Verbs:
             del obj["metadata"]["name"]
         else:
             adm.validate(t.rt, obj, None)
-        self.api.check_cel(t.rt, obj, None)
         obj["apiVersion"], obj["kind"] = t.rt.group_version, t.rt.kind
 
         def mutate(o: Obj) -> None:
@@ -318,7 +317,7 @@ class Verbs:
         if t.rt.generation and _spec_changed(old, new):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         adm.validate(t.rt, new, old)
-        self.api.check_cel(t.rt, new, old)
+        adm.check_cel(t.rt, new, old)
         if operation == "Apply":
             _set_managed(new, new, manager, operation, t.rt.group_version, owned or set(), replace=True)
         else:

@@ -153,7 +153,7 @@ def type_errors(value: Any, schema: dict[str, Any] | None, path: str) -> list[tu
     if expected in _JSON_TYPES:
         ok = isinstance(value, _JSON_TYPES[expected]) and not (expected != "boolean" and isinstance(value, bool))
         if not ok:
-            return [(path, _type_name(value), expected)]
+            return [(path, type_name(value), expected)]
     errors: list[tuple[str, str, str]] = []
     if isinstance(value, dict):
         for key, sub_schema in (schema.get("properties") or {}).items():
@@ -162,7 +162,7 @@ def type_errors(value: Any, schema: dict[str, Any] | None, path: str) -> list[tu
     return errors
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     for name, kinds in (("boolean", (bool,)), ("integer", (int,)), ("number", (float,)), ("string", (str,)),
                         ("object", (dict,)), ("array", (list,))):
         if isinstance(value, kinds):

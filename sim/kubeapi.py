@@ -164,20 +164,6 @@ class KubeAPIServer:
         for key in [k for k in self.types if k[0] == spec["group"] and k[2] == spec["names"]["plural"]]:
             del self.types[key]
 
-    def check_cel(self, rt: ResourceType, new: Obj, old: Obj | None) -> None:
-        """Only the `self == oldSelf` transition rule is evaluated; other CEL rules are skipped."""
-        if not rt.custom or old is None or rt.schema is None:
-            return
-        from sim.kube_admission import raise_invalid
-        from sim.kube_resources import _type_name
-        causes = []
-        for path, message in _immutable_paths(rt.schema, ()):
-            before, after = _dig(old, path), _dig(new, path)
-            if before is not None and after is not None and before != after:
-                causes.append(errs.cause("FieldValueInvalid", f'Invalid value: "{_type_name(after)}": {message}',
-                                         ".".join(path)))
-        raise_invalid(rt, new["metadata"]["name"], causes)
-
     # --- request handling --------------------------------------------------------------------------
     def handle(self, h: Handler, req: Request) -> None:
         fault = self._take_fault(req)
@@ -358,21 +344,6 @@ def _rule_allows(rule: dict[str, Any], verb: str, group: str, resource: str, nam
 def _pretty(obj: Any) -> bytes:
     import json
     return json.dumps(obj, indent=2).encode()
-
-
-def _immutable_paths(schema: dict[str, Any], path: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
-    out = [(path, rule.get("message", "Invalid value"))
-           for rule in schema.get("x-kubernetes-validations") or [] if rule.get("rule", "").replace(" ", "")
-           == "self==oldSelf"]
-    for key, sub in (schema.get("properties") or {}).items():
-        out += _immutable_paths(sub, (*path, key))
-    return out
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
 
 
 def main(argv: list[str] | None = None) -> int:
