@@ -118,7 +118,6 @@ class Controllers:
             self._collect_dependents(meta["uid"])
             if event.key == "/namespaces":
                 self._empty_namespace(meta["name"])
-        _ = obj
 
     # --- garbage collector ---------------------------------------------------------------------------
     def _all_objects(self) -> list[tuple[ResourceType, Obj]]:
@@ -131,14 +130,14 @@ class Controllers:
         return [(rt, o) for rt, o in self._all_objects() if owned_by(o, uid)]
 
     def _collect_dependents(self, uid: str) -> None:
-        for rt, dep in self._dependents(uid):
-            remaining = [r for r in dep["metadata"].get("ownerReferences") or [] if r.get("uid") != uid
-                         and self._uid_exists(r.get("uid", ""))]
-            if not remaining and not dep["metadata"].get("deletionTimestamp"):
+        """Delete what `uid` owned and no other live owner still does (one snapshot of the store)."""
+        objects = self._all_objects()
+        live = {o["metadata"]["uid"] for _, o in objects}
+        for rt, dep in objects:
+            if not owned_by(dep, uid) or dep["metadata"].get("deletionTimestamp"):
+                continue
+            if not any(r.get("uid") in live for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid):
                 self._delete(rt, dep, "Background")
-
-    def _uid_exists(self, uid: str) -> bool:
-        return any(o["metadata"]["uid"] == uid for _, o in self._all_objects())
 
     def _delete(self, rt: ResourceType, obj: Obj, policy: str) -> None:
         with contextlib.suppress(errs.ApiError):
