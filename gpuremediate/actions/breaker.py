@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ RESET_ANNOTATION = "gpuremediate.io/breaker-reset"
 
 
 class BreakerStore:
+    """Shared by the detect loop (loads it every cycle, trips it) and the drain loop (reads ``latest``)."""
+
     def __init__(self, client: KubeClient, namespace: str, *, dry_run: bool = False) -> None:
         self.client = client
         self.namespace = namespace
@@ -32,8 +35,20 @@ class BreakerStore:
         self._memory: CircuitBreaker | None = None  # dry-run: never written
         self._rv: str | None = None
         self._kept: dict[str, Any] = {}  # labels and annotations of the ConfigMap as read (a PUT replaces them)
+        self._latest: CircuitBreaker | None = None  # as last loaded or saved
+        self._lock = threading.RLock()  # _rv and _kept belong to one read-modify-write at a time
+
+    def latest(self) -> CircuitBreaker:
+        """The breaker as last loaded or saved (the detect loop reloads it every cycle); loads it once if never."""
+        with self._lock:
+            return self._latest if self._latest is not None else self.load()
 
     def load(self) -> CircuitBreaker:
+        with self._lock:
+            self._latest = self._load()
+            return self._latest
+
+    def _load(self) -> CircuitBreaker:
         if self.dry_run and self._memory is not None:
             return self._memory
         try:
@@ -61,6 +76,11 @@ class BreakerStore:
             return CircuitBreaker(open=True, opened_at=time.time(), reason=f"breaker state unreadable: {exc}")
 
     def save(self, breaker: CircuitBreaker) -> None:
+        with self._lock:
+            self._save(breaker)
+            self._latest = breaker
+
+    def _save(self, breaker: CircuitBreaker) -> None:
         if self.dry_run:
             self._memory = breaker
             return
@@ -83,10 +103,11 @@ class BreakerStore:
 
     def reset(self, by: str | None = None) -> CircuitBreaker:
         """A person closes the breaker (the CLI)."""
-        self.load()
-        breaker = CircuitBreaker().reset(by=by or getpass.getuser(), now=time.time())
-        self.save(breaker)
-        return breaker
+        with self._lock:
+            self.load()
+            breaker = CircuitBreaker().reset(by=by or getpass.getuser(), now=time.time())
+            self.save(breaker)
+            return breaker
 
 
 def _kept_metadata(cm: dict[str, Any]) -> dict[str, Any]:

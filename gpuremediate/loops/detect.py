@@ -21,7 +21,6 @@ from gpuremediate.loops.base import LoopContext, state_of
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, KIND_THERMAL, Finding
-from gpuremediate.policy.safety import CircuitBreaker
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import Source
 from gpuremediate.state import decide, states
@@ -41,7 +40,6 @@ class DetectLoop:
         self.memory: dict[str, PolicyMemory] = {}
         self.unknown: dict[str, str] = {}  # node -> why its health is unknown (events on change only)
         self.excluded_seen: set[tuple[str, str]] = set()
-        self.breaker = CircuitBreaker()
         self.cycles = 0
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -79,7 +77,7 @@ class DetectLoop:
         readings = self._read()
         by_node = {r.node: r for r in readings}
         nodes = self.ctx.nodes.gpu_nodes()
-        self.breaker = self.breakers.load()
+        self.breakers.load()  # once a cycle: a person's reset (CLI or annotation) is seen here
         for node in nodes:
             try:
                 self.check_node(node, by_node.get(name_of(node)), len(nodes))
@@ -161,21 +159,20 @@ class DetectLoop:
         actionable = [f for f in decide.new_findings(record, findings) if f.action != ACTION_NONE]
         if record is not None and record.state == states.CORDONED:
             actionable = [f for f in actionable if f.action != ACTION_CORDON]
-        if actionable and cluster.breaker.enabled and not self.breaker.is_open:
+        if actionable and cluster.breaker.enabled and not self.breakers.latest().is_open:
             self._trip_breaker(name, total_nodes, now)
         return decide.DecideOptions(
             repeat_count=cluster.repeat_offender.count,
             repeat_window_s=cluster.repeat_offender.window_s,
-            breaker_open=cluster.breaker.enabled and self.breaker.is_open,
+            breaker_open=cluster.breaker.enabled and self.breakers.latest().is_open,
         )
 
     def _trip_breaker(self, name: str, total_nodes: int, now: float) -> None:
         cfg = self.ctx.policy.cluster.breaker
-        before = self.breaker
+        before = self.breakers.latest()
         after = before.record_fault(name, now).evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s,
                                                         cfg.min_nodes)
         self.breakers.save(after)
-        self.breaker = after
         if after.is_open:
             log.error("circuit breaker opened: no new remediation until a person resets it",
                       extra={"reason": after.reason})
@@ -242,7 +239,7 @@ class DetectLoop:
         budget = safety.Budget(self.ctx.policy.cluster.budget.as_budget_value())
         self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if v.out_of_service)))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
-        self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breaker.is_open else 0.0)
+        self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:

@@ -91,7 +91,7 @@ class DrainLoop(NodeLoop):
         return 0.0
 
     def _breaker_open(self) -> bool:
-        return self.ctx.breakers.load().is_open
+        return self.ctx.breakers.latest().is_open  # the detect loop reloads it every cycle
 
     def _wait(self, node: Node, record: NodeRecord) -> float:
         if self.ctx.writer.write(node, record) is None:
