@@ -61,7 +61,12 @@ def test_stays_open_until_reset_then_forgets() -> None:
 
 
 def test_no_nodes_never_opens() -> None:
-    assert not faulted(("a", 1.0)).evaluate(0, 2.0, 10, WINDOW).is_open
+    """However many faults, at any threshold: an empty (or unknown, negative) fleet does not open it."""
+    breaker = faulted(*((f"n{i}", float(i)) for i in range(6)))
+    for total in (0, -1):
+        for now in (6.0, 60.0, 599.0):
+            for pct in (0, 10, 100):
+                assert not breaker.evaluate(total, now, pct, WINDOW, min_nodes=1).is_open, (total, now, pct)
 
 
 def test_json_round_trip() -> None:
