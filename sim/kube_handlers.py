@@ -17,7 +17,7 @@ from sim import kube_patch as kp
 from sim.kube_http import Handler, Request
 from sim.kube_resources import ResourceType, prune
 from sim.kube_selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
-from sim.kube_store import Obj, WatchEvent, now_time
+from sim.kube_store import Obj, WatchEvent, now_time, shape
 
 if TYPE_CHECKING:
     from sim.kubeapi import KubeAPIServer
@@ -48,7 +48,6 @@ class Verbs:
             obj = dict(obj)
         obj["apiVersion"] = rt.group_version
         obj["kind"] = rt.kind
-        from sim.kube_store import shape
         return shape(rt, obj)
 
     def _item(self, rt: ResourceType, obj: Obj) -> Obj:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -116,7 +115,3 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.close()
         except OSError:
             pass
-
-
-def parse_json_body(raw: bytes) -> Any:
-    return json.loads(raw.decode("utf-8"))

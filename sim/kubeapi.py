@@ -13,6 +13,7 @@ Reference: shared/data/kube-apiserver.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import secrets
 import shutil
@@ -288,8 +289,7 @@ class KubeAPIServer:
         elif req.path in ("/healthz", "/livez", "/readyz"):
             h.send_bytes(200, b"ok", {"Content-Type": "text/plain; charset=utf-8"})
         else:
-            raise errs.ApiError(404, errs.status(404, "the server could not find the requested resource",
-                                                 "NotFound", {}))
+            raise errs.unknown_resource()
 
     def _discovery_root(self, prefix: str, group: str | None) -> dict[str, Any]:
         if prefix == "api":
@@ -342,7 +342,6 @@ def _rule_allows(rule: dict[str, Any], verb: str, group: str, resource: str, nam
 
 
 def _pretty(obj: Any) -> bytes:
-    import json
     return json.dumps(obj, indent=2).encode()
 
 
