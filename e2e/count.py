@@ -1,4 +1,4 @@
-"""Count the e2e suite: scenarios (test functions) and checks (assert statements in them).
+"""Count the e2e suite: scenarios (test functions) and checks (assert statements and holds() calls in them).
 
     python e2e/count.py           # "N scenarios, M checks"
     python e2e/count.py --json
@@ -32,10 +32,18 @@ def _tests(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")]
 
 
+def _is_check(node: ast.AST) -> bool:
+    """An assert, or ``cluster.holds(...)`` (a condition that must stay true for a while)."""
+    if isinstance(node, ast.Assert):
+        return True
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "holds")
+
+
 def count_file(path: Path) -> Count:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     tests = _tests(tree)
-    checks = sum(isinstance(node, ast.Assert) for test in tests for node in ast.walk(test))
+    checks = sum(_is_check(node) for test in tests for node in ast.walk(test))
     return Count(len(tests), checks)
 
 

@@ -143,6 +143,29 @@ def wait_for(
     raise E2EError(f"timed out after {timeout:.1f}s waiting for {describe}; last seen: {observed!r}")
 
 
+def holds_for(
+    predicate: Callable[[], object],
+    seconds: float,
+    describe: str,
+    *,
+    seen: Callable[[], object] | None = None,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``predicate`` for ``seconds``; fail at the first falsy value, naming what should have held and
+    what was seen (``seen()`` if given, else the predicate's value). "Nothing happens" checked throughout a
+    period, not at its last instant."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if not value:
+            observed = seen() if seen is not None else value
+            raise E2EError(f"{describe} stopped holding after "
+                           f"{seconds - max(0.0, deadline - time.monotonic()):.2f}s; seen: {observed!r}")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
 # ---- policy -------------------------------------------------------------------------------------
 
 
@@ -275,6 +298,11 @@ class Cluster:
     def wait(self, predicate: Callable[[], T], timeout: float, describe: str, *,
              seen: Callable[[], object] | None = None) -> T:
         return wait_for(predicate, timeout * self.slow, describe, seen=seen)
+
+    def holds(self, predicate: Callable[[], object], seconds: float, describe: str, *,
+              seen: Callable[[], object] | None = None) -> None:
+        """``predicate`` stays true for ``seconds`` (not scaled by ``slow``: a hold, not a deadline)."""
+        holds_for(predicate, seconds, describe, seen=seen)
 
     def _watch_pods(self) -> None:
         self._pods = Informer(self.kube, PODS, namespace=WORKLOAD_NS)

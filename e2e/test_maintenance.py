@@ -113,8 +113,8 @@ def test_none_request_prepares_and_holds_then_delete_returns_the_node(mc: Cluste
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert mc.state(node) == "maintenance" and mc.unschedulable(node)
     assert "workloads/train-0" in mc.evicted()
-    time.sleep(1.0)  # held: nothing moves while the request exists
-    assert mc.state(node) == "maintenance" and phase(mc, "mr-hold") == "Prepared"
+    mc.holds(lambda: mc.state(node) == "maintenance" and phase(mc, "mr-hold") == "Prepared", 1.0,
+             "nothing moves while the request exists", seen=lambda: (mc.summary(node), get(mc, "mr-hold")))
     delete_and_wait_gone(mc, "mr-hold")
     mc.wait(lambda: mc.state(node) == "healthy" and not mc.unschedulable(node), 20,
             f"{node} validated and back in service", seen=lambda: mc.summary(node))
@@ -145,8 +145,8 @@ def test_future_start_time_waits_then_prepares(mc: Cluster) -> None:
     obj = wait_phase(mc, "mr-later", "Pending")
     mc.wait(lambda: condition(get(mc, "mr-later"), "HealthEventEmitted").get("reason") == "WaitingForStartTime", 10,
             "the request waiting for its start time", seen=lambda: get(mc, "mr-later"))
-    time.sleep(1.0)
-    assert mc.state(node) == "healthy" and not mc.unschedulable(node), "nothing happens before the lead time"
+    mc.holds(lambda: mc.state(node) == "healthy" and not mc.unschedulable(node), 1.0,
+             "nothing happens before the lead time", seen=lambda: mc.summary(node))
     assert claim(mc, node).startswith("mr-later/"), "the node is claimed at once"
     obj = wait_phase(mc, "mr-later", "Prepared", timeout=20)
     assert time.time() >= start - 1.5
@@ -211,8 +211,8 @@ def test_budget_makes_a_request_wait(mc: Cluster) -> None:
     create(mc, request("mr-b", second))
     mc.wait(lambda: condition(get(mc, "mr-b"), "NodePrepared").get("reason") == "WaitingForBudget", 15,
             "the second request waiting for the budget", seen=lambda: get(mc, "mr-b"))
-    time.sleep(0.8)
-    assert phase(mc, "mr-b") == "Preparing" and mc.state(second) == "draining"
+    mc.holds(lambda: phase(mc, "mr-b") == "Preparing" and mc.state(second) == "draining", 0.8,
+             "the second request held at Preparing, its node draining", seen=lambda: get(mc, "mr-b"))
     delete_and_wait_gone(mc, "mr-a")
     wait_phase(mc, "mr-b", "Prepared", timeout=30)
     delete_and_wait_gone(mc, "mr-b")

@@ -99,8 +99,9 @@ def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
     assert cluster.label(node) == "quarantined" and cluster.unschedulable(node)
     assert rec.cordoned_by_us
     # Quarantine needs a person: nothing is evicted or repaired, and it stays put.
-    time.sleep(1.0)
-    assert cluster.state(node) == "quarantined" and cluster.evicted() == set() and cluster.jobs(node) == []
+    cluster.holds(lambda: cluster.state(node) == "quarantined" and cluster.evicted() == set()
+                  and cluster.jobs(node) == [], 1.0, f"{node} quarantined, nothing evicted, no Job",
+                  seen=lambda: (cluster.summary(node), cluster.evicted(), cluster.jobs(node)))
     assert "GPUNodeQuarantined" in cluster.event_reasons(node)
     assert cluster.metrics().value(TRANSITIONS, **{"from": "healthy", "to": "quarantined"}) == 1
 
@@ -119,8 +120,8 @@ def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
     assert m.value(TRANSITIONS, **{"from": "validating", "to": "healthy"}) == 1
     # The remap failure is still reported (it persists on the GPU): a released node is not re-quarantined
     # for the fault a person already dealt with.
-    time.sleep(1.0)
-    assert cluster.state(node) == "healthy" and not cluster.unschedulable(node)
+    cluster.holds(lambda: cluster.state(node) == "healthy" and not cluster.unschedulable(node), 1.0,
+                  f"{node} healthy and schedulable after the release", seen=lambda: cluster.summary(node))
 
 
 def test_thermal_cordon_and_recovery_without_flapping(cluster: Cluster) -> None:
@@ -141,8 +142,8 @@ def test_thermal_cordon_and_recovery_without_flapping(cluster: Cluster) -> None:
         assert cluster.unschedulable(node) and rec.fault is not None and rec.fault.kind == "thermal"
         # Between the clear (80) and cordon (90) thresholds: stays cordoned (hysteresis).
         cluster.inject(node, 0, "temp", 85)
-        time.sleep(2.0)
-        assert cluster.state(node) == "cordoned"
+        cluster.holds(lambda: cluster.state(node) == "cordoned", 2.0, f"{node} cordoned at 85 (hysteresis)",
+                      seen=lambda: cluster.summary(node))
         cluster.inject(node, 0, "temp", 70)
         rec = cluster.wait_state(node, "healthy", 8)
     track()  # the sampler may not have run since the last change
@@ -179,8 +180,8 @@ def test_pdb_blocks_drain_until_relaxed(cluster: Cluster) -> None:
                  "blocked_nodes{reason=pdb} = 1")
     m = cluster.metrics()
     assert m.value("gpuremediate_evictions_total", result="blocked") >= 1
-    time.sleep(1.0)
-    assert cluster.state(node) == "draining" and cluster.jobs(node) == []
+    cluster.holds(lambda: cluster.state(node) == "draining" and cluster.jobs(node) == [], 1.0,
+                  f"{node} draining (PDB-blocked) with no repair Job", seen=lambda: cluster.summary(node))
 
     cluster.set_pdb_min_available("guarded-pdb", 0)
     rec = cluster.wait_state(node, "healthy", 20)
@@ -290,12 +291,13 @@ def test_dry_run_changes_nothing(cluster: Cluster) -> None:
         return [e["message"] for e in cluster.events(node) if "(dry-run)" in e["message"]]
 
     cluster.wait(lambda: any("draining" in msg for msg in dry_events()), 5, "a (dry-run) draining Event")
-    time.sleep(1.5)  # let the would-be drain run a few steps
+    # While the would-be drain runs a few steps, nothing is written for real.
+    cluster.holds(lambda: cluster.record(node) is None and cluster.label(node) is None
+                  and not cluster.unschedulable(node) and cluster.jobs() == [], 1.5,
+                  f"dry run: no record, label, cordon or Job on {node}",
+                  seen=lambda: (cluster.summary(node), cluster.jobs()))
     assert all("(dry-run)" in e["message"] for e in cluster.events(node)), cluster.events(node)
-    assert cluster.record(node) is None and cluster.label(node) is None
-    assert not cluster.unschedulable(node)
     assert cluster.evicted() == set() and cluster.pod_exists("keep-me")
-    assert cluster.jobs() == []
     # Server-side dry-run evictions (dryRun=All: the PDB's answer without the effect) are all it sends.
     assert {m[:4] for m in cluster.mutations_since(mark)} <= {("create", "", "pods", "eviction")}
     m = cluster.metrics()
@@ -358,10 +360,11 @@ def test_person_cordon_survives_and_person_uncordon_stops_us(cluster: Cluster) -
     cluster.uncordon(taken)  # a person takes the node back mid-flow
     rec = cluster.wait_state(taken, "healthy", 5)
     assert rec.reason == "person-uncordoned" and rec.stopped
-    time.sleep(1.5)  # the DBE is still reported: we do not act on it again
-    rec2 = cluster.record(taken)
-    assert rec2 is not None and rec2.state == "healthy" and not cluster.unschedulable(taken)
-    assert cluster.jobs(taken) == [] and cluster.pod_exists("b")
+    # The DBE is still reported: we do not act on it again.
+    cluster.holds(lambda: cluster.state(taken) == "healthy" and not cluster.unschedulable(taken)
+                  and cluster.jobs(taken) == [], 1.5, f"{taken} left alone after the person's uncordon",
+                  seen=lambda: cluster.summary(taken))
+    assert cluster.pod_exists("b")
     assert cluster.event_reasons(taken).count("GPUNodeDraining") == 1
     m = cluster.metrics()
     assert m.value(TRANSITIONS, **{"from": "draining", "to": "healthy", "reason": "person-uncordoned"}) == 1
@@ -376,8 +379,9 @@ def test_exporter_down_is_not_unhealthy(cluster: Cluster) -> None:
     cluster.exporter_down(node, "refuse")
     cluster.wait(lambda: cluster.metrics().value("gpuremediate_nodes_unknown") == 1, 5, "nodes_unknown = 1")
     cluster.wait(lambda: "GPUHealthUnknown" in cluster.event_reasons(node), 5, "a GPUHealthUnknown Event")
-    time.sleep(1.0)
-    assert cluster.record(node) is None and cluster.label(node) is None and not cluster.unschedulable(node)
+    cluster.holds(lambda: cluster.record(node) is None and cluster.label(node) is None
+                  and not cluster.unschedulable(node), 1.0, f"{node} untouched while its exporter is down",
+                  seen=lambda: cluster.summary(node))
     m = cluster.metrics()
     assert m.value(TRANSITIONS) == 0 and m.value("gpuremediate_scrape_errors_total") >= 1
     cluster.exporter_up(node)
@@ -394,9 +398,10 @@ def test_excluded_node_reported_never_touched(cluster: Cluster) -> None:
     cluster.start_controller()
     cluster.inject(node, 1, "xid", 79)
     cluster.wait(lambda: "GPUFaultExcludedNode" in cluster.event_reasons(node), 5, "a GPUFaultExcludedNode Event")
-    time.sleep(1.0)
-    assert cluster.record(node) is None and cluster.label(node) is None and not cluster.unschedulable(node)
-    assert cluster.evicted() == set() and cluster.jobs(node) == []
+    cluster.holds(lambda: cluster.record(node) is None and cluster.label(node) is None
+                  and not cluster.unschedulable(node) and cluster.jobs(node) == [], 1.0,
+                  f"excluded {node} untouched", seen=lambda: (cluster.summary(node), cluster.jobs(node)))
+    assert cluster.evicted() == set()
     assert cluster.event_reasons(node) == ["GPUFaultExcludedNode"]  # once, not per scrape
     m = cluster.metrics()
     assert m.value(TRANSITIONS) == 0 and m.value("gpuremediate_faults_total") == 0
@@ -421,8 +426,8 @@ def test_circuit_breaker_opens_and_reset_closes_it(cluster: Cluster) -> None:
     assert any(r == "GPURemediationBreakerOpen" for n in (a, b, c) for r in cluster.event_reasons(n))
     status = cluster.cli("breaker", "status")
     assert status.returncode == 0 and "open" in status.stdout, status
-    time.sleep(1.0)
-    assert cluster.state(c) == "healthy" and cluster.jobs(c) == []
+    cluster.holds(lambda: cluster.state(c) == "healthy" and not cluster.unschedulable(c) and cluster.jobs(c) == [],
+                  1.0, f"{c} untouched while the breaker is open", seen=lambda: cluster.summary(c))
 
     reset = cluster.cli("breaker", "reset")
     assert reset.returncode == 0 and "closed" in reset.stdout, (reset.stdout, reset.stderr)
@@ -442,9 +447,10 @@ def test_stale_xid_after_repair_is_not_a_new_fault(cluster: Cluster) -> None:
     # The GPU was reset, but dcgm-exporter's XID gauge keeps its last value: the same XID is still reported.
     cluster.inject(node, 2, "xid", 79)
     cluster.wait_state(node, "healthy", 15)
-    time.sleep(1.5)  # several scrapes of the stale gauge
+    cluster.holds(lambda: cluster.state(node) == "healthy" and not cluster.unschedulable(node), 1.5,
+                  f"{node} healthy through several scrapes of the stale gauge", seen=lambda: cluster.summary(node))
     rec = cluster.record(node)
-    assert rec is not None and rec.state == "healthy" and not cluster.unschedulable(node)
+    assert rec is not None
     assert rec.handled, "the repaired fault's fingerprint must stay handled while it is still reported"
     assert len(cluster.jobs(node, "reset-gpu")) == 1
     m = cluster.metrics()

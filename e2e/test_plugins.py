@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -170,8 +169,9 @@ def test_custom_drain_completes(cluster: Cluster, drain_res: Resource, plugins: 
     assert spec["podsToDrain"] == {"workloads": ["train-a"]}, spec  # scope gpu: the GPU-less pod stays
     assert spec["recommendedAction"] == "reboot" and spec["errorCode"] == ["79"]
     assert request["metadata"]["name"].endswith(spec["healthEventID"])
-    time.sleep(1.0)
-    assert cluster.evicted() == set(), "the controller evicted pods itself although a drain plugin is configured"
+    cluster.holds(lambda: cluster.evicted() == set() and cluster.state(node) == "draining", 1.0,
+                  "no eviction by the controller itself although a drain plugin is configured",
+                  seen=lambda: (cluster.evicted(), cluster.summary(node)))
     plugins.append(DrainWindowProcess(cluster, "Mon-Sun"))
     rec2 = cluster.wait_state(node, "healthy", 30)
     assert rec2.reason == "validation-passed"
@@ -202,9 +202,9 @@ def test_custom_drain_deferred_then_allowed(cluster: Cluster, drain_res: Resourc
     assert "next opening" in message and not_today() in message, message
     assert cond_status(request, "DrainComplete") is None
     assert deferral.get("observedGeneration") == request["metadata"]["generation"]
-    time.sleep(1.5)
-    assert cluster.pod_exists("train-a") and cluster.evicted() == set(), "a deferred drain touched a pod"
-    assert cluster.state(node) == "draining"
+    cluster.holds(lambda: cluster.pod_exists("train-a") and cluster.evicted() == set()
+                  and cluster.state(node) == "draining", 1.5, "a deferred drain touches no pod",
+                  seen=lambda: (cluster.evicted(), cluster.summary(node)))
     # The deferral shows on the node: `gpuremediate status` says what it waits for, and until when.
     waiting = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.blocked is not None
                            and r.blocked.reason == "window" and r, 5, "the node blocked: window")
@@ -332,9 +332,10 @@ def test_restart_while_custom_resource_in_progress(cluster: Cluster,
     made = cluster.wait(lambda: requests_for(cluster, node), 20, "the RemediationRequest",
                         seen=lambda: cluster.summary(node))
     cluster.restart_controller()  # SIGKILL + start
-    time.sleep(1.5)  # several resyncs of the new controller
-    assert [m["metadata"]["name"] for m in requests_for(cluster, node)] == [made[0]["metadata"]["name"]]
-    assert cluster.state(node) == "repairing"
+    cluster.holds(lambda: [m["metadata"]["name"] for m in requests_for(cluster, node)] == [made[0]["metadata"]["name"]]
+                  and cluster.state(node) == "repairing", 1.5,
+                  "through several resyncs of the new controller: still repairing, the same one RemediationRequest",
+                  seen=lambda: (requests_for(cluster, node), cluster.summary(node)))
     remediation.complete(made[0]["metadata"]["name"])
     rec = cluster.wait_state(node, "healthy", 20)
     assert rec.history[-1].outcome == "repaired"
