@@ -14,7 +14,6 @@ from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.actions.events import EventRecorder
 from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, labels_of, node_unschedulable_of
 from gpuremediate.config import Settings
-from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.workqueue import WorkQueue, process_next
 from gpuremediate.obs.controller_metrics import ControllerMetrics
@@ -97,11 +96,8 @@ class NodeLoop:
             self._process(str(key))
 
     def _process(self, name: str) -> None:
-        process_next(self.queue, name, self.reconcile_name, what=self.name, on_api_error=self._count_api_error)
-
-    def _count_api_error(self, exc: errors.KubeError) -> None:
-        reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
-        self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
+        process_next(self.queue, name, self.reconcile_name, what=self.name,
+                     on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile_name(self, name: str) -> float | None:
         node = self.ctx.nodes.get(name)

@@ -82,8 +82,7 @@ class DetectLoop:
             try:
                 self.check_node(node, by_node.get(name_of(node)), len(nodes))
             except (errors.ApiError, errors.TransportError) as exc:  # one node's failure is not the fleet's
-                reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
-                self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
+                self.ctx.metrics.count_api_error(exc)
                 log.warning("detect: node step failed; next cycle retries it",
                             extra={"node": name_of(node), "error": str(exc)})
         self._gauges(nodes)

@@ -160,11 +160,8 @@ class MaintenanceLoop:
             log.exception("maintenance step failed", extra={"step": what})
 
     def _process(self, name: str) -> None:
-        process_next(self.queue, name, self.reconcile, what="maintenance", on_api_error=self._count_api_error)
-
-    def _count_api_error(self, exc: errors.KubeError) -> None:
-        reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
-        self.ctx.metrics.api_errors.inc(reason=reason or "Unknown")
+        process_next(self.queue, name, self.reconcile, what="maintenance",
+                     on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile(self, name: str) -> float | None:
         obj = self.informer.get(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuremediate.kube import errors
 from gpuremediate.obs.metrics import Counter, Gauge, Histogram, Registry
 
 PREFIX = "gpuremediate_"
@@ -65,3 +66,7 @@ class ControllerMetrics:
             self.api_errors,
         ):
             r.register(metric)
+
+    def count_api_error(self, exc: errors.KubeError) -> None:
+        reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
+        self.api_errors.inc(reason=reason or "Unknown")
