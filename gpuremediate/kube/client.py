@@ -370,7 +370,7 @@ class KubeClient:
             headers["Authorization"] = auth
         if payload is not None:
             headers["Content-Type"] = content_type
-        conn, _reused = self.pool.take()
+        conn = self.pool.take()
         try:
             conn.request(method, url, body=payload, headers=headers)
         except (OSError, http.client.HTTPException) as exc:

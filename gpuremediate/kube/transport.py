@@ -48,10 +48,9 @@ class ConnectionPool:
         self.max_idle = max_idle
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self.opened = 0  # connections created so far (for metrics and tests)
 
-    def take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """(connection, reused): an idle connection that is still open, or a new one."""
+    def take(self) -> http.client.HTTPConnection:
+        """An idle connection that is still open, or a new one."""
         with self._lock:
             while self._idle:
                 conn = self._idle.pop()
@@ -59,10 +58,9 @@ class ConnectionPool:
                     conn.timeout = self.timeout
                     if conn.sock is not None:
                         conn.sock.settimeout(self.timeout)
-                    return conn, True
+                    return conn
                 conn.close()
-            self.opened += 1
-        return self._new(), False
+        return self._new()
 
     def _new(self) -> http.client.HTTPConnection:
         ctx = self.config.ssl_context()
