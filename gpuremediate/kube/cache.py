@@ -11,7 +11,7 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import Resource
-from gpuremediate.kube.watch import WatchEvent, WatchStream, resumable_watch
+from gpuremediate.kube.watch import WatchEvent, WatchStream, resumable_watch, retry_delay
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class Informer:
             except (errors.ApiError, errors.TransportError) as exc:
                 failures += 1
                 log.warning("list of %s failed: %s", self.res.plural, exc)
-                self._stopped.wait(min(30.0, self.error_backoff * 2 ** min(failures, 5)))
+                self._stopped.wait(retry_delay(self.error_backoff, failures))
         return ""
 
     def _relist(self) -> str:
@@ -178,21 +178,17 @@ class Informer:
 
     def _notify_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         for handlers in list(self._handlers):
-            if handlers.on_update is not None:
-                try:
-                    handlers.on_update(old, new)
-                except Exception:
-                    log.exception("informer %s: on_update handler failed", self.res.plural)
+            self._call(handlers.on_update, old, new)
 
     def _notify_delete(self, obj: dict[str, Any]) -> None:
         for handlers in list(self._handlers):
             self._call(handlers.on_delete, obj)
 
-    def _call(self, handler: Callable[[dict[str, Any]], None] | None, obj: dict[str, Any]) -> None:
+    def _call(self, handler: Callable[..., None] | None, *objs: dict[str, Any]) -> None:
         if handler is None:
             return
         try:
-            handler(obj)
+            handler(*objs)
         except Exception:
             log.exception("informer %s: handler failed", self.res.plural)
 

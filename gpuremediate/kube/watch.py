@@ -107,6 +107,11 @@ class WatchStream(Iterator[WatchEvent]):
         self.close()
 
 
+def retry_delay(error_backoff: float, failures: int) -> float:
+    """Seconds to wait after `failures` failed list or watch starts in a row: doubling, at most 30 s."""
+    return min(30.0, error_backoff * 2 ** min(failures, 5))
+
+
 def resumable_watch(
     client: KubeClient,
     res: Resource,
@@ -138,7 +143,7 @@ def resumable_watch(
         except (errors.ApiError, errors.TransportError) as exc:
             failures += 1
             log.warning("watch of %s failed to start: %s", res.plural, exc)
-            stopped.wait(min(30.0, error_backoff * 2 ** min(failures, 5)))
+            stopped.wait(retry_delay(error_backoff, failures))
             continue
         if on_stream:
             on_stream(stream)
