@@ -19,6 +19,7 @@ import itertools
 import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -217,6 +218,19 @@ class KindWorld:
                                          "spec": {"replicas": 2}}, SYSTEM_NS)
         self.controllers = FakeKindControllers(self.client, self.nodes).start()
         self.nodesim.start()
+        self._wait_rolled_out()
+
+    def _wait_rolled_out(self, timeout: float = 15.0) -> None:
+        """As run.sh waits for the rollouts: every GPU node's gpu-sim pod Running before a scenario starts."""
+        deadline = time.monotonic() + timeout
+        selector = ",".join(f"{k}={v}" for k, v in GPUSIM_LABELS.items())
+        while True:
+            pods = self.client.list(PODS, EXPORTER_NS, label_selector=selector)["items"]
+            if sum((p.get("status") or {}).get("phase") == "Running" for p in pods) >= len(self.nodes):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gpu-sim pods not Running on every node after {timeout}s: {len(pods)} pods")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.controllers.stop()
