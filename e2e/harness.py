@@ -417,6 +417,11 @@ class Cluster:
             self.wait(lambda: reason in self.event_reasons(name), 5, f"the {reason} Event of {name}")
         return rec
 
+    def blocked_record(self, name: str, reason: str) -> NodeRecord | None:
+        """The node's record while it waits for ``reason`` (budget, pdb, breaker, window, gpu-pods), else None."""
+        rec = self.record(name)
+        return rec if rec is not None and rec.blocked is not None and rec.blocked.reason == reason else None
+
     def summary(self, name: str) -> str:
         """One line about a node for failure messages."""
         try:

@@ -13,6 +13,7 @@ import pytest
 
 from e2e.harness import Cluster, Metrics
 from gpuremediate.kube.resources import PODS
+from gpuremediate.state.record import NodeRecord
 
 TRANSITIONS = "gpuremediate_transitions_total"
 
@@ -108,9 +109,9 @@ def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
     done = cluster.cli("release", node, "--by", "e2e-operator")
     assert done.returncode == 0, done.stderr
     # Validation needs every GPU: it waits, saying which pod holds one, until the person drains the node.
-    waiting = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.blocked is not None
-                           and r.blocked.reason == "gpu-pods" and r, 10, "validation waiting for the GPU pods")
-    assert waiting.state == "validating" and "workloads/job-x" in waiting.blocked.detail, waiting.blocked
+    waiting = cluster.wait(lambda: cluster.blocked_record(node, "gpu-pods"), 10, "validation waiting for the GPU pods")
+    assert waiting is not None and waiting.blocked is not None and waiting.state == "validating", waiting
+    assert "workloads/job-x" in waiting.blocked.detail, waiting.blocked
     assert cluster.jobs(node, "validate") == []
     cluster.kube.delete(PODS, "job-x", "workloads", grace_period_seconds=0)  # the person: kubectl drain
     rec = cluster.wait_state(node, "healthy", 15)
@@ -322,9 +323,12 @@ def test_controller_killed_mid_drain_resumes_without_repeating(cluster: Cluster)
     cluster.wait_state(node, "repairing", 10)
     # The drain resumed (same action, not restarted) and the repair Job is named in the record
     # (written by the remediate loop just after the transition: wait for it).
-    rec = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.action is not None and r, 5,
-                       "the repair attempt named in the record", seen=lambda: cluster.summary(node))
-    assert rec.action is not None and rec.action.kind == "reboot"
+    def attempt_named() -> NodeRecord | None:
+        rec = cluster.record(node)
+        return rec if rec is not None and rec.action is not None else None
+
+    rec = cluster.wait(attempt_named, 5, "the repair attempt named in the record", seen=lambda: cluster.summary(node))
+    assert rec is not None and rec.action is not None and rec.action.kind == "reboot"
     cluster.wait(lambda: cluster.jobs(node, "reboot"), 5, "the reboot Job")
     cluster.kill_controller()  # again, right after the one-shot Job was created
     cluster.start_controller()

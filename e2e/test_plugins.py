@@ -206,9 +206,8 @@ def test_custom_drain_deferred_then_allowed(cluster: Cluster, drain_res: Resourc
                   and cluster.state(node) == "draining", 1.5, "a deferred drain touches no pod",
                   seen=lambda: (cluster.evicted(), cluster.summary(node)))
     # The deferral shows on the node: `gpuremediate status` says what it waits for, and until when.
-    waiting = cluster.wait(lambda: (r := cluster.record(node)) is not None and r.blocked is not None
-                           and r.blocked.reason == "window" and r, 5, "the node blocked: window")
-    assert "next opening" in waiting.blocked.detail, waiting.blocked
+    waiting = cluster.wait(lambda: cluster.blocked_record(node, "window"), 5, "the node blocked: window")
+    assert waiting is not None and waiting.blocked is not None and "next opening" in waiting.blocked.detail, waiting
 
     plugins.pop().stop()
     plugins.append(DrainWindowProcess(cluster, today()))
