@@ -418,15 +418,19 @@ class _Parser:
         self.pos += 1
         return self._inline_value(content, line, max(indent - 1, -1), compact_seq=False)
 
+    def _line_at(self, indent: int) -> _Line | None:
+        """The next significant line if it continues the collection at `indent`; None where that ends."""
+        current = self._next_indent()
+        if current is None or current < indent:
+            return None
+        line = self.lines[self.pos]
+        if current > indent:
+            raise YamlError(line.number, f"unexpected indentation: {line.text.strip()!r}")
+        return line
+
     def _mapping(self, indent: int) -> dict[str, Any]:
         result: dict[str, Any] = {}
-        while True:
-            current = self._next_indent()
-            if current is None or current < indent:
-                return result
-            line = self.lines[self.pos]
-            if current > indent:
-                raise YamlError(line.number, f"unexpected indentation: {line.text.strip()!r}")
+        while (line := self._line_at(indent)) is not None:
             content = line.text[indent:]
             split = _split_key(content, line.number)
             if split is None:
@@ -438,20 +442,16 @@ class _Parser:
                 raise YamlError(line.number, f"duplicate key {key!r}")
             self.pos += 1
             result[key] = self._inline_value(rest, line, indent, compact_seq=True)
+        return result
 
     def _sequence(self, indent: int) -> list[Any]:
         items: list[Any] = []
-        while True:
-            current = self._next_indent()
-            if current is None or current < indent:
-                return items
-            line = self.lines[self.pos]
-            if current > indent:
-                raise YamlError(line.number, f"unexpected indentation: {line.text.strip()!r}")
+        while (line := self._line_at(indent)) is not None:
             content = line.text[indent:]
             if not _is_seq_item(content):
-                return items
+                break
             items.append(self._sequence_item(line, indent, content[1:]))
+        return items
 
     def _sequence_item(self, line: _Line, indent: int, after_dash: str) -> Any:
         stripped = after_dash.lstrip(" ")
