@@ -31,7 +31,7 @@ TERMINAL = ("Succeeded", "Failed")
 
 def is_ready(pod: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in pod.get("status", {}).get("conditions") or [])
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def owned_by(obj: Obj, uid: str) -> bool:

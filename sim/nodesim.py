@@ -14,18 +14,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES, PODS
+from sim.kube_controllers import is_ready
+from sim.kube_store import now_time
 
 KUBELET_VERSION = "v1.28.7"
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -98,7 +95,7 @@ class NodeSim:
 
     @staticmethod
     def _conditions(ready: bool) -> list[dict[str, Any]]:
-        now = _now()
+        now = now_time()
         out = [{"type": t, "status": "False", "lastHeartbeatTime": now, "lastTransitionTime": now,
                 "reason": f"KubeletHasSufficient{r}", "message": f"kubelet has sufficient {r.lower()}"}
                for t, r in (("MemoryPressure", "Memory"), ("DiskPressure", "Disk"), ("PIDPressure", "PID"))]
@@ -164,10 +161,10 @@ class NodeSim:
             return
         phase = status.get("phase", "Pending")
         if node.down:
-            if phase == "Running" and _ready(pod):
+            if phase == "Running" and is_ready(pod):
                 self._patch_status(pod, {"conditions": _pod_conditions(False)})
             return
-        if phase == "Pending" or (phase == "Running" and not _ready(pod)):
+        if phase == "Pending" or (phase == "Running" and not is_ready(pod)):
             self._run_pod(node, pod)
         elif phase == "Running" and _job_owned(pod):
             self._maybe_end_job_pod(node, pod)
@@ -180,7 +177,7 @@ class NodeSim:
             self.client.delete(PODS, pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period_seconds=0)
 
     def _run_pod(self, node: SimNode, pod: dict[str, Any]) -> None:
-        now = _now()
+        now = now_time()
         statuses = [{"name": c["name"], "ready": True, "restartCount": 0, "image": c.get("image", ""),
                      "imageID": "", "started": True, "state": {"running": {"startedAt": now}}}
                     for c in pod.get("spec", {}).get("containers") or []]
@@ -207,7 +204,7 @@ class NodeSim:
             return
         succeed = self.job_succeeds(node.name, pod) if self.job_succeeds is not None else outcome.succeed
         code, phase = (0, "Succeeded") if succeed else (1, "Failed")
-        now = _now()
+        now = now_time()
         statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
                      "imageID": "", "started": False,
                      "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
@@ -223,17 +220,12 @@ class NodeSim:
                           patch_type="strategic", subresource="status")
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
 def _job_owned(pod: dict[str, Any]) -> bool:
     return any(ref.get("kind") == "Job" for ref in pod["metadata"].get("ownerReferences") or [])
 
 
 def _pod_conditions(ready: bool, reason: str | None = None) -> list[dict[str, Any]]:
-    now = _now()
+    now = now_time()
     value = "True" if ready else "False"
     out = [{"type": t, "status": "True" if t in ("Initialized", "PodScheduled") else value,
             "lastProbeTime": None, "lastTransitionTime": now} for t in
