@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import select
+import ssl
 import threading
 import time
 
@@ -65,7 +66,8 @@ class ConnectionPool:
     def _new(self) -> http.client.HTTPConnection:
         ctx = self.config.ssl_context()
         if ctx is not None:
-            return http.client.HTTPSConnection(self.config.host, self.config.port, timeout=self.timeout, context=ctx)
+            return _TLSConnection(self.config.host, self.config.port, timeout=self.timeout, context=ctx,
+                                  server_name=self.config.tls_server_name)
         return http.client.HTTPConnection(self.config.host, self.config.port, timeout=self.timeout)
 
     def give_back(self, conn: http.client.HTTPConnection) -> None:
@@ -92,3 +94,21 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     except (OSError, ValueError):
         return False
     return not readable
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    """HTTPS to the API server, verifying its certificate for ``server_name`` when the kubeconfig sets
+    ``tls-server-name`` (the server is reached by an address its certificate does not name), else the host."""
+
+    def __init__(self, host: str, port: int | None, *, timeout: float, context: ssl.SSLContext,
+                 server_name: str | None) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls_context = context
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        if not self._server_name:
+            super().connect()
+            return
+        http.client.HTTPConnection.connect(self)  # TCP (and any tunnel), then TLS with the configured name
+        self.sock = self._tls_context.wrap_socket(self.sock, server_hostname=self._server_name)

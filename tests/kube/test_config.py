@@ -313,3 +313,21 @@ def test_kubeconfig_config_requires_a_context(tmp_path: Path) -> None:
     path = _write(tmp_path / "k", "clusters: []\nusers: []\ncontexts: []\n")
     with pytest.raises(errors.ConfigError, match="no current-context"):
         kubeconfig_config([path])
+
+
+def test_tls_server_name_is_the_name_the_certificate_is_checked_for(tls_material: dict[str, Path]) -> None:
+    """The kubeconfig's tls-server-name: reach the server by one name, verify its certificate for another."""
+    server = ReplayServer().start()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tls_material["server_cert"], tls_material["server_key"])  # names only IP 127.0.0.1
+    server._server.socket = ctx.wrap_socket(server._server.socket, server_side=True)
+    try:
+        url = server.url.replace("http://127.0.0.1", "https://localhost")
+        server.add(_ok_node())
+        by_host = ClusterConfig(server=url, ca_file=str(tls_material["server_cert"]))
+        with pytest.raises(errors.TransportError, match=r"CERTIFICATE_VERIFY_FAILED|match"):
+            KubeClient(by_host, max_retries=0).get(NODES, "n")
+        named = ClusterConfig(server=url, ca_file=str(tls_material["server_cert"]), tls_server_name="127.0.0.1")
+        assert KubeClient(named).get(NODES, "n")["metadata"]["name"] == "n"
+    finally:
+        server.stop()
