@@ -11,6 +11,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from gpuremediate.kube.patch import merge_patch
+
+__all__ = ["json_patch", "merge_diff", "merge_patch", "strategic_merge"]
+
 Path = tuple[str, ...]
 
 
@@ -19,18 +23,7 @@ class PatchError(Exception):
 
 
 # --- RFC 7386 ---------------------------------------------------------------------------------------
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
+# merge_patch: the client's own (gpuremediate.kube.patch), re-exported for the handlers.
 
 def merge_diff(source: Any, target: Any) -> Any:
     """The merge patch that turns source into target (both dicts)."""

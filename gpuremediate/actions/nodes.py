@@ -21,6 +21,7 @@ from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.state import states
@@ -44,19 +45,6 @@ EVENT_REASONS = {
     states.QUARANTINED: "GPUNodeQuarantined",
     states.MAINTENANCE: "GPUNodeMaintenance",
 }
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch, applied to a copy."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
