@@ -152,3 +152,32 @@ def process_next(queue: WorkQueue, key: Hashable, reconcile: Reconcile, *, what:
             queue.add_after(key, requeue)
     finally:
         queue.done(key)
+
+
+def run_worker(
+    queue: WorkQueue,
+    reconcile: Reconcile,
+    stop: threading.Event,
+    *,
+    what: str,
+    resync: Callable[[], None] | None = None,
+    resync_s: float = 10.0,
+    on_api_error: Callable[[errors.KubeError], None] | None = None,
+) -> None:
+    """A worker thread's loop: every ``resync_s`` call ``resync`` (which re-queues what may need a step;
+    its errors are logged), hand each queued key to ``process_next``; until ``stop`` or queue shutdown."""
+    next_resync = 0.0
+    while not stop.is_set():
+        if resync is not None and time.monotonic() >= next_resync:
+            try:
+                resync()
+            except Exception:
+                log.exception("resync failed; the next one retries", extra={"worker": what})
+            next_resync = time.monotonic() + resync_s
+        wait = max(0.05, next_resync - time.monotonic()) if resync is not None else 0.5
+        key = queue.get(timeout=wait)
+        if key is None:
+            if queue.shutting_down:
+                return
+            continue
+        process_next(queue, key, reconcile, what=what, on_api_error=on_api_error)

@@ -15,7 +15,7 @@ from gpuremediate.actions.events import EventRecorder
 from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, labels_of, node_unschedulable_of
 from gpuremediate.config import Settings
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.workqueue import WorkQueue, process_next
+from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy, PolicyFile
 from gpuremediate.signals.model import NodeReadings
@@ -82,22 +82,8 @@ class NodeLoop:
     # ---- the loop --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_resync = 0.0
-        while not self.ctx.stop.is_set():
-            now = time.monotonic()
-            if now >= next_resync:
-                self.resync()
-                next_resync = now + self.ctx.settings.resync_s
-            key = self.queue.get(timeout=max(0.05, next_resync - time.monotonic()))
-            if key is None:
-                if self.queue.shutting_down:
-                    return
-                continue
-            self._process(str(key))
-
-    def _process(self, name: str) -> None:
-        process_next(self.queue, name, self.reconcile_name, what=self.name,
-                     on_api_error=self.ctx.metrics.count_api_error)
+        run_worker(self.queue, self.reconcile_name, self.ctx.stop, what=self.name, resync=self.resync,
+                   resync_s=self.ctx.settings.resync_s, on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile_name(self, name: str) -> float | None:
         node = self.ctx.nodes.get(name)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,7 +37,7 @@ from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedu
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.resources import Resource
-from gpuremediate.kube.workqueue import WorkQueue, process_next
+from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.drain import DRAIN_ACTION
 from gpuremediate.policy.findings import BUILTIN_ACTIONS
@@ -140,28 +139,8 @@ class MaintenanceLoop:
     def _run(self) -> None:
         if not self.informer.wait_for_sync(60.0):
             log.error("maintenance request cache did not sync; retrying in the loop")
-        next_resync = 0.0
-        while not self.ctx.stop.is_set():
-            now = time.monotonic()
-            if now >= next_resync:
-                self._guarded("resync", self.resync)
-                next_resync = now + self.ctx.settings.resync_s
-            key = self.queue.get(timeout=max(0.05, next_resync - time.monotonic()))
-            if key is None:
-                if self.queue.shutting_down:
-                    return
-                continue
-            self._process(str(key))
-
-    def _guarded(self, what: str, step: Callable[[], None]) -> None:
-        try:
-            step()
-        except Exception:
-            log.exception("maintenance step failed", extra={"step": what})
-
-    def _process(self, name: str) -> None:
-        process_next(self.queue, name, self.reconcile, what="maintenance",
-                     on_api_error=self.ctx.metrics.count_api_error)
+        run_worker(self.queue, self.reconcile, self.ctx.stop, what="maintenance", resync=self.resync,
+                   resync_s=self.ctx.settings.resync_s, on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile(self, name: str) -> float | None:
         obj = self.informer.get(name)

@@ -37,7 +37,7 @@ from gpuremediate.kube.cache import Informer, object_key
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import PODS, Resource
-from gpuremediate.kube.workqueue import WorkQueue, process_next
+from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.plugins.window import Window, WindowError
 
@@ -212,16 +212,7 @@ class DrainWindowPlugin:
                 self._enqueue(obj)
 
     def _work(self) -> None:
-        while not self._stop.is_set():
-            key = self.queue.get(timeout=0.5)
-            if key is None:
-                if self.queue.shutting_down:
-                    return
-                continue
-            self._process(str(key))
-
-    def _process(self, key: str) -> None:
-        process_next(self.queue, key, self.reconcile, what="drain-window")
+        run_worker(self.queue, self.reconcile, self._stop, what="drain-window")
 
 # ---- the command ----------------------------------------------------------------------------------
 

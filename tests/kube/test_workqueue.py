@@ -111,3 +111,33 @@ def test_process_next_requeues_by_outcome() -> None:
     key = q.get(timeout=1)
     process_next(q, key, lambda k: 0.05, what="test")
     assert q.get(timeout=1) == "b"  # requeued after the seconds the reconcile asked for
+
+
+def test_run_worker_resyncs_processes_and_survives_a_failing_resync() -> None:
+    import threading
+    import time as _time
+
+    from gpuremediate.kube.workqueue import run_worker
+
+    q = WorkQueue(base_delay=0.01, max_delay=0.05)
+    stop = threading.Event()
+    resyncs: list[float] = []
+    done: list[str] = []
+
+    def resync() -> None:
+        resyncs.append(_time.monotonic())
+        q.add("k")
+        if len(resyncs) == 1:
+            raise RuntimeError("the first resync fails")
+
+    worker = threading.Thread(target=run_worker, args=(q, lambda key: done.append(key), stop),
+                              kwargs={"what": "test", "resync": resync, "resync_s": 0.05})
+    worker.start()
+    deadline = _time.monotonic() + 5
+    while len(resyncs) < 3 and _time.monotonic() < deadline:
+        _time.sleep(0.01)
+    stop.set()
+    worker.join(2)
+    assert not worker.is_alive(), "the worker did not stop"
+    assert len(resyncs) >= 3, "resync is called again after it failed"
+    assert "k" in done
