@@ -95,8 +95,13 @@ def _is_insignificant(line: _Line) -> bool:
     return stripped == "" or stripped.startswith("#")
 
 
-def _strip_comment(text: str) -> str:
-    """Cut a `#` comment that starts outside quotes after whitespace (or at the start)."""
+def _unquoted(text: str) -> tuple[list[tuple[int, str]], bool]:
+    """The (index, char) of every character outside quoted scalars, and whether every quote was closed.
+
+    A quote opens a scalar only where one can start (the line start, or after whitespace, '[', '{', ','
+    or ':'); inside, ``''`` (single quotes) and a backslash escape (double quotes) do not close it.
+    """
+    outside: list[tuple[int, str]] = []
     quote = ""
     i = 0
     while i < len(text):
@@ -104,16 +109,25 @@ def _strip_comment(text: str) -> str:
         if quote == '"' and ch == "\\":
             i += 2
             continue
-        if quote and ch == quote:
-            if quote == "'" and text[i + 1 : i + 2] == "'":
-                i += 2
-                continue
-            quote = ""
-        elif not quote and ch in "\"'" and (i == 0 or text[i - 1] in " \t[{,:"):
+        if quote:
+            if ch == quote:
+                if quote == "'" and text[i + 1 : i + 2] == "'":
+                    i += 2
+                    continue
+                quote = ""
+        elif ch in "\"'" and (i == 0 or text[i - 1] in " \t[{,:"):
             quote = ch
-        elif not quote and ch == "#" and (i == 0 or text[i - 1] in " \t"):
-            return text[:i]
+        else:
+            outside.append((i, ch))
         i += 1
+    return outside, not quote
+
+
+def _strip_comment(text: str) -> str:
+    """Cut a `#` comment that starts outside quotes after whitespace (or at the start)."""
+    for i, ch in _unquoted(text)[0]:
+        if ch == "#" and (i == 0 or text[i - 1] in " \t"):
+            return text[:i]
     return text
 
 
@@ -353,25 +367,9 @@ class _FlowParser:
 
 
 def _flow_is_balanced(text: str) -> bool:
-    depth = 0
-    quote = ""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote == '"' and ch == "\\":
-            i += 2
-            continue
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-        i += 1
-    return depth <= 0 and not quote
+    outside, closed = _unquoted(text)
+    depth = sum(1 if ch in "[{" else -1 for _, ch in outside if ch in "[{]}")
+    return depth <= 0 and closed
 
 
 class _Parser:
