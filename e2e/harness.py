@@ -81,6 +81,7 @@ from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals import exposition
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION
 from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+from sim.waiting import wait_for
 
 T = TypeVar("T")
 
@@ -110,37 +111,6 @@ class E2EError(AssertionError):
 
 
 # ---- waiting ------------------------------------------------------------------------------------
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float,
-    describe: str,
-    *,
-    seen: Callable[[], object] | None = None,
-    interval: float = 0.05,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned); else fail naming what was awaited
-    and what was seen last (``seen()`` if given, else the predicate's last value or exception)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = predicate()
-        except (errors.KubeError, OSError, KeyError) as exc:
-            last = exc
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(interval)
-            continue
-        last = value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    observed = seen() if seen is not None else last
-    raise E2EError(f"timed out after {timeout:.1f}s waiting for {describe}; last seen: {observed!r}")
 
 
 def holds_for(

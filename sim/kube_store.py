@@ -9,7 +9,6 @@ import copy
 import random
 import string
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -272,12 +271,3 @@ def _precondition(rt: ResourceType, name: str, why: str) -> errs.ApiError:
         details["group"] = rt.group
     details["kind"] = rt.kind
     return errs.ApiError(409, errs.status(409, msg, "Conflict", details))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()

@@ -14,18 +14,9 @@ from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PDBS, PODS
 from gpuremediate.kube.watch import WatchEvent, resumable_watch
 from gpuremediate.kube.workqueue import WorkQueue
+from sim.waiting import wait_for
 
 from .conftest import KubeTarget
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def cm(name: str, namespace: str, **data: str) -> dict[str, Any]:
@@ -98,7 +89,7 @@ def test_finalizers_hold_deletion(kube_target: KubeTarget) -> None:
     assert held["kind"] == "ConfigMap" and held["metadata"]["deletionTimestamp"]
     assert client.get(CONFIGMAPS, "fin", ns)["metadata"]["deletionTimestamp"]
     client.patch(CONFIGMAPS, "fin", {"metadata": {"finalizers": None}}, ns)
-    wait_for(lambda: _gone(lambda: client.get(CONFIGMAPS, "fin", ns)), what="finalized object to go")
+    wait_for(lambda: _gone(lambda: client.get(CONFIGMAPS, "fin", ns)), describe="finalized object to go")
 
 
 def _gone(call: Callable[[], Any]) -> bool:
@@ -204,7 +195,7 @@ def test_eviction_429_with_pdb_then_201(kube_target: KubeTarget) -> None:
                              "metadata": {"name": "pdb", "namespace": ns},
                              "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pdb"}}}})
         wait_for(lambda: (client.get(PDBS, "pdb", ns).get("status") or {}).get("disruptionsAllowed") == 1,
-                 what="PDB status from the disruption controller")
+                 describe="PDB status from the disruption controller")
         client.evict("pdb-a", ns, dry_run=True)
         assert "deletionTimestamp" not in client.get(PODS, "pdb-a", ns)["metadata"]
         assert client.evict("pdb-a", ns)["status"] == "Success"
@@ -240,7 +231,7 @@ def test_crd_create_and_custom_resource_status_patch(kube_target: KubeTarget) ->
     client, ns = kube_target.client(), kube_target.namespace
     kube_target.require_emulator("a CRD is cluster-wide; not created on a shared real cluster")
     client.create(CRDS, GADGET_CRD)
-    gadgets = wait_for(lambda: _resolve_or_none(client, "kubetest.example.com/v1", "Gadget"), what="discovery")
+    gadgets = wait_for(lambda: _resolve_or_none(client, "kubetest.example.com/v1", "Gadget"), describe="discovery")
     assert (gadgets.plural, gadgets.namespaced) == ("gadgets", True)
     created = client.create(gadgets, {"apiVersion": "kubetest.example.com/v1", "kind": "Gadget",
                                       "metadata": {"name": "g1", "namespace": ns}, "spec": {"x": 1}})
@@ -331,10 +322,10 @@ def test_informer_and_workqueue(kube_target: KubeTarget) -> None:
         client.create(CONFIGMAPS, cm("new", ns))
         client.patch(CONFIGMAPS, "new", {"data": {"a": "1"}}, ns)
         assert queue.get(timeout=5) == "new"
-        wait_for(lambda: (informer.get("new", ns) or {}).get("data") == {"a": "1"}, what="update in the store")
+        wait_for(lambda: (informer.get("new", ns) or {}).get("data") == {"a": "1"}, describe="update in the store")
         queue.done("new")
         client.delete(CONFIGMAPS, "pre", ns)
-        wait_for(lambda: deleted == ["pre"], what="delete handler")
+        wait_for(lambda: deleted == ["pre"], describe="delete handler")
         assert sorted(o["metadata"]["name"] for o in informer.list()) == ["new"]
     finally:
         informer.stop()
@@ -360,8 +351,8 @@ def test_informer_relists_on_gone_and_fires_deletes(kube_target: KubeTarget) -> 
         client.delete(CONFIGMAPS, "doomed", ns)
         for i in range(25):  # push the watch's resourceVersion out of the emulator's 20-event history
             client.create(CONFIGMAPS, cm(f"fill{i}", ns))
-        wait_for(lambda: informer.relists >= 2, timeout=10, what="relist after 410")
-        wait_for(lambda: deleted == ["doomed"], what="delete fired for the vanished object")
+        wait_for(lambda: informer.relists >= 2, timeout=10, describe="relist after 410")
+        wait_for(lambda: deleted == ["doomed"], describe="delete fired for the vanished object")
         assert informer.get("doomed", ns) is None and informer.get("fill24", ns) is not None
         assert len(informer.list()) == 25
     finally:
@@ -384,7 +375,7 @@ def test_leader_election_between_two_electors(kube_target: KubeTarget) -> None:
     one, two = elector("one"), elector("two")
     threads = [threading.Thread(target=e.run, daemon=True) for e in (one, two)]
     threads[0].start()
-    wait_for(lambda: one.is_leader, what="first elector to lead")
+    wait_for(lambda: one.is_leader, describe="first elector to lead")
     threads[1].start()
     time.sleep(0.5)
     assert not two.is_leader and started == ["one"]
@@ -394,7 +385,7 @@ def test_leader_election_between_two_electors(kube_target: KubeTarget) -> None:
     one.stop()
     threads[0].join(3)
     assert stopped == ["one"]
-    wait_for(lambda: two.is_leader, timeout=3, what="second elector to take over after release")
+    wait_for(lambda: two.is_leader, timeout=3, describe="second elector to take over after release")
     lease = kube_target.client().get(LEASES, "kube-test-leader", ns)
     assert lease["spec"]["holderIdentity"] == "two" and lease["spec"]["leaseTransitions"] >= 1
     two.stop()
@@ -412,7 +403,7 @@ def test_lost_lease_calls_on_stopped_leading(kube_target: KubeTarget) -> None:
                             retry_period=0.1, on_stopped_leading=lost.set)
     runner = threading.Thread(target=elector.run, daemon=True)
     runner.start()
-    wait_for(lambda: elector.is_leader, what="leadership")
+    wait_for(lambda: elector.is_leader, describe="leadership")
     # another party takes the lease over behind our back
     lease = client.get(LEASES, "kube-test-lost", ns)
     lease["spec"]["holderIdentity"] = "usurper"

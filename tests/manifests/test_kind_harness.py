@@ -6,7 +6,6 @@ and faults reach gpu-sim through the pod proxy with the bodies gpu-sim accepts."
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.resources import CONFIGMAPS, CRDS, DEPLOYMENTS, EVENTS, JOBS, NODES, PDBS, PODS, Resource
 from gpuremediate.policy.config import PolicyError, loads_policy
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION, FINALIZER
+from sim.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MRS = Resource("gpuremediate.io", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False)
@@ -60,10 +60,7 @@ def replicas(world: KindWorld) -> int:
 
 
 def wait_until(check: Any, what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    wait_for(check, timeout, what)
 
 
 def node_event(world: KindWorld, node: str, reason: str, component: str) -> None:

@@ -18,7 +18,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from manifests_support import ROOT, Grant, controller_grants, named
 from gpuremediate.kube.resources import EVENTS, NODES, PDBS
 from gpuremediate.state.record import record_from_node
 from sim.cluster import SimCluster
+from sim.waiting import wait_for
 
 USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
 Permission = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -106,12 +106,7 @@ def _allows(grant: Grant, verb: str, group: str, resource: str, namespace: str |
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float = 45.0, seen: Callable[[], str] = str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; seen: {seen()}")
+    wait_for(check, timeout, what, seen=seen, interval=0.1)
 
 
 @pytest.fixture(scope="module")

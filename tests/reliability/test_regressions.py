@@ -16,6 +16,7 @@ from gpuremediate.kube.resources import NODES
 from gpuremediate.state import states
 from gpuremediate.state.record import NodeRecord, record_from_node
 from sim.cluster import SimCluster
+from sim.waiting import wait_for
 
 from .harness import (
     PERSON_TOKEN,
@@ -25,7 +26,6 @@ from .harness import (
     Recorder,
     reliability_policy,
     reliability_settings,
-    wait_for,
 )
 
 NODE = "gpu-node-1"

@@ -9,8 +9,8 @@ import pytest
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import CRDS, EVENTS, JOBS, LEASES, NODES, PODS, Resource
-from sim.kube_store import wait_for
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 from .conftest import NS
 

@@ -10,7 +10,7 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import JOBS
 from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
 from gpuremediate.state.record import ActionInProgress
-from sim.kube_store import wait_for
+from sim.waiting import wait_for
 
 from .conftest import NS
 

@@ -17,6 +17,7 @@ import pytest
 from kubeapi_support import Raw, make_ready
 
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 NS = "/api/v1/namespaces/capture"
 MERGE = "application/merge-patch+json"
@@ -30,13 +31,7 @@ def pod(name: str, labels: dict[str, str] | None = None, node: str | None = "cap
 
 
 def until(predicate: Any, timeout: float = 3.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
+    return wait_for(predicate, timeout, "the emulator to reach the state", interval=0.02)
 
 
 def watch_events(srv: KubeAPIServer, path: str) -> tuple[list[dict[str, Any]], bool]:

@@ -15,16 +15,11 @@ from gpuremediate.kube.errors import NotFound
 from gpuremediate.kube.resources import JOBS, NAMESPACES, NODES, PODS
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim
+from sim.waiting import wait_for
 
 
 def wait(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+    return wait_for(predicate, timeout, "the node simulator to reach the state")
 
 
 @pytest.fixture
