@@ -69,17 +69,19 @@ class KindAPI(KubeAPIServer):
     def handle(self, h: Handler, req: Request) -> None:
         # Answers go out in several writes: without this, Nagle + delayed ACKs cost ~40 ms a request.
         h.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if req.path == METRICS_PROXY:
-            self._metrics(h)
-        elif (m := POD_PROXY.fullmatch(req.path)) is not None:
-            self._pod_proxy(h, req, m["ns"], m["pod"], int(m["port"]), m["rest"])
-        elif (m := POD_LOG.fullmatch(req.path)) is not None:
-            previous = " (previous)" if req.query.get("previous") == "true" else ""
-            h.send_bytes(200, f"log of {m['pod']}{previous}\n".encode(), {"Content-Type": "text/plain"})
-        else:
+        pod_proxy, pod_log = POD_PROXY.fullmatch(req.path), POD_LOG.fullmatch(req.path)
+        if req.path != METRICS_PROXY and pod_proxy is None and pod_log is None:
             super().handle(h, req)
             return
+        # Recorded before the answer goes out: the client may look at it as soon as it has its answer.
         self.proxied.append((req.method, req.raw_path))
+        if pod_proxy is not None:
+            self._pod_proxy(h, req, pod_proxy["ns"], pod_proxy["pod"], int(pod_proxy["port"]), pod_proxy["rest"])
+        elif pod_log is not None:
+            previous = " (previous)" if req.query.get("previous") == "true" else ""
+            h.send_bytes(200, f"log of {pod_log['pod']}{previous}\n".encode(), {"Content-Type": "text/plain"})
+        else:
+            self._metrics(h)
 
     def _pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         assert self.lookup is not None
