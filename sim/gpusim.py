@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -309,7 +310,27 @@ class _NodeServer(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], sim: GpuSim, node: str | None) -> None:
         self.sim = sim
         self.node = node  # None: the control listener (no /metrics)
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
         super().__init__(addr, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Drop every open connection (kept-alive ones included): a refusing exporter answers nobody."""
+        with self._connections_lock:
+            open_now, self._connections = list(self._connections), set()
+        for conn in open_now:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
 
 class GpuSim:
@@ -504,6 +525,7 @@ class GpuSim:
         if srv is not None:
             srv.shutdown()
             srv.server_close()
+            srv.close_connections()
 
     def _close_listeners(self) -> None:
         servers = list(self._servers.values())
@@ -716,6 +738,9 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(state.delay_s)
         if state.down == "hang":
             sim.wait_while_hung(node)
+        if state.down == "refuse":  # a request that came in on a kept-alive connection as it went down
+            self.close_connection = True
+            return
         if state.down == "500":
             self._send(500, "text/plain; charset=utf-8", b"An error has occurred while serving metrics\n")
             return

@@ -314,6 +314,29 @@ def test_down_refuse_then_up(sim: GpuSim) -> None:
     assert get(sim.url_for("gpu-node-2"))[0] == 200
 
 
+def test_down_refuse_closes_kept_alive_connections(sim: GpuSim) -> None:
+    """A keep-alive scraper must not go on getting 200s on the connection it opened before the exporter went
+    down: its connection is closed, and reconnecting is refused."""
+    import http.client
+
+    state = sim.node("gpu-node-2")
+    conn = http.client.HTTPConnection(state.ip, sim.port, timeout=3)
+    try:
+        conn.request("GET", "/metrics")
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200 and not first.will_close
+        sim.set_down("gpu-node-2", "refuse")
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError, http.client.BadStatusLine)):
+            conn.request("GET", "/metrics")
+            conn.getresponse().read()
+        conn.close()
+        with pytest.raises(ConnectionRefusedError):
+            conn.request("GET", "/metrics")  # http.client reconnects: refused, as no listener is left
+    finally:
+        conn.close()
+
+
 def test_down_500(sim: GpuSim) -> None:
     sim.set_down("gpu-node-1", "500")
     status, body = get(sim.url_for("gpu-node-1"))
