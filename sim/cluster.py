@@ -134,7 +134,7 @@ class SimCluster:
     def _exporter_pod(self, node: str) -> None:
         name = f"nvidia-dcgm-exporter-{node}"
         assert self.nodesim is not None
-        self.nodesim.set_pod_ip(EXPORTER_NAMESPACE, name, self.gpusim.node(node).ip)
+        self.nodesim.set_pod_ip(EXPORTER_NAMESPACE, name, self.gpusim.node(node).ip, node=node)
         self.kube.create(PODS, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": EXPORTER_NAMESPACE, "labels": dict(EXPORTER_LABEL),

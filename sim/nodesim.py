@@ -31,6 +31,20 @@ class JobOutcome:
     duration_s: float = 0.5
 
 
+@dataclass(frozen=True)
+class PodIP:
+    """The IP pods of one name prefix get (an exporter's: where gpu-sim serves that node)."""
+    namespace: str
+    name_prefix: str
+    ip: str
+    node: str | None = None
+
+    def matches(self, pod: dict[str, Any], node: str) -> bool:
+        meta = pod["metadata"]
+        return (meta.get("namespace") == self.namespace and str(meta.get("name", "")).startswith(self.name_prefix)
+                and self.node in (None, node))
+
+
 @dataclass
 class SimNode:
     name: str
@@ -52,7 +66,7 @@ class NodeSim:
         self.tick_s = tick_s
         self.nodes: dict[str, SimNode] = {}
         self.outcomes: dict[str, JobOutcome] = {}
-        self.pod_ips: list[tuple[str, str, str]] = []
+        self.pod_ips: list[PodIP] = []
         self.started_at: dict[str, float] = {}
         self.terminating_since: dict[str, float] = {}
         self.errors: list[str] = []
@@ -107,8 +121,10 @@ class NodeSim:
     def set_job_outcome(self, node: str, succeed: bool = True, duration_s: float = 0.5) -> None:
         self.outcomes[node] = JobOutcome(succeed, duration_s)
 
-    def set_pod_ip(self, namespace: str, pod_name_prefix: str, ip: str) -> None:
-        self.pod_ips.append((namespace, pod_name_prefix, ip))
+    def set_pod_ip(self, namespace: str, pod_name_prefix: str, ip: str, *, node: str | None = None) -> None:
+        """Pods in ``namespace`` named ``pod_name_prefix``... get ``ip`` (only on ``node`` if given). Where
+        several prefixes match, the longest wins: ``exporter-gpu-node-10`` is not gpu-node-1's."""
+        self.pod_ips.append(PodIP(namespace, pod_name_prefix, ip, node))
 
     def reboot(self, node: str, down_s: float = 1.0) -> None:
         """NotReady now; after down_s Ready again with a new bootID (the loop brings it back)."""
@@ -191,9 +207,9 @@ class NodeSim:
         existing = (pod.get("status") or {}).get("podIP")
         if existing:
             return str(existing)
-        for namespace, prefix, ip in self.pod_ips:
-            if pod["metadata"]["namespace"] == namespace and pod["metadata"]["name"].startswith(prefix):
-                return ip
+        matches = [rule for rule in self.pod_ips if rule.matches(pod, node.name)]
+        if matches:
+            return max(matches, key=lambda rule: len(rule.name_prefix)).ip
         node.ip_counter += 1
         return f"10.244.{node.index}.{node.ip_counter}"
 

@@ -212,7 +212,7 @@ class KindWorld:
         self.nodesim = NodeSim(self.client, grace_cap_s=0.2, tick_s=0.05)
         for node in self.nodes:
             self.nodesim.add_node(node, gpus=8)
-            self.nodesim.set_pod_ip(EXPORTER_NS, f"gpu-sim-{node}-", self.ips[node])
+            self.nodesim.set_pod_ip(EXPORTER_NS, f"gpu-sim-{node}-", self.ips[node], node=node)
         self.client.create(CONFIGMAPS, {"metadata": {"name": "gpuremediate-policy", "namespace": SYSTEM_NS},
                                         "data": {"policy.toml": "# the kind overlay's\n"}}, SYSTEM_NS)
         self.client.create(DEPLOYMENTS, {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -118,3 +118,35 @@ def test_reboot_takes_the_node_down_and_brings_a_new_boot_id(
     assert next(c for c in client.get(NODES, "gpu-1")["status"]["conditions"]
                 if c["type"] == "Ready")["status"] == "False"
     assert wait(ready) != before
+
+
+def test_pod_ips_go_to_their_own_node_with_ten_nodes_or_more(
+        env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    """gpu-node-1's exporter name is a prefix of gpu-node-10's: each exporter still gets its own node's IP."""
+    _, client, sim = env
+    nodes = [f"gpu-node-{i}" for i in range(1, 13)]
+    for i, node in enumerate(nodes, start=1):
+        sim.add_node(node, gpus=1)
+        sim.set_pod_ip("work", f"exporter-{node}", f"127.0.1.{i}")
+        client.create(PODS, _pod(f"exporter-{node}", node), "work")
+    sim.start()
+
+    def ips() -> dict[str, str] | None:
+        pods = client.list(PODS, "work")["items"]
+        got = {p["spec"]["nodeName"]: (p.get("status") or {}).get("podIP") for p in pods}
+        return got if all(got.values()) else None
+    assert wait(ips) == {node: f"127.0.1.{i}" for i, node in enumerate(nodes, start=1)}
+
+
+def test_a_pod_ip_bound_to_a_node_is_not_given_to_a_pod_elsewhere(
+        env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, sim = env
+    sim.add_node("gpu-1")
+    sim.add_node("gpu-2")
+    sim.set_pod_ip("work", "exporter-", "127.0.0.11", node="gpu-1")
+    client.create(PODS, _pod("exporter-a", "gpu-1"), "work")
+    client.create(PODS, _pod("exporter-b", "gpu-2"), "work")
+    sim.start()
+    ip = wait(lambda: client.get(PODS, "exporter-b", "work")["status"].get("podIP"))
+    assert ip != "127.0.0.11" and ip.startswith("10.244.")
+    assert wait(lambda: client.get(PODS, "exporter-a", "work")["status"].get("podIP")) == "127.0.0.11"
