@@ -12,6 +12,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -120,21 +121,22 @@ class Controllers:
                 self._empty_namespace(meta["name"])
 
     # --- garbage collector ---------------------------------------------------------------------------
-    def _all_objects(self) -> list[tuple[ResourceType, Obj]]:
+    def _all_objects(self, keep: Callable[[Obj], bool] | None = None) -> list[tuple[ResourceType, Obj]]:
         out = []
         for rt in {rt.key: rt for rt in list(self.api.types.values())}.values():
-            out += [(rt, o) for o in self.store.list_all(rt.key)]
+            out += [(rt, o) for o in self.store.select(rt.key, "", keep)]
         return out
 
     def _dependents(self, uid: str) -> list[tuple[ResourceType, Obj]]:
-        return [(rt, o) for rt, o in self._all_objects() if owned_by(o, uid)]
+        return self._all_objects(lambda o: owned_by(o, uid))
 
     def _collect_dependents(self, uid: str) -> None:
         """Delete what `uid` owned and no other live owner still does (one snapshot of the store)."""
-        objects = self._all_objects()
-        live = {o["metadata"]["uid"] for _, o in objects}
-        for rt, dep in objects:
-            if not owned_by(dep, uid) or dep["metadata"].get("deletionTimestamp"):
+        with self.store.lock:
+            live = self.store.uids()
+            dependents = self._dependents(uid)
+        for rt, dep in dependents:
+            if dep["metadata"].get("deletionTimestamp"):
                 continue
             if not any(r.get("uid") in live for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid):
                 self._delete(rt, dep, "Background")
@@ -209,7 +211,7 @@ class Controllers:
             if job is None:
                 return
             uid = job["metadata"]["uid"]
-            pods = [p for p in self.store.list_all(pods_rt.key, ns) if owned_by(p, uid)]
+            pods = self.store.select(pods_rt.key, ns, lambda p: owned_by(p, uid))
             for pod in pods:
                 if pod["status"].get("phase") in TERMINAL or pod["metadata"].get("deletionTimestamp") \
                         or job["metadata"].get("deletionTimestamp"):
@@ -299,11 +301,11 @@ class Controllers:
             return self.store.update(pdbs, updated, pdb)
 
     def _pdb_pods(self, pdb: Obj) -> list[Obj]:
-        pods = self.store.list_all(self.rt("", "pods").key, pdb["metadata"]["namespace"])
         selector = pdb.get("spec", {}).get("selector")
         if selector is None:
             return []
-        return [p for p in pods if match_label_selector_object(selector, p["metadata"].get("labels"))]
+        return self.store.select(self.rt("", "pods").key, pdb["metadata"]["namespace"],
+                                 lambda p: match_label_selector_object(selector, p["metadata"].get("labels")))
 
     # --- eviction subresource ------------------------------------------------------------------------
     def evict(self, h: Handler, req: Request, t: Target) -> None:

@@ -93,7 +93,7 @@ class Verbs:
             limit = 0
         with self.store.lock:
             list_rv = token_rv or self.store.current_rv()
-            items = [o for o in self.store.list_all(t.rt.key, t.namespace) if self._matches(o, t, labels, fields)]
+            items = self.store.select(t.rt.key, t.namespace, lambda o: self._matches(o, t, labels, fields))
         items = [o for o in items if _list_key(o, t) > start] if start else items
         meta: dict[str, Any] = {"resourceVersion": str(list_rv)}
         if limit and len(items) > limit:
@@ -668,8 +668,8 @@ class _WatchStream:
         store = self.verbs.store
         with store.lock:
             rv = store.current_rv()
-            objs = [o for o in store.list_all(self.t.rt.key, self.t.namespace)
-                    if self.verbs._matches(o, self.t, self.labels, self.fields)]
+            objs = store.select(self.t.rt.key, self.t.namespace,
+                                lambda o: self.verbs._matches(o, self.t, self.labels, self.fields))
         for obj in objs:
             self._send("ADDED", self.verbs.render(self.t.rt, obj))
         self.last_rv = rv

@@ -75,10 +75,20 @@ class Store:
             return copy.deepcopy(obj) if obj is not None else None
 
     def list_all(self, key: str, namespace: str = "") -> list[Obj]:
+        return self.select(key, namespace)
+
+    def select(self, key: str, namespace: str = "", keep: Callable[[Obj], bool] | None = None) -> list[Obj]:
+        """Copies of the stored objects `keep` accepts, in (namespace, name) order. `keep` sees the stored
+        object itself (it must not change it): only what it returns is copied, so a selective list of a
+        large bucket costs what it returns, not the bucket."""
         with self.lock:
             bucket = self.objects.get(key, {})
             keys = sorted(k for k in bucket if not namespace or k[0] == namespace)
-            return [copy.deepcopy(bucket[k]) for k in keys]
+            return [copy.deepcopy(bucket[k]) for k in keys if keep is None or keep(bucket[k])]
+
+    def uids(self) -> set[str]:
+        with self.lock:
+            return {o["metadata"]["uid"] for bucket in self.objects.values() for o in bucket.values()}
 
     def current_rv(self) -> int:
         with self.lock:
