@@ -22,6 +22,16 @@ Circuit breaker
     return a new breaker. It opens when more than ``threshold_pct`` % of the GPU nodes faulted
     within ``window_s`` (and at least ``min_nodes`` did), and stays open until ``reset`` by a person.
 
+Failure domains
+    A :class:`DomainBudget` caps the nodes out of service within each value of one node label
+    ("at most 1 node per ``topology.kubernetes.io/rack``"); :func:`admit` and :func:`budget_check`
+    apply the fleet-wide budget and every domain budget together. A node without the label is in no
+    domain of that key. :func:`clustered_domains` finds the label values (rack, NVLink domain, driver
+    version...) on which recent faults cluster, so work stops in that domain only.
+
+Pause
+    :class:`Pause` is a person's (or a tool's) switch: while paused, no new work starts anywhere.
+
 Repeat offender
     :func:`repeat_offender` is true when the node's repair history holds ``count`` or more repairs
     within ``window_s`` before ``now`` (the window edge ``now - window_s`` is inside; ``count <= 0``
@@ -33,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +78,7 @@ class NodeView:
     state: str = states.HEALTHY  # our record's state (healthy when none)
     waiting: bool = False  # we cordoned it for a fault but have not started draining it
     first_seen: float | None = None  # when its open fault was first seen (admission order)
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)  # for failure domains
 
     @property
     def out_of_service(self) -> bool:
@@ -82,7 +93,9 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     """A NodeView from a Node object (its record, spec.unschedulable and Ready condition)."""
     metadata = node.get("metadata") or {}
     record = record_from_node(node)
-    view = NodeView(name=str(metadata.get("name", "")), unschedulable=node_unschedulable(node), ready=_ready(node))
+    labels = metadata.get("labels") or {}
+    view = NodeView(name=str(metadata.get("name", "")), unschedulable=node_unschedulable(node), ready=_ready(node),
+                    labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {})
     if record is None or isinstance(record, RecordError):
         return view  # a malformed record counts by what the node shows, never less
     return dataclasses.replace(
@@ -144,23 +157,51 @@ class BudgetResult:
     reason: str
 
 
-def budget_check(gpu_nodes: Sequence[NodeView], candidate: str, budget: Budget | None = None) -> BudgetResult:
+@dataclass(frozen=True)
+class DomainBudget:
+    """At most ``max_unavailable`` nodes out of service among the nodes sharing one value of ``label``."""
+
+    label: str
+    max_unavailable: int | str = 1
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            raise ValueError("a domain budget needs a node label")
+        Budget(self.max_unavailable)  # the same count / percentage rules
+
+    def limit(self, domain_size: int) -> int:
+        return Budget(self.max_unavailable).limit(domain_size)
+
+
+def budget_check(
+    gpu_nodes: Sequence[NodeView], candidate: str, budget: Budget | None = None,
+    domains: Sequence[DomainBudget] = (),
+) -> BudgetResult:
     """May ``candidate`` be taken out of service along with the nodes already out?"""
     budget = budget or Budget()
     _require_known(gpu_nodes, [candidate])
     limit = budget.limit(len(gpu_nodes))
     others = sorted(v.name for v in gpu_nodes if v.name != candidate and v.out_of_service)
     in_use = len(others) + sum(1 for v in gpu_nodes if v.name == candidate and v.out_of_service)
-    if len(others) < limit:
-        return BudgetResult(True, in_use, limit, f"within budget: {len(others)} other of {limit} in use")
-    names = ", ".join(others) if others else "none"
-    return BudgetResult(False, in_use, limit, f"budget full: {len(others)} of {limit} out of service ({names})")
+    if len(others) >= limit:
+        names = ", ".join(others) if others else "none"
+        return BudgetResult(False, in_use, limit, f"budget full: {len(others)} of {limit} out of service ({names})")
+    by_name = {v.name: v for v in gpu_nodes}
+    for domain in domains:
+        full = _domain_full(gpu_nodes, by_name[candidate], domain, {v.name for v in gpu_nodes if v.out_of_service})
+        if full:
+            return BudgetResult(False, in_use, limit, full)
+    return BudgetResult(True, in_use, limit, f"within budget: {len(others)} other of {limit} in use")
 
 
-def admit(gpu_nodes: Sequence[NodeView], candidates: Sequence[str], budget: Budget | None = None) -> list[str]:
+def admit(
+    gpu_nodes: Sequence[NodeView], candidates: Sequence[str], budget: Budget | None = None,
+    domains: Sequence[DomainBudget] = (),
+) -> list[str]:
     """The candidates that may start now, oldest fault first (then by name), while the nodes out of
-    service, admitted ones included, stay within the limit. A candidate already out of service
-    (NotReady, a person's cordon) still has to fit: it takes its slot as any other."""
+    service, admitted ones included, stay within the limit and within every domain budget. A
+    candidate already out of service (NotReady, a person's cordon) still has to fit: it takes its
+    slot as any other."""
     budget = budget or Budget()
     _require_known(gpu_nodes, candidates)
     limit = budget.limit(len(gpu_nodes))
@@ -168,10 +209,27 @@ def admit(gpu_nodes: Sequence[NodeView], candidates: Sequence[str], budget: Budg
     by_name = {v.name: v for v in gpu_nodes}
     admitted = []
     for name in sorted(set(candidates), key=lambda n: (_first_seen_key(by_name[n]), n)):
-        if len(out | {name}) <= limit:
-            out.add(name)
-            admitted.append(name)
+        if len(out | {name}) > limit:
+            continue
+        if any(_domain_full(gpu_nodes, by_name[name], domain, out) for domain in domains):
+            continue
+        out.add(name)
+        admitted.append(name)
     return admitted
+
+
+def _domain_full(gpu_nodes: Sequence[NodeView], candidate: NodeView, domain: DomainBudget, out: set[str]) -> str:
+    """Why ``candidate`` would overfill its ``domain`` ("" when it fits or has no such label)."""
+    value = candidate.labels.get(domain.label)
+    if value is None:
+        return ""
+    members = [v.name for v in gpu_nodes if v.labels.get(domain.label) == value]
+    limit = domain.limit(len(members))
+    others = sorted(n for n in members if n in out and n != candidate.name)
+    if len(others) < limit:
+        return ""
+    names = ", ".join(others) if others else "none"
+    return f"domain budget full: {domain.label}={value}: {len(others)} of {limit} out of service ({names})"
 
 
 def _first_seen_key(view: NodeView) -> float:
@@ -189,6 +247,42 @@ def _require_known(gpu_nodes: Sequence[NodeView], names: Sequence[str]) -> None:
 
 
 @dataclass(frozen=True)
+class DomainTrip:
+    """One failure domain (a node label's value) whose nodes faulted together."""
+
+    label: str
+    value: str
+    reason: str
+    opened_at: float
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DomainTrip:
+        return cls(label=str(data["label"]), value=str(data["value"]), reason=str(data.get("reason", "")),
+                   opened_at=float(data["opened_at"]))
+
+
+def clustered_domains(
+    gpu_nodes: Sequence[NodeView], faulted: Collection[str], labels: Sequence[str], threshold_pct: float,
+    min_nodes: int, now: float, window_s: float,
+) -> list[DomainTrip]:
+    """The label values shared by at least ``min_nodes`` recently faulted nodes that make up more than
+    ``threshold_pct`` % of the nodes with that value: the common label of a clustered failure."""
+    trips = []
+    for label in labels:
+        members: dict[str, list[str]] = {}
+        for view in gpu_nodes:
+            if label in view.labels:
+                members.setdefault(view.labels[label], []).append(view.name)
+        for value, names in sorted(members.items()):
+            hit = sorted(n for n in names if n in faulted)
+            if len(hit) >= max(1, min_nodes) and len(hit) * 100 > threshold_pct * len(names):
+                reason = (f"{len(hit)} of {len(names)} nodes with {label}={value} faulted within {window_s:g}s "
+                          f"({', '.join(hit)})")
+                trips.append(DomainTrip(label, value, reason, now))
+    return trips
+
+
+@dataclass(frozen=True)
 class CircuitBreaker:
     open: bool = False
     opened_at: float | None = None
@@ -196,10 +290,31 @@ class CircuitBreaker:
     faults: tuple[tuple[str, float], ...] = ()  # (node, time) of faults, pruned to the window
     reset_by: str = ""
     reset_at: float | None = None
+    domains: tuple[DomainTrip, ...] = ()  # failure domains where faults clustered: work stops there only
 
     @property
     def is_open(self) -> bool:
         return self.open
+
+    def blocks(self, view: NodeView) -> str:
+        """Why no new work may start on this node ("" when none): the whole breaker or its domain's."""
+        if self.open:
+            return f"circuit breaker open: {self.reason}"
+        for trip in self.domains:
+            if view.labels.get(trip.label) == trip.value:
+                return f"domain breaker open for {trip.label}={trip.value}: {trip.reason}"
+        return ""
+
+    def evaluate_domains(
+        self, gpu_nodes: Sequence[NodeView], now: float, labels: Sequence[str], threshold_pct: float,
+        window_s: float, min_nodes: int = 2,
+    ) -> CircuitBreaker:
+        """Open a domain breaker for every label value on which the window's faults cluster."""
+        recent = {node for node, at in self.faults if at >= now - window_s}
+        known = {(t.label, t.value) for t in self.domains}
+        found = [t for t in clustered_domains(gpu_nodes, recent, labels, threshold_pct, min_nodes, now, window_s)
+                 if (t.label, t.value) not in known]
+        return dataclasses.replace(self, domains=(*self.domains, *found)) if found else self
 
     def record_fault(self, node: str, now: float) -> CircuitBreaker:
         return dataclasses.replace(self, faults=(*self.faults, (node, now)))
@@ -225,6 +340,7 @@ class CircuitBreaker:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["faults"] = [[node, at] for node, at in self.faults]
+        data["domains"] = [dataclasses.asdict(t) for t in self.domains]
         return data
 
     @classmethod
@@ -240,8 +356,9 @@ class CircuitBreaker:
                 faults=faults,
                 reset_by=str(data.get("reset_by", "")),
                 reset_at=None if reset_at is None else float(reset_at),
+                domains=tuple(DomainTrip.from_dict(t) for t in data.get("domains", [])),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise ValueError(f"malformed circuit breaker state: {exc}") from exc
 
 
@@ -249,6 +366,32 @@ def _bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a boolean, not {value!r}")
     return value
+
+
+# ---- pause ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Set by a person or a tool (an upgrade): no new work starts anywhere while paused."""
+
+    paused: bool = False
+    by: str = ""
+    reason: str = ""
+    at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Pause:
+        """Inverse of to_dict; raises ValueError naming the bad field."""
+        at = data.get("at")
+        try:
+            return cls(paused=_bool(data.get("paused", False), "paused"), by=str(data.get("by", "")),
+                       reason=str(data.get("reason", "")), at=None if at is None else float(at))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"malformed pause state: {exc}") from exc
 
 
 # ---- repeat offender ------------------------------------------------------------------------
