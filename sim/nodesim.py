@@ -4,6 +4,11 @@ It registers Nodes (Ready, GPU capacity, a bootID), makes pods bound to its node
 runs Job pods for a set time and ends them Succeeded or Failed, finishes graceful deletions (a grace-0
 delete after min(grace, grace_cap_s)), and can reboot a node (NotReady for a while, then Ready with a
 new bootID). Pods bound to a node it does not know stay Pending.
+
+As a kubelet does, it renews each node's Lease in ``kube-node-lease`` (holderIdentity = node name,
+leaseDurationSeconds 40, every ``lease_renew_s``: the kubelet's 0.25 x duration), and posts the Ready
+condition's lastHeartbeatTime every ``heartbeat_s``; a node that is down (rebooting) does neither, so a
+node lifecycle controller sees its Lease lapse.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from typing import Any
 
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.resources import NODES, PODS
+from gpuremediate.kube.leader import micro_time
+from gpuremediate.kube.resources import LEASES, NODES, PODS
 from sim.kube_controllers import is_ready
 from sim.kube_store import now_time
 
 KUBELET_VERSION = "v1.28.7"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_S = 40  # the kubelet's nodeLeaseDurationSeconds default
 
 
 @dataclass
@@ -53,6 +61,9 @@ class SimNode:
     boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     down_until: float = 0.0
     ip_counter: int = 1
+    ready_since: str = field(default_factory=now_time)  # the Ready condition's lastTransitionTime
+    lease_renewed: float = 0.0  # monotonic time of the last renewal (0: never)
+    heartbeat_at: float = 0.0  # monotonic time of the last status heartbeat
 
     @property
     def down(self) -> bool:
@@ -60,10 +71,13 @@ class SimNode:
 
 
 class NodeSim:
-    def __init__(self, client: KubeClient, grace_cap_s: float = 2.0, tick_s: float = 0.1) -> None:
+    def __init__(self, client: KubeClient, grace_cap_s: float = 2.0, tick_s: float = 0.1, *,
+                 lease_renew_s: float = 10.0, heartbeat_s: float = 10.0) -> None:
         self.client = client
         self.grace_cap_s = grace_cap_s
         self.tick_s = tick_s
+        self.lease_renew_s = lease_renew_s
+        self.heartbeat_s = heartbeat_s
         self.nodes: dict[str, SimNode] = {}
         self.outcomes: dict[str, JobOutcome] = {}
         self.pod_ips: list[PodIP] = []
@@ -83,9 +97,13 @@ class NodeSim:
             node = self.nodes.setdefault(name, SimNode(name, len(self.nodes) + 1, gpus))
         body = self._node_body(node, labels or {})
         try:
-            return self.client.create(NODES, body)
+            created = self.client.create(NODES, body)
         except errors.AlreadyExists:
-            return self.client.patch(NODES, name, {"status": body["status"]}, subresource="status")
+            created = self.client.patch(NODES, name, {"status": body["status"]}, subresource="status")
+        node.heartbeat_at = time.monotonic()
+        with contextlib.suppress(errors.ApiError, errors.TransportError):
+            self._renew_lease(node)  # the loop retries
+        return created
 
     def _node_body(self, node: SimNode, labels: dict[str, str]) -> dict[str, Any]:
         resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(node.gpus)}
@@ -95,7 +113,7 @@ class NodeSim:
         return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": all_labels},
                 "spec": {}, "status": {
                     "capacity": resources, "allocatable": dict(resources),
-                    "conditions": self._conditions(ready=True),
+                    "conditions": self._conditions(ready=True, since=node.ready_since),
                     "addresses": [{"type": "InternalIP", "address": f"10.0.0.{node.index}"},
                                   {"type": "Hostname", "address": node.name}],
                     "nodeInfo": self._node_info(node)}}
@@ -108,13 +126,13 @@ class NodeSim:
                 "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux", "architecture": "amd64"}
 
     @staticmethod
-    def _conditions(ready: bool) -> list[dict[str, Any]]:
+    def _conditions(ready: bool, since: str) -> list[dict[str, Any]]:
         now = now_time()
-        out = [{"type": t, "status": "False", "lastHeartbeatTime": now, "lastTransitionTime": now,
+        out = [{"type": t, "status": "False", "lastHeartbeatTime": now, "lastTransitionTime": since,
                 "reason": f"KubeletHasSufficient{r}", "message": f"kubelet has sufficient {r.lower()}"}
                for t, r in (("MemoryPressure", "Memory"), ("DiskPressure", "Disk"), ("PIDPressure", "PID"))]
         out.append({"type": "Ready", "status": "True" if ready else "False", "lastHeartbeatTime": now,
-                    "lastTransitionTime": now, "reason": "KubeletReady" if ready else "KubeletNotReady",
+                    "lastTransitionTime": since, "reason": "KubeletReady" if ready else "KubeletNotReady",
                     "message": "kubelet is posting ready status" if ready else "node is rebooting"})
         return out
 
@@ -130,11 +148,49 @@ class NodeSim:
         """NotReady now; after down_s Ready again with a new bootID (the loop brings it back)."""
         sim = self.nodes[node]
         sim.down_until = time.monotonic() + down_s
+        sim.ready_since = now_time()
         self._patch_node_status(sim, ready=False)
 
     def _patch_node_status(self, node: SimNode, ready: bool) -> None:
-        status = {"conditions": self._conditions(ready), "nodeInfo": self._node_info(node)}
+        status = {"conditions": self._conditions(ready, node.ready_since), "nodeInfo": self._node_info(node)}
         self.client.patch(NODES, node.name, {"status": status}, patch_type="strategic", subresource="status")
+        node.heartbeat_at = time.monotonic()
+
+    # --- what a kubelet posts on its own: the node Lease and status heartbeats ----------------------
+    def _renew_lease(self, node: SimNode) -> None:
+        """GET, then create or PUT the Lease with a new renewTime (the kubelet's nodelease controller)."""
+        try:
+            lease = self.client.get(LEASES, node.name, NODE_LEASE_NAMESPACE)
+        except errors.NotFound:
+            self.client.create(LEASES, self._lease_body(node), NODE_LEASE_NAMESPACE)
+        else:
+            spec = lease.setdefault("spec", {})
+            spec.update(holderIdentity=node.name, leaseDurationSeconds=LEASE_DURATION_S, renewTime=micro_time())
+            self.client.replace(LEASES, node.name, lease, NODE_LEASE_NAMESPACE)
+        node.lease_renewed = time.monotonic()
+
+    def _lease_body(self, node: SimNode) -> dict[str, Any]:
+        owner: list[dict[str, Any]] = []
+        with contextlib.suppress(errors.NotFound):
+            uid = self.client.get(NODES, node.name)["metadata"]["uid"]
+            owner = [{"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": uid}]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": node.name, "namespace": NODE_LEASE_NAMESPACE, "ownerReferences": owner},
+                "spec": {"holderIdentity": node.name, "leaseDurationSeconds": LEASE_DURATION_S,
+                         "renewTime": micro_time()}}
+
+    def _keep_alive(self) -> None:
+        """Renew the Lease and post a heartbeat for each node that is up and due (a failed one is retried
+        next tick: a 409 on the Lease means someone wrote it in between)."""
+        now = time.monotonic()
+        for node in list(self.nodes.values()):
+            if node.down:
+                continue
+            if now - node.lease_renewed >= self.lease_renew_s:
+                with contextlib.suppress(errors.Conflict, errors.AlreadyExists):
+                    self._renew_lease(node)
+            if now - node.heartbeat_at >= self.heartbeat_s:
+                self._patch_node_status(node, ready=True)
 
     # --- the loop ----------------------------------------------------------------------------------
     def start(self) -> NodeSim:
@@ -157,6 +213,7 @@ class NodeSim:
 
     def tick(self) -> None:
         self._finish_reboots()
+        self._keep_alive()
         for pod in self.client.list(PODS)["items"]:
             node = self.nodes.get(pod.get("spec", {}).get("nodeName", ""))
             if node is not None:
@@ -168,6 +225,7 @@ class NodeSim:
             if node.down_until and not node.down:
                 node.down_until = 0.0
                 node.boot_id = str(uuid.uuid4())
+                node.ready_since = now_time()
                 self._patch_node_status(node, ready=True)
 
     def _sync_pod(self, node: SimNode, pod: dict[str, Any]) -> None:

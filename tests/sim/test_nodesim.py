@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.errors import NotFound
-from gpuremediate.kube.resources import JOBS, NAMESPACES, NODES, PODS
+from gpuremediate.kube.resources import JOBS, LEASES, NAMESPACES, NODES, PODS
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim
 from sim.waiting import wait_for
@@ -150,3 +151,58 @@ def test_a_pod_ip_bound_to_a_node_is_not_given_to_a_pod_elsewhere(
     ip = wait(lambda: client.get(PODS, "exporter-b", "work")["status"].get("podIP"))
     assert ip != "127.0.0.11" and ip.startswith("10.244.")
     assert wait(lambda: client.get(PODS, "exporter-a", "work")["status"].get("podIP")) == "127.0.0.11"
+
+
+def _lease(client: KubeClient, node: str) -> dict[str, Any]:
+    return client.get(LEASES, node, "kube-node-lease")
+
+
+def test_node_lease_is_created_the_kubelet_way_and_renewed(
+        env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, _ = env
+    sim = NodeSim(client, tick_s=0.05, lease_renew_s=0.1)
+    try:
+        sim.add_node("gpu-1")
+        lease = _lease(client, "gpu-1")
+        node = client.get(NODES, "gpu-1")
+        assert lease["spec"]["holderIdentity"] == "gpu-1"
+        assert lease["spec"]["leaseDurationSeconds"] == 40
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", lease["spec"]["renewTime"])
+        assert lease["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": node["metadata"]["uid"]}]
+        sim.start()
+        first = lease["spec"]["renewTime"]
+        wait(lambda: _lease(client, "gpu-1")["spec"]["renewTime"] > first)
+    finally:
+        sim.stop()
+
+
+def test_a_rebooting_node_stops_renewing_its_lease_and_resumes_after(
+        env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, _ = env
+    sim = NodeSim(client, lease_renew_s=0.0)  # due at every tick; ticked by hand, no loop thread
+    sim.add_node("gpu-1")
+    sim.tick()
+    up = _lease(client, "gpu-1")["spec"]["renewTime"]
+    sim.reboot("gpu-1", down_s=60)
+    for _ in range(3):
+        sim.tick()
+    assert _lease(client, "gpu-1")["spec"]["renewTime"] == up, "renewed while the node was down"
+    sim.nodes["gpu-1"].down_until = time.monotonic()  # the reboot is over
+    wait(lambda: sim.tick() or _lease(client, "gpu-1")["spec"]["renewTime"] > up)
+
+
+def test_status_heartbeats_advance_without_a_transition(env: tuple[KubeAPIServer, KubeClient, NodeSim]) -> None:
+    _, client, _ = env
+    sim = NodeSim(client, tick_s=0.05, heartbeat_s=0.1)
+    try:
+        sim.add_node("gpu-1")
+
+        def ready() -> dict[str, Any]:
+            return next(c for c in client.get(NODES, "gpu-1")["status"]["conditions"] if c["type"] == "Ready")
+        before = ready()
+        sim.start()
+        after = wait(lambda: (c := ready())["lastHeartbeatTime"] > before["lastHeartbeatTime"] and c, timeout=10)
+        assert after["lastTransitionTime"] == before["lastTransitionTime"] and after["status"] == "True"
+    finally:
+        sim.stop()
