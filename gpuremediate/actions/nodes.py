@@ -164,16 +164,19 @@ class NodeWriter:
         self.dry_run = dry_run
 
     def apply(self, node: Node, decision: Decision) -> Node | None:
-        """Write the decision; returns the node as written, or None on a 409 (re-read and re-decide)."""
+        """Write the decision; returns the node as written, or None on a 409 (re-read and re-decide).
+
+        Every effect follows the write: after a 409 the caller decides again, and nothing must have
+        happened yet (a notice, an Event or a metric of a transition would be repeated)."""
+        written: Node | None = node
+        if decision.changed or decision.cordon or decision.uncordon:
+            written = self.write(node, decision.record, cordon=decision.cordon, uncordon=decision.uncordon)
+            if written is None:
+                return None
+            if decision.transition is not None:
+                self._report_transition(node, decision)
         for notice in decision.notices:
             self.events.node_event(name_of(node), "GPUFaultNotice", notice.message, NORMAL)
-        if not decision.changed and not decision.cordon and not decision.uncordon:
-            return node
-        written = self.write(node, decision.record, cordon=decision.cordon, uncordon=decision.uncordon)
-        if written is None:
-            return None
-        if decision.transition is not None:
-            self._report_transition(node, decision)
         return written
 
     def write(self, node: Node, record: NodeRecord, *, cordon: bool = False, uncordon: bool = False) -> Node | None:

@@ -173,10 +173,10 @@ class CustomDrain:
 
     def _complete(self, node: Node, record: NodeRecord, name: str, now: float) -> float | None:
         assert record.action is not None
-        self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
         # The record first: a crash before the delete leaves a completed request, removed next time.
         if self.loop.apply(node, decide.complete_drain(record, now)) is None:
             return self.loop.retry_after_conflict()
+        self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
         self.api.delete(self.ref, name)
         return None
 
@@ -186,14 +186,14 @@ class CustomDrain:
         detail = (f"drain plugin did not set {self.policy.statusConditionType}={self.policy.statusConditionStatus} "
                   f"on {self.ref.kind} {self.ref.namespace}/{name} within {self.policy.timeout:g}s")
         if self.policy.onTimeout == "builtin":
-            self.ctx.events.node_event(name_of(node), "GPUDrainPluginTimedOut", f"{detail}; built-in drain takes over",
-                                       WARNING)
             fallback = start_action(record, record.action.kind if record.action else "drain", "", 1, now,
                                     drain.timeout_s, FALLBACK)
             if self.ctx.writer.write(node, fallback) is None:
                 return self.loop.retry_after_conflict()
+            self.ctx.events.node_event(name_of(node), "GPUDrainPluginTimedOut", f"{detail}; built-in drain takes over",
+                                       WARNING)
             return 0.0
-        self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
         if self.loop.apply(node, decide.drain_failed(record, now, detail)) is None:
             return self.loop.retry_after_conflict()
+        self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
         return None

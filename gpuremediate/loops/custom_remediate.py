@@ -131,11 +131,13 @@ class CustomRemediation:
         if covering is not None:
             ref, obj = covering
             other = str(obj["metadata"]["name"])
+            adopted = start_action(record, name, other, attempt, now, action.timeout, ref.encode())
+            if self.ctx.writer.write(node, adopted) is None:
+                return self.loop.retry_after_conflict()
             self.ctx.events.node_event(name_of(node), "GPURemediationCovered",
                                        f"{name}: {ref.kind} {other} of an equivalent or superseding group is in "
                                        "progress or done; no new resource", NORMAL)
-            adopted = start_action(record, name, other, attempt, now, action.timeout, ref.encode())
-            return POLL_S if self.ctx.writer.write(node, adopted) is not None else self.loop.retry_after_conflict()
+            return POLL_S
         _, uuids = self.loop.gpu_ids(node, record)
         body = build_resource(name, action, name_of(node), record, attempt, uuids or self._fault_uuids(record))
         started = start_action(record, name, body["metadata"]["name"], attempt, now, action.timeout,

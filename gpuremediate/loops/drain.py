@@ -193,15 +193,14 @@ class DrainLoop(NodeLoop):
     def _failed(self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float) -> float | None:
         left = ", ".join("/".join(pod_key(p)) for p in pods[:5])
         detail = f"drain timed out with {len(pods)} pod(s) left ({left})"
+        if self.apply(node, decide.drain_failed(record, now, detail)) is None:
+            return self.retry_after_conflict()
         self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
-        return self._finish(node, decide.drain_failed(record, now, detail))
+        return None
 
     def _complete(self, node: Node, record: NodeRecord, now: float) -> float | None:
+        if self.apply(node, decide.complete_drain(record, now)) is None:
+            return self.retry_after_conflict()
         if record.action is not None:
             self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
-        return self._finish(node, decide.complete_drain(record, now))
-
-    def _finish(self, node: Node, decision: decide.Decision) -> float | None:
-        if self.apply(node, decision) is None:
-            return self.retry_after_conflict()
         return None

@@ -86,13 +86,13 @@ class RemediateLoop(JobLoop):
     ) -> float | None:
         """An attempt ended (built-in or custom): the next attempt, validation, or quarantine."""
         now = self.ctx.clock()
+        decision = dataclasses.replace(decide.complete_repair(record, ok, now, max_attempts, detail), cancel=cancel)
+        if self.apply(node, decision) is None:  # a 409 decides again: nothing below may have happened yet
+            return self.retry_after_conflict()
         if record.action is not None:
             self.ctx.metrics.remediation_seconds.observe(max(0.0, now - record.action.started),
                                                          action=record.action.kind)
-        decision = dataclasses.replace(decide.complete_repair(record, ok, now, max_attempts, detail), cancel=cancel)
         if not ok:
             self.ctx.events.node_event(name_of(node), "GPURemediationFailed", detail, WARNING)
             log.warning("repair attempt failed", extra={"node": name_of(node), "detail": detail})
-        if self.apply(node, decision) is None:
-            return self.retry_after_conflict()
         return 0.0 if decision.record.state == states.REPAIRING else None
