@@ -23,22 +23,13 @@ from gpuremediate.policy.findings import (
     Finding,
 )
 from gpuremediate.policy.xid import lookup
-from gpuremediate.signals.model import PLACEHOLDER_MIN, GpuReading
+from gpuremediate.signals.model import GpuReading, plausible_count, plausible_flag, plausible_temp, plausible_xid
 
-ABSOLUTE_ZERO_C = -273.15
-
-
-def usable_count(value: float | None) -> float | None:
-    """A counter/flag reading, or None when missing, a placeholder, not finite or negative."""
-    if value is None or not math.isfinite(value) or value < 0 or value >= PLACEHOLDER_MIN:
-        return None
-    return value
-
-
-def usable_temp(value: float | None) -> float | None:
-    if value is None or not math.isfinite(value) or value >= PLACEHOLDER_MIN or value < ABSOLUTE_ZERO_C:
-        return None
-    return value
+# Every source's values pass the signal model's one notion of a reading again here (the exporter path
+# already applied it; nvidia-smi and hand-built readings may not have): missing is never a fault.
+usable_count = plausible_count
+usable_flag = plausible_flag
+usable_temp = plausible_temp
 
 
 def _largest(values: Iterable[float | None]) -> float | None:
@@ -71,17 +62,17 @@ def merge_readings(node: str, key: str, readings: Sequence[GpuReading]) -> GpuVi
     for reading in readings:
         for code, count in reading.xid_counts.items():
             usable = usable_count(count)
-            if usable is not None and code > 0:
+            if usable is not None and plausible_xid(code) is not None:
                 counts[code] = max(counts.get(code, 0.0), usable)
-    xids = {r.xid for r in readings if r.xid is not None and 0 < r.xid < PLACEHOLDER_MIN}
+    xids = {xid for r in readings if (xid := plausible_xid(r.xid)) is not None}
     return GpuView(
         node=node,
         key=key,
         xids=frozenset(xids),
         xid_counts=counts,
         ecc_dbe_volatile=_largest(usable_count(r.ecc_dbe_volatile) for r in readings),
-        row_remap_failure=_largest(usable_count(r.row_remap_failure) for r in readings),
-        row_remap_pending=_largest(usable_count(r.row_remap_pending) for r in readings),
+        row_remap_failure=_largest(usable_flag(r.row_remap_failure) for r in readings),
+        row_remap_pending=_largest(usable_flag(r.row_remap_pending) for r in readings),
         uncorrectable_remapped_rows=_largest(usable_count(r.uncorrectable_remapped_rows) for r in readings),
         gpu_temp=_largest(usable_temp(r.gpu_temp) for r in readings),
         memory_temp=_largest(usable_temp(r.memory_temp) for r in readings),
@@ -194,11 +185,17 @@ def _hot_causes(gpu: GpuView, rules: ThermalPolicy) -> list[str]:
     return causes
 
 
-def _is_cool(gpu: GpuView, rules: ThermalPolicy) -> bool:
-    """Every temperature present is at or below its clear threshold (and at least one is present)."""
-    gpu_ok = gpu.gpu_temp is None or gpu.gpu_temp <= rules.gpu_clear_c
-    memory_ok = gpu.memory_temp is None or gpu.memory_temp <= rules.memory_clear_c
-    return gpu_ok and memory_ok
+def _cool(gpu: GpuView, rules: ThermalPolicy, cause: str) -> bool | None:
+    """While cordoned: True when the readings show the GPU cool, False when one is above its clear
+    threshold, None when a reading the cordon began with is missing (missing changes nothing: a GPU
+    whose temperature cannot be read is not cool)."""
+    watched = (("gpu_temp", gpu.gpu_temp, rules.gpu_clear_c), ("memory_temp", gpu.memory_temp, rules.memory_clear_c))
+    if any(value is not None and value > clear for _, value, clear in watched):
+        return False
+    causes = set(cause.split(",")) if cause else set()
+    if any(value is None and name in causes for name, value, _ in watched):
+        return None
+    return True
 
 
 def thermal_step(timer: ThermalTimer, gpu: GpuView, rules: ThermalPolicy, now: float) -> ThermalTimer:
@@ -213,7 +210,10 @@ def thermal_step(timer: ThermalTimer, gpu: GpuView, rules: ThermalPolicy, now: f
         if now - hot_since >= rules.hold_s:
             return ThermalTimer(cordoned_since=now, cause=",".join(causes))
         return replace(timer, hot_since=hot_since)
-    if not _is_cool(gpu, rules):
+    cool = _cool(gpu, rules, timer.cause)
+    if cool is None:
+        return timer
+    if not cool:
         return replace(timer, cool_since=None)
     cool_since = now if timer.cool_since is None else timer.cool_since
     if now - cool_since >= rules.clear_hold_s:

@@ -1,18 +1,30 @@
 """dcgm-exporter series → per-GPU readings grouped by node.
 
-One reading per GPU (per MIG instance when a series carries ``GPU_I_ID``). Values the exporter uses
-as "not supported" placeholders (>= 9.22e18), NaN and infinities are missing, never readings.
+One reading per GPU (per MIG instance when a series carries ``GPU_I_ID``). DCGM's blank values of
+every width, NaN, infinities and values outside a field's physical range (a temperature of 0 from a
+sensor the GPU lacks, an XID of 4294967295) are missing, never readings: see ``signals.model``.
+A series whose ``gpu``, ``GPU_I_ID`` or ``xid`` label is not a plain number is malformed: skipped,
+counted in ``malformed_lines`` and named in ``problems``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuremediate.signals.exposition import Sample
-from gpuremediate.signals.model import PLACEHOLDER_MIN, GpuReading, NodeReadings, PodRef
+from gpuremediate.signals.model import (
+    GpuReading,
+    NodeReadings,
+    PodRef,
+    ascii_int,
+    is_dcgm_blank,
+    plausible_count,
+    plausible_flag,
+    plausible_temp,
+    plausible_xid,
+)
 
 NODE_LABEL_CANDIDATES = ("Hostname", "hostname", "node", "kubernetes_node")
 DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
@@ -28,6 +40,16 @@ NAMED_FIELDS: Mapping[str, str] = {
     "DCGM_FI_DEV_GPU_TEMP": "gpu_temp",
     "DCGM_FI_DEV_MEMORY_TEMP": "memory_temp",
 }
+# GpuReading attribute → what makes its value a reading (else it is missing)
+PLAUSIBLE: Mapping[str, Callable[[float], float | None]] = {
+    "ecc_dbe_volatile": plausible_count,
+    "row_remap_failure": plausible_flag,
+    "row_remap_pending": plausible_flag,
+    "uncorrectable_remapped_rows": plausible_count,
+    "gpu_temp": plausible_temp,
+    "memory_temp": plausible_temp,
+}
+MAX_PROBLEMS = 10  # problems named per node; the count is always complete
 
 
 @dataclass
@@ -76,6 +98,7 @@ def readings_from_samples(
     """
     gpus: dict[tuple[str, str, str | None], _GpuBuilder] = {}
     drivers: dict[str, str] = {}
+    problems: dict[str, list[str]] = {}
     labels_to_try = (node_label,) if node_label else NODE_LABEL_CANDIDATES
     for sample in samples:
         if not sample.name.startswith("DCGM_"):
@@ -85,6 +108,10 @@ def readings_from_samples(
         owner = node if node is not None else _node_of(labels, labels_to_try)
         if not gpu or not owner:
             continue
+        problem = _label_problem(sample.name, labels)
+        if problem:
+            problems.setdefault(owner, []).append(problem)
+            continue
         mig = labels.get("GPU_I_ID") or None
         builder = gpus.get((owner, gpu, mig))
         if builder is None:
@@ -93,8 +120,18 @@ def readings_from_samples(
         _add_value(builder, sample.name, labels, sample.value)
         if labels.get(DRIVER_VERSION_LABEL):
             drivers.setdefault(owner, labels[DRIVER_VERSION_LABEL])
-    nodes = sorted({key[0] for key in gpus} | ({node} if node is not None else set()))
-    return [_node_readings(name, gpus, drivers, source, observed_at, malformed_lines) for name in nodes]
+    nodes = sorted({key[0] for key in gpus} | set(problems) | ({node} if node is not None else set()))
+    return [_node_readings(name, gpus, drivers, source, observed_at, malformed_lines, problems.get(name, []))
+            for name in nodes]
+
+
+def _label_problem(name: str, labels: Mapping[str, str]) -> str:
+    """Why a series' numeric labels cannot be read ("" when they can)."""
+    for label in ("gpu", "GPU_I_ID") + (("xid",) if name == XID_COUNT_SERIES else ()):
+        text = labels.get(label)
+        if text and ascii_int(text) is None:
+            return f"{name}: label {label}={text[:40]!r} is not a number; series skipped"
+    return ""
 
 
 def _node_of(labels: Mapping[str, str], candidates: Iterable[str | None]) -> str | None:
@@ -113,22 +150,21 @@ def _add_identity(builder: _GpuBuilder, labels: Mapping[str, str]) -> None:
 
 
 def _add_value(builder: _GpuBuilder, name: str, labels: Mapping[str, str], value: float) -> None:
-    if not _is_reading(value):
+    if is_dcgm_blank(value):
         return
     if name == XID_FIELD:
-        builder.xid = int(value) if value.is_integer() else None
+        builder.xid = 0 if value == 0 else plausible_xid(value)  # 0: no XID since the exporter started
     elif name == XID_COUNT_SERIES:
-        code = labels.get("xid", "")
-        if code.isdigit():
-            builder.xid_counts[int(code)] = value
+        code, count = plausible_xid(ascii_int(labels.get("xid"))), plausible_count(value)
+        if code is not None and count is not None:
+            builder.xid_counts[code] = count
     elif name in NAMED_FIELDS:
-        builder.values[NAMED_FIELDS[name]] = value
+        attr = NAMED_FIELDS[name]
+        reading = PLAUSIBLE[attr](value)
+        if reading is not None:
+            builder.values[attr] = reading
     elif name.startswith("DCGM_FI_"):
         builder.extra[name] = value
-
-
-def _is_reading(value: float) -> bool:
-    return math.isfinite(value) and value < PLACEHOLDER_MIN
 
 
 def _node_readings(
@@ -138,6 +174,7 @@ def _node_readings(
     source: str,
     observed_at: float,
     malformed_lines: int,
+    problems: list[str],
 ) -> NodeReadings:
     mine = sorted((key for key in gpus if key[0] == node), key=_gpu_order)
     meta = {"driver_version": drivers[node]} if node in drivers else {}
@@ -146,11 +183,12 @@ def _node_readings(
         source=source,
         observed_at=observed_at,
         gpus=tuple(gpus[key].build() for key in mine),
-        malformed_lines=malformed_lines,
+        malformed_lines=malformed_lines + len(problems),
         meta=MappingProxyType(meta),
+        problems=tuple(problems[:MAX_PROBLEMS]),
     )
 
 
-def _gpu_order(key: tuple[str, str, str | None]) -> tuple[int, str, int, str]:
-    _, gpu, mig = key
-    return (int(gpu) if gpu.isdigit() else -1, gpu, int(mig) if mig and mig.isdigit() else -1, mig or "")
+def _gpu_order(key: tuple[str, str, str | None]) -> tuple[int, str, int]:
+    _, gpu, mig = key  # both checked by _label_problem: ASCII digits
+    return (ascii_int(gpu) or 0, gpu, -1 if mig is None else ascii_int(mig) or 0)

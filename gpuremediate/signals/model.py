@@ -6,11 +6,67 @@ A reading field is ``None`` when the source did not report it (series absent, pl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# Old exporters' "not supported" integers (>= 9.22e18): missing, never a reading.
+# DCGM's blank values (dcgm_structs.h, "DCGM_BLANK_VALUES"): a field DCGM could not read holds one of
+# them. DCGM_INT32_BLANK 0x7ffffff0, DCGM_INT64_BLANK 0x7ffffffffffffff0, DCGM_FP64_BLANK 2**47
+# (140737488355328.0); NOT_FOUND, NOT_SUPPORTED and NOT_PERMISSIONED are BLANK + 1, + 2, + 3, and
+# DCGM_*_IS_BLANK(v) is ``v >= BLANK`` (for int32: the 16 values up to INT32_MAX).
+DCGM_INT32_BLANK = 0x7FFFFFF0
+DCGM_INT32_MAX = 0x7FFFFFFF
+DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+DCGM_FP64_BLANK = 140737488355328.0
+# Old exporters' "not supported" integers (>= 9.22e18, the int64 blanks): missing, never a reading.
 PLACEHOLDER_MIN = 9.22e18
+
+# What a GPU can physically report. Outside it a value is a blank or garbage: missing, never a fault.
+MAX_TEMP_C = 200.0  # GPUs shut down near 100 C; a sensor that reads 0 C is absent (no memory sensor)
+MAX_XID = 65535  # the catalog runs to 172, room for new ones; 4294967295 (uint32 -1) or a blank is no XID
+MAX_COUNT = DCGM_INT32_BLANK - 1  # error counters are 32-bit: the int32 blanks start just above
+
+
+def is_dcgm_blank(value: float) -> bool:
+    """One of DCGM's blank values of any width (or NaN / infinity): no reading."""
+    if not math.isfinite(value):
+        return True
+    return value >= DCGM_FP64_BLANK or DCGM_INT32_BLANK <= value <= DCGM_INT32_MAX
+
+
+def plausible_temp(value: float | None) -> float | None:
+    """A temperature in Celsius, or None when missing, a blank, 0 (no sensor) or beyond any GPU's range."""
+    if value is None or not math.isfinite(value) or not 0 < value <= MAX_TEMP_C:
+        return None
+    return float(value)
+
+
+def plausible_count(value: float | None) -> float | None:
+    """An error counter from 0 to MAX_COUNT, else None (missing, blank, garbage)."""
+    if value is None or not math.isfinite(value) or not 0 <= value <= MAX_COUNT:
+        return None
+    return float(value)
+
+
+def plausible_flag(value: float | None) -> float | None:
+    """A yes/no field (row remap pending / failure): 0 or 1, else None."""
+    if value is None or value not in (0, 1):
+        return None
+    return float(value)
+
+
+def plausible_xid(value: float | int | None) -> int | None:
+    """An XID code: a whole number from 1 to MAX_XID, else None (0 means no XID; larger are blanks)."""
+    if value is None or not math.isfinite(value) or not 1 <= value <= MAX_XID or value != int(value):
+        return None
+    return int(value)
+
+
+def ascii_int(text: str | None) -> int | None:
+    """A label holding a non-negative decimal number (ASCII digits only: ``str.isdigit`` takes '²')."""
+    if not text or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
 
 SOURCE_OK = "ok"
 SOURCE_UNKNOWN = "unknown"  # exporter unreachable, stale, unparseable: reported, never remediated
@@ -58,5 +114,6 @@ class NodeReadings:
     reason: str = ""  # why status is unknown, in words
     observed_at: float = 0.0  # unix seconds of the scrape / query
     gpus: tuple[GpuReading, ...] = ()
-    malformed_lines: int = 0  # lines the lenient parser skipped
+    malformed_lines: int = 0  # lines the lenient parser skipped, and series whose labels could not be read
+    problems: tuple[str, ...] = ()  # what was skipped beyond the parser's lines, in words
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)  # e.g. driver version, exporter pod name

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuremediate.signals.model import GpuReading, NodeReadings
+from gpuremediate.signals.model import GpuReading, NodeReadings, plausible_count, plausible_flag, plausible_temp
 
 SOURCE = "nvidia-smi"
 
@@ -273,14 +273,17 @@ def gpu_reading(node: str, gpu: SmiGpu) -> GpuReading:
         uuid=gpu.get("uuid", "GPU UUID"),
         pci_bus_id=gpu.get("pci.bus_id"),
         model=gpu.get("name", "Product Name"),
-        ecc_dbe_volatile=number(gpu.get("ecc.errors.uncorrected.volatile.total")),
-        row_remap_failure=flag(gpu.get("remapped_rows.failure", "Remapped Rows.Remapping Failure Occurred")),
-        row_remap_pending=flag(gpu.get("remapped_rows.pending", "Remapped Rows.Pending")),
-        uncorrectable_remapped_rows=number(
-            gpu.get("remapped_rows.uncorrectable", "Remapped Rows.Uncorrectable Error")
+        # the signal model's physical ranges, as for the exporter: a 0 C sensor or a garbage count is missing
+        ecc_dbe_volatile=plausible_count(number(gpu.get("ecc.errors.uncorrected.volatile.total"))),
+        row_remap_failure=plausible_flag(
+            flag(gpu.get("remapped_rows.failure", "Remapped Rows.Remapping Failure Occurred"))
         ),
-        gpu_temp=number(gpu.get("temperature.gpu", "Temperature.GPU Current Temp")),
-        memory_temp=number(gpu.get("temperature.memory", "Temperature.Memory Current Temp")),
+        row_remap_pending=plausible_flag(flag(gpu.get("remapped_rows.pending", "Remapped Rows.Pending"))),
+        uncorrectable_remapped_rows=plausible_count(
+            number(gpu.get("remapped_rows.uncorrectable", "Remapped Rows.Uncorrectable Error"))
+        ),
+        gpu_temp=plausible_temp(number(gpu.get("temperature.gpu", "Temperature.GPU Current Temp"))),
+        memory_temp=plausible_temp(number(gpu.get("temperature.memory", "Temperature.Memory Current Temp"))),
         extra=extra,
     )
 

@@ -162,3 +162,20 @@ def test_thermal_memory_for_a_gpu_without_readings_is_kept_and_still_cordons() -
 def test_now_must_be_finite() -> None:
     with pytest.raises(ValueError, match="now must be a finite unix time"):
         run(node(gpu()), now=float("nan"))
+
+
+# DCGM's int32 / fp64 blanks (dcgm_structs.h) and values no GPU can report, on readings from any source
+INT32_BLANK, FP64_BLANK = 2147483632.0, 140737488355328.0
+IMPLAUSIBLE_FIELDS = [
+    {"row_remap_failure": INT32_BLANK}, {"row_remap_failure": INT32_BLANK + 2}, {"row_remap_pending": FP64_BLANK},
+    {"ecc_dbe_volatile": INT32_BLANK + 3}, {"ecc_dbe_volatile": FP64_BLANK + 2},
+    {"uncorrectable_remapped_rows": INT32_BLANK + 1}, {"xid": 4294967295}, {"xid": 2147483634},
+    {"xid_counts": {4294967295: 1.0}}, {"xid_counts": {79: INT32_BLANK}}, {"gpu_temp": FP64_BLANK},
+    {"gpu_temp": 9.2e18}, {"memory_temp": 9.2e18}, {"gpu_temp": 0.0}, {"memory_temp": INT32_BLANK},
+]
+
+
+@pytest.mark.parametrize("fields", IMPLAUSIBLE_FIELDS, ids=lambda fields: "-".join(map(str, fields.items())))
+def test_blanks_and_implausible_values_are_never_faults(fields: dict[str, object]) -> None:
+    policy = _policy("[thermal]\nhold_s = 0")
+    assert run(node(gpu(**fields)), policy).findings == []

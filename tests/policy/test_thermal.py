@@ -94,3 +94,26 @@ def test_group_thresholds_apply() -> None:
     policy = loads_policy('[[groups]]\nselector = "pool=hot"\nthermal.gpu_cordon_c = 85\nthermal.hold_s = 10'
                           ).for_node({"pool": "hot"})
     assert _series([(0, 86, None), (10, 86, None)], policy) == [False, True]
+
+
+def test_a_memory_sensor_reading_zero_does_not_clear_a_cordon_while_the_gpu_temperature_is_missing() -> None:
+    # L40S, T4, RTX and vGPU scrapes report DCGM_FI_DEV_MEMORY_TEMP 0: no sensor, not 0 C
+    samples = [(0, 95, 0), (60, 95, 0), (100, None, 0), (10_000, None, 0), (10_001, 70, 0), (10_301, 70, 0)]
+    assert _series(samples) == [False, True, True, True, True, False]
+
+
+def test_a_cordon_waits_for_the_reading_that_caused_it() -> None:
+    # cordoned for the GPU temperature: a cool memory reading alone is not "cool" while the GPU one is missing
+    samples = [(0, 95, 40), (60, 95, 40), (100, None, 40), (10_000, None, 40), (10_001, 70, 40), (10_301, 70, 40)]
+    assert _series(samples) == [False, True, True, True, True, False]
+
+
+def test_a_missing_cause_reading_pauses_the_clear_timer_without_restarting_it() -> None:
+    samples = [(0, 95, 40), (60, 95, 40), (100, 70, 40), (200, None, 40), (400, 70, 40)]
+    assert _series(samples) == [False, True, True, True, False]  # cool since 100, clear hold 300 s
+
+
+def test_blank_temperatures_do_not_cordon() -> None:
+    fp64_blank, int32_blank = 140737488355328.0, 2147483632.0
+    assert _series([(0, fp64_blank, int32_blank), (60, fp64_blank, int32_blank), (120, 9.2e18, 9.2e18)]) == [
+        False, False, False]

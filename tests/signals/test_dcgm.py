@@ -45,8 +45,9 @@ def test_l4_scrape_grouped_by_hostname() -> None:
     [gpu] = node.gpus
     assert (gpu.gpu, gpu.uuid, gpu.pci_bus_id, gpu.model, gpu.mig_instance) == (
         "0", L4_UUID, "00000000:31:00.0", "NVIDIA L4", None)
+    # the L4 has no memory temperature sensor: DCGM_FI_DEV_MEMORY_TEMP reads 0, which is no reading
     assert (gpu.gpu_temp, gpu.memory_temp, gpu.row_remap_failure, gpu.uncorrectable_remapped_rows) == (
-        31.0, 0.0, 0.0, 0.0)
+        31.0, None, 0.0, 0.0)
     # the default counters have no XID series until an XID happens, and no ECC / pending remap
     assert (gpu.xid, gpu.ecc_dbe_volatile, gpu.row_remap_pending, dict(gpu.xid_counts)) == (None, None, None, {})
     assert gpu.extra["DCGM_FI_DEV_POWER_USAGE"] == 16.365
@@ -60,7 +61,7 @@ def test_a100_scrape_with_err_code_labels_and_a_zero_xid() -> None:
     gpu = only_gpu(scrape("scrape-A100-vgpu-xid-labels.prom"))
     assert gpu.node == A100_NODE
     assert (gpu.uuid, gpu.model, gpu.xid, gpu.gpu_temp, gpu.memory_temp) == (
-        "GPU-f809e614-a528-4083-acbf-334600000000", "GRID A100-8C", 0, None, 0.0)
+        "GPU-f809e614-a528-4083-acbf-334600000000", "GRID A100-8C", 0, None, None)  # vGPU: memory temp 0
     assert gpu.extra["DCGM_FI_DEV_FB_FREE"] == 7531.0 and gpu.extra["DCGM_FI_DEV_SM_CLOCK"] == 1410.0
 
 
@@ -91,10 +92,60 @@ def test_both_hostname_spellings_and_a_chosen_node_label() -> None:
 def test_placeholders_and_nan_are_missing_not_readings(placeholder: str) -> None:
     text = "".join(series(name, placeholder) for name in (
         "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE"))
-    gpu = only_gpu(text + series("DCGM_FI_DEV_MEMORY_TEMP", "9.2e18"))
+    gpu = only_gpu(text)
     assert (gpu.gpu_temp, gpu.ecc_dbe_volatile, gpu.xid) == (None, None, None)
     assert dict(gpu.extra) == {}
-    assert gpu.memory_temp == 9.2e18  # just under the placeholder range: still a value
+
+
+# dcgm_structs.h: DCGM_INT32_BLANK 0x7ffffff0, DCGM_FP64_BLANK 2**47, DCGM_INT64_BLANK 0x7ffffffffffffff0,
+# each followed by NOT_FOUND (+1), NOT_SUPPORTED (+2), NOT_PERMISSIONED (+3)
+DCGM_BLANKS = ["2147483632", "2147483633", "2147483634", "2147483635", "2147483647",
+               "140737488355328", "140737488355329.0", "1.40737488355330e14", "140737488355331",
+               "9223372036854775792", "9223372036854775795"]
+
+
+@pytest.mark.parametrize("blank", DCGM_BLANKS)
+def test_dcgm_blanks_of_every_width_are_missing(blank: str) -> None:
+    names = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+             "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING",
+             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_FB_FREE")
+    text = "".join(series(name, blank) for name in names) + series("DCGM_EXP_XID_ERRORS_COUNT", blank, xid="79")
+    gpu = only_gpu(text)
+    assert (gpu.gpu_temp, gpu.memory_temp, gpu.ecc_dbe_volatile, gpu.xid, gpu.row_remap_failure,
+            gpu.row_remap_pending, gpu.uncorrectable_remapped_rows) == (None,) * 7
+    assert dict(gpu.extra) == {} and dict(gpu.xid_counts) == {}
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("DCGM_FI_DEV_GPU_TEMP", "9.2e18"), ("DCGM_FI_DEV_GPU_TEMP", "0"), ("DCGM_FI_DEV_GPU_TEMP", "-5"),
+    ("DCGM_FI_DEV_GPU_TEMP", "4000"), ("DCGM_FI_DEV_MEMORY_TEMP", "0"), ("DCGM_FI_DEV_XID_ERRORS", "4294967295"),
+    ("DCGM_FI_DEV_XID_ERRORS", "-1"), ("DCGM_FI_DEV_XID_ERRORS", "79.5"), ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "7"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "-1"), ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "-3"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "3e9"),
+])
+def test_values_outside_the_physical_range_are_missing(name: str, value: str) -> None:
+    gpu = only_gpu(series(name, value) + series("DCGM_FI_DEV_SM_CLOCK", "1410"))
+    assert (gpu.gpu_temp, gpu.memory_temp, gpu.xid, gpu.row_remap_failure, gpu.row_remap_pending,
+            gpu.ecc_dbe_volatile, gpu.uncorrectable_remapped_rows) == (None,) * 7
+
+
+def test_xid_count_for_an_implausible_code_is_dropped() -> None:
+    gpu = only_gpu(series("DCGM_EXP_XID_ERRORS_COUNT", "1", xid="4294967295")
+                   + series("DCGM_EXP_XID_ERRORS_COUNT", "2", xid="79"))
+    assert dict(gpu.xid_counts) == {79: 2.0}
+
+
+@pytest.mark.parametrize("labels", [{"gpu": "\u00b2"}, {"xid": "\u00b2"}, {"GPU_I_ID": "\u00b2"},
+                                    {"gpu": "\u0663"}, {"xid": "junk"}])
+def test_non_ascii_digit_labels_are_malformed_series_not_an_exception(labels: dict[str, str]) -> None:
+    labels = {key: value.encode().decode("unicode_escape") for key, value in labels.items()}
+    bad = series("DCGM_EXP_XID_ERRORS_COUNT", "3", **({"xid": "79"} | labels))
+    good = series("DCGM_FI_DEV_GPU_TEMP", "50", gpu="1", UUID="GPU-b")
+    [node] = readings(good + bad + good.replace("50", "51").replace('"1"', '"2"').replace("GPU-b", "GPU-c"))
+    assert [(g.gpu, g.gpu_temp, dict(g.xid_counts)) for g in node.gpus] == [("1", 50.0, {}), ("2", 51.0, {})]
+    assert node.malformed_lines == 1
+    [problem] = node.problems
+    assert "DCGM_EXP_XID_ERRORS_COUNT" in problem and "not a number" in problem
 
 
 def test_xid_gauge_counts_and_health_fields() -> None:

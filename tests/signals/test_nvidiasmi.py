@@ -230,9 +230,23 @@ def test_any_row_of_cells_maps_without_inventing_values(cells: list[str]) -> Non
                             ("uncorrectable_remapped_rows", "remapped_rows.uncorrectable")):
         raw = by_field[fieldname]
         expected = float(raw) if raw.replace(".", "").isdigit() else None
+        if attr == "gpu_temp" and expected == 0:
+            expected = None  # 0 C: a sensor that is not there
         assert getattr(gpu, attr) == expected
     expected_flag = {"Yes": 1.0, "No": 0.0, "Enabled": 1.0, "0": 0.0}.get(by_field["remapped_rows.failure"])
     assert gpu.row_remap_failure == expected_flag
+
+
+@pytest.mark.parametrize(("fieldname", "raw"), [
+    ("temperature.gpu", "0"), ("temperature.memory", "0"), ("temperature.gpu", "4294967295"),
+    ("ecc.errors.uncorrected.volatile.total", "2147483632"), ("ecc.errors.uncorrected.volatile.total", "-1"),
+    ("remapped_rows.uncorrectable", "4294967295"),
+])
+def test_implausible_cells_are_missing_as_from_the_exporter(fieldname: str, raw: str) -> None:
+    cells = {name: "[N/A]" for name in nvidiasmi.QUERY_FIELDS} | {"index": "0", fieldname: raw}
+    row = nvidiasmi.parse_query_csv(", ".join(cells.values()), nvidiasmi.QUERY_FIELDS)[0]
+    (gpu,) = nvidiasmi.node_readings("n", [row], {}, 0.0).gpus
+    assert (gpu.gpu_temp, gpu.memory_temp, gpu.ecc_dbe_volatile, gpu.uncorrectable_remapped_rows) == (None,) * 4
 
 
 def test_q_parser_reads_nested_sections() -> None:
