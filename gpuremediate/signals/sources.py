@@ -8,14 +8,16 @@ down, slow, oversized, pod not running or missing, series stale) is reported wit
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import io
 import json
+import socket
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +28,7 @@ from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
 
 MIB = 1024 * 1024
+OVERRUN_GRACE_S = 1.0  # past its deadline (plus this), a scrape no longer holds up the cycle
 # The series the policy reads (design §4); Prometheus is asked for these and nothing else.
 POLICY_METRICS = (
     "DCGM_FI_DEV_XID_ERRORS",
@@ -73,38 +76,147 @@ def fetch(
     url: str, timeout_s: float, max_bytes: int, headers: Mapping[str, str] | None = None,
     context: ssl.SSLContext | None = None,
 ) -> tuple[bytes, str]:
-    """GET ``url``: (body, content type). The whole exchange must fit in ``timeout_s`` and ``max_bytes``."""
+    """GET ``url``: (body, content type).
+
+    The whole exchange (connect, TLS, status line, headers, body) must fit in ``timeout_s``: the time
+    left is set on the socket before every read, so a peer trickling one byte at a time still ends at
+    the deadline. Anything that goes wrong, whatever the peer sends, is a FetchError saying what.
+    """
     deadline = time.monotonic() + timeout_s
-    req = urllib.request.Request(url, headers=dict(headers or {}))
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchError(f"not an http(s) URL: {url!r}")
+    conn = _DeadlineConnection(parts, deadline, context)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
-            declared = resp.headers.get("Content-Length")
-            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                raise FetchError(f"response of {int(declared)} bytes exceeds the {max_bytes} byte limit")
-            return _read_capped(resp, deadline, timeout_s, max_bytes), resp.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as e:
-        raise FetchError(f"HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise FetchError(f"cannot connect: {e.reason}") from None
+        conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
+                     headers=dict(headers or {}))
+        resp = conn.getresponse()
+        body = _read_capped(resp, max_bytes)
+        if not 200 <= resp.status < 300:
+            raise FetchError(f"HTTP {resp.status} {resp.reason}" + _error_detail(body, resp))
+        return _decoded(body, resp, max_bytes), resp.headers.get("Content-Type", "")
+    except FetchError:
+        raise
     except TimeoutError:
         raise FetchError(f"timed out after {timeout_s:g} s") from None
-    except OSError as e:
-        raise FetchError(f"connection failed: {e}") from None
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise FetchError(f"bad or broken HTTP exchange: {type(e).__name__}: {e}"[:300]) from None
+    finally:
+        conn.close()
+        conn.close_socket()
 
 
-def _read_capped(resp: Any, deadline: float, timeout_s: float, max_bytes: int) -> bytes:
+class _DeadlineConnection(http.client.HTTPConnection):
+    """An HTTP(S) connection whose every socket operation gets the time left until one deadline."""
+
+    def __init__(self, parts: urllib.parse.SplitResult, deadline: float, context: ssl.SSLContext | None) -> None:
+        https = parts.scheme == "https"
+        super().__init__(parts.hostname or "", parts.port or (443 if https else 80), timeout=_left(deadline))
+        self.deadline = deadline
+        self.tls = (context or ssl.create_default_context()) if https else None
+        self.raw: socket.socket | None = None
+
+    def connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), _left(self.deadline))
+        except TimeoutError:
+            raise
+        except OSError as e:
+            raise FetchError(f"cannot connect: {e}") from None
+        if self.tls is not None:
+            sock.settimeout(_left(self.deadline))
+            sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+        self.raw = sock
+        self.sock = _DeadlineSocket(sock, self.deadline)
+
+    def close_socket(self) -> None:
+        """Close the socket itself (http.client hands it to the response and closes only its wrapper)."""
+        if self.raw is not None:
+            self.raw.close()
+            self.raw = None
+
+
+class _DeadlineSocket:
+    """What http.client needs of a socket (sendall, makefile, close), each read bounded by the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.settimeout(_left(self.deadline))
+        self.sock.sendall(data)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self.sock, self.deadline))
+
+    def settimeout(self, value: float | None) -> None:
+        pass  # the deadline decides
+
+    def close(self) -> None:
+        pass  # the response may still be reading the body; fetch() closes the socket when done
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.sock.settimeout(_left(self.deadline))
+        return self.sock.recv_into(buffer)
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def _read_capped(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    declared = resp.headers.get("Content-Length")
+    if declared is not None and declared.strip().isascii() and declared.strip().isdigit() \
+            and int(declared) > max_bytes:
+        raise FetchError(f"response of {int(declared)} bytes exceeds the {max_bytes} byte limit")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        if time.monotonic() > deadline:
-            raise FetchError(f"timed out after {timeout_s:g} s (body still arriving)")
-        chunk = resp.read(min(65536, max_bytes + 1 - size))
-        if not chunk:
-            return b"".join(chunks)
+    while chunk := resp.read(min(65536, max_bytes + 1 - size)):
         chunks.append(chunk)
         size += len(chunk)
         if size > max_bytes:
             raise FetchError(f"response exceeds the {max_bytes} byte limit")
+    return b"".join(chunks)
+
+
+def _decoded(body: bytes, resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    """The body, gunzipped where the server compressed it; the size cap holds for the inflated body too."""
+    if resp.headers.get("Content-Encoding", "").strip().lower() != "gzip":
+        return body
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as e:
+        raise FetchError(f"gzip body is corrupt: {e}") from None
+    if len(out) > max_bytes:
+        raise FetchError(f"response exceeds the {max_bytes} byte limit once decompressed")
+    return out
+
+
+def _error_detail(body: bytes, resp: http.client.HTTPResponse) -> str:
+    """What the server said about its error (Prometheus: a JSON ``error``), in a few hundred characters."""
+    try:
+        text = _decoded(body, resp, 65536).decode("utf-8", "replace").strip()
+    except FetchError:
+        return ""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("error"):
+        text = f"{doc.get('errorType', 'error')}: {doc['error']}"
+    return f": {text[:300]}" if text else ""
 
 
 # ---------------------------------------------------------------- exporter pods
@@ -184,12 +296,70 @@ class ExporterSource:
         self.observer = observer
         self.expected_nodes = expected_nodes  # GPU nodes that should have an exporter pod
         self.clock = clock
+        self._in_flight: dict[str, float] = {}  # node -> monotonic start of its running scrape
+        self._failed: set[str] = set()  # nodes unknown last cycle: scraped after the others
 
     def read(self) -> list[NodeReadings]:
         targets = exporter_targets(self._pods(), self.port, self.path)
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(targets)))) as pool:
-            results = list(pool.map(self._read_target, targets))
-        return results + self._missing({t.node for t in targets})
+        return self._scrape_all(targets) + self._missing({t.node for t in targets})
+
+    def _scrape_all(self, targets: Sequence[ExporterTarget]) -> list[NodeReadings]:
+        """Every target's reading, never waiting on a scrape past its deadline.
+
+        Nodes that failed last cycle go last, so a few slow exporters do not hold the healthy ones in
+        the queue. A scrape that overruns its deadline (a thread stuck outside a socket read) is left
+        running on its own and reported unknown; its node is not scraped again until it ends.
+        """
+        ordered = sorted(targets, key=lambda t: t.node in self._failed)
+        pool = ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(ordered))),
+                                  thread_name_prefix="scrape")
+        pending: dict[Future[NodeReadings], ExporterTarget] = {}
+        results: list[NodeReadings] = []
+        try:
+            for target in ordered:
+                if target.node in self._in_flight:
+                    results.append(self._still_running(target))
+                else:
+                    pending[pool.submit(self._scrape_once, target)] = target
+            results += self._collect(pending)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._failed = {r.node for r in results if r.status == SOURCE_UNKNOWN}
+        return results
+
+    def _collect(self, pending: dict[Future[NodeReadings], ExporterTarget]) -> list[NodeReadings]:
+        results: list[NodeReadings] = []
+        while pending:
+            done, _ = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+            for future in done:
+                results.append(self._outcome(future, pending.pop(future)))
+            now = time.monotonic()
+            for future, target in list(pending.items()):
+                started = self._in_flight.get(target.node)
+                if started is not None and now - started > self.timeout_s + OVERRUN_GRACE_S:
+                    del pending[future]
+                    results.append(self._still_running(target))
+        return results
+
+    def _outcome(self, future: Future[NodeReadings], target: ExporterTarget) -> NodeReadings:
+        try:
+            return future.result()
+        except Exception as e:  # a bug in parsing one body costs that node, not the cycle
+            reason = f"scrape of {target.pod} failed: {type(e).__name__}: {e}"[:500]
+            self._observe(target.node, 0.0, False, reason)
+            return unknown(target.node, self.name, reason, self.clock())
+
+    def _still_running(self, target: ExporterTarget) -> NodeReadings:
+        reason = f"scrape of {target.pod} ({target.url}) still running past its {self.timeout_s:g} s deadline"
+        self._observe(target.node, self.timeout_s, False, reason)
+        return unknown(target.node, self.name, reason, self.clock())
+
+    def _scrape_once(self, target: ExporterTarget) -> NodeReadings:
+        self._in_flight[target.node] = time.monotonic()
+        try:
+            return self._read_target(target)
+        finally:
+            self._in_flight.pop(target.node, None)
 
     def _pods(self) -> list[Mapping[str, Any]]:
         try:
