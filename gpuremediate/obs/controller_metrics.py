@@ -46,6 +46,12 @@ class ControllerMetrics:
             PREFIX + "maintenance_request_age_seconds", "Age of each active MaintenanceRequest.", ["name"]
         )
         self.api_errors = Counter(PREFIX + "api_errors_total", "Kubernetes API errors by reason.", ["reason"])
+        self.fleet_unknown = Gauge(
+            PREFIX + "fleet_health_unknown", "1 while most GPU nodes' health is unknown (the source itself failing)."
+        )
+        self.events_dropped = Counter(
+            PREFIX + "events_dropped_total", "Events not written (queue full or rate-limited).", ["reason"]
+        )
         for metric in (
             self.nodes,
             self.transitions,
@@ -64,6 +70,8 @@ class ControllerMetrics:
             self.dry_run,
             self.maintenance_request_age,
             self.api_errors,
+            self.fleet_unknown,
+            self.events_dropped,
         ):
             r.register(metric)
 
