@@ -57,6 +57,9 @@ _UNIT_FULL = re.compile(r"[a-zA-Z0-9_:]*\Z")
 _EOF_LINE = re.compile(r"^# EOF$", re.M)
 # Where a raw quote inside an unescaped label value may really close it: before the next label or the end.
 _LENIENT_CLOSE = re.compile(r'"[ \t]*(?:,[ \t]*(?:' + _LABEL_NAME + r'[ \t]*=[ \t]*"|\})|\})')
+# A closing quote followed by another label without a comma (NVIDIA's README sample has one): reject,
+# for taking the rest as the value garbles every label after it.
+_MISSING_COMMA = re.compile(r'"[ \t]+' + _LABEL_NAME + r'[ \t]*=[ \t]*"')
 _COMMENT_004 = re.compile(r"#[ \t]*(HELP|TYPE)(?:[ \t]+(.*))?\Z", re.S)
 _DESCRIPTOR_OM = re.compile(r"# (HELP|TYPE|UNIT) (.*)\Z", re.S)
 
@@ -171,6 +174,8 @@ def parse(text: str, *, content_type: str | None = None, strict: bool = True) ->
     """Parse an exposition; the format comes from ``content_type``, else from a ``# EOF`` line."""
     if not isinstance(text, str):
         raise TypeError(f"parse() needs the exposition as str, got {type(text).__name__}")
+    if not strict and "\r" in text:
+        text = text.replace("\r\n", "\n")  # CRLF: every line alike, comments and # EOF included
     try:
         openmetrics = _is_openmetrics(text, content_type)
     except _LineError as err:
@@ -310,6 +315,8 @@ class _Parser:
         if end >= len(line) or line[end] != '"':
             raise _LineError(f"label value of {key!r} is not terminated")
         if not self.strict and _LENIENT_CLOSE.match(line, end) is None:
+            if _MISSING_COMMA.match(line, end):
+                raise _LineError(f"missing ',' after the value of label {key!r}")
             end = _lenient_close(line, end)
         raw = line[pos:end]
         return (self.unescape(raw) if "\\" in raw else raw), end + 1
@@ -364,6 +371,9 @@ class _Prometheus004Parser(_Parser):
     def run(self, text: str) -> ParseResult:
         lines = text.split("\n")
         unterminated = lines.pop()  # "" when the text ends with a line feed, as it must
+        if unterminated.strip(" \t") and not self.strict:
+            lines.append(unterminated)  # lenient: read it, as prometheus_client and Prometheus do
+            unterminated = ""
         resolved: dict[str, _Family] = {}
         samples = self.samples
         for line_no, line in enumerate(lines, 1):
@@ -455,10 +465,11 @@ class _Prometheus004Parser(_Parser):
         tokens = [token for token in line[pos:].replace("\t", " ").split(" ") if token]
         if not tokens:
             raise _LineError(f"sample {name!r} has no value")
+        value = _float(tokens[0], "sample value")
+        stamp = _timestamp_ms(tokens[1]) if len(tokens) >= 2 else None
         if len(tokens) > 2:
             raise _LineError(f"unexpected text after the timestamp: {tokens[2]!r}")
-        value = _float(tokens[0], "sample value")
-        return name, labels, value, _timestamp_ms(tokens[1]) if len(tokens) == 2 else None
+        return name, labels, value, stamp
 
     def comment(self, line: str) -> None:
         keyword = line[2:6]

@@ -198,3 +198,12 @@ def test_malformed_line_count_is_carried() -> None:
     text = series("DCGM_FI_DEV_GPU_TEMP", "50") + 'DCGM_FI_DEV_GPU_TEMP{gpu="1 2\n'
     [node] = readings(text)
     assert node.malformed_lines == 1 and len(node.gpus) == 1
+
+
+def test_a_label_set_missing_a_comma_invents_no_gpu() -> None:
+    # NVIDIA's README sample line shape: `{gpu="0" UUID="..."}`
+    text = 'DCGM_FI_DEV_GPU_TEMP{gpu="0" UUID="GPU-a",Hostname="node-a"} 97\n' + series("DCGM_FI_DEV_GPU_TEMP", "40",
+                                                                                         gpu="1", UUID="GPU-b")
+    [node] = readings(text)
+    assert [(g.gpu, g.uuid, g.gpu_temp) for g in node.gpus] == [("1", "GPU-b", 40.0)]
+    assert node.malformed_lines == 1

@@ -195,8 +195,9 @@ def test_lenient_records_instead_of_raising(case: str, text: str, line_no: int, 
         assert result.malformed == []
 
 
-# what lenient mode repairs rather than skips: raw backslashes in exporter-written values
-LENIENT_REPAIRS = {"bad escape in label", "bad escape in HELP"}
+# what lenient mode repairs or keeps rather than skips: raw backslashes in exporter-written values, and
+# a last line without a line feed (read, as prometheus_client and Prometheus read it)
+LENIENT_REPAIRS = {"bad escape in label", "bad escape in HELP", "last line without line feed"}
 
 
 # --- lenient mode: what exporters really emit ------------------------------------------------------
@@ -219,9 +220,65 @@ def test_lenient_keeps_unescaped_quotes_and_backslashes_of_dcgm_exporter() -> No
 def test_lenient_skips_unreadable_lines_and_keeps_the_rest() -> None:
     text = 'ok 1\nbroken{x="1 2\n# TYPE ok counter\nalso_ok 2\r\npartial 3'
     result = parse(text, strict=False)
-    assert [(s.name, s.value) for s in result.samples] == [("ok", 1.0), ("also_ok", 2.0)]
-    assert [n for n, _ in result.malformed] == [2, 3, 5]
+    assert [(s.name, s.value) for s in result.samples] == [("ok", 1.0), ("also_ok", 2.0), ("partial", 3.0)]
+    assert [n for n, _ in result.malformed] == [2, 3]
     assert "not terminated" in result.malformed[0][1]
+
+
+# NVIDIA's dcgm-exporter README sample writes `{gpu="0" UUID="..."}` without the comma (hand-made line
+# after it). Taking the rest as gpu's value would garble every later label and lose the UUID.
+@pytest.mark.parametrize("labels", ['gpu="0" UUID="GPU-a",Hostname="n"', 'gpu="0",UUID="GPU-a"\tHostname="n"',
+                                    'gpu="0",UUID="GPU-a" Hostname = "n"'])
+def test_lenient_rejects_a_label_set_with_a_missing_comma(labels: str) -> None:
+    text = f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} 42\nDCGM_FI_DEV_GPU_TEMP{{gpu=\"1\",UUID=\"GPU-b\"}} 43\n"
+    result = parse(text, strict=False)
+    assert [(s.label("gpu"), s.label("UUID")) for s in result.samples] == [("1", "GPU-b")]
+    [(line_no, reason)] = result.malformed
+    assert line_no == 1 and "missing ','" in reason
+    with pytest.raises(ParseError):
+        parse(text)
+
+
+def test_lenient_raw_quotes_followed_by_text_are_still_kept() -> None:
+    text = 'DCGM_FI_DEV_XID_ERRORS{gpu="0",err_msg="a "b" c=d",Hostname="n"} 13\n'
+    [sample] = parse(text, strict=False).samples
+    assert sample.label("err_msg") == 'a "b" c=d' and sample.label("Hostname") == "n"
+
+
+SCRAPES_WITH_SAMPLES = ["scrape-L4-default.prom", "scrape-A100-vgpu-xid-labels.prom"]
+
+
+@pytest.mark.parametrize("name", SCRAPES_WITH_SAMPLES)
+def test_lenient_reads_a_real_scrape_with_crlf_line_ends_like_the_original(name: str) -> None:
+    original = parse(scrape(name), strict=False)
+    crlf = parse(scrape(name).replace("\n", "\r\n"), strict=False)
+    assert crlf.malformed == []
+    assert crlf.samples == original.samples and crlf.families == original.families
+    assert any(fam.type == "gauge" for fam in crlf.families.values())  # the TYPE lines were read
+
+
+@pytest.mark.parametrize("name", SCRAPES_WITH_SAMPLES)
+def test_lenient_keeps_the_last_line_of_a_real_scrape_without_its_line_feed(name: str) -> None:
+    original = parse(scrape(name), strict=False)
+    cut = parse(scrape(name).rstrip("\n"), strict=False)
+    assert cut.malformed == [] and cut.samples == original.samples
+
+
+def test_lenient_openmetrics_with_crlf_finds_its_eof() -> None:
+    text = "# TYPE a gauge\r\na 1\r\n# EOF\r\n"
+    result = parse(text, strict=False)
+    assert result.format == OPENMETRICS_100 and result.malformed == [] and result.families["a"].type == "gauge"
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ('a{x="1"} not a number\n', "invalid sample value 'not'"),
+    ('a{x="1"} 1 two three\n', "invalid timestamp 'two'"),
+    ("a 1 2 3\n", "unexpected text after the timestamp: '3'"),
+])
+def test_the_first_bad_field_is_the_one_named(line: str, reason: str) -> None:
+    with pytest.raises(ParseError, match=re.escape(reason)):
+        parse(line)
+    assert reason in parse(line, strict=False).malformed[0][1]
 
 
 def test_lenient_openmetrics_tolerates_cosmetics_but_reports_truncation() -> None:
