@@ -51,12 +51,25 @@ def validate_metadata(obj: Obj) -> list[dict[str, str]]:
                                  "metadata.name"))
     elif not _DNS1123.match(name) or len(name) > 253:
         causes.append(_invalid_value("metadata.name", name, DNS_MSG))
+    causes += _validate_annotation_size(meta)
     for key, value in (meta.get("labels") or {}).items():
         if not _NAME_PART.match(key.split("/")[-1]):
             causes.append(_invalid_value("metadata.labels", key, NAME_PART_MSG))
         if not isinstance(value, str) or not _LABEL_VALUE.match(value) or len(value) > 63:
             causes.append(_invalid_value("metadata.labels", str(value), LABEL_VALUE_MSG))
     return causes
+
+
+ANNOTATIONS_LIMIT_B = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB: keys and values together
+
+
+def _validate_annotation_size(meta: dict[str, Any]) -> list[dict[str, str]]:
+    annotations = meta.get("annotations") or {}
+    total = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if total <= ANNOTATIONS_LIMIT_B:
+        return []
+    return [errs.cause("FieldValueTooLong", f"Too long: must have at most {ANNOTATIONS_LIMIT_B} bytes",
+                       "metadata.annotations")]
 
 
 def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:

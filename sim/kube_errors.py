@@ -46,6 +46,7 @@ class ApiError(Exception):
         self.body = body
         self.headers = headers or {}
         self.raced = False  # a stale write the server itself retries (the client pinned no resourceVersion)
+        self.plain: bytes | None = None  # a text/plain body instead of the Status (the server's mux 404)
 
 
 def _named_details(name: str, group: str, kind: str) -> dict[str, Any]:
@@ -63,6 +64,14 @@ def qualified(resource: str, group: str) -> str:
 def not_found(resource: str, group: str, name: str) -> ApiError:
     msg = f'{qualified(resource, group)} "{name}" not found'
     return ApiError(404, status(404, msg, "NotFound", _named_details(name, group, resource)))
+
+
+def page_not_found() -> ApiError:
+    """What the server's path mux answers for a group/version it does not serve, or a path outside the API:
+    text/plain, not a Status (capture 31 of kube-apiserver-1.36)."""
+    err = ApiError(404, status(404, "404 page not found", "NotFound", {}))
+    err.plain = b"404 page not found\n"
+    return err
 
 
 def unknown_resource() -> ApiError:

@@ -242,6 +242,8 @@ class Verbs:
     def create(self, h: Handler, req: Request, t: Target) -> None:
         dry = self.dry_run(req, "CreateOptions")
         obj = self.decode(req, t.rt)
+        if t.rt.custom:
+            self.api.wait_for_cr_storage(t.rt)
         created = self.create_object(req, t, obj, dry, manager=self.manager(req), operation="Update")
         h.send_json(201, self.render(t.rt, created), self._warning_headers(req))
 

@@ -89,6 +89,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_bytes(code, encode(obj), headers)
 
     def send_error_status(self, err: ApiError) -> None:
+        if err.plain is not None:
+            self.send_bytes(err.code, err.plain, {"Content-Type": "text/plain; charset=utf-8",
+                                                  "X-Content-Type-Options": "nosniff", **err.headers})
+            return
         self.send_json(err.code, err.body, err.headers)
 
     def start_stream(self) -> None:

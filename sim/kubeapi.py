@@ -69,6 +69,10 @@ class KubeAPIServer:
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         self.stopping = False
         self.ca_file: str | None = None
+        # A real server's first create of a custom resource right after its CRD is Established takes ~2 s
+        # (captures 36): with a delay set, creates wait until that long after the CRD was registered.
+        self.first_cr_create_delay_s = 0.0
+        self._cr_storage_ready: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -159,9 +163,19 @@ class KubeAPIServer:
     def register_crd(self, crd: Obj) -> None:
         for rt in from_crd(crd):
             self.types[(rt.group, rt.version, rt.resource)] = rt
+            self._cr_storage_ready.setdefault((rt.group, rt.resource),
+                                              time.monotonic() + self.first_cr_create_delay_s)
+
+    def wait_for_cr_storage(self, rt: ResourceType) -> None:
+        """Hold a custom resource create until the (injected) storage start-up delay has passed."""
+        ready = self._cr_storage_ready.get((rt.group, rt.resource), 0.0)
+        remaining = ready - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
 
     def unregister_crd(self, crd: Obj) -> None:
         spec = crd["spec"]
+        self._cr_storage_ready.pop((spec["group"], spec["names"]["plural"]), None)
         for key in [k for k in self.types if k[0] == spec["group"] and k[2] == spec["names"]["plural"]]:
             del self.types[key]
 
@@ -240,6 +254,8 @@ class KubeAPIServer:
         namespace = ""
         if rest[0] == "namespaces" and len(rest) >= 3 and (group, version, rest[2]) in self.types:
             namespace, rest = rest[1], rest[2:]
+        if not any(g == group and v == version for (g, v, _) in list(self.types)):
+            raise errs.page_not_found()
         rt = self.types.get((group, version, rest[0]))
         if rt is None or len(rest) > 3 or (len(rest) == 3 and rest[2] not in rt.subresources):
             raise errs.unknown_resource()
@@ -289,7 +305,7 @@ class KubeAPIServer:
         elif req.path in ("/healthz", "/livez", "/readyz"):
             h.send_bytes(200, b"ok", {"Content-Type": "text/plain; charset=utf-8"})
         else:
-            raise errs.unknown_resource()
+            raise errs.page_not_found()
 
     def _discovery_root(self, prefix: str, group: str | None) -> dict[str, Any]:
         if prefix == "api":
@@ -299,7 +315,7 @@ class KubeAPIServer:
         if group is None:
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(groups.values())}
         if group not in groups:
-            raise errs.unknown_resource()
+            raise errs.page_not_found()
         return {"kind": "APIGroup", "apiVersion": "v1", **groups[group]}
 
     def _groups(self) -> dict[str, dict[str, Any]]:
@@ -318,7 +334,7 @@ class KubeAPIServer:
         resources = [e for (g, v, _), rt in list(self.types.items()) if g == group and v == version
                      for e in rt.discovery()]
         if not resources:
-            raise errs.unknown_resource()
+            raise errs.page_not_found()
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
