@@ -106,18 +106,25 @@ def build_job(
 
 def ensure_job(client: KubeClient, job: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     """Create the Job unless it already exists; return what the server holds."""
+    return create_job_once(client, job, dry_run=dry_run)[0]
+
+
+def create_job_once(
+    client: KubeClient, job: Mapping[str, Any], *, dry_run: bool = False
+) -> tuple[dict[str, Any], bool]:
+    """(what the server holds, whether this call created it): lookup before create, AlreadyExists = found."""
     meta = job["metadata"]
     try:
         found: dict[str, Any] = client.get(JOBS, meta["name"], meta["namespace"])
-        return found
+        return found, False
     except errors.NotFound:
         pass
     try:
         created: dict[str, Any] = client.create(JOBS, dict(job), meta["namespace"], dry_run=dry_run)
-        return created
+        return created, True
     except errors.AlreadyExists:
         again: dict[str, Any] = client.get(JOBS, meta["name"], meta["namespace"])
-        return again
+        return again, False
 
 
 def job_outcome(job: Mapping[str, Any] | None) -> str:

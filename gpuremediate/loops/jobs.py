@@ -1,8 +1,10 @@
 """What the remediate and validate loops share: running one Job per attempt for a node.
 
 Order matters for "never repeat a one-shot side effect": the Job's (deterministic) name is written
-into the record first, then the Job is created; a controller killed in between finds the name in
-the record and creates the Job with that same name, which is idempotent (lookup before create).
+into the record first, then the Job is created, then the record notes it created (``action.created``).
+A controller killed before the create finds the name in the record, no Job and ``created`` unset: it
+creates the Job under that same name, which is idempotent (lookup before create). A Job missing once
+``created`` is set was deleted by someone else: that attempt failed, and it is never created again.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from gpuremediate.actions.jobs import (
     SUCCEEDED,
     JobSpec,
     build_job,
+    create_job_once,
     deadline_exceeded,
     delete_job,
-    ensure_job,
     job_name,
     job_outcome,
     read_job,
@@ -29,11 +31,12 @@ from gpuremediate.actions.jobs import (
 from gpuremediate.actions.nodes import Node, gpu_count, name_of
 from gpuremediate.loops.base import NodeLoop
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state.record import ActionInProgress, NodeRecord, occurrence, start_action
+from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, occurrence, start_action
 
 log = logging.getLogger(__name__)
 
 TIMED_OUT = "timed-out"
+DELETED = "deleted"  # created, then deleted by someone else before it finished
 
 
 def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False) -> JobSpec:
@@ -73,13 +76,15 @@ class JobLoop(NodeLoop):
         written = self.ctx.writer.write(node, started)
         if written is None:
             return self.retry_after_conflict()
-        self.create_job(written, started, kind, name, attempt, policy, request_all_gpus)
+        if self.create_job(written, started, kind, name, attempt, policy, request_all_gpus):
+            self.ctx.writer.write(written, mark_created(started))  # a 409: noted by the next step instead
         return 1.0
 
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool,
-    ) -> None:
+    ) -> bool:
+        """Create the attempt's Job unless it exists; True when it exists now (never in dry-run)."""
         indexes, uuids = self.gpu_ids(node, record)
         spec = job_spec(policy, request_all_gpus=request_all_gpus)
         spec = JobSpec(**{**spec.__dict__, "env": {"GPU_UUIDS": ",".join(uuids)}})
@@ -88,17 +93,24 @@ class JobLoop(NodeLoop):
         assert job["metadata"]["name"] == name
         if self.ctx.writer.dry_run:
             self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({kind})", NORMAL)
-            return
-        ensure_job(self.ctx.client, job)
-        log.info("job created", extra={"node": name_of(node), "job": name, "kind": kind, "attempt": attempt})
+            return False
+        _, created = create_job_once(self.ctx.client, job)
+        if created:
+            log.info("job created", extra={"node": name_of(node), "job": name, "kind": kind, "attempt": attempt})
+        return True
 
-    def attempt_outcome(self, action: ActionInProgress, recreate: Callable[[], None]) -> str:
-        """succeeded / failed / timed-out / running, for the attempt's Job.
+    def attempt_outcome(
+        self, action: ActionInProgress, recreate: Callable[[], None], note_created: Callable[[], None] | None = None,
+    ) -> str:
+        """succeeded / failed / timed-out / deleted / running, for the attempt's Job.
 
         A Job the Job controller failed at its activeDeadlineSeconds timed out, like one past the record's
-        deadline. A Job missing before the deadline was never created (killed between the record write and the
-        create): it is created now under the same name. Past the deadline a missing Job is not created
-        again — the attempt timed out, and the loop writes that before deleting anything.
+        deadline. A Job missing although the record says it was created was deleted by someone else (a person
+        stopping it): the attempt failed, the Job is never created again. A Job missing before the deadline and
+        never created (killed between the record write and the create) is created now under the same name.
+        Past the deadline a missing Job is not created again — the attempt timed out, and the loop writes that
+        before deleting anything. ``note_created`` writes ``created`` for a running Job the record does not
+        know as created yet (the write after the create was lost).
         """
         job = read_job(self.ctx.client, action.name, self.ctx.settings.jobs_namespace)
         outcome = job_outcome(job)
@@ -106,11 +118,18 @@ class JobLoop(NodeLoop):
             return TIMED_OUT  # activeDeadlineSeconds (the same timeout) ended it first: its Job goes too
         if outcome in (SUCCEEDED, FAILED):
             return outcome
+        if outcome == MISSING and action.created:
+            return DELETED
         if action.deadline is not None and self.ctx.clock() >= action.deadline:
             return TIMED_OUT
         if outcome == MISSING and not self.ctx.writer.dry_run:
             recreate()
+        elif outcome == RUNNING and not action.created and note_created is not None and not self.ctx.writer.dry_run:
+            note_created()
         return RUNNING
+
+    def note_created(self, node: Node, record: NodeRecord) -> None:
+        self.ctx.writer.write(node, mark_created(record))  # a 409 is simply noted again on the next step
 
     def cancel(self, kind: str, name: str) -> None:
         if name and not self.ctx.writer.dry_run:

@@ -18,7 +18,7 @@ from gpuremediate.actions.events import WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
 from gpuremediate.loops import custom_remediate
-from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy
 from gpuremediate.state import decide, states
@@ -55,9 +55,8 @@ class RemediateLoop(JobLoop):
         self, node: Node, record: NodeRecord, action: ActionInProgress, kind: str,
         policy: RemediationPolicy, job_policy: JobPolicy,
     ) -> float | None:
-        outcome = self.attempt_outcome(
-            action, lambda: self.create_job(node, record, kind, action.name, action.attempt, job_policy, False)
-        )
+        outcome = self.attempt_outcome(action, lambda: self._recreate(node, record, kind, action, job_policy),
+                                       lambda: self.note_created(node, record))
         done = outcome == SUCCEEDED
         by_boot_id = kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id
         rebooted = bool(action.detail) and boot_id(node) != action.detail
@@ -70,8 +69,12 @@ class RemediateLoop(JobLoop):
         # or the Job hits its activeDeadlineSeconds while the node is down. Until the record's deadline, only a
         # node that neither rebooted nor went down makes a failed reboot Job a failed attempt.
         before_deadline = action.deadline is None or self.ctx.clock() < action.deadline
-        if by_boot_id and before_deadline and (rebooted or not is_ready(node)) and outcome in (FAILED, TIMED_OUT):
+        if by_boot_id and before_deadline and (rebooted or not is_ready(node)) and outcome in (FAILED, TIMED_OUT,
+                                                                                                DELETED):
             return 1.0
+        if outcome == DELETED:  # someone stopped this attempt: it failed, the next one gets a new Job
+            return self.finish_attempt(node, record, ok=False, max_attempts=policy.max_attempts,
+                                       detail=f"{kind} Job {action.name} was deleted before it finished")
         if outcome == FAILED:
             return self.finish_attempt(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
                                 max_attempts=policy.max_attempts)
@@ -79,6 +82,10 @@ class RemediateLoop(JobLoop):
             return self.finish_attempt(node, record, ok=False, detail=f"{kind} attempt {action.attempt} timed out",
                                 max_attempts=policy.max_attempts, cancel=action)
         return 1.0
+
+    def _recreate(self, node: Node, record: NodeRecord, kind: str, action: ActionInProgress, job: JobPolicy) -> None:
+        if self.create_job(node, record, kind, action.name, action.attempt, job, False):
+            self.note_created(node, record)
 
     def finish_attempt(
         self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int,

@@ -9,9 +9,10 @@ import dataclasses
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key, requests_gpu
-from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
+from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import BLOCK_GPU_PODS, ActionInProgress, NodeRecord, block
+from gpuremediate.state.record import BLOCK_GPU_PODS, ActionInProgress, NodeRecord, block, occurrence
 
 VALIDATE = "validate"
 
@@ -32,15 +33,27 @@ class ValidateLoop(JobLoop):
             return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s,
                                   request_all_gpus=True)
         outcome = self.attempt_outcome(
-            action, lambda: self.create_job(node, record, VALIDATE, action.name, action.attempt, policy.job, True)
+            action, lambda: self._recreate(node, record, action, policy.job), lambda: self.note_created(node, record)
         )
         if outcome == SUCCEEDED:
             return self._finish(node, record, True, f"validation Job {action.name} passed")
         if outcome == FAILED:
             return self._finish(node, record, False, f"validation Job {action.name} failed")
+        if outcome == DELETED:  # nothing validated the node: it waits for a person (quarantined)
+            return self._finish(node, record, False, f"validation Job {action.name} was deleted before it finished")
         if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
             return self._finish(node, record, False, f"validation Job {action.name} timed out", cancel=action)
         return 1.0
+
+    def fingerprint(self, record: NodeRecord) -> str:
+        """Each validation run has its own Job: a node released again after a failed validation must not
+        find the first run's (kept) failed Job under its name. ``since`` is when this run began (entering
+        ``validating``), stable across restarts and unchanged by the run's own writes."""
+        return f"{occurrence(record)}/validation@{int(record.since * 1000)}"
+
+    def _recreate(self, node: Node, record: NodeRecord, action: ActionInProgress, job: JobPolicy) -> None:
+        if self.create_job(node, record, VALIDATE, action.name, action.attempt, job, True):
+            self.note_created(node, record)
 
     def gpu_pods(self, node: Node) -> list[str]:
         """Pods that hold GPUs on the node (a node quarantined without a drain, then released, still has

@@ -79,6 +79,9 @@ class ActionInProgress:
     deadline: float | None = None
     # What the action needs to recognise its own completion, e.g. the bootID before a reboot.
     detail: str = ""
+    # The object was seen created (written after the create): missing afterwards means someone else deleted
+    # it — that attempt failed — whereas missing before means a kill between the record write and the create.
+    created: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,13 @@ def start_action(
     deadline = None if timeout_s is None else now + timeout_s
     action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline, detail=detail)
     return dataclasses.replace(record, action=action, blocked=None)
+
+
+def mark_created(record: NodeRecord) -> NodeRecord:
+    """The action's object exists (write this after the create)."""
+    if record.action is None or record.action.created:
+        return record
+    return dataclasses.replace(record, action=dataclasses.replace(record.action, created=True))
 
 
 def occurrence(record: NodeRecord) -> str:
@@ -277,6 +287,7 @@ def _action(obj: _Obj) -> ActionInProgress:
         started=obj.number("started", 0.0),
         deadline=obj.number("deadline", None),
         detail=obj.opt("detail", str, ""),
+        created=obj.opt("created", bool, False),
     )
 
 

@@ -3,6 +3,7 @@ with the same recorder and invariant checker as the stateful test."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,9 +13,10 @@ import pytest
 from gpuremediate import fleet
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import NODES
+from gpuremediate.kube.resources import EVENTS, JOBS, NODES
+from gpuremediate.policy.config import PolicyFile
 from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 
@@ -73,11 +75,24 @@ def _state(kube: KubeClient, node: str) -> str:
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
+    yield from _rig(reliability_policy(1))
+
+
+@pytest.fixture
+def slow_rig() -> Iterator[Rig]:
+    """Repair Jobs get 20 s instead of 2 s: a person has time to act on a running one."""
+    policy = reliability_policy(1)
+    remediation = policy.defaults.remediation
+    slow = dataclasses.replace(remediation, reset_gpu=dataclasses.replace(remediation.reset_gpu, timeout_s=20.0))
+    yield from _rig(dataclasses.replace(policy, defaults=dataclasses.replace(policy.defaults, remediation=slow)))
+
+
+def _rig(policy: PolicyFile) -> Iterator[Rig]:
     cluster = SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3)
     recorder = Recorder(cluster.api).install()
     cluster.start()
     checker = Checker(recorder, 1, []).start()
-    controllers = Controllers(cluster, reliability_policy(1), reliability_settings(cluster))
+    controllers = Controllers(cluster, policy, reliability_settings(cluster))
     cluster.api.add_token(PERSON_TOKEN, PERSON_USER)
     path = cluster.api.write_kubeconfig(cluster.kubeconfig + "-person", token=PERSON_TOKEN)
     person = KubeClient(load_config(path), qps=500, burst=1000, timeout=10.0)
@@ -140,3 +155,71 @@ def test_person_cordon_on_a_quarantined_node_survives_release_and_validation(rig
     removed = rig.violations("person-cordon-kept") + rig.violations("person-cordon-removed-stale-record")
     assert removed == []
     assert rig.kube.get(NODES, NODE)["spec"].get("unschedulable") is True, "the person's cordon was removed"
+
+
+def _action(rig: Rig) -> ActionInProgress | None:
+    record = record_from_node(rig.kube.get(NODES, NODE))
+    return record.action if isinstance(record, NodeRecord) else None
+
+
+def _validate_jobs(rig: Rig) -> list[str]:
+    with rig.recorder.lock:
+        return [job.name for job in rig.recorder.jobs if job.kind == "validate" and not job.deleted]
+
+
+def _quarantine_then_release(rig: Rig, validation_ok: bool) -> None:
+    rig.cluster.set_validation(NODE, validation_ok)
+    fleet.release(rig.person, NODE, by=PERSON_USER)
+
+
+def test_a_second_release_runs_a_new_validation(rig: Rig) -> None:
+    """Released, validation fails, released again: the second release validates with its own Job instead of
+    finding the first run's failed Job (kept 24 h) under the same name and quarantining at once."""
+    rig.cluster.gpusim.inject_row_remap_failure(NODE, 0)  # quarantine at once
+    rig.wait_state(states.QUARANTINED, 10)
+    rig.cluster.gpusim.reset_gpu(NODE, 0)
+    _quarantine_then_release(rig, validation_ok=False)
+    wait_for(lambda: len(_validate_jobs(rig)) == 1 and _state(rig.kube, NODE) == states.QUARANTINED, 10,
+             "the first validation to fail")
+    _quarantine_then_release(rig, validation_ok=True)
+    wait_for(lambda: _state(rig.kube, NODE) == states.HEALTHY, 10,
+             f"{NODE} validated by a second Job and healthy (it is {_state(rig.kube, NODE)})")
+    first, second = _validate_jobs(rig)
+    assert first != second
+    assert rig.violations("job-twice") == []
+
+
+def test_a_timed_out_validation_job_is_never_created_again_under_its_name(rig: Rig) -> None:
+    assert rig.cluster.nodesim is not None
+    rig.cluster.gpusim.inject_row_remap_failure(NODE, 0)
+    rig.wait_state(states.QUARANTINED, 10)
+    rig.cluster.gpusim.reset_gpu(NODE, 0)
+    rig.cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=30.0)  # outlasts the 2 s timeout
+    for _ in range(2):
+        fleet.release(rig.person, NODE, by=PERSON_USER)
+        rig.wait_state(states.VALIDATING, 5)
+        rig.wait_state(states.QUARANTINED, 10)  # timed out; its Job deleted
+    names = _validate_jobs(rig)
+    assert len(names) == 2 and len(set(names)) == 2, names
+    assert rig.violations("job-twice") + rig.violations("job-recreated-after-own-delete") == []
+
+
+def test_a_person_deleting_the_running_repair_job_fails_that_attempt(slow_rig: Rig) -> None:
+    rig = slow_rig
+    assert rig.cluster.nodesim is not None
+    rig.cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=60.0)
+    rig.cluster.gpusim.inject_dbe(NODE, 0)  # reset-gpu
+    wait_for(lambda: (action := _action(rig)) is not None and action.created, 15,
+             "the repair Job created and recorded as created")
+    first = rig.record().action
+    assert first is not None and first.attempt == 1
+    rig.person.delete(JOBS, first.name, "gpuremediate-jobs", propagation_policy="Background")
+    wait_for(lambda: (action := _action(rig)) is not None and action.attempt == 2 and bool(action.name), 10,
+             "the next attempt, under a new name")
+    assert rig.record().action.name != first.name  # type: ignore[union-attr]
+    time.sleep(0.5)  # a wrong controller would now create the deleted Job again
+    assert rig.jobs_named().count(first.name) == 1, "the deleted Job was created again"
+    assert rig.violations("job-twice") == []
+    events = rig.kube.list(EVENTS, "default")["items"]
+    messages = [e["message"] for e in events if e["reason"] == "GPURemediationFailed"]
+    assert any("was deleted before it finished" in m for m in messages), messages

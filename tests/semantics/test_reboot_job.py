@@ -43,7 +43,7 @@ def _loop(written: list[Decision], outcome: str = FAILED) -> RemediateLoop:
     loop.ctx = SimpleNamespace(  # type: ignore[assignment]
         clock=lambda: NOW, writer=writer, metrics=metrics, events=SimpleNamespace(node_event=lambda *a, **k: None),
         policy_for=lambda node: SimpleNamespace(remediation=RemediationPolicy()))
-    loop.attempt_outcome = lambda action, recreate: outcome  # type: ignore[method-assign]
+    loop.attempt_outcome = lambda action, recreate, note_created=None: outcome  # type: ignore[method-assign]
     return loop
 
 
