@@ -1,0 +1,364 @@
+"""The replay engine: the controller's own loops, on a simulated clock, over a history of metrics.
+
+Nothing here decides anything about a node. Each simulated instant the engine hands readings to
+the real ``DetectLoop.check_node`` (policy evaluation, dedupe, ``decide.on_findings``, the thermal
+clear, the breaker trip, the excluded / unknown reports) and reconciles the nodes in draining,
+repairing and validating with the real ``DrainLoop`` (breaker, budget, admission order, eviction,
+timeout), ``RemediateLoop`` (Jobs, attempts, reboot by bootID, repeat offender via decide) and
+``ValidateLoop``. They talk to ``ReplayCluster`` instead of an API server. The engine only watches
+what they write (transitions, ``blocked``) and the Events they send.
+
+Time moves in steps of the scrape interval while anything is in flight (a node outside healthy
+and quarantined, a thermal timer running, a pod terminating, a Job running); when the fleet is
+quiet it jumps to the next change in the history, so a quiet month costs little.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.nodes import NodeView, NodeWriter, gpu_count, is_gpu_node, name_of
+from gpuremediate.config import Settings
+from gpuremediate.kube.cache import Informer
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.loops.base import LoopContext, NodeLoop
+from gpuremediate.loops.detect import DetectLoop
+from gpuremediate.loops.drain import DrainLoop
+from gpuremediate.loops.remediate import RemediateLoop
+from gpuremediate.loops.validate import ValidateLoop
+from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.evaluate import PolicyMemory, evaluate
+from gpuremediate.replay.cluster import Durations, Node, ReplayCluster, SimClock, replay_node
+from gpuremediate.replay.history import Cursor, History, format_time
+from gpuremediate.replay.result import (
+    BELOW_THRESHOLD,
+    BREAKER_HELD,
+    EXCLUDED,
+    NOTICE,
+    UNKNOWN,
+    BreakerTrip,
+    Move,
+    ReplayResult,
+    Span,
+    Unacted,
+    Wait,
+)
+from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.state import states
+from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = frozenset({states.CORDONED, states.DRAINING, states.REPAIRING, states.VALIDATING})
+MAX_STEPS_PER_INSTANT = 5  # a loop returning 0.0 ("again now") is reconciled again in the same instant
+
+
+class ReplayError(ValueError):
+    """A replay that cannot be run as asked; the message says why."""
+
+
+@dataclass
+class ReplayOptions:
+    step_s: float = 30.0  # the controller's scrape interval
+    durations: Durations = field(default_factory=Durations)
+
+
+class _Source:
+    """DetectLoop needs a Source; the engine hands it readings node by node instead."""
+
+    def read(self) -> list[NodeReadings]:
+        return []
+
+
+class _Informer:
+    """The informer the NodeView reads: the simulated cluster's nodes."""
+
+    def __init__(self, cluster: ReplayCluster) -> None:
+        self.cluster = cluster
+
+    def get(self, name: str, namespace: str | None = None) -> Node | None:
+        return self.cluster.nodes.get(name)
+
+    def list(self) -> list[Node]:
+        return list(self.cluster.nodes.values())
+
+
+class _Events(EventRecorder):
+    """Keeps the Events the loops send (simulated time), sends nothing."""
+
+    def __init__(self, clock: SimClock) -> None:
+        super().__init__(cast(KubeClient, None), host="replay")
+        self.clock = clock
+        self.sent: list[tuple[float, str, str, str]] = []  # (at, node, reason, message)
+
+    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "") -> None:
+        self.sent.append((self.clock(), node, reason, message))
+
+
+def check_supported(policy: PolicyFile) -> None:
+    """Custom drains and custom actions run through plugins the replay cannot simulate."""
+    refs = policy.custom_action_refs()
+    if refs:
+        raise ReplayError(f"replay does not simulate custom remediation actions ({refs[0][0]} = {refs[0][1]!r}); "
+                          "map them to reset-gpu / reboot / quarantine in a copy of the policy to replay it")
+    for group in (policy.defaults, *(g.policy for g in policy.groups)):
+        if group.customDrain.enabled:
+            raise ReplayError("replay does not simulate a custom drain plugin (customDrain.enabled = true); "
+                              "set it to false in a copy of the policy to replay the built-in drain")
+
+
+def fleet_nodes(history: History, node_list: Sequence[Mapping[str, Any]] | None) -> tuple[list[Node], list[str]]:
+    """The GPU nodes to replay, and notes: the Node list's GPU nodes (when given) plus any node the
+    history has that the list lacks (made up: no labels, the GPUs its scrapes showed)."""
+    notes: list[str] = []
+    given = {name_of(n): n for n in node_list or [] if is_gpu_node(n)}
+    nodes = [replay_node(n, 0) for n in given.values()]
+    extra = [name for name in history.nodes if name not in given]
+    if node_list is not None and extra:
+        notes.append(f"{len(extra)} node(s) in the history but not in the Node list, replayed without labels: "
+                     + ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
+    silent = sorted(set(given) - set(history.nodes))
+    if silent:
+        notes.append(f"{len(silent)} GPU node(s) of the Node list have no metrics in the history (unknown "
+                     "throughout): " + ", ".join(silent[:5]) + (" ..." if len(silent) > 5 else ""))
+    nodes += [replay_node({"metadata": {"name": name}}, history.gpus_seen(name) or 1) for name in extra]
+    return sorted(nodes, key=name_of), notes
+
+
+class Replay:
+    """One replay of ``history`` under ``policy``; ``run()`` once."""
+
+    def __init__(self, history: History, policy: PolicyFile, node_list: Sequence[Mapping[str, Any]] | None = None,
+                 options: ReplayOptions | None = None) -> None:
+        check_supported(policy)
+        self.history = history
+        self.policy = policy
+        self.options = options or ReplayOptions()
+        if not self.options.step_s > 0 or not math.isfinite(self.options.step_s):
+            raise ReplayError(f"--step must be > 0 seconds, got {self.options.step_s}")
+        self.clock = SimClock(history.start)
+        nodes, notes = fleet_nodes(history, node_list)
+        self.cluster = ReplayCluster(nodes, self.clock, self.options.durations, self._on_write)
+        self.result = ReplayResult(policy=policy.source, start=history.start, end=history.end,
+                                   step_s=self.options.step_s, gpus={name_of(n): gpu_count(n) for n in nodes},
+                                   notes=notes, changes=history.change_count())
+        self.events = _Events(self.clock)
+        self.ctx = self._context()
+        self.detect = DetectLoop(self.ctx, _Source())
+        self.loops: list[NodeLoop] = [DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx)]
+        self.cursor = Cursor(history)
+        self._moved: set[str] = set()
+        self._states: dict[str, str] = {}  # node -> its record's state, where not healthy (kept by _on_write)
+        self._open_spans: dict[str, tuple[str, float]] = {}  # node -> (state, since)
+        self._open_waits: dict[str, tuple[str, str, float]] = {}  # node -> (reason, detail, since)
+        self._open_unknown: dict[str, tuple[str, float]] = {}  # node -> (reason, since)
+        self._hot: dict[tuple[str, str], tuple[float, bool]] = {}  # (node, gpu) -> (hot since, cordon found)
+        self._below_seen: set[tuple[str, str, str]] = set()
+        self._events_read = 0
+
+    def _context(self) -> LoopContext:
+        client = cast(KubeClient, self.cluster)  # duck-typed: the calls the loops make
+        settings = Settings(scrape_interval_s=self.options.step_s, resync_s=self.options.step_s, source="exporter")
+        metrics = ControllerMetrics()
+        view = NodeView(cast(Informer, _Informer(self.cluster)))
+        writer = NodeWriter(client, view, self.events, metrics)
+        breakers = BreakerStore(client, settings.namespace, dry_run=True)  # held in memory, never reset
+        return LoopContext(client=client, settings=settings, policy=self.policy, metrics=metrics,
+                           events=self.events, nodes=view, writer=writer, breakers=breakers, clock=self.clock)
+
+    # ---- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> ReplayResult:
+        started = time.monotonic()
+        step, end = self.options.step_s, self.history.end
+        now = self.history.start
+        visit = set(self.cluster.nodes)  # the first instant sees every node once
+        while now <= end:
+            self.clock.now = now
+            self.cluster.advance()
+            changed = self.cursor.advance(now)
+            self._instant(visit | changed | self._ticking(), changed)
+            self.result.steps += 1
+            visit, self._moved = self._moved, set()
+            now = self._next_instant(now, step, bool(visit))
+        self._close(end)
+        self.result.seconds = time.monotonic() - started
+        return self.result
+
+    def _instant(self, visit: set[str], changed: set[str]) -> None:
+        total = len(self.cluster.nodes)
+        self.detect.breakers.load()
+        for name in sorted(visit):
+            node = self.ctx.nodes.get(name)
+            if node is not None:
+                self.detect.check_node(node, self.cursor.readings(name), total)
+        self._watch_signals(visit, changed)
+        for loop in self.loops:
+            for name in self._in_states(loop.owned):
+                for _ in range(MAX_STEPS_PER_INSTANT):
+                    if loop.reconcile_name(name) != 0.0:
+                        break
+        self._read_events()
+
+    def _in_states(self, owned: frozenset[str]) -> list[str]:
+        return sorted(name for name, state in self._states.items() if state in owned)
+
+    def _ticking(self) -> set[str]:
+        """Nodes the detect loop must see every interval: in flight, or with a thermal timer running."""
+        busy = {name for name, state in self._states.items() if state in IN_FLIGHT}
+        return busy | {name for name, memory in self.detect.memory.items() if memory.thermal}
+
+    def _next_instant(self, now: float, step: float, pending: bool) -> float:
+        if pending or self._ticking() or self.cluster.busy():
+            return now + step
+        upcoming = self.cursor.next_change()
+        if upcoming is None:
+            return self.history.end + step  # nothing more will happen
+        start = self.history.start
+        here, there = round((now - start) / step), math.ceil((upcoming - start) / step - 1e-9)
+        return start + max(here + 1, there) * step
+
+    # ---- what the loops wrote ----------------------------------------------------------------------
+
+    def _on_write(self, before: Node, after: Node) -> None:
+        name, now = name_of(after), self.clock()
+        old, new = _record(before), _record(after)
+        if new is None:
+            return
+        old_state = old.state if old is not None else states.HEALTHY
+        if new.state != states.HEALTHY:
+            self._states[name] = new.state
+        else:
+            self._states.pop(name, None)
+        if new.state != old_state:
+            self.result.moves.append(Move(now, name, old_state, new.state, new.reason, new.message))
+            self._moved.add(name)
+            self._close_span(name, now)
+            if new.state != states.HEALTHY:
+                self._open_spans[name] = (new.state, now)
+        old_block = old.blocked.reason if old is not None and old.blocked is not None else None
+        new_block = new.blocked.reason if new.blocked is not None else None
+        if new_block != old_block:
+            self._close_wait(name, now)
+            if new.blocked is not None:
+                self._open_waits[name] = (new.blocked.reason, new.blocked.detail, now)
+
+    def _close_span(self, name: str, now: float) -> None:
+        opened = self._open_spans.pop(name, None)
+        if opened is not None:
+            self.result.spans.append(Span(name, opened[0], opened[1], now))
+
+    def _close_wait(self, name: str, now: float) -> None:
+        opened = self._open_waits.pop(name, None)
+        if opened is None:
+            return
+        reason, detail, since = opened
+        self.result.waits.append(Wait(name, reason, detail, since, now))
+        if reason == BLOCK_BREAKER:
+            self.result.unacted.append(Unacted(name, BREAKER_HELD, detail, since, now))
+
+    def _read_events(self) -> None:
+        for at, node, reason, message in self.events.sent[self._events_read:]:
+            if reason == "GPUHealthUnknown":
+                self._close_unknown(node, at)
+                self._open_unknown[node] = (message.removeprefix("GPU health unknown: "), at)
+            elif reason == "GPUHealthKnown":
+                self._close_unknown(node, at)
+            elif reason == "GPUFaultExcludedNode":
+                self.result.unacted.append(Unacted(node, EXCLUDED, message, at, at))
+            elif reason == "GPUFaultNotice":
+                self.result.unacted.append(Unacted(node, NOTICE, message, at, at))
+            elif reason == "GPURemediationBreakerOpen":
+                self.result.trips.append(BreakerTrip(at, node, message))
+        self._events_read = len(self.events.sent)
+
+    def _close_unknown(self, node: str, now: float) -> None:
+        opened = self._open_unknown.pop(node, None)
+        if opened is not None:
+            self.result.unacted.append(Unacted(node, UNKNOWN, opened[0], opened[1], now))
+
+    def _close(self, end: float) -> None:
+        for name in list(self._open_spans):
+            self._close_span(name, end)
+        for name in list(self._open_waits):
+            self._close_wait(name, end)
+        for name in list(self._open_unknown):
+            self._close_unknown(name, end)
+        self.result.unacted.sort(key=lambda u: (u.start, u.node, u.category))
+        self.result.spans.sort(key=lambda s: (s.node, s.start))
+        self.result.waits.sort(key=lambda w: (w.start, w.node))
+
+    # ---- raw signals the policy did not count --------------------------------------------------------
+
+    def _watch_signals(self, visit: set[str], changed: set[str]) -> None:
+        for name in sorted(changed):
+            readings = self.cursor.readings(name)
+            node = self.cluster.nodes.get(name)
+            if readings is not None and readings.status == SOURCE_OK and node is not None:
+                self._below_threshold(node, readings)
+        for name in sorted(visit | changed):
+            self._thermal_episodes(name)
+
+    def _below_threshold(self, node: Node, readings: NodeReadings) -> None:
+        """A fault signal in the raw readings that the policy turns into no finding (a threshold, a rule
+        switched off). The policy's own evaluate says which; thermal runs are followed separately."""
+        policy = self.ctx.policy_for(node)
+        found = {(gpu, f.kind) for f in evaluate(readings, policy, PolicyMemory(), self.clock()).findings
+                 for gpu in f.gpus}
+        for gpu in readings.gpus:
+            for kind, value in _raw_signals(gpu):
+                if (gpu.key, kind) in found:
+                    continue
+                key = (name_of(node), gpu.key, f"{kind}={value:g}")
+                if key not in self._below_seen:
+                    self._below_seen.add(key)
+                    detail = f"GPU {gpu.key}: {kind}={value:g}, no finding under the policy (threshold or rule off)"
+                    self.result.unacted.append(Unacted(name_of(node), BELOW_THRESHOLD, detail, self.clock(),
+                                                       self.clock()))
+
+    def _thermal_episodes(self, name: str) -> None:
+        """A GPU that ran hot (its thermal timer started) and cooled before the cordon: below threshold."""
+        now, memory = self.clock(), self.detect.memory.get(name)
+        timers = memory.thermal if memory is not None else {}
+        for key, timer in timers.items():
+            since, cordoned = self._hot.get((name, key), (timer.hot_since or now, False))
+            self._hot[(name, key)] = (since, cordoned or timer.cordoned_since is not None)
+        for (node, key), (since, cordoned) in list(self._hot.items()):
+            if node == name and key not in timers:
+                del self._hot[(node, key)]
+                if not cordoned:
+                    detail = (f"GPU {key} ran hot from {format_time(since)}, cooled before the policy's hold time: "
+                              "no cordon")
+                    self.result.unacted.append(Unacted(node, BELOW_THRESHOLD, detail, since, now))
+
+
+_RAW_FIELDS = (("xid", "xid"), ("ecc_dbe_volatile", "ecc-dbe"), ("row_remap_failure", "row-remap-failure"),
+               ("row_remap_pending", "row-remap-pending"), ("uncorrectable_remapped_rows", "uncorrectable-rows"))
+
+
+def _raw_signals(gpu: Any) -> list[tuple[str, float]]:
+    found = []
+    for attr, kind in _RAW_FIELDS:
+        value = getattr(gpu, attr)
+        if value is not None and value > 0:
+            found.append((kind, float(value)))
+    found += [("xid", float(code)) for code, count in gpu.xid_counts.items() if count > 0]
+    return found
+
+
+def _record(node: Node) -> NodeRecord | None:
+    record = record_from_node(node)
+    return None if isinstance(record, RecordError) else record
+
+
+def replay(history: History, policy: PolicyFile, node_list: Sequence[Mapping[str, Any]] | None = None,
+           options: ReplayOptions | None = None) -> ReplayResult:
+    return Replay(history, policy, node_list, options).run()

@@ -1,0 +1,200 @@
+"""A fleet's GPU metrics over time, as change points: per node, the readings from a time on.
+
+A month of 200 nodes scraped every 30 s is 17 million node scrapes, nearly all identical to the one
+before. The history keeps only the changes; the engine visits a healthy, quiet node only when its
+readings change. Two inputs fill it: a folder of saved scrapes (this module) and a Prometheus range
+query (``replay.prometheus``).
+
+Saved scrapes folder layout (timestamps are unix seconds or RFC 3339, e.g. ``2026-11-01T00:00:00Z``):
+
+- ``<folder>/<node>/<ts>.prom`` (or ``.txt``, ``.om``): one dcgm-exporter scrape of that node;
+- ``<folder>/<node>/<ts>.unknown``: the node's exporter could not be read from ``ts`` on (the file's
+  text is the reason);
+- ``<folder>/<ts>.prom``: a scrape of the whole fleet (series carry a node label, as in a Prometheus
+  federation dump); a node seen before but absent from it is unknown from ``ts`` on.
+
+A scrape holds until the node's next file: write one when something changes, not every interval.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import datetime
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuremediate.signals import dcgm
+from gpuremediate.signals.exposition import ParseError, parse
+from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+
+SCRAPE_SUFFIXES = (".prom", ".txt", ".om")
+UNKNOWN_SUFFIX = ".unknown"
+SOURCE = "replay"
+
+
+class HistoryError(ValueError):
+    """Input that cannot become a history; the message names the file or value."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """From ``at`` on, the node reads ``readings`` (status ``unknown`` when its metrics were unreadable)."""
+
+    at: float
+    readings: NodeReadings
+
+
+@dataclass
+class History:
+    start: float
+    end: float
+    changes: dict[str, list[Change]] = field(default_factory=dict)  # node -> changes, oldest first
+
+    def add(self, node: str, at: float, readings: NodeReadings) -> None:
+        """Append a change (in time order per node); a repeat of the current readings is dropped."""
+        readings = dataclasses.replace(readings, node=node, observed_at=0.0)
+        changes = self.changes.setdefault(node, [])
+        if changes and changes[-1].readings == readings:
+            return
+        if changes and at < changes[-1].at:
+            raise HistoryError(f"node {node}: change at {at} is older than the one at {changes[-1].at}")
+        if changes and at == changes[-1].at:
+            changes[-1] = Change(at, readings)
+            return
+        changes.append(Change(at, readings))
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(self.changes)
+
+    def gpus_seen(self, node: str) -> int:
+        return max((len({g.gpu for g in c.readings.gpus}) for c in self.changes.get(node, [])), default=0)
+
+    def change_count(self) -> int:
+        return sum(len(c) for c in self.changes.values())
+
+
+def unknown_readings(node: str, reason: str) -> NodeReadings:
+    return NodeReadings(node=node, source=SOURCE, status=SOURCE_UNKNOWN, reason=reason)
+
+
+class Cursor:
+    """Walks a history forward in time: which nodes changed, and what each node reads now."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self._events = sorted((c.at, node, i) for node, cs in history.changes.items() for i, c in enumerate(cs))
+        self._times = [e[0] for e in self._events]
+        self._next = 0
+        self._current: dict[str, NodeReadings] = {}
+
+    def advance(self, now: float) -> set[str]:
+        """Apply every change at or before ``now``; the nodes whose readings changed."""
+        changed = set()
+        while self._next < len(self._events) and self._events[self._next][0] <= now:
+            _, node, index = self._events[self._next]
+            self._current[node] = self.history.changes[node][index].readings
+            changed.add(node)
+            self._next += 1
+        return changed
+
+    def readings(self, node: str) -> NodeReadings | None:
+        """The node's readings now; None before its first scrape (no metrics for it yet)."""
+        return self._current.get(node)
+
+    def next_change(self) -> float | None:
+        return self._times[self._next] if self._next < len(self._times) else None
+
+    def changes_until(self, end: float) -> int:
+        return bisect.bisect_right(self._times, end) - self._next
+
+
+# ---- saved scrapes --------------------------------------------------------------------------------
+
+
+def parse_time(text: str, what: str = "time") -> float:
+    """Unix seconds, or an RFC 3339 / ISO 8601 time (``Z`` or an offset; none means UTC)."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise HistoryError(f"{what} {text!r} is neither unix seconds nor an RFC 3339 time") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.UTC)
+        return parsed.timestamp()
+    if not math.isfinite(value):
+        raise HistoryError(f"{what} {text!r} is not a finite time")
+    return value
+
+
+def format_time(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _stem_time(path: Path) -> float:
+    return parse_time(path.name[: -len(path.suffix)], f"file {path}: timestamp")
+
+
+def _read_scrape(path: Path, node: str | None, at: float, node_label: str | None) -> list[NodeReadings]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"{path}: cannot read: {exc}") from None
+    try:
+        result = parse(text, strict=False)
+    except ParseError as exc:
+        raise HistoryError(f"{path}: not a metrics exposition: {exc}") from None
+    return dcgm.readings_from_samples(result.samples, node=node, source=SOURCE, observed_at=at,
+                                      malformed_lines=len(result.malformed), node_label=node_label)
+
+
+def load_scrapes(folder: str | Path, *, start: float | None = None, end: float | None = None,
+                 node_label: str | None = None) -> History:
+    """A history from a saved-scrapes folder (layout: module docstring); start/end default to the
+    oldest and newest file."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise HistoryError(f"{root}: not a folder of saved scrapes")
+    entries = sorted(_entries(root), key=lambda e: (e[0], e[1] or "", str(e[2])))
+    if not entries:
+        raise HistoryError(f"{root}: no scrapes (<node>/<ts>.prom or <ts>.prom files)")
+    times = [e[0] for e in entries]
+    history = History(start=min(times) if start is None else start, end=max(times) if end is None else end)
+    if history.end <= history.start:
+        raise HistoryError(f"the range is empty: --to {format_time(history.end)} is not after "
+                           f"--from {format_time(history.start)}")
+    seen: set[str] = set()
+    for at, node, path in entries:
+        if node is not None and path.suffix == UNKNOWN_SUFFIX:
+            reason = path.read_text(encoding="utf-8", errors="replace").strip() or "exporter unreachable"
+            history.add(node, at, unknown_readings(node, reason))
+            continue
+        found = _read_scrape(path, node, at, node_label)
+        for readings in found:
+            history.add(readings.node, at, readings)
+        if node is None:  # a fleet-wide scrape: who is missing from it is unknown from now on
+            present = {r.node for r in found}
+            for gone in sorted(seen - present):
+                history.add(gone, at, unknown_readings(gone, f"absent from the fleet scrape {path.name}"))
+        seen.update(r.node for r in found)
+    return history
+
+
+def _entries(root: Path) -> Iterable[tuple[float, str | None, Path]]:
+    for path in root.iterdir():
+        if path.is_file() and path.suffix in SCRAPE_SUFFIXES:
+            yield _stem_time(path), None, path
+        elif path.is_dir():
+            for file in path.iterdir():
+                if file.is_file() and file.suffix in (*SCRAPE_SUFFIXES, UNKNOWN_SUFFIX):
+                    yield _stem_time(file), path.name, file
+
+
+def node_gpus(history: History, capacities: Mapping[str, int]) -> dict[str, int]:
+    """GPUs per node: the Node's capacity where known, else the GPUs its scrapes showed."""
+    return {node: capacities.get(node) or history.gpus_seen(node) for node in history.nodes}

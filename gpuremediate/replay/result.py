@@ -1,0 +1,140 @@
+"""What a replay found: every transition, wait, breaker trip and fault left alone, and the cost."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpuremediate.state import states
+
+# Faults seen but not acted on, by why.
+UNKNOWN = "unknown"  # the node's metrics were unreadable: its health was unknown
+EXCLUDED = "excluded"  # the node is labelled gpuremediate.io/exclude=true
+NOTICE = "notice"  # the policy's action for it is "none": an Event, nothing else
+BELOW_THRESHOLD = "below-threshold"  # a raw signal the policy does not count as a fault (threshold, rule off)
+BREAKER_HELD = "breaker-held"  # a fault found while the circuit breaker was open: no new work
+UNACTED_CATEGORIES = (UNKNOWN, EXCLUDED, NOTICE, BELOW_THRESHOLD, BREAKER_HELD)
+
+
+@dataclass(frozen=True)
+class Move:
+    at: float
+    node: str
+    from_state: str
+    to_state: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Span:
+    """The node was in ``state`` (not healthy) from ``start`` to ``end``."""
+
+    node: str
+    state: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The node waited (record ``blocked``): for the budget, the breaker, a PDB..."""
+
+    node: str
+    reason: str
+    detail: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Unacted:
+    node: str
+    category: str  # one of UNACTED_CATEGORIES
+    detail: str
+    start: float
+    end: float  # == start for a one-off sighting
+
+
+@dataclass(frozen=True)
+class BreakerTrip:
+    at: float
+    node: str
+    reason: str
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    start: float
+    end: float
+    step_s: float
+    gpus: dict[str, int]  # every GPU node replayed -> its GPU count
+    moves: list[Move] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    unacted: list[Unacted] = field(default_factory=list)
+    trips: list[BreakerTrip] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    steps: int = 0  # simulated instants the engine visited
+    changes: int = 0  # change points in the history
+    seconds: float = 0.0  # wall time of the replay
+
+    @property
+    def affected(self) -> list[str]:
+        return sorted({m.node for m in self.moves} | {u.node for u in self.unacted if u.category != UNKNOWN}
+                      | {w.node for w in self.waits})
+
+    def node_hours(self, node: str | None = None) -> float:
+        """Hours out of service (any state but healthy), for one node or the fleet."""
+        return sum(s.end - s.start for s in self.spans if node is None or s.node == node) / 3600.0
+
+    def gpu_hours(self, node: str | None = None) -> float:
+        return sum((s.end - s.start) * self.gpus.get(s.node, 0)
+                   for s in self.spans if node is None or s.node == node) / 3600.0
+
+    def final_states(self) -> dict[str, str]:
+        final: dict[str, str] = {}
+        for move in self.moves:
+            final[move.node] = move.to_state
+        return final
+
+    def count_to(self, state: str) -> int:
+        return sum(1 for m in self.moves if m.to_state == state)
+
+    def summary(self) -> dict[str, Any]:
+        finals = self.final_states()
+        return {
+            "nodes": len(self.gpus),
+            "gpus": sum(self.gpus.values()),
+            "nodes_acted_on": len({m.node for m in self.moves}),
+            "transitions": len(self.moves),
+            "drains": self.count_to(states.DRAINING),
+            "repairs": self.count_to(states.REPAIRING),
+            "quarantines": self.count_to(states.QUARANTINED),
+            "cordons": self.count_to(states.CORDONED),
+            "quarantined_at_end": sorted(n for n, s in finals.items() if s == states.QUARANTINED),
+            "breaker_trips": len(self.trips),
+            "budget_waits": sum(1 for w in self.waits if w.reason == "budget"),
+            "node_hours_out_of_service": round(self.node_hours(), 3),
+            "gpu_hours_out_of_service": round(self.gpu_hours(), 3),
+            "unacted": {c: sum(1 for u in self.unacted if u.category == c) for c in UNACTED_CATEGORIES},
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "start": self.start,
+            "end": self.end,
+            "step_s": self.step_s,
+            "summary": self.summary(),
+            "transitions": [asdict(m) for m in self.moves],
+            "out_of_service": [asdict(s) for s in self.spans],
+            "waits": [asdict(w) for w in self.waits],
+            "breaker_trips": [asdict(t) for t in self.trips],
+            "not_acted_on": [asdict(u) for u in self.unacted],
+            "per_node": {n: {"node_hours": round(self.node_hours(n), 3), "gpu_hours": round(self.gpu_hours(n), 3)}
+                         for n in self.affected},
+            "notes": self.notes,
+            "engine": {"steps": self.steps, "history_changes": self.changes, "seconds": round(self.seconds, 3)},
+        }
