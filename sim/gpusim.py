@@ -325,10 +325,15 @@ class _NodeServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def close_connections(self) -> None:
-        """Drop every open connection (kept-alive ones included): a refusing exporter answers nobody."""
+        """Drop every open connection (kept-alive ones included): a refusing exporter answers nobody. The
+        request that took the node down (``POST /down`` on the node's own address) gets its answer first."""
+        own = getattr(_HANDLING, "handler", None)
         with self._connections_lock:
             open_now, self._connections = list(self._connections), set()
         for conn in open_now:
+            if own is not None and conn is own.request:
+                own.close_connection = True
+                continue
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
 
@@ -712,10 +717,17 @@ def load_scenario(path: str) -> list[ScenarioEvent]:
 # ---------------------------------------------------------------- HTTP
 
 
+_HANDLING = threading.local()  # .handler: the request this thread is answering
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _NodeServer
     protocol_version = "HTTP/1.1"
     server_version = "gpu-sim"
+
+    def setup(self) -> None:
+        super().setup()
+        _HANDLING.handler = self
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests scrape a lot
         pass

@@ -469,3 +469,9 @@ def test_standalone_script_as_in_the_image(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0
+
+
+def test_down_refuse_posted_to_the_node_itself_is_answered(sim: GpuSim) -> None:
+    assert post(base(sim, "gpu-node-2") + "/down", {"node": "gpu-node-2", "mode": "refuse"}) == (200, {"ok": True})
+    with pytest.raises(urllib.error.URLError):
+        get(sim.url_for("gpu-node-2"))
