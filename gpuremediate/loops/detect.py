@@ -13,11 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedulable_of
 from gpuremediate.kube import errors
+from gpuremediate.kube.resources import EVENTS
 from gpuremediate.loops.base import LoopContext, state_of
+from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, KIND_THERMAL, Finding
@@ -27,6 +30,9 @@ from gpuremediate.state import decide, states
 from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
 
 log = logging.getLogger(__name__)
+
+FLEET_MIN_NODES = 5  # below this, every node's unknown is evented on its own
+FLEET_UNKNOWN_FRACTION = 0.5  # more than this share unknown at once: one fleet Event instead of per node
 
 
 class DetectLoop:
@@ -38,7 +44,12 @@ class DetectLoop:
         self.source = source
         self.breakers = ctx.breakers
         self.memory: dict[str, PolicyMemory] = {}
-        self.unknown: dict[str, str] = {}  # node -> why its health is unknown (events on change only)
+        self.unknown: dict[str, str] = {}  # node -> why its health is unknown
+        self.evented_unknown: set[str] = set()  # nodes that got a GPUHealthUnknown Event (they get Known back)
+        self.fleet_unknown = False  # most nodes unknown: one Event on the controller, none per node
+        self.source_error = ""  # why the last read failed as a whole ("" when it did not)
+        # Events are written by a worker: a storm of them never delays detection.
+        self.events = EventQueue(ctx.events, ctx.metrics.events_dropped)
         self.excluded_seen: set[tuple[str, str]] = set()
         self.cycles = 0
         self._thread: threading.Thread | None = None
@@ -47,6 +58,9 @@ class DetectLoop:
     # ---- thread --------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        start_source = getattr(self.source, "start", None)
+        if callable(start_source):
+            start_source()  # e.g. the exporter source's pod informer, so the first cycle finds it synced
         self._thread = threading.Thread(target=self._run, name="loop-detect", daemon=True)
         self._thread.start()
 
@@ -54,6 +68,10 @@ class DetectLoop:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        stop_source = getattr(self.source, "stop", None)
+        if callable(stop_source):
+            stop_source()
+        self.events.stop()
 
     @property
     def running(self) -> bool:
@@ -65,6 +83,9 @@ class DetectLoop:
             started = time.monotonic()
             try:
                 self.cycle()
+            except (errors.ApiError, errors.TransportError) as exc:  # ordinary: one line, no traceback
+                self.ctx.metrics.count_api_error(exc)
+                log.warning("detect cycle failed; next cycle in one interval", extra={"error": str(exc)})
             except Exception:
                 log.exception("detect cycle failed; next cycle in one interval")
             self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
@@ -78,6 +99,7 @@ class DetectLoop:
         by_node = {r.node: r for r in readings}
         nodes = self.ctx.nodes.gpu_nodes()
         self.breakers.load()  # once a cycle: a person's reset (CLI or annotation) is seen here
+        self._fleet_state(nodes, by_node)
         for node in nodes:
             try:
                 self.check_node(node, by_node.get(name_of(node)), len(nodes))
@@ -94,18 +116,23 @@ class DetectLoop:
         try:
             readings = self.source.read()
         except Exception as exc:
-            log.error("reading GPU metrics failed; every node's health is unknown", extra={"error": str(exc)})
+            if not self.source_error:
+                log.error("reading GPU metrics failed; every node's health is unknown", extra={"error": str(exc)})
+            self.source_error = f"reading GPU metrics failed: {exc}"
             self.ctx.metrics.scrape_errors.inc(source=source)
             return []
         finally:
             if getattr(self.source, "observer", None) is None:  # sources with an observer time each scrape
                 self.ctx.metrics.scrape_seconds.observe(time.monotonic() - started, source=source)
+        if self.source_error:
+            log.info("reading GPU metrics works again")
+        self.source_error = ""
         return readings
 
     def check_node(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
         name = name_of(node)
         if readings is None or readings.status != SOURCE_OK:
-            reason = readings.reason if readings is not None else "no GPU metrics for this node (no exporter pod?)"
+            reason = readings.reason if readings is not None else self._why_no_readings()
             self._report_unknown(name, reason or "unknown")
             return
         self._known_again(name)
@@ -175,7 +202,7 @@ class DetectLoop:
         if after.is_open:
             log.error("circuit breaker opened: no new remediation until a person resets it",
                       extra={"reason": after.reason})
-            self.ctx.events.node_event(name, "GPURemediationBreakerOpen",
+            self.events.node_event(name, "GPURemediationBreakerOpen",
                                        f"circuit breaker opened: {after.reason}; run `gpuremediate breaker reset`",
                                        WARNING)
 
@@ -202,22 +229,63 @@ class DetectLoop:
 
     # ---- reporting ---------------------------------------------------------------------------------
 
+    def _why_no_readings(self) -> str:
+        if self.source_error:
+            return self.source_error
+        return f"the {self.ctx.settings.source} source returned nothing for this node"
+
     def _report_unknown(self, name: str, reason: str) -> None:
-        if self.unknown.get(name) != reason:
+        """One Event per transition into unknown (rate-limited), none while the whole fleet is unknown."""
+        if name not in self.unknown:
             log.warning("GPU health unknown", extra={"node": name, "reason": reason})
-            self.ctx.events.node_event(name, "GPUHealthUnknown", f"GPU health unknown: {reason}", WARNING)
+            if not self.fleet_unknown and self.events.node_event(
+                    name, "GPUHealthUnknown", f"GPU health unknown: {reason}", WARNING, limited=True):
+                self.evented_unknown.add(name)
         self.unknown[name] = reason
 
     def _known_again(self, name: str) -> None:
-        if self.unknown.pop(name, None) is not None:
-            self.ctx.events.node_event(name, "GPUHealthKnown", "GPU metrics readable again", NORMAL)
+        if self.unknown.pop(name, None) is not None and name in self.evented_unknown:
+            self.evented_unknown.discard(name)
+            self.events.node_event(name, "GPUHealthKnown", "GPU metrics readable again", NORMAL, limited=True)
+
+    def _fleet_state(self, nodes: Sequence[Node], by_node: dict[str, NodeReadings]) -> None:
+        """Most nodes unknown at once is the source's failure, said once on the controller, not per node."""
+        unknown = [n for n in map(name_of, nodes) if (r := by_node.get(n)) is None or r.status != SOURCE_OK]
+        now_fleet = len(nodes) >= FLEET_MIN_NODES and len(unknown) > len(nodes) * FLEET_UNKNOWN_FRACTION
+        if now_fleet == self.fleet_unknown:
+            return
+        self.fleet_unknown = now_fleet
+        self.ctx.metrics.fleet_unknown.set(1.0 if now_fleet else 0.0)
+        if now_fleet:
+            example = self.source_error or next(
+                (r.reason for n in unknown if (r := by_node.get(n)) is not None and r.reason), "no readings")
+            message = f"GPU health unknown on {len(unknown)} of {len(nodes)} GPU nodes: {example}"
+            log.error(message)
+            self._controller_event("GPUHealthUnknownFleet", message, WARNING)
+        else:
+            log.info("GPU health readable again on most nodes")
+            self._controller_event("GPUHealthKnownFleet", "GPU health readable again on most GPU nodes", NORMAL)
+
+    def _controller_event(self, reason: str, message: str, type_: str) -> None:
+        pod = own_pod()
+        if pod is None or self.ctx.settings.dry_run:
+            return  # outside a Pod there is no object of ours to put it on; the log and the metric say it
+        namespace, name = pod
+        body = pod_event_body(namespace, name, reason, message, type_, self.ctx.clock())
+        self.events.submit(lambda: self._create_event(namespace, body))
+
+    def _create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        try:
+            self.ctx.client.create(EVENTS, body, namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("could not record event", extra={"reason": body["reason"], "error": str(exc)})
 
     def _report_excluded(self, name: str, findings: Sequence[Finding]) -> None:
         for finding in findings:
             key = (name, finding.fingerprint)
             if key not in self.excluded_seen:
                 self.excluded_seen.add(key)
-                self.ctx.events.node_event(
+                self.events.node_event(
                     name, "GPUFaultExcludedNode",
                     f"{finding.message} (node labelled gpuremediate.io/exclude=true: not acting)", WARNING,
                 )

@@ -1,0 +1,148 @@
+"""Events written off the detect loop's thread: a bounded queue that drops (and counts) instead of blocking.
+
+Writing an Event is an API call at the client's rate limit; a storm of them (every node going unknown
+when the metrics source fails) must never delay the next detect cycle. ``node_event`` only enqueues;
+one worker thread writes. A full queue, or a rate-limited kind of Event over its budget, is dropped and
+counted in ``gpuremediate_events_dropped_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpuremediate.actions.events import COMPONENT
+
+log = logging.getLogger(__name__)
+
+Write = Callable[[], None]
+
+
+class NodeEvents(Protocol):
+    def node_event(self, node: str, reason: str, message: str, type_: str = ..., uid: str = "") -> None: ...
+
+
+class DropCounter(Protocol):
+    def inc(self, amount: float = 1.0, **labels: str) -> None: ...
+
+
+class TokenBucket:
+    """``burst`` at once, then ``per_s`` a second."""
+
+    def __init__(self, per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s, self.burst, self.clock = per_s, burst, clock
+        self.tokens = float(burst)
+        self.last = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.per_s)
+        self.last = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+class EventQueue:
+    """Wraps an EventRecorder: the same ``node_event`` call, answered at once, written by a worker."""
+
+    def __init__(
+        self,
+        recorder: NodeEvents,
+        dropped: DropCounter | None = None,
+        *,
+        maxsize: int = 1000,
+        limited_per_s: float = 1.0,
+        limited_burst: int = 20,
+    ) -> None:
+        self.recorder = recorder
+        self.dropped = dropped
+        self._queue: queue.Queue[Write | None] = queue.Queue(maxsize=maxsize)
+        self._limit = TokenBucket(limited_per_s, limited_burst)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
+                   *, limited: bool = False) -> bool:
+        """Queue an Event on a Node; False when it was dropped. ``limited``: subject to the rate budget."""
+        return self.submit(lambda: self.recorder.node_event(node, reason, message, type_, uid), limited=limited)
+
+    def submit(self, write: Write, *, limited: bool = False) -> bool:
+        if limited and not self._limit.take():
+            self._drop("rate-limited")
+            return False
+        self._ensure_worker()
+        try:
+            self._queue.put_nowait(write)
+        except queue.Full:
+            self._drop("queue-full")
+            return False
+        return True
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued Event is written (tests, shutdown); False on timeout."""
+        done = threading.Event()
+        if not self.submit(done.set):
+            return False
+        return done.wait(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        thread.join(timeout)
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="event-writer", daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while (write := self._queue.get()) is not None:
+            try:
+                write()
+            except Exception:  # the recorder logs API errors itself; anything else must not kill the writer
+                log.exception("event write failed")
+
+    def _drop(self, why: str) -> None:
+        if self.dropped is not None:
+            self.dropped.inc(reason=why)
+        log.debug("event dropped", extra={"why": why})
+
+
+def own_pod() -> tuple[str, str] | None:
+    """(namespace, name) of the controller's own Pod, from the downward API env; None outside a Pod."""
+    name, namespace = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")
+    return (namespace, name) if name and namespace else None
+
+
+def pod_event_body(namespace: str, pod: str, reason: str, message: str, type_: str, now: float) -> dict[str, Any]:
+    """A core/v1 Event about the controller's own Pod (it lives in the Pod's namespace, as a Pod's must)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod}.{secrets.token_hex(8)}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod},
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": COMPONENT, "host": pod},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": pod,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
