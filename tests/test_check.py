@@ -237,3 +237,28 @@ def test_exit_codes_follow_the_worst_finding() -> None:
     Fixed.read_node = lambda self: empty  # type: ignore[method-assign]
     report = check.run_check(Fixed(), policy, kernel_log="no")  # type: ignore[arg-type]
     assert (report.exit_code, report.reason) == (3, "nvidia-smi listed no GPUs")
+
+
+# GB200 kmsg lines quoted in leptonai/gpud pull request #1174, on the H100 capture's bus
+NVLINK5_NONFATAL = (f"{K} Xid (PCI:0000:00:09): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 "
+                    "(0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)\n")
+NVLINK5_FATAL = (f"{K} Xid (PCI:0000:00:09): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+                 "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)\n")
+
+
+@pytest.mark.parametrize(("journal", "code", "finding"), [
+    (NVLINK5_NONFATAL * 3, 0, ("145", "none")),
+    (NVLINK5_NONFATAL + NVLINK5_FATAL, 2, ("149", "reset-gpu")),
+    (f"{K} Xid (PCI:0000:00:09): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n",
+     2, ("154", "reset-gpu")),
+])
+def test_kernel_log_messages_decode_nvlink5_and_154(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, journal: str, code: int,
+    finding: tuple[str, str],
+) -> None:
+    use(monkeypatch, H100)
+    (tmp_path / "journal.txt").write_text(journal)
+    monkeypatch.setenv("FAKE_JOURNALCTL_OUT", str(tmp_path / "journal.txt"))
+    got, report = run_json(["--kernel-log", "yes"])
+    assert got == code
+    assert (report["findings"][0]["code"], report["findings"][0]["action"]) == finding

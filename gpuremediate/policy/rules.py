@@ -49,6 +49,7 @@ class GpuView:
     key: str
     xids: frozenset[int]
     xid_counts: Mapping[int, float]
+    xid_messages: Mapping[int, tuple[str, ...]]
     ecc_dbe_volatile: float | None
     row_remap_failure: float | None
     row_remap_pending: float | None
@@ -65,11 +66,16 @@ def merge_readings(node: str, key: str, readings: Sequence[GpuReading]) -> GpuVi
             if usable is not None and plausible_xid(code) is not None:
                 counts[code] = max(counts.get(code, 0.0), usable)
     xids = {xid for r in readings if (xid := plausible_xid(r.xid)) is not None}
+    messages: dict[int, tuple[str, ...]] = {}
+    for reading in readings:
+        for code, texts in reading.xid_messages.items():
+            messages[code] = (*messages.get(code, ()), *(t for t in texts if t not in messages.get(code, ())))
     return GpuView(
         node=node,
         key=key,
         xids=frozenset(xids),
         xid_counts=counts,
+        xid_messages=messages,
         ecc_dbe_volatile=_largest(usable_count(r.ecc_dbe_volatile) for r in readings),
         row_remap_failure=_largest(usable_flag(r.row_remap_failure) for r in readings),
         row_remap_pending=_largest(usable_flag(r.row_remap_pending) for r in readings),
@@ -83,7 +89,7 @@ def merge_readings(node: str, key: str, readings: Sequence[GpuReading]) -> GpuVi
 
 
 def _xid_finding(gpu: GpuView, code: int, policy: Policy, fingerprint: str, seen: str) -> Finding:
-    entry = lookup(code, policy.xid.overrides, policy.xid.unknown_action)
+    entry = lookup(code, policy.xid.overrides, policy.xid.unknown_action, gpu.xid_messages.get(code, ()))
     message = f"GPU {gpu.key} {seen} XID {code} ({entry.mnemonic}): {entry.reason}"
     return Finding(gpu.node, KIND_XID, str(code), (gpu.key,), entry.action, fingerprint, message)
 

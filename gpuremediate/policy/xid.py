@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import re
 import sys
@@ -19,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 
+from gpuremediate.policy import nvlink5
 from gpuremediate.policy.findings import (
     ACTION_NONE,
     ACTION_QUARANTINE,
@@ -54,7 +56,7 @@ _BUCKET_PHRASES: Mapping[str, str] = MappingProxyType(
 
 
 def _nvlink5(unit: str) -> str:
-    return f"NVLink5 {unit} error: decoding its message ends in IGNORE or RESET_GPU; without the message, reset."
+    return f"NVLink5 {unit} error: its message is decoded (IGNORE: evented, RESET_GPU: reset); undecodable: reset."
 
 
 # XIDs whose bucket is a workflow, a special case or empty: decided here, one reason each.
@@ -72,7 +74,7 @@ EXPLICIT_DECISIONS: Mapping[int, tuple[str, str]] = MappingProxyType(
         148: (ACTION_RESET_GPU, _nvlink5("NVLPW_CTRL")),
         149: (ACTION_RESET_GPU, _nvlink5("NETIR")),
         150: (ACTION_RESET_GPU, _nvlink5("MSE")),
-        154: (ACTION_REBOOT, "Recovery action changed: the gauge has no text, so the largest action it may name."),
+        154: (ACTION_REBOOT, "Recovery action changed: its text names the action; without it, the largest one."),
         159: (ACTION_RESET_GPU, "CHI non-data error: NVIDIA resets when UVM is in use, and CUDA loads nvidia-uvm."),
         162: (ACTION_NONE, "Power smoothing circuitry re-engaged: informational."),
         163: (ACTION_NONE, "Power smoothing disengaged: the catalog says no GPU reset is required."),
@@ -178,15 +180,48 @@ def unknown_entry(code: int, action: str = ACTION_QUARANTINE) -> XidEntry:
 
 
 def lookup(
-    code: int, overrides: Mapping[int, XidOverride] | None = None, unknown_action: str = ACTION_QUARANTINE
+    code: int,
+    overrides: Mapping[int, XidOverride] | None = None,
+    unknown_action: str = ACTION_QUARANTINE,
+    messages: Sequence[str] = (),
 ) -> XidEntry:
-    """The entry for ``code``, after the policy's overrides; XIDs not in the catalog get ``unknown_action``."""
+    """The entry for ``code``, after the policy's overrides; XIDs not in the catalog get ``unknown_action``.
+
+    ``messages`` (the driver's text for this XID: kernel log, exporter err_msg) decide the NVLink5 XIDs
+    144-150 and XID 154; an override still wins over them.
+    """
     entry = XID_TABLE.get(code) or unknown_entry(code, unknown_action)
     override = (overrides or {}).get(code)
     if override is None:
-        return entry
+        return decoded_entry(entry, messages) if messages else entry
     reason = override.reason or f"Policy override (catalog default: {entry.action})."
     return XidEntry(code=code, mnemonic=entry.mnemonic, bucket=entry.bucket, action=override.action, reason=reason)
+
+
+_BUCKET_ACTIONS_NVLINK5: Mapping[str, str] = MappingProxyType(
+    {"IGNORE": ACTION_NONE, "XID_154_EVAL": ACTION_NONE, "RESET_GPU": ACTION_RESET_GPU}
+)
+_ACTION_ORDER = (ACTION_NONE, ACTION_RESET_GPU, ACTION_REBOOT)
+
+
+def decoded_entry(entry: XidEntry, messages: Sequence[str]) -> XidEntry:
+    """``entry`` with the action its messages decode to (NVLink5 144-150, XID 154); unchanged when any
+    message does not decode: without a readable message the catalog's cautious default stands."""
+    if entry.code in nvlink5.NVLINK5_XIDS:
+        worst, complete = nvlink5.worst_decode(entry.code, messages)
+        if worst is None or not complete:
+            return entry
+        action = _BUCKET_ACTIONS_NVLINK5[worst.bucket]
+        reason = (f"NVLink5 {worst.unit} ({worst.severity}), error status 0x{worst.error_status:08x}: "
+                  f"{nvlink5.BUCKET_WORDS[worst.bucket]}.")
+        return dataclasses.replace(entry, action=action, reason=reason)
+    if entry.code == 154:
+        actions = [action_from_xid154_text(message) for message in messages]
+        if not actions or None in actions:
+            return entry
+        action = max((a for a in actions if a is not None), key=_ACTION_ORDER.index)
+        return dataclasses.replace(entry, action=action, reason=f"XID 154 names the recovery action: {action}.")
+    return entry
 
 
 def action_from_xid154_text(message: str) -> str | None:

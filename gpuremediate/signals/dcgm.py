@@ -61,6 +61,7 @@ class _GpuBuilder:
     values: dict[str, float] = field(default_factory=dict)
     xid: int | None = None
     xid_counts: dict[int, float] = field(default_factory=dict)
+    xid_messages: dict[int, tuple[str, ...]] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
     pods: set[PodRef] = field(default_factory=set)
 
@@ -74,6 +75,7 @@ class _GpuBuilder:
             mig_instance=self.mig_instance,
             xid=self.xid,
             xid_counts=MappingProxyType(dict(sorted(self.xid_counts.items()))),
+            xid_messages=MappingProxyType(dict(sorted(self.xid_messages.items()))),
             pods=tuple(sorted(self.pods, key=lambda pod: (pod.namespace, pod.name))),
             extra=MappingProxyType(dict(sorted(self.extra.items()))),
             **{attr: self.values.get(attr) for attr in NAMED_FIELDS.values()},
@@ -154,10 +156,12 @@ def _add_value(builder: _GpuBuilder, name: str, labels: Mapping[str, str], value
         return
     if name == XID_FIELD:
         builder.xid = 0 if value == 0 else plausible_xid(value)  # 0: no XID since the exporter started
+        _add_message(builder, builder.xid, labels)
     elif name == XID_COUNT_SERIES:
         code, count = plausible_xid(ascii_int(labels.get("xid"))), plausible_count(value)
         if code is not None and count is not None:
             builder.xid_counts[code] = count
+            _add_message(builder, code, labels)
     elif name in NAMED_FIELDS:
         attr = NAMED_FIELDS[name]
         reading = PLAUSIBLE[attr](value)
@@ -165,6 +169,12 @@ def _add_value(builder: _GpuBuilder, name: str, labels: Mapping[str, str], value
             builder.values[attr] = reading
     elif name.startswith("DCGM_FI_"):
         builder.extra[name] = value
+
+
+def _add_message(builder: _GpuBuilder, code: int | None, labels: Mapping[str, str]) -> None:
+    message = labels.get("err_msg")
+    if code and message and message not in builder.xid_messages.get(code, ()):
+        builder.xid_messages[code] = (*builder.xid_messages.get(code, ()), message)
 
 
 def _node_readings(

@@ -111,9 +111,13 @@ def read_kernel_log(runner: Runner = _run, platform: str = sys.platform) -> Kern
 def with_kernel_xids(readings: NodeReadings, log: KernelLog) -> tuple[NodeReadings, list[str]]:
     """Add per-GPU XID counts from the kernel log; notes for XIDs on PCI devices nvidia-smi did not list."""
     counts: dict[str, dict[int, float]] = {}
+    messages: dict[str, dict[int, tuple[str, ...]]] = {}
     for event in log.xids:
         per_gpu = counts.setdefault(event.bus_id, {})
         per_gpu[event.xid] = per_gpu.get(event.xid, 0.0) + 1
+        texts = messages.setdefault(event.bus_id, {})
+        if event.text and event.text not in texts.get(event.xid, ()):
+            texts[event.xid] = (*texts.get(event.xid, ()), event.text)
     known = {normalise_bus_id(g.pci_bus_id or ""): g for g in readings.gpus}
     notes = [
         f"kernel log: XID {', '.join(map(str, sorted(c)))} on PCI {bus}, which nvidia-smi does not list "
@@ -122,7 +126,8 @@ def with_kernel_xids(readings: NodeReadings, log: KernelLog) -> tuple[NodeReadin
         if bus not in known
     ]
     gpus = tuple(
-        dataclasses.replace(g, xid_counts=MappingProxyType(counts[bus])) if bus in counts else g
+        dataclasses.replace(g, xid_counts=MappingProxyType(counts[bus]),
+                            xid_messages=MappingProxyType(messages.get(bus, {}))) if bus in counts else g
         for bus, g in ((normalise_bus_id(g.pci_bus_id or ""), g) for g in readings.gpus)
     )
     return dataclasses.replace(readings, gpus=gpus), notes

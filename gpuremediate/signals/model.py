@@ -91,6 +91,8 @@ class GpuReading:
     xid: int | None = None  # DCGM_FI_DEV_XID_ERRORS: the LAST XID seen, sticky until exporter restart
     # DCGM_EXP_XID_ERRORS_COUNT{xid=...}: per XID, in a window
     xid_counts: Mapping[int, float] = field(default_factory=dict, hash=False)
+    # the driver's text per XID (kernel log line, exporter err_msg): decodes NVLink5 XIDs 144-150 and 154
+    xid_messages: Mapping[int, tuple[str, ...]] = field(default_factory=dict, hash=False)
     ecc_dbe_volatile: float | None = None  # DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
     row_remap_failure: float | None = None  # DCGM_FI_DEV_ROW_REMAP_FAILURE
     row_remap_pending: float | None = None  # DCGM_FI_DEV_ROW_REMAP_PENDING
