@@ -1,4 +1,10 @@
-"""Informer: list + watch one resource type in a thread, keep an in-memory store, call handlers."""
+"""Informer: list + watch one resource type in a thread, keep an in-memory store, call handlers.
+
+A ``transform`` (client-go's SetTransform) is applied to every object before it is stored or handed to
+a handler, so the store keeps only what the controller reads: ``strip_node`` drops what a kubelet
+writes in bulk (managedFields, the image list, volumes). Pods are never cached cluster-wide: an
+Informer on pods must name a namespace (the exporter pods'); a drain lists one node's pods instead.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,38 @@ log = logging.getLogger(__name__)
 AddHandler = Callable[[dict[str, Any]], None]
 UpdateHandler = Callable[[dict[str, Any], dict[str, Any]], None]
 DeleteHandler = Callable[[dict[str, Any]], None]
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+# What a Node carries that nothing here reads (checked with grep: labels, annotations, uid,
+# resourceVersion, spec.unschedulable, status.conditions, capacity/allocatable and nodeInfo.bootID are).
+NODE_STATUS_UNREAD = ("images", "volumesInUse", "volumesAttached", "daemonEndpoints", "addresses", "config",
+                      "runtimeHandlers", "features")
+ANNOTATIONS_UNREAD = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def strip_metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without managedFields and kubectl's last-applied copy (a new dict; ``obj`` is untouched)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return obj
+    meta = {k: v for k, v in meta.items() if k != "managedFields"}
+    annotations = meta.get("annotations")
+    if isinstance(annotations, dict) and any(a in annotations for a in ANNOTATIONS_UNREAD):
+        meta["annotations"] = {k: v for k, v in annotations.items() if k not in ANNOTATIONS_UNREAD}
+    return {**obj, "metadata": meta}
+
+
+def strip_node(node: dict[str, Any]) -> dict[str, Any]:
+    """A Node with only what the controller reads (``strip_metadata`` plus the bulky status lists)."""
+    out = strip_metadata(node)
+    status = out.get("status")
+    if isinstance(status, dict) and any(k in status for k in NODE_STATUS_UNREAD):
+        out["status"] = {k: v for k, v in status.items() if k not in NODE_STATUS_UNREAD}
+    return out
+
+
+def default_transform(res: Resource) -> Transform:
+    return strip_node if res.kind == "Node" else strip_metadata
 
 
 def object_key(obj: dict[str, Any]) -> str:
@@ -45,8 +83,13 @@ class Informer:
         *,
         watch_timeout_seconds: int = 300,
         error_backoff: float = 1.0,
+        transform: Transform | None = None,
     ) -> None:
+        if res.kind == "Pod" and not namespace:
+            raise ValueError("pods are never cached cluster-wide: an Informer on pods needs a namespace")
         self.client = client
+        self.transform = transform or default_transform(res)
+        self.last_error = ""  # why the last list failed ("" once one succeeded)
         self.res = res
         self.namespace = namespace
         self.label_selector = label_selector
@@ -132,6 +175,7 @@ class Informer:
                 return self._relist()
             except (errors.ApiError, errors.TransportError) as exc:
                 failures += 1
+                self.last_error = str(exc)
                 log.warning("list of %s failed: %s", self.res.plural, exc)
                 self._stopped.wait(retry_delay(self.error_backoff, failures))
         return ""
@@ -139,7 +183,8 @@ class Informer:
     def _relist(self) -> str:
         listing = self.client.list(self.res, self.namespace, label_selector=self.label_selector,
                                    field_selector=self.field_selector)
-        fresh = {object_key(obj): obj for obj in listing.get("items") or []}
+        fresh = {object_key(obj): self.transform(obj) for obj in listing.get("items") or []}
+        self.last_error = ""
         with self._lock:
             old, self._store = self._store, dict(fresh)
             self.relists += 1
@@ -156,7 +201,7 @@ class Informer:
         return str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
     def _apply(self, event: WatchEvent) -> None:
-        obj, key = event.object, object_key(event.object)
+        obj, key = self.transform(event.object), object_key(event.object)
         with self._lock:
             old = self._store.get(key)
             if event.type == "DELETED":
