@@ -13,6 +13,7 @@ import io
 import json
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 import zlib
@@ -21,7 +22,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuremediate.kube.errors import KubeError
+from gpuremediate.kube.cache import Informer
+from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
 from gpuremediate.signals import dcgm, exposition
 from gpuremediate.signals.exposition import Sample
@@ -54,11 +56,6 @@ class ScrapeObserver(Protocol):
 
 class SourceError(RuntimeError):
     """The source as a whole failed (pods cannot be listed, Prometheus unusable); says why."""
-
-
-class KubeLister(Protocol):
-    def list(self, res: Any, namespace: str | None = None, *, label_selector: str | None = None,
-             field_selector: str | None = None, limit: int = 500) -> dict[str, Any]: ...
 
 
 def unknown(node: str, source: str, reason: str, observed_at: float) -> NodeReadings:
@@ -267,13 +264,17 @@ def exporter_targets(pods: Iterable[Mapping[str, Any]], port: int, path: str) ->
 
 
 class ExporterSource:
-    """Scrapes every node's dcgm-exporter pod directly, concurrently, with a deadline and a size cap."""
+    """Scrapes every node's dcgm-exporter pod directly, concurrently, with a deadline and a size cap.
+
+    The exporter pods come from an Informer on their namespace and label selector (owned here, started
+    with the source): at steady state no LIST is sent, only the watch.
+    """
 
     name = "exporter"
 
     def __init__(
         self,
-        client: KubeLister,
+        client: KubeClient,
         namespace: str = "gpu-operator",
         label_selector: str = "app=nvidia-dcgm-exporter",
         port: int = 9400,
@@ -285,6 +286,7 @@ class ExporterSource:
         observer: ScrapeObserver | None = None,
         expected_nodes: Callable[[], Iterable[str]] | None = None,
         clock: Callable[[], float] = time.time,
+        sync_timeout_s: float = 10.0,
     ) -> None:
         if workers < 1 or timeout_s <= 0 or max_bytes < 1:
             raise ValueError(f"workers ({workers}), timeout_s ({timeout_s}), max_bytes ({max_bytes}) must be > 0")
@@ -298,6 +300,9 @@ class ExporterSource:
         self.clock = clock
         self._in_flight: dict[str, float] = {}  # node -> monotonic start of its running scrape
         self._failed: set[str] = set()  # nodes unknown last cycle: scraped after the others
+        self.sync_timeout_s = sync_timeout_s
+        self._informer: Informer | None = None
+        self._start_lock = threading.Lock()
 
     def read(self) -> list[NodeReadings]:
         targets = exporter_targets(self._pods(), self.port, self.path)
@@ -361,12 +366,25 @@ class ExporterSource:
         finally:
             self._in_flight.pop(target.node, None)
 
+    def start(self) -> None:
+        """Start watching the exporter pods (read() also starts it, on first use)."""
+        with self._start_lock:
+            if self._informer is None:
+                self._informer = Informer(self.client, PODS, self.namespace, label_selector=self.label_selector)
+                self._informer.start()
+
+    def stop(self) -> None:
+        if self._informer is not None:
+            self._informer.stop()
+
     def _pods(self) -> list[Mapping[str, Any]]:
-        try:
-            listed = self.client.list(PODS, self.namespace, label_selector=self.label_selector)
-        except KubeError as e:
-            raise SourceError(f"cannot list exporter pods in {self.namespace} ({self.label_selector}): {e}") from e
-        return list(listed.get("items") or [])
+        """The exporter pods from the informer's store: a watch, not a LIST per cycle."""
+        self.start()
+        assert self._informer is not None
+        if not self._informer.wait_for_sync(self.sync_timeout_s):
+            why = self._informer.last_error or f"not listed within {self.sync_timeout_s:g} s"
+            raise SourceError(f"cannot list exporter pods in {self.namespace} ({self.label_selector}): {why}")
+        return list(self._informer.list())
 
     def _missing(self, covered: set[str]) -> list[NodeReadings]:
         if self.expected_nodes is None:

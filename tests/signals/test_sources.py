@@ -22,6 +22,7 @@ from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, NodeReadings
 from gpuremediate.signals.sources import ExporterSource, PrometheusError, PrometheusSource, SourceError
 from sim.gpusim import GpuSim
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 NS = "gpu-operator"
 SELECTOR = "app=nvidia-dcgm-exporter"
@@ -57,10 +58,15 @@ def sim() -> Iterator[GpuSim]:
     s.stop()
 
 
+STARTED: list[ExporterSource] = []  # each owns a pod informer: stopped after its test
+
+
 @pytest.fixture
 def client(cluster: tuple[KubeAPIServer, KubeClient]) -> Iterator[KubeClient]:
     _, c = cluster
     yield c
+    while STARTED:
+        STARTED.pop().stop()
     for pod in c.list(PODS, NS)["items"]:
         c.delete(PODS, pod["metadata"]["name"], NS, grace_period_seconds=0)
 
@@ -82,7 +88,9 @@ def pods_for(client: KubeClient, sim: GpuSim) -> None:
 
 
 def source(client: KubeClient, sim: GpuSim, **kw: Any) -> ExporterSource:
-    return ExporterSource(client, port=sim.port, **kw)
+    made = ExporterSource(client, port=sim.port, **kw)
+    STARTED.append(made)
+    return made
 
 
 def by_node(readings: list[NodeReadings]) -> dict[str, NodeReadings]:
@@ -189,7 +197,9 @@ def test_scrape_without_gpu_series_is_unknown(client: KubeClient) -> None:
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         exporter_pod(client, "bare", "127.0.0.31")
-        (reading,) = ExporterSource(client, port=httpd.server_address[1]).read()
+        src = ExporterSource(client, port=httpd.server_address[1])
+        STARTED.append(src)
+        (reading,) = src.read()
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -201,8 +211,28 @@ def test_listing_failure_is_a_source_error() -> None:
         def list(self, *a: Any, **kw: Any) -> dict[str, Any]:
             raise TransportError("connection refused")
 
-    with pytest.raises(SourceError, match=r"cannot list exporter pods in gpu-operator \(app=nvidia-dcgm-exporter\)"):
-        ExporterSource(Broken()).read()
+    src = ExporterSource(Broken(), sync_timeout_s=0.5)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(SourceError, match=r"cannot list exporter pods in gpu-operator "
+                                              r"\(app=nvidia-dcgm-exporter\): connection refused"):
+            src.read()
+    finally:
+        src.stop()
+
+
+def test_exporter_pods_come_from_a_watch_not_a_list_per_cycle(
+        cluster: tuple[KubeAPIServer, KubeClient], client: KubeClient, sim: GpuSim) -> None:
+    srv, _ = cluster
+    pods_for(client, sim)
+    src = source(client, sim)
+    assert len(src.read()) == 3
+    before = [r for r in list(srv.requests) if r[3] == "pods" and r[1] == "list"]
+    for _ in range(3):
+        assert len(src.read()) == 3
+    after = [r for r in list(srv.requests) if r[3] == "pods" and r[1] == "list"]
+    assert after == before, "the exporter source listed pods again on a later cycle"
+    exporter_pod(client, "gpu-node-late", sim.node("gpu-node-1").ip)  # a new pod arrives through the watch
+    wait_for(lambda: {r.node for r in src.read()} >= {"gpu-node-late"}, 10, "the new exporter pod")
 
 
 def test_stale_timestamped_samples_are_dropped() -> None:
