@@ -37,6 +37,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     p.add_argument("--leader-elect", action="store_true", help="run leader election on a Lease (for >1 replica)")
     p.add_argument("--lease-name", default="gpuremediate")
+    p.add_argument("--leader-elect-lease-duration", default="15s",
+                   help="how long others wait after the leader's last renewal before taking over")
+    p.add_argument("--leader-elect-renew-deadline", default="10s",
+                   help="the leader stops writing when its last renewal is this old")
+    p.add_argument("--leader-elect-retry-period", default="2s", help="how often the lease is renewed or tried")
     p.add_argument("--source", choices=SOURCES, default="exporter", help="where GPU health comes from")
     p.add_argument("--exporter-namespace", default="gpu-operator")
     p.add_argument("--exporter-selector", default="app=nvidia-dcgm-exporter")
@@ -71,6 +76,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_level=args.log_level,
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
+        lease_duration_s=parse_duration(args.leader_elect_lease_duration, "--leader-elect-lease-duration"),
+        renew_deadline_s=parse_duration(args.leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
+        retry_period_s=parse_duration(args.leader_elect_retry_period, "--leader-elect-retry-period"),
         source=args.source,
         exporter_namespace=args.exporter_namespace,
         exporter_selector=args.exporter_selector,

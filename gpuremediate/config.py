@@ -27,6 +27,9 @@ class Settings:
     log_level: str = "info"
     leader_elect: bool = False
     lease_name: str = "gpuremediate"
+    lease_duration_s: float = 15.0  # client-go's defaults; a leader acts only within renew_deadline_s of a renewal
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
     identity: str = ""
     source: str = "exporter"
     exporter_namespace: str = "gpu-operator"
@@ -54,6 +57,11 @@ class Settings:
             raise SettingsError(f"--scrape-interval: must be > 0, got {self.scrape_interval_s}")
         if self.resync_s <= 0:
             raise SettingsError(f"--resync: must be > 0, got {self.resync_s}")
+        if not self.lease_duration_s > self.renew_deadline_s > self.retry_period_s * 1.2 > 0:
+            raise SettingsError(
+                "--leader-elect-lease-duration > --leader-elect-renew-deadline > 1.2 x --leader-elect-retry-period "
+                f"> 0 is required, got {self.lease_duration_s:g}s, {self.renew_deadline_s:g}s, "
+                f"{self.retry_period_s:g}s")
         if not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"--metrics-addr: port out of range: {self.metrics_port}")
         if self.log_format not in ("text", "json"):

@@ -6,19 +6,19 @@ Wiring only; every decision lives in ``state``/``policy`` and every effect in ``
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.actions.events import EventRecorder
 from gpuremediate.actions.nodes import NodeView, NodeWriter, is_excluded, is_gpu_node, labels_of, name_of
 from gpuremediate.config import Settings
+from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
-from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.client import KubeClient, WriteFence
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.leader import LeaderElector
 from gpuremediate.kube.resources import NODES
@@ -30,12 +30,22 @@ from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.obs.metrics import Counter
 from gpuremediate.obs.server import ObservabilityServer
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.selector import parse_selector
+from gpuremediate.shutdown import Shutdown
 from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Source
 
 log = logging.getLogger(__name__)
+
+CACHE_SYNC_S = 60.0
+STOP_BOUND_S = 6.0  # loops and caches stop together within this; each loop's own join waits 5 s at most
+RELEASE_BOUND_S = 2.0  # then the lease is released, last
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
 
 
 class MetricsObserver:
@@ -106,7 +116,14 @@ class Controller:
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
         self.acting = False
         self.lost_lease = False
-        self._stopped = threading.Event()
+        self.elector: LeaderElector | None = None  # set by run() with --leader-elect
+        self._lifecycle = threading.Lock()  # start_loops (elector thread) against stop (main thread)
+        self._shutdown = Shutdown()
+        self.fenced_writes = Counter(
+            "gpuremediate_fenced_writes_total",
+            "Writes refused before they were sent: this replica's leader lease was past its renew deadline.",
+        )
+        self.metrics.registry.register(self.fenced_writes)
 
     def _on_node(self, node: dict[str, Any]) -> None:
         if self.acting and self.ctx.nodes.node_filter(node):
@@ -122,28 +139,42 @@ class Controller:
         return self.informer.wait_for_sync(timeout)
 
     def start_loops(self) -> None:
-        log.info("starting loops", extra={"dry_run": self.settings.dry_run})
-        self.acting = True
-        self.metrics.leader.set(1.0)
-        self.detect.start()
-        for loop in self.node_loops:
-            loop.start()
+        """Start acting (the leader elector's thread calls this); nothing starts once stop() has begun."""
+        with self._lifecycle:
+            if self.ctx.stop.is_set():
+                return
+            log.info("starting loops", extra={"dry_run": self.settings.dry_run})
+            self.acting = True
+            self.metrics.leader.set(1.0)
+            self.detect.start()
+            for loop in self.node_loops:
+                loop.start()
         drain = next(loop for loop in self.node_loops if isinstance(loop, DrainLoop))
-        self.maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel)
-        if self.maintenance is not None:
-            self.maintenance.start()
+        maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel)  # an API call: outside the lock
+        with self._lifecycle:
+            if maintenance is not None and not self.ctx.stop.is_set():
+                self.maintenance = maintenance
+                maintenance.start()
 
-    def stop(self) -> None:
-        self.acting = False
-        self.ctx.stop.set()
-        self.detect.stop()
-        for loop in self.node_loops:
-            loop.stop()
-        if self.maintenance is not None:
-            self.maintenance.stop()
-        self.informer.stop()
+    def stop(self, timeout: float = STOP_BOUND_S) -> None:
+        """Stop every loop and the caches, all at once, waiting at most ``timeout`` for them together."""
+        with self._lifecycle:
+            self.acting = False
+            self.ctx.stop.set()
+            parts: list[Stoppable] = [self.detect, *self.node_loops, self.informer]
+            if self.maintenance is not None:
+                parts.append(self.maintenance)
+        stoppers = [threading.Thread(target=part.stop, name=f"stop-{type(part).__name__}", daemon=True)
+                    for part in parts]
+        for stopper in stoppers:
+            stopper.start()
+        deadline = time.monotonic() + timeout
+        for stopper in stoppers:
+            stopper.join(max(0.0, deadline - time.monotonic()))
+        stuck = [stopper.name for stopper in stoppers if stopper.is_alive()]
+        if stuck:
+            log.warning("not stopped within %gs: %s", timeout, ", ".join(stuck))
         self.metrics.leader.set(0.0)
-        self._stopped.set()
 
     def ready(self) -> tuple[bool, str]:
         if not self.informer.has_synced():
@@ -161,36 +192,69 @@ class Controller:
 
     # ---- the process ---------------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self, shutdown: Shutdown | None = None) -> int:
         """Serve until SIGTERM/SIGINT (0) or a lost lease (1: the process restarts as a follower)."""
+        self._shutdown = shutdown = (shutdown or Shutdown()).install()
         server = ObservabilityServer(self.metrics.registry, self.ready, self.settings.metrics_host,
                                      self.settings.metrics_port, alive=self.alive).start()
         log.info("observability port open", extra={"port": server.port})
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stopped.set())
-        if not self.start_caches():
-            log.error("node cache did not sync; exiting")
+        elector: LeaderElector | None = None
+        try:
+            if not self._sync_caches(shutdown, timeout=CACHE_SYNC_S):
+                if shutdown.requested:
+                    return 0
+                log.error("node cache did not sync; exiting")
+                return 1
+            self.elector = elector = self._elector()
+            if elector is None:
+                self.start_loops()
+            else:
+                self.client.write_fence = self._fence(elector)
+                threading.Thread(target=elector.run, name="leader-election", daemon=True).start()
+            shutdown.wait()
+            log.info("shutting down", extra={"signal": shutdown.signum})
+            return 1 if self.lost_lease else 0
+        finally:
+            self.stop()  # stop acting first: nothing may be written once the lease is released
+            if elector is not None:
+                elector.stop(RELEASE_BOUND_S)
             server.stop()
-            return 1
-        elector = self._elector()
-        if elector is None:
-            self.start_loops()
-        else:
-            threading.Thread(target=elector.run, name="leader-election", daemon=True).start()
-        self._stopped.wait()
-        self.stop()  # stop acting first: nothing may be written once the lease is released
-        if elector is not None:
-            elector.stop()
-        server.stop()
-        return 1 if self.lost_lease else 0
+
+    def _sync_caches(self, shutdown: Shutdown, timeout: float) -> bool:
+        """start_caches, giving up early when shutdown is requested (the main thread must keep polling it)."""
+        self.informer.start()
+        deadline = time.monotonic() + timeout
+        while not self.informer.wait_for_sync(shutdown.poll_s):
+            if shutdown.requested or time.monotonic() > deadline:
+                return False
+        return True
 
     def _elector(self) -> LeaderElector | None:
         if not self.settings.leader_elect:
             return None
         return LeaderElector(
             self.client, self.settings.namespace, self.settings.lease_name, self.settings.who,
+            lease_duration=self.settings.lease_duration_s, renew_deadline=self.settings.renew_deadline_s,
+            retry_period=self.settings.retry_period_s,
             on_started_leading=self.start_loops, on_stopped_leading=self._lost,
         )
+
+    def _fence(self, elector: LeaderElector) -> WriteFence:
+        """The elector's fence on every write of this process, each refusal counted and the first one logged."""
+        fenced = [False]
+
+        def fence(method: str, path: str) -> None:
+            try:
+                elector.fence(method, path)
+            except errors.NotLeader as exc:
+                self.fenced_writes.inc()
+                if not fenced[0]:
+                    fenced[0] = True
+                    log.warning("refusing writes: %s", exc.message)
+                raise
+            fenced[0] = False
+
+        return fence
 
     def _lost(self) -> None:
         # Called also when we release the lease on shutdown; only a lease lost while acting is an error.
@@ -199,4 +263,4 @@ class Controller:
             self.lost_lease = True
             self.acting = False
             self.ctx.stop.set()
-            self._stopped.set()
+            self._shutdown.request()

@@ -8,6 +8,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -34,6 +35,10 @@ READ = "read"  # GET, LIST, watch start: always safe
 IDEMPOTENT = "idempotent"  # a mutation that cannot apply twice (conditional PUT/DELETE, apply patch)
 MUTATION = "mutation"  # retried only when it surely did not reach the server
 EVICTION = "eviction"  # a mutation whose 429 is an answer for the caller, never retried here
+
+# Called with (method, path) before every attempt of every request that is not a GET; raises to refuse it
+# (errors.NotLeader). The controller installs its leader elector's fence here when it runs leader election.
+WriteFence = Callable[[str, str], None]
 
 
 @dataclass
@@ -70,6 +75,7 @@ class KubeClient:
         self.pool = ConnectionPool(config, timeout)
         self._discovered: dict[str, dict[str, Resource]] = {}
         self._discovery_lock = threading.Lock()
+        self.write_fence: WriteFence | None = None
 
     def close(self) -> None:
         self.pool.close()
@@ -339,7 +345,7 @@ class KubeClient:
         refreshed_credentials = False
         while True:
             try:
-                conn, response = self._attempt(method, url, payload, content_type, stream_timeout)
+                conn, response = self._attempt(method, path, url, payload, content_type, stream_timeout)
             except errors.TransportError as exc:
                 if not self._may_retry_transport(exc, retry, attempt):
                     raise
@@ -361,9 +367,13 @@ class KubeClient:
             time.sleep(delay)
 
     def _attempt(
-        self, method: str, url: str, payload: bytes | None, content_type: str, stream_timeout: float | None
+        self, method: str, path: str, url: str, payload: bytes | None, content_type: str,
+        stream_timeout: float | None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         self.limiter.acquire()
+        fence = self.write_fence
+        if fence is not None and method != "GET":
+            fence(method, path)  # last check before the wire: the rate limiter or a retry may have waited
         headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         auth = self.config.authorization()
         if auth:

@@ -102,6 +102,21 @@ class ServerError(ApiError):
     """5xx."""
 
 
+class NotLeader(ApiError):
+    """A write refused before it left the process: this replica's leader lease is not valid by its own clock.
+
+    Raised by the client's write fence (``KubeClient.write_fence``); ``code`` is 0 because no server answered.
+    """
+
+    def __init__(self, method: str, path: str, why: str) -> None:
+        super().__init__(0, {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotLeader",
+            "code": 0, "message": f"{method} {path} not sent: {why}",
+        })
+        self.method = method
+        self.path = path
+
+
 _BY_CODE: dict[int, type[ApiError]] = {
     400: BadRequest,
     401: Unauthorized,

@@ -1,4 +1,12 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection package does it."""
+"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection package does it.
+
+A leader considers itself leader only while its last successful renewal is younger than the renew deadline,
+by its own monotonic clock (client-go gives up leading when a renewal round exceeds RenewDeadline). Other
+replicas wait the whole lease duration (> renew deadline) after the last change they saw, so the gap between
+the two is the safety margin. ``fence`` applies that rule to every write: installed as the client's
+``write_fence``, it refuses any request but the elector's own Lease calls once the deadline has passed — a
+process paused (SIGSTOP, a long GC, a frozen VM) past it sends nothing when it resumes.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +54,7 @@ class LeaderElector:
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
         on_new_leader: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
@@ -67,11 +76,35 @@ class LeaderElector:
         self._observed: dict[str, Any] | None = None  # the last Lease read or written
         self._observed_spec: dict[str, Any] = {}
         self._observed_at = 0.0  # monotonic time the holder's record last changed
+        self._renewed_at: float | None = None  # monotonic time a successful acquire/renew was sent
         self._reported_leader = ""
+        self._clock = clock  # monotonic: it keeps counting while the process is stopped
+        self.refused_writes = 0
+        self._refused_lock = threading.Lock()
+        self._lease_paths = (LEASES.path(namespace), LEASES.path(namespace, name))
 
     @property
     def is_leader(self) -> bool:
         return self._leading.is_set()
+
+    def holds_valid_lease(self) -> bool:
+        """Leading, and the last successful renewal is younger than the renew deadline by the local clock."""
+        renewed = self._renewed_at
+        return self._leading.is_set() and renewed is not None and self._clock() - renewed < self.renew_deadline
+
+    def fence(self, method: str, path: str) -> None:
+        """A KubeClient write fence: refuse (errors.NotLeader) every write but our own Lease's unless we lead."""
+        if path in self._lease_paths or self.holds_valid_lease():
+            return
+        with self._refused_lock:
+            self.refused_writes += 1
+        if self._renewed_at is None or not self._leading.is_set():
+            why = f"{self.identity} does not hold lease {self.namespace}/{self.name}"
+        else:
+            age = self._clock() - self._renewed_at
+            why = (f"{self.identity}'s lease {self.namespace}/{self.name} was last renewed {age:.1f}s ago, "
+                   f"past the {self.renew_deadline:g}s renew deadline: another replica may lead")
+        raise errors.NotLeader(method, path, why)
 
     def run(self) -> None:
         """Block: acquire, lead (renewing) until the lease is lost or stop() is called; then release."""
@@ -109,11 +142,12 @@ class LeaderElector:
 
     def _renew_until_lost(self) -> None:
         while not self._stop.is_set():
-            deadline = time.monotonic() + self.renew_deadline
             while not self._try_acquire_or_renew():
                 if self._stop.is_set():
                     return
-                if time.monotonic() + self.retry_period > deadline:
+                # Counted from the last success, as the fence counts: past it we are no leader any more.
+                deadline = (self._renewed_at or 0.0) + self.renew_deadline
+                if self._clock() + self.retry_period > deadline:
                     log.warning("%s failed to renew lease %s/%s: leadership lost", self.identity,
                                 self.namespace, self.name)
                     return
@@ -123,18 +157,19 @@ class LeaderElector:
     # ---- one attempt -------------------------------------------------------------------------------------
 
     def _try_acquire_or_renew(self) -> bool:
+        sent_at = self._clock()  # the lease is valid from when the write was sent, not when it returned
         now = datetime.now(UTC)
         try:
             lease = self.client.get(LEASES, self.name, self.namespace)
         except errors.NotFound:
-            return self._create(now)
+            return self._renewed(sent_at, self._create(now))
         except (errors.ApiError, errors.TransportError) as exc:
             log.warning("reading lease %s/%s failed: %s", self.namespace, self.name, exc)
             return False
         spec = dict(lease.get("spec") or {})
         self._observe(lease, spec)
         holder = spec.get("holderIdentity") or ""
-        if holder and holder != self.identity and self._observed_at + _duration_of(spec) > time.monotonic():
+        if holder and holder != self.identity and self._observed_at + _duration_of(spec) > self._clock():
             return False
         i_held_it = holder == self.identity
         new_spec = self._spec(now, acquired=spec.get("acquireTime") if i_held_it else None)
@@ -146,7 +181,12 @@ class LeaderElector:
             log.debug("updating lease %s/%s failed: %s", self.namespace, self.name, exc)
             return False
         self._observe(updated, new_spec)
-        return True
+        return self._renewed(sent_at, True)
+
+    def _renewed(self, sent_at: float, ok: bool) -> bool:
+        if ok:
+            self._renewed_at = sent_at
+        return ok
 
     def _create(self, now: datetime) -> bool:
         body = {
@@ -174,7 +214,7 @@ class LeaderElector:
     def _observe(self, lease: dict[str, Any], spec: dict[str, Any]) -> None:
         record = {k: spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions")}
         if record != {k: self._observed_spec.get(k) for k in record}:
-            self._observed_at = time.monotonic()
+            self._observed_at = self._clock()
         self._observed, self._observed_spec = lease, spec
         holder = str(spec.get("holderIdentity") or "")
         if holder and holder != self._reported_leader:
