@@ -20,6 +20,7 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import Resource
+from gpuremediate.state.maintenance import RequestError, parse_time
 
 # NVSentinel's label for the node a DrainRequest is about.
 NVSENTINEL_NODE_LABEL = "nvsentinel.nvidia.com/node-name"
@@ -93,9 +94,30 @@ def render(template: Any, values: Mapping[str, str]) -> Any:
 
 
 def condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
+    """The condition of that type; entries of the wrong shape are skipped (see conditions_problem)."""
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else ():
         if isinstance(cond, Mapping) and cond.get("type") == type_:
             return cond
+    return None
+
+
+def conditions_problem(obj: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``status.conditions`` (a plugin's permissive CRD lets anything in), or None."""
+    status = obj.get("status")
+    if status is None:
+        return None
+    if not isinstance(status, Mapping):
+        return f"status is {type(status).__name__}, not an object"
+    conditions = status.get("conditions")
+    if conditions is None:
+        return None
+    if not isinstance(conditions, list):
+        return f"status.conditions is {type(conditions).__name__}, not a list"
+    for i, cond in enumerate(conditions):
+        if not isinstance(cond, Mapping):
+            return f"status.conditions[{i}] is {type(cond).__name__}, not an object"
     return None
 
 
@@ -170,6 +192,15 @@ class CustomResources:
             return
         with contextlib.suppress(errors.NotFound):
             self.client.delete(self.resource(ref), name, self._ns(ref), propagation_policy="Background")
+
+
+def created_at(obj: Mapping[str, Any] | None, default: float) -> float:
+    """An object's ``metadata.creationTimestamp`` in unix seconds; ``default`` when absent or unreadable."""
+    text = ((obj or {}).get("metadata") or {}).get("creationTimestamp")
+    try:
+        return parse_time(text, "metadata.creationTimestamp")
+    except RequestError:
+        return default
 
 
 def base_body(ref: Ref, name: str, labels: Mapping[str, str]) -> dict[str, Any]:

@@ -205,7 +205,8 @@ class NodeWriter:
         dry = "true" if self.dry_run else "false"
         labels = {"from": move.from_state, "to": move.to_state, "reason": move.reason, "dry_run": dry}
         self.metrics.transitions.inc(1.0, **labels)
-        bad = move.to_state in (states.QUARANTINED, states.DRAINING, states.CORDONED)
+        bad = move.to_state in (states.QUARANTINED, states.DRAINING, states.CORDONED) or \
+            move.reason == states.RECORD_MALFORMED
         text = f"{move.from_state} → {move.to_state} ({move.reason})"
         if move.message:
             text += f": {move.message}"

@@ -123,7 +123,7 @@ class NodeLoop:
         return None
 
     def _malformed(self, node: Node, error: RecordError) -> float | None:
-        log.error("node record unreadable", extra={"node": node["metadata"]["name"], "error": str(error)})
+        """Replaced (schedulable) or held for a person (unschedulable); the writer logs and Events it."""
         decision = decide.on_malformed(error, node_unschedulable_of(node), self.ctx.clock())
         if self.apply(node, decision) is None:
             return self.retry_after_conflict()

@@ -4,8 +4,14 @@ Per fault it creates one request (default ``DrainRequest``, ``nvsentinel.nvidia.
 named ``drain-<node>-<eventID>`` and labelled ``nvsentinel.nvidia.com/node-name=<node>``, whose
 spec lists exactly the pods the built-in drain would evict, then waits for the plugin's
 completion condition. Done → the drain is complete (record written first), then the request is
-deleted. Past ``customDrain.timeout`` (from the drain's start) → quarantined, or the request is
-deleted and the built-in drain takes over (``onTimeout = "builtin"``).
+deleted. Past ``customDrain.timeout`` → quarantined, or the request is deleted and the built-in
+drain takes over (``onTimeout = "builtin"``). The timeout counts from the request's own
+``creationTimestamp`` (recorded as ``action.created_at``, with the deadline): a first create just
+after the CRD is Established takes seconds on a real server; until the request exists, from the
+drain's start.
+
+A plugin's CRD may be permissive: ``status.conditions`` entries that are not objects are reported
+once (an Event) and ignored, never a crash.
 
 Restarts: the name is derived from the fault, and the request is looked up (by label, then name)
 before any create, so a restarted controller reuses the request it already made.
@@ -26,7 +32,10 @@ from gpuremediate.actions.custom import (
     CustomResources,
     Ref,
     base_body,
+    condition,
     condition_is,
+    conditions_problem,
+    created_at,
     dns_name,
     event_id,
     label_value,
@@ -36,7 +45,16 @@ from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import pod_key
 from gpuremediate.policy.workflow import CustomDrainPolicy, DrainPolicy
 from gpuremediate.state import decide
-from gpuremediate.state.record import BLOCK_WINDOW, Fault, NodeRecord, block, occurrence, start_action, unblock
+from gpuremediate.state.record import (
+    BLOCK_WINDOW,
+    Fault,
+    NodeRecord,
+    block,
+    mark_created,
+    occurrence,
+    start_action,
+    unblock,
+)
 
 if TYPE_CHECKING:
     from gpuremediate.loops.drain import DrainLoop
@@ -121,10 +139,16 @@ class CustomDrain:
         now = self.ctx.clock()
         name = request_name(name_of(node), record)
         existing = self._find(name_of(node), name)
+        if existing is not None:
+            self._check_shape(node, existing)
         if existing is not None and condition_is(existing, self.policy.statusConditionType,
                                                  self.policy.statusConditionStatus):
             return self._complete(node, record, name, now)
-        deadline = record.action.started + self.policy.timeout
+        if existing is not None and not record.action.created and not self.api.dry_run:
+            # The deadline counts from the request's creation; a 409 is noted again on the next step.
+            self.ctx.writer.write(node, mark_created(record, created_at(existing, now), self.policy.timeout))
+            return 0.0
+        deadline = self.deadline(record)
         if now >= deadline:
             return self._timed_out(node, record, name, now, drain)
         if existing is None:
@@ -133,11 +157,30 @@ class CustomDrain:
             self._note_deferral(node, record, existing, now)
         return max(0.1, min(drain.retry_s, deadline - now))
 
+    def deadline(self, record: NodeRecord) -> float:
+        """From the request's creation once it exists (recorded), else from the drain's start."""
+        action = record.action
+        assert action is not None
+        if action.created and action.deadline is not None:
+            return action.deadline
+        return action.started + self.policy.timeout
+
+    def _check_shape(self, node: Node, request: Mapping[str, Any]) -> None:
+        problem = conditions_problem(request)
+        if problem is None:
+            return
+        key = (name_of(request), problem)
+        if key in self.loop.reported_shapes:
+            return
+        self.loop.reported_shapes.add(key)
+        text = f"{self.ref.kind} {self.ref.namespace}/{name_of(request)}: {problem}; such entries are ignored"
+        log.warning("malformed plugin resource", extra={"node": name_of(node), "detail": text})
+        self.ctx.events.node_event(name_of(node), "GPUPluginResourceMalformed", text, WARNING)
+
     def _note_deferral(self, node: Node, record: NodeRecord, request: Mapping[str, Any], now: float) -> None:
         """A plugin that holds the drain back (the drain-window plugin's ``DrainDeferred=True``) shows as
         ``blocked: window`` on the node, with the plugin's message (e.g. when the window opens)."""
-        deferred = next((c for c in (request.get("status") or {}).get("conditions") or []
-                         if c.get("type") == DEFERRED_CONDITION), None)
+        deferred = condition(request, DEFERRED_CONDITION)
         if deferred is not None and deferred.get("status") == "True":
             after = block(record, BLOCK_WINDOW, str(deferred.get("message") or deferred.get("reason") or ""), now)
         elif record.blocked is not None and record.blocked.reason == BLOCK_WINDOW:

@@ -36,6 +36,7 @@ from gpuremediate.actions.custom import (
     Ref,
     base_body,
     condition,
+    created_at,
     dns_name,
     label_value,
     outcome,
@@ -45,7 +46,7 @@ from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.loops.custom_drain import fault_event_id
 from gpuremediate.policy.workflow import CustomAction
-from gpuremediate.state.record import ActionInProgress, NodeRecord, start_action
+from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, start_action
 
 if TYPE_CHECKING:
     from gpuremediate.loops.remediate import RemediateLoop
@@ -142,12 +143,15 @@ class CustomRemediation:
         body = build_resource(name, action, name_of(node), record, attempt, uuids or self._fault_uuids(record))
         started = start_action(record, name, body["metadata"]["name"], attempt, now, action.timeout,
                                ref_of(action).encode())
-        if self.ctx.writer.write(node, started) is None:  # the name is in the record before the create
+        written = self.ctx.writer.write(node, started)
+        if written is None:  # the name is in the record before the create
             return self.loop.retry_after_conflict()
-        self.api.ensure(ref_of(action), body)
+        obj = self.api.ensure(ref_of(action), body)
         self.ctx.events.node_event(name_of(node), "GPURemediationRequested",
                                    f"{'would create' if self.api.dry_run else 'created'} {action.kind} "
                                    f"{body['metadata']['name']} (action {name}, attempt {attempt})", NORMAL)
+        if not self.api.dry_run:  # its deadline counts from its creation; a 409: noted by the next step instead
+            self.ctx.writer.write(written, mark_created(started, created_at(obj, now), action.timeout))
         return POLL_S
 
     @staticmethod
@@ -200,6 +204,9 @@ class CustomRemediation:
         obj = self.api.get(ref, current.name)
         if obj is None:
             return self._missing(node, record, name, action, current)
+        if not current.created and not self.api.dry_run:  # the write after the create was lost, or adopted
+            self.ctx.writer.write(node, mark_created(record, created_at(obj, self.ctx.clock()), action.timeout))
+            return POLL_S
         state = self._outcome(obj, action)
         label = f"{ref.kind} {current.name}"
         if state == SUCCEEDED:
@@ -220,9 +227,11 @@ class CustomRemediation:
     def _missing(self, node: Node, record: NodeRecord, name: str, action: CustomAction,
                  current: ActionInProgress) -> float | None:
         """Killed between writing the record and creating: create it now (same name). A resource we
-        adopted, or one deleted by someone else, is gone: that attempt failed."""
+        adopted, or one deleted by someone else (the record says it was created), is gone: that attempt
+        failed, evented, and the next attempt gets a new name — a person's delete is never undone."""
         own = resource_name(name, name_of(node), record, current.attempt)
-        if current.name == own and not self.ctx.writer.dry_run and current.detail == ref_of(action).encode():
+        never_created = current.name == own and not current.created and current.detail == ref_of(action).encode()
+        if never_created and not self.ctx.writer.dry_run:
             _, uuids = self.loop.gpu_ids(node, record)
             body = build_resource(name, action, name_of(node), record, current.attempt,
                                   uuids or self._fault_uuids(record))

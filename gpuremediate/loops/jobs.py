@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from gpuremediate.actions.custom import created_at
 from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.jobs import (
     FAILED,
@@ -76,15 +78,16 @@ class JobLoop(NodeLoop):
         written = self.ctx.writer.write(node, started)
         if written is None:
             return self.retry_after_conflict()
-        if self.create_job(written, started, kind, name, attempt, policy, request_all_gpus):
-            self.ctx.writer.write(written, mark_created(started))  # a 409: noted by the next step instead
+        job = self.create_job(written, started, kind, name, attempt, policy, request_all_gpus)
+        if job is not None:
+            self.note_created(written, started, job)
         return 1.0
 
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool,
-    ) -> bool:
-        """Create the attempt's Job unless it exists; True when it exists now (never in dry-run)."""
+    ) -> Mapping[str, Any] | None:
+        """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run)."""
         indexes, uuids = self.gpu_ids(node, record)
         spec = job_spec(policy, request_all_gpus=request_all_gpus)
         spec = JobSpec(**{**spec.__dict__, "env": {"GPU_UUIDS": ",".join(uuids)}})
@@ -93,14 +96,15 @@ class JobLoop(NodeLoop):
         assert job["metadata"]["name"] == name
         if self.ctx.writer.dry_run:
             self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({kind})", NORMAL)
-            return False
-        _, created = create_job_once(self.ctx.client, job)
+            return None
+        found, created = create_job_once(self.ctx.client, job)
         if created:
             log.info("job created", extra={"node": name_of(node), "job": name, "kind": kind, "attempt": attempt})
-        return True
+        return found
 
     def attempt_outcome(
-        self, action: ActionInProgress, recreate: Callable[[], None], note_created: Callable[[], None] | None = None,
+        self, action: ActionInProgress, recreate: Callable[[], None],
+        note_created: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> str:
         """succeeded / failed / timed-out / deleted / running, for the attempt's Job.
 
@@ -124,12 +128,13 @@ class JobLoop(NodeLoop):
             return TIMED_OUT
         if outcome == MISSING and not self.ctx.writer.dry_run:
             recreate()
-        elif outcome == RUNNING and not action.created and note_created is not None and not self.ctx.writer.dry_run:
-            note_created()
+        elif job is not None and not action.created and note_created is not None and not self.ctx.writer.dry_run:
+            note_created(job)
         return RUNNING
 
-    def note_created(self, node: Node, record: NodeRecord) -> None:
-        self.ctx.writer.write(node, mark_created(record))  # a 409 is simply noted again on the next step
+    def note_created(self, node: Node, record: NodeRecord, job: Mapping[str, Any]) -> None:
+        at = created_at(job, self.ctx.clock())
+        self.ctx.writer.write(node, mark_created(record, at))  # a 409 is simply noted again on the next step
 
     def cancel(self, kind: str, name: str) -> None:
         if name and not self.ctx.writer.dry_run:

@@ -56,7 +56,7 @@ class RemediateLoop(JobLoop):
         policy: RemediationPolicy, job_policy: JobPolicy,
     ) -> float | None:
         outcome = self.attempt_outcome(action, lambda: self._recreate(node, record, kind, action, job_policy),
-                                       lambda: self.note_created(node, record))
+                                       lambda job: self.note_created(node, record, job))
         done = outcome == SUCCEEDED
         by_boot_id = kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id
         rebooted = bool(action.detail) and boot_id(node) != action.detail
@@ -84,8 +84,9 @@ class RemediateLoop(JobLoop):
         return 1.0
 
     def _recreate(self, node: Node, record: NodeRecord, kind: str, action: ActionInProgress, job: JobPolicy) -> None:
-        if self.create_job(node, record, kind, action.name, action.attempt, job, False):
-            self.note_created(node, record)
+        created = self.create_job(node, record, kind, action.name, action.attempt, job, False)
+        if created is not None:
+            self.note_created(node, record, created)
 
     def finish_attempt(
         self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int,

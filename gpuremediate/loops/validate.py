@@ -32,9 +32,8 @@ class ValidateLoop(JobLoop):
                 return self._wait_for_gpus(node, record, busy)
             return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s,
                                   request_all_gpus=True)
-        outcome = self.attempt_outcome(
-            action, lambda: self._recreate(node, record, action, policy.job), lambda: self.note_created(node, record)
-        )
+        outcome = self.attempt_outcome(action, lambda: self._recreate(node, record, action, policy.job),
+                                       lambda job: self.note_created(node, record, job))
         if outcome == SUCCEEDED:
             return self._finish(node, record, True, f"validation Job {action.name} passed")
         if outcome == FAILED:
@@ -52,8 +51,9 @@ class ValidateLoop(JobLoop):
         return f"{occurrence(record)}/validation@{int(record.since * 1000)}"
 
     def _recreate(self, node: Node, record: NodeRecord, action: ActionInProgress, job: JobPolicy) -> None:
-        if self.create_job(node, record, VALIDATE, action.name, action.attempt, job, True):
-            self.note_created(node, record)
+        created = self.create_job(node, record, VALIDATE, action.name, action.attempt, job, True)
+        if created is not None:
+            self.note_created(node, record, created)
 
     def gpu_pods(self, node: Node) -> list[str]:
         """Pods that hold GPUs on the node (a node quarantined without a drain, then released, still has

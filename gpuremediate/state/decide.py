@@ -442,17 +442,27 @@ def end_maintenance(record: NodeRecord, now: float) -> Decision:
 # ---- malformed records --------------------------------------------------------------------------
 
 
+UNREADABLE = "unreadable"  # the from-state of a transition out of a record that could not be read
+
+
 def on_malformed(error: RecordError, node_unschedulable: bool, now: float) -> Decision:
     """A record we cannot read. We cannot know whether we cordoned the node, so:
 
     - schedulable node: start over with a fresh healthy record (nothing of ours to undo);
     - unschedulable node: quarantined, ``was_unschedulable`` set, so nothing ever uncordons it
       automatically; a person looks at it and releases it.
+
+    Either way the decision carries a transition from ``unreadable`` naming the error, so the writer
+    logs and Events the replacement: a person learns that a hand-edited record was thrown away.
     """
     if not node_unschedulable:
-        return Decision(record=fresh_record(now), changed=True)
+        message = f"node record unreadable ({error}); replaced by a fresh one"
+        fresh = dataclasses.replace(fresh_record(now), reason=states.RECORD_MALFORMED, message=message)
+        move = Transition(UNREADABLE, states.HEALTHY, states.RECORD_MALFORMED, message)
+        return Decision(record=fresh, changed=True, transition=move)
     message = f"node record unreadable ({error}); held for a person"
     held = transition(
         fresh_record(now), states.QUARANTINED, states.RECORD_MALFORMED, now, message, was_unschedulable=True
     )
-    return _moved(None, held)
+    move = Transition(UNREADABLE, states.QUARANTINED, states.RECORD_MALFORMED, message)
+    return Decision(record=held, changed=True, transition=move)

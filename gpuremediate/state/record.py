@@ -34,6 +34,9 @@ STATE_LABEL = "gpuremediate.io/state"
 VERSION = 1
 HISTORY_LIMIT = 20  # repair history entries kept (newest last)
 HANDLED_LIMIT = 64  # handled fault fingerprints kept (newest last)
+# Record times are unix seconds written by a controller: a hand-edited 1e308 is finite but overflows
+# every computation on it (int(t * 1000) in a name). Anything outside 1970..2100 is garbage.
+MAX_TIMESTAMP = 4102444800.0  # 2100-01-01T00:00:00Z
 
 BLOCK_BUDGET = "budget"
 BLOCK_PDB = "pdb"
@@ -79,9 +82,14 @@ class ActionInProgress:
     deadline: float | None = None
     # What the action needs to recognise its own completion, e.g. the bootID before a reboot.
     detail: str = ""
-    # The object was seen created (written after the create): missing afterwards means someone else deleted
-    # it — that attempt failed — whereas missing before means a kill between the record write and the create.
-    created: bool = False
+    # When the object was created (its creationTimestamp; written after the create). Missing afterwards means
+    # someone else deleted it — that attempt failed — whereas missing before means a kill between the record
+    # write and the create. Plugin deadlines count from it (a first create can take seconds on a real server).
+    created_at: float | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.created_at is not None
 
 
 @dataclass(frozen=True)
@@ -175,16 +183,19 @@ def start_action(
     detail: str = "",
 ) -> NodeRecord:
     """Record the side effect about to start (write this before creating the object)."""
-    deadline = None if timeout_s is None else now + timeout_s
+    deadline = None if timeout_s is None else min(now + timeout_s, MAX_TIMESTAMP)  # a huge timeout: never
     action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline, detail=detail)
     return dataclasses.replace(record, action=action, blocked=None)
 
 
-def mark_created(record: NodeRecord) -> NodeRecord:
-    """The action's object exists (write this after the create)."""
-    if record.action is None or record.action.created:
+def mark_created(record: NodeRecord, at: float, timeout_s: float | None = None) -> NodeRecord:
+    """The action's object exists since ``at`` (write this after the create); with ``timeout_s`` the deadline
+    counts from then (never from before the action started: clocks differ, timestamps are whole seconds)."""
+    action = record.action
+    if action is None or action.created:
         return record
-    return dataclasses.replace(record, action=dataclasses.replace(record.action, created=True))
+    deadline = action.deadline if timeout_s is None else min(max(at, action.started) + timeout_s, MAX_TIMESTAMP)
+    return dataclasses.replace(record, action=dataclasses.replace(action, created_at=at, deadline=deadline))
 
 
 def occurrence(record: NodeRecord) -> str:
@@ -247,7 +258,7 @@ def from_dict(data: object) -> NodeRecord:
         raise RecordError(f"unknown state {state!r} in record")
     return NodeRecord(
         state=state,
-        since=obj.number("since", 0.0),
+        since=obj.timestamp("since", 0.0),
         reason=obj.opt("reason", str, ""),
         message=obj.opt("message", str, ""),
         fault=obj.nested("fault", _fault),
@@ -269,8 +280,8 @@ def _fault(obj: _Obj) -> Fault:
         gpus=tuple(obj.strings("gpus")),
         fingerprint=obj.get("fingerprint", str),
         action=obj.get("action", str),
-        first_seen=obj.number("first_seen", 0.0),
-        last_seen=obj.number("last_seen", 0.0),
+        first_seen=obj.timestamp("first_seen", 0.0),
+        last_seen=obj.timestamp("last_seen", 0.0),
         message=obj.opt("message", str, ""),
         urgent=obj.opt("urgent", bool, True),
     )
@@ -284,16 +295,16 @@ def _action(obj: _Obj) -> ActionInProgress:
         kind=obj.get("kind", str),
         name=obj.opt("name", str, ""),
         attempt=attempt,
-        started=obj.number("started", 0.0),
-        deadline=obj.number("deadline", None),
+        started=obj.timestamp("started", 0.0),
+        deadline=obj.timestamp("deadline", None),
         detail=obj.opt("detail", str, ""),
-        created=obj.opt("created", bool, False),
+        created_at=obj.timestamp("created_at", None),
     )
 
 
 def _history(obj: _Obj) -> HistoryEntry:
     return HistoryEntry(
-        at=obj.number("at", 0.0),
+        at=obj.timestamp("at", 0.0),
         kind=obj.opt("kind", str, ""),
         code=obj.opt("code", str, ""),
         action=obj.opt("action", str, ""),
@@ -302,7 +313,7 @@ def _history(obj: _Obj) -> HistoryEntry:
 
 
 def _blocked(obj: _Obj) -> Blocked:
-    return Blocked(reason=obj.get("reason", str), detail=obj.opt("detail", str, ""), since=obj.number("since", 0.0))
+    return Blocked(reason=obj.get("reason", str), detail=obj.opt("detail", str, ""), since=obj.timestamp("since", 0.0))
 
 
 class _Obj:
@@ -331,6 +342,13 @@ class _Obj:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise RecordError(f"{self.where}.{key} must be a number, not {_json_type(value)}")
         return float(value)
+
+    def timestamp(self, key: str, default: float | None) -> Any:
+        """A number of unix seconds between 1970 and 2100 (a plausible time for a record to hold)."""
+        value = self.number(key, default)
+        if value is not None and not 0.0 <= value <= MAX_TIMESTAMP:
+            raise RecordError(f"{self.where}.{key} = {value!r} is not a plausible time (unix seconds, 1970..2100)")
+        return value
 
     def strings(self, key: str) -> list[str]:
         values = self.opt(key, list, [])

@@ -440,6 +440,11 @@ def test_malformed_record_on_unschedulable_node_is_held_never_uncordoned() -> No
     assert not d.complete_validation(released, True, 7.0).uncordon  # a person uncordons it
 
 
-def test_malformed_record_on_schedulable_node_starts_over() -> None:
+def test_malformed_record_on_schedulable_node_starts_over_and_says_so() -> None:
     decision = d.on_malformed(r.RecordError("bad"), node_unschedulable=False, now=5.0)
-    assert decision.record == d.fresh_record(5.0) and decision.changed and not decision.uncordon
+    rec = decision.record
+    assert rec.state == s.HEALTHY and rec.fault is None and rec.action is None and not rec.cordoned_by_us
+    assert decision.changed and not decision.uncordon
+    move = decision.transition  # the writer logs and Events it: the replacement is never silent
+    assert move is not None and move.from_state == d.UNREADABLE and move.reason == s.RECORD_MALFORMED
+    assert "bad" in move.message and "replaced" in move.message

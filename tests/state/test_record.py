@@ -135,6 +135,13 @@ def _doc(**overrides: Any) -> str:
         (_doc(policy_memory=[1]), "record.policy_memory must be dict, not array"),
         ('{"v": 1, "state": "healthy", "since": NaN}', "non-finite number NaN"),
         ('{"v": 1, "state": "healthy", "since": 1e999}', "record.since must be a number"),
+        (_doc(since=1e308), "record.since = 1e+308 is not a plausible time"),
+        (_doc(since=-5), "record.since = -5.0 is not a plausible time"),
+        (_doc(fault={"kind": "xid", "fingerprint": "f", "action": "reboot", "first_seen": 1e308}),
+         "record.fault.first_seen = 1e+308 is not a plausible time"),
+        (_doc(action={"kind": "reboot", "attempt": 1, "started": 1.0, "deadline": 1e300}),
+         "record.action.deadline = 1e+300 is not a plausible time"),
+        (_doc(blocked={"reason": "pdb", "since": 1e17}), "record.blocked.since = 1e+17 is not a plausible time"),
     ],
 )
 def test_malformed_records_say_what_is_wrong(text: str, fragment: str) -> None:
@@ -245,3 +252,22 @@ def test_occurrence_names_each_fault_occurrence_apart() -> None:
     assert occurrence(with_fault(100.0)) == occurrence(with_fault(100.0))  # stable: restart-safe
     assert occurrence(with_fault(100.0)) != occurrence(with_fault(200.0))  # the same XID again is a new one
     assert occurrence(NodeRecord(state="validating", since=5.0)) == "since-5000"
+
+
+def test_a_huge_timeout_gives_a_deadline_the_record_can_hold() -> None:
+    """A policy timeout of 1e300 must not make the controller write a record it cannot read back."""
+    started = r.start_action(r.NodeRecord(state=states.REPAIRING), "reboot", "job", 1, 1000.0, 1e300)
+    assert r.decode(r.encode(started)) == started
+    created = r.mark_created(started, 1001.0, 1e300)
+    assert r.decode(r.encode(created)).action == created.action
+
+
+def test_created_at_round_trips_and_marks_the_action_created() -> None:
+    started = r.start_action(r.NodeRecord(state=states.REPAIRING), "rma", "cr-1", 1, 1000.0, 30.0)
+    assert not started.action.created  # type: ignore[union-attr]
+    created = r.mark_created(started, 1002.0, 30.0)
+    action = created.action
+    assert action is not None and action.created and action.created_at == 1002.0
+    assert action.deadline == 1032.0  # from the object's creation, not from the start
+    assert r.decode(r.encode(created)) == created
+    assert r.mark_created(created, 2000.0, 30.0) == created  # the first creation time stays

@@ -1,0 +1,184 @@
+"""Custom drain and custom remediation against people and permissive or slow plugin resources
+(issue 10 item 3, issue 17 items 2 and 7), on an in-process SimCluster and controller."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e.plugins.remediation import API_VERSION, KIND, install_crd, remediation_crd
+from gpuremediate.controller import Controller
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import EVENTS, NODES, Resource
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.state import states
+from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
+from sim.cluster import SimCluster
+from sim.waiting import wait_for
+from tests.reliability.harness import reliability_settings
+
+NODE = "gpu-node-1"
+SYSTEM_NS = "gpuremediate-system"
+DRAIN_API = "nvsentinel.nvidia.com/v1alpha1"
+
+BASE_POLICY = """
+[drain]
+retry_s = 0.2
+timeout_s = 30
+[remediation]
+max_attempts = 2
+[validation.job]
+timeout_s = 10
+[budget]
+max_unavailable = "1"
+[breaker]
+enabled = false
+"""
+
+REMEDIATION_POLICY = BASE_POLICY + f"""
+[xid.overrides]
+"48" = "rma"
+[actions.rma]
+apiGroup = "remediation.example.com"
+version = "v1alpha1"
+kind = "{KIND}"
+scope = "Namespaced"
+namespace = "{SYSTEM_NS}"
+completeConditionType = "Complete"
+equivalenceGroup = "external-rma"
+timeout = 30
+maxAttempts = 2
+[actions.rma.template.spec]
+nodeName = "{{{{nodeName}}}}"
+"""
+
+
+def drain_policy(timeout: float) -> str:
+    return BASE_POLICY + f"""
+[customDrain]
+enabled = true
+namespace = "{SYSTEM_NS}"
+timeout = {timeout}
+"""
+
+
+def permissive_drain_request_crd() -> dict[str, Any]:
+    """A plugin CRD that accepts anything (no status subresource: status is written with the object)."""
+    anything = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "drainrequests.nvsentinel.nvidia.com"},
+        "spec": {"group": "nvsentinel.nvidia.com", "scope": "Namespaced",
+                 "names": {"kind": "DrainRequest", "listKind": "DrainRequestList", "plural": "drainrequests",
+                           "singular": "drainrequest"},
+                 "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": anything}}]},
+    }
+
+
+@pytest.fixture
+def cluster() -> Iterator[SimCluster]:
+    with SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3) as made:
+        yield made
+
+
+@pytest.fixture
+def run_controller(cluster: SimCluster) -> Iterator[Any]:
+    started: list[Controller] = []
+
+    def start(policy_text: str) -> Controller:
+        controller = Controller(reliability_settings(cluster), loads_policy(policy_text, "test-policy"),
+                                client=KubeClient(cluster.kube.config, qps=500, burst=1000, timeout=10.0))
+        assert controller.start_caches(timeout=20.0)
+        controller.start_loops()
+        started.append(controller)
+        return controller
+
+    yield start
+    for controller in started:
+        controller.stop()
+
+
+def _record(kube: KubeClient) -> NodeRecord | None:
+    record = record_from_node(kube.get(NODES, NODE))
+    return record if isinstance(record, NodeRecord) else None
+
+
+def _action(kube: KubeClient) -> ActionInProgress | None:
+    record = _record(kube)
+    return record.action if record is not None else None
+
+
+def _state(kube: KubeClient) -> str:
+    record = _record(kube)
+    return record.state if record is not None else "-"
+
+
+def _events(kube: KubeClient, reason: str) -> list[dict[str, Any]]:
+    return [e for e in kube.list(EVENTS, "default")["items"] if e["reason"] == reason]
+
+
+def _requests(kube: KubeClient, res: Resource) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kube.list(res, SYSTEM_NS)["items"]
+    return items
+
+
+def test_a_person_deleting_the_custom_remediation_resource_fails_that_attempt(
+    cluster: SimCluster, run_controller: Any
+) -> None:
+    kube = cluster.kube
+    res = install_crd(kube, remediation_crd(), API_VERSION, KIND)
+    run_controller(REMEDIATION_POLICY)
+    cluster.gpusim.inject(NODE, 0, "xid", 48)
+    wait_for(lambda: (a := _action(kube)) is not None and a.kind == "rma" and a.created, 20,
+             f"the rma resource created and recorded (state {_state(kube)})")
+    first = _action(kube)
+    assert first is not None and first.attempt == 1
+    kube.delete(res, first.name, SYSTEM_NS)  # a person stops this repair
+    wait_for(lambda: (a := _action(kube)) is not None and a.attempt == 2 and a.created, 10,
+             "the next attempt's resource")
+    time.sleep(0.5)  # a wrong controller would now create the deleted resource again
+    names = {r["metadata"]["name"] for r in _requests(kube, res)}
+    assert first.name not in names, "the person's delete was undone"
+    failed = [e["message"] for e in _events(kube, "GPURemediationFailed")]
+    assert any(first.name in m and "deleted before it completed" in m for m in failed), failed
+
+
+def test_custom_drain_timeout_counts_from_the_request_creation(cluster: SimCluster, run_controller: Any) -> None:
+    """The first create after a CRD is Established takes ~2 s on a real server: a 2 s timeout counted from
+    the drain's start would fire as the create returns, before any plugin could act."""
+    kube = cluster.kube
+    res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
+    cluster.api.inject("POST", r"/drainrequests(\?.*)?$", count=1, action="delay", delay_s=2.5)
+    run_controller(drain_policy(timeout=2.0))
+    cluster.gpusim.inject(NODE, 0, "xid", 79)
+    wait_for(lambda: bool(_requests(kube, res)), 20, "the DrainRequest")
+    name = _requests(kube, res)[0]["metadata"]["name"]
+    kube.patch(res, name, {"status": {"conditions": [{"type": "DrainComplete", "status": "True"}]}}, SYSTEM_NS)
+    wait_for(lambda: _state(kube) in (states.REPAIRING, states.VALIDATING, states.HEALTHY, states.QUARANTINED), 10,
+             f"the drain to end (state {_state(kube)})")
+    record = _record(kube)
+    assert record is not None and record.reason != states.DRAIN_FAILED, record.message
+
+
+def test_malformed_drain_request_conditions_are_reported_once_not_a_crash(
+    cluster: SimCluster, run_controller: Any
+) -> None:
+    kube = cluster.kube
+    res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
+    run_controller(drain_policy(timeout=30.0))
+    cluster.gpusim.inject(NODE, 0, "xid", 79)
+    wait_for(lambda: bool(_requests(kube, res)), 20, "the DrainRequest")
+    name = _requests(kube, res)[0]["metadata"]["name"]
+    kube.patch(res, name, {"status": {"conditions": ["DrainDeferred", 7, None]}}, SYSTEM_NS)
+    wait_for(lambda: bool(_events(kube, "GPUPluginResourceMalformed")), 10, "the malformed request reported")
+    time.sleep(1.0)  # several drain steps on the malformed request
+    reported = _events(kube, "GPUPluginResourceMalformed")
+    assert len(reported) == 1 and int(reported[0].get("count") or 1) == 1, reported
+    assert "status.conditions[0] is str" in reported[0]["message"]
+    kube.patch(res, name, {"status": {"conditions": [{"type": "DrainComplete", "status": "True"}]}}, SYSTEM_NS)
+    wait_for(lambda: _state(kube) != states.DRAINING, 10, "the drain to complete once the plugin says so")
+    assert _record(kube) is not None and _record(kube).reason == states.DRAIN_COMPLETE  # type: ignore[union-attr]
