@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from sim import kube_errors as errs
 from sim.kube_resources import ResourceType, type_errors, type_name
 from sim.kube_store import Obj, now_time
+
+if TYPE_CHECKING:
+    from sim.kube_store import Store
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -228,7 +232,7 @@ def drop_omitted(rt: ResourceType, obj: Obj) -> None:
 
 # --- defaults on create -----------------------------------------------------------------------------
 
-def prepare_create(rt: ResourceType, obj: Obj) -> Obj:
+def prepare_create(rt: ResourceType, obj: Obj, toleration_s: int = 300) -> Obj:
     obj = copy.deepcopy(obj)
     mode = rt.create_status
     if mode == "clear":
@@ -239,13 +243,13 @@ def prepare_create(rt: ResourceType, obj: Obj) -> Obj:
         obj.setdefault("spec", {"finalizers": ["kubernetes"]})
         obj["status"] = {"phase": "Active"}
     elif mode == "pod":
-        _default_pod(obj)
+        _default_pod(obj, toleration_s)
     if rt.resource == "jobs":
         _default_job(obj)
     return obj
 
 
-def _default_pod(obj: Obj) -> None:
+def _default_pod(obj: Obj, toleration_s: int) -> None:
     spec = obj.setdefault("spec", {})
     for key, value in (("restartPolicy", "Always"), ("terminationGracePeriodSeconds", 30),
                        ("dnsPolicy", "ClusterFirst"), ("serviceAccountName", "default"),
@@ -253,15 +257,44 @@ def _default_pod(obj: Obj) -> None:
                        ("schedulerName", "default-scheduler"), ("priority", 0), ("enableServiceLinks", True),
                        ("preemptionPolicy", "PreemptLowerPriority")):
         spec.setdefault(key, value)
-    if "tolerations" not in spec:
-        spec["tolerations"] = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
-                                "tolerationSeconds": 300} for k in ("not-ready", "unreachable")]
+    _default_toleration_seconds(spec, toleration_s)
     for container in spec.get("containers") or []:
         container.setdefault("resources", {})
         container.setdefault("terminationMessagePath", "/dev/termination-log")
         container.setdefault("terminationMessagePolicy", "File")
         container.setdefault("imagePullPolicy", "IfNotPresent")
     obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+
+
+def _default_toleration_seconds(spec: dict[str, Any], seconds: int) -> None:
+    """The DefaultTolerationSeconds plugin: a pod not already tolerating not-ready / unreachable NoExecute
+    (by key, or by an empty key) tolerates each for `seconds`, whatever else it tolerates."""
+    tolerations = list(spec.get("tolerations") or [])
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any(t.get("key") in (key, "", None) and t.get("effect") in ("NoExecute", "", None)
+                   for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds})
+    spec["tolerations"] = tolerations
+
+
+DEFAULT_SA_WAIT_S = 1.0  # the plugin retries a missing "default" ServiceAccount 10 times, 100-200 ms apart
+
+
+def check_service_account(store: Store, sa_rt: ResourceType, pod: Obj, namespace: str) -> None:
+    """The ServiceAccount admission plugin: a pod naming a ServiceAccount its namespace lacks is refused
+    (403), and the Job controller reports that refusal as FailedCreate."""
+    name = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    deadline = time.monotonic() + (DEFAULT_SA_WAIT_S if name == "default" else 0.0)
+    with store.changed:
+        while store.get(sa_rt.key, namespace, name) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                meta = pod.get("metadata") or {}
+                pod_name = meta.get("name") or meta.get("generateName") or "Unknown"
+                why = f'error looking up service account {namespace}/{name}: serviceaccount "{name}" not found'
+                raise errs.ApiError(403, errs.status(403, f'pods "{pod_name}" is forbidden: {why}', "Forbidden",
+                                                     {"name": pod_name, "kind": "pods"}))
+            store.changed.wait(remaining)
 
 
 def _default_job(obj: Obj) -> None:

@@ -5,19 +5,21 @@ subresource, which reads and writes PDB status the way the real registry does.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_admission as adm
 from sim import kube_errors as errs
+from sim.kube_events import record_event
+from sim.kube_nodes import NodeLifecycle
 from sim.kube_selectors import match_label_selector_object
 from sim.kube_store import Obj, WatchEvent, now_time
 
@@ -47,9 +49,12 @@ class Controllers:
         self.queue: queue.Queue[WatchEvent | None] = queue.Queue()
         self.failed_deleted: dict[str, int] = {}
         self.gc_pending: set[tuple[str, str, str]] = set()  # (storage key, namespace, name) awaiting GC
-        self.job_deadlines: dict[tuple[str, str], float] = {}  # (namespace, name) -> when activeDeadlineSeconds ends
+        self.job_deadlines: dict[tuple[str, str], float] = {}  # (namespace, name) -> when to sync that Job again
+        self.create_backoff: dict[tuple[str, str], float] = {}  # Job -> seconds until its next pod create try
+        self.create_retry_at: dict[tuple[str, str], float] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.nodes = NodeLifecycle(api)
         self.store.listeners.append(self._on_event)
 
     def start(self) -> None:
@@ -98,12 +103,16 @@ class Controllers:
                     self._react(event)
                 self._gc_pass()
                 self._deadline_pass()
+                self.nodes.tick()
             except errs.ApiError:
                 continue  # a conflict with a concurrent writer: the next event or tick retries
+            except Exception:  # a bug in one controller must not stop the others (a real one restarts)
+                traceback.print_exc()
 
     def _react(self, event: WatchEvent) -> None:
         obj, meta = event.obj, event.obj["metadata"]
         ns = meta.get("namespace", "")
+        self.nodes.react(event)
         if event.key == "/pods":
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Job":
@@ -115,6 +124,11 @@ class Controllers:
             self.sync_job(ns, meta["name"])
         elif event.key == "policy/poddisruptionbudgets" and event.type != "DELETED":
             self.sync_pdb(ns, meta["name"])
+        elif event.key == "/namespaces" and event.type == "ADDED":
+            self._default_service_account(meta["name"])
+        if event.type != "DELETED" and meta.get("ownerReferences") and \
+                meta.get("ownerReferences") != ((event.prev or {}).get("metadata") or {}).get("ownerReferences"):
+            self._collect_if_orphaned(event.key, obj)
         if event.type == "DELETED":
             self._collect_dependents(meta["uid"])
             if event.key == "/namespaces":
@@ -141,10 +155,45 @@ class Controllers:
             if not any(r.get("uid") in live for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid):
                 self._delete(rt, dep, "Background")
 
-    def _delete(self, rt: ResourceType, obj: Obj, policy: str) -> None:
-        with contextlib.suppress(errs.ApiError):
-            self.store.delete(rt, obj["metadata"].get("namespace", ""), obj["metadata"]["name"],
-                              propagation=policy)
+    def _collect_if_orphaned(self, key: str, obj: Obj) -> None:
+        """attemptToDeleteItem: an object none of whose owners exists (by uid) is deleted; an owner of a
+        kind the server does not serve cannot be checked, so its dependent stays."""
+        rt = next((r for r in list(self.api.types.values()) if r.key == key), None)
+        if rt is None or obj["metadata"].get("deletionTimestamp"):
+            return
+        namespace = obj["metadata"].get("namespace", "")
+        if not any(self._owner_may_exist(ref, namespace) for ref in obj["metadata"]["ownerReferences"]):
+            self._delete(rt, obj, "Background")
+
+    def _owner_may_exist(self, ref: dict[str, Any], namespace: str) -> bool:
+        api_version = str(ref.get("apiVersion", ""))
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        rt = next((r for (g, _, _), r in list(self.api.types.items()) if g == group and r.kind == ref.get("kind")),
+                  None)
+        if rt is None:
+            return True
+        owner = self.store.get(rt.key, namespace if rt.namespaced else "", str(ref.get("name", "")))
+        return owner is not None and owner["metadata"]["uid"] == ref.get("uid")
+
+    def _default_service_account(self, namespace: str) -> None:
+        """The ServiceAccount controller: every namespace gets its `default` ServiceAccount."""
+        sa_rt = self.rt("", "serviceaccounts")
+        with self.store.lock:
+            ns_obj = self.store.get("/namespaces", "", namespace)
+            if ns_obj is None or ns_obj["metadata"].get("deletionTimestamp") \
+                    or self.store.get(sa_rt.key, namespace, "default") is not None:
+                return
+            self.store.create(sa_rt, {"apiVersion": "v1", "kind": "ServiceAccount",
+                                      "metadata": {"name": "default", "namespace": namespace}}, namespace)
+
+    def _delete(self, rt: ResourceType, obj: Obj, policy: str) -> bool:
+        """Delete; True when the object is gone now (False: graceful, held, or the delete failed)."""
+        try:
+            _, removed = self.store.delete(rt, obj["metadata"].get("namespace", ""), obj["metadata"]["name"],
+                                           propagation=policy)
+        except errs.ApiError:
+            return False
+        return removed
 
     def _gc_pass(self) -> None:
         by_key = {rt.key: rt for rt in list(self.api.types.values())}
@@ -225,6 +274,8 @@ class Controllers:
                 self.store.update(jobs, updated, job)
 
     def _job_status(self, job: Obj, pods: list[Obj]) -> dict[str, Any]:
+        """As v1.36's Job controller: SuccessCriteriaMet / FailureTarget first, then Complete / Failed once
+        no pod of the Job is still terminating."""
         spec, status = job["spec"], copy.deepcopy(job.get("status") or {})
         if _finished(status):
             return status
@@ -233,28 +284,57 @@ class Controllers:
             + self.failed_deleted.get(job["metadata"]["uid"], 0)
         active = [p for p in pods if p["status"].get("phase") not in TERMINAL
                   and not p["metadata"].get("deletionTimestamp")]
+        terminating = sum(1 for p in pods if p["status"].get("phase") not in TERMINAL
+                          and p["metadata"].get("deletionTimestamp"))
         status.setdefault("startTime", now_time())
-        now = now_time()
         past_deadline = self._past_deadline(job, status)
-        if succeeded >= int(spec.get("completions") or 1):
-            status["conditions"] = [*status.get("conditions", []), {"type": "Complete", "status": "True",
-                                    "lastProbeTime": now, "lastTransitionTime": now}]
-            status["completionTime"] = now
-            active = []
-        elif failed > int(spec.get("backoffLimit", 6)) or past_deadline:
+        target = _interim(status)
+        if target is None and succeeded >= int(spec.get("completions") or 1):
+            target = _add_condition(status, "SuccessCriteriaMet", "CompletionsReached",
+                                    "Reached expected number of succeeded pods")
+        elif target is None and (failed > int(spec.get("backoffLimit", 6)) or past_deadline):
             reason, message = (("DeadlineExceeded", "Job was active longer than specified deadline") if past_deadline
                                else ("BackoffLimitExceeded", "Job has reached the specified backoff limit"))
-            status["conditions"] = [*status.get("conditions", []), {
-                "type": "Failed", "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
-                "reason": reason, "message": message}]
-            for pod in active:
-                self._delete(self.rt("", "pods"), pod, "Background")
+            target = _add_condition(status, "FailureTarget", reason, message)
+        if target is not None:
+            terminating += sum(1 for pod in active if not self._delete(self.rt("", "pods"), pod, "Background"))
+            if terminating == 0:
+                self._finish(status, target)
             active = []
         else:
-            wanted = min(int(spec.get("parallelism") or 1), int(spec.get("completions") or 1) - succeeded)
-            for _ in range(wanted - len(active)):
-                active.append(self._create_job_pod(job))
+            self._create_missing(job, status, active, succeeded)
+        status["terminating"] = terminating
         return _job_counts(status, len(active), succeeded, failed, sum(1 for p in active if is_ready(p)))
+
+    @staticmethod
+    def _finish(status: dict[str, Any], target: dict[str, Any]) -> None:
+        final = "Complete" if target["type"] == "SuccessCriteriaMet" else "Failed"
+        _add_condition(status, final, target["reason"], target["message"])
+        if final == "Complete":
+            status["completionTime"] = now_time()
+
+    def _create_missing(self, job: Obj, status: dict[str, Any], active: list[Obj], succeeded: int) -> None:
+        spec, key = job["spec"], (job["metadata"]["namespace"], job["metadata"]["name"])
+        if self.create_retry_at.get(key, 0.0) > time.time():
+            return
+        wanted = min(int(spec.get("parallelism") or 1), int(spec.get("completions") or 1) - succeeded)
+        for _ in range(wanted - len(active)):
+            try:
+                active.append(self._create_job_pod(job))
+            except errs.ApiError as err:
+                self._failed_create(job, key, err)
+                return
+        self.create_backoff.pop(key, None)
+
+    def _failed_create(self, job: Obj, key: tuple[str, str], err: errs.ApiError) -> None:
+        """A refused pod (e.g. a missing ServiceAccount): the FailedCreate Warning on the Job, and a retry
+        with backoff (1 s doubling to 60 s), as the Job controller does; the Job has no condition for it."""
+        record_event(self.api, self.rt("batch", "jobs"), job, "FailedCreate", f"Error creating: {err}",
+                     component="job-controller", event_type="Warning")
+        backoff = min(60.0, self.create_backoff.get(key, 0.5) * 2)
+        self.create_backoff[key] = backoff
+        self.create_retry_at[key] = time.time() + backoff
+        self.job_deadlines[key] = min(self.job_deadlines.get(key, math.inf), self.create_retry_at[key])
 
     def _past_deadline(self, job: Obj, status: dict[str, Any]) -> bool:
         """activeDeadlineSeconds counts from status.startTime; a Job not yet there is looked at again then."""
@@ -279,7 +359,9 @@ class Controllers:
         if tmeta.get("annotations"):
             pod["metadata"]["annotations"] = tmeta["annotations"]
         pods_rt = self.rt("", "pods")
-        return self.store.create(pods_rt, adm.prepare_create(pods_rt, pod), meta["namespace"])
+        prepared = adm.prepare_create(pods_rt, pod, self.api.default_toleration_s)
+        adm.check_service_account(self.store, self.rt("", "serviceaccounts"), prepared, meta["namespace"])
+        return self.store.create(pods_rt, prepared, meta["namespace"])
 
     # --- disruption controller -----------------------------------------------------------------------
     def sync_pdbs(self, ns: str) -> None:
@@ -359,6 +441,19 @@ class Controllers:
         disrupted[pod["metadata"]["name"]] = now_time()
         updated["status"] = _with_disrupted(updated["status"], disrupted)
         self.store.update(pdbs_rt, updated, pdb)
+
+
+def _interim(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or []
+                 if c.get("type") in ("SuccessCriteriaMet", "FailureTarget") and c.get("status") == "True"), None)
+
+
+def _add_condition(status: dict[str, Any], kind: str, reason: str, message: str) -> dict[str, Any]:
+    now = now_time()
+    condition = {"type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
+                 "reason": reason, "message": message}
+    status["conditions"] = [*status.get("conditions", []), condition]
+    return condition
 
 
 def _finished(status: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from sim import kube_admission as adm
 from sim import kube_errors as errs
 from sim import kube_patch as kp
 from sim.kube_http import Handler, Request
+from sim.kube_nodes import add_not_ready_taint
 from sim.kube_resources import ResourceType, prune
 from sim.kube_selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from sim.kube_store import Obj, WatchEvent, now_time, shape
@@ -254,8 +255,12 @@ class Verbs:
                                    "on the request")
         if t.rt.key == "events":
             obj = self._to_event_storage(t, obj)
-        obj = adm.prepare_create(t.rt, obj)
+        obj = adm.prepare_create(t.rt, obj, self.api.default_toleration_s)
         adm.drop_omitted(t.rt, obj)
+        if t.rt.resource == "nodes" and not t.rt.custom:
+            add_not_ready_taint(obj)
+        if t.rt.resource == "pods" and not t.rt.custom:
+            adm.check_service_account(self.store, self.api.type_for("", "serviceaccounts"), obj, t.namespace)
         if not meta.get("name") and meta.get("generateName"):
             obj["metadata"]["name"] = meta["generateName"] + "xxxxx"
             adm.validate(t.rt, obj, None)

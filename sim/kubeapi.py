@@ -72,6 +72,7 @@ class KubeAPIServer:
         # A real server's first create of a custom resource right after its CRD is Established takes ~2 s
         # (captures 36): with a delay set, creates wait until that long after the CRD was registered.
         self.first_cr_create_delay_s = 0.0
+        self.default_toleration_s = 300  # DefaultTolerationSeconds: not-ready/unreachable NoExecute
         self._cr_storage_ready: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None

@@ -119,14 +119,20 @@ def test_active_deadline_fails_the_job_and_deletes_its_pods(client: KubeClient) 
     client.create(JOBS, _job("slow", deadline=1), NS)
     assert wait_for(lambda: len(_pods(client, "slow")) == 1, 3.0)
 
-    def failed() -> bool:
+    def condition(kind: str) -> dict[str, Any] | None:
         conds = client.get(JOBS, "slow", NS).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Failed" and c["status"] == "True" for c in conds)
+        return next((c for c in conds if c["type"] == kind and c["status"] == "True"), None)
 
-    assert wait_for(failed, 4.0), client.get(JOBS, "slow", NS)
-    cond = next(c for c in client.get(JOBS, "slow", NS)["status"]["conditions"] if c["type"] == "Failed")
-    assert (cond["reason"], cond["message"]) == ("DeadlineExceeded", "Job was active longer than specified deadline")
+    target = wait_for(lambda: condition("FailureTarget"), 4.0)
+    assert (target["reason"], target["message"]) == ("DeadlineExceeded",
+                                                     "Job was active longer than specified deadline")
     assert wait_for(lambda: all(p["metadata"].get("deletionTimestamp") for p in _pods(client, "slow")), 3.0)
+    # v1.36: Failed only once no pod of the Job is terminating (here: once the kubelet confirms it stopped)
+    assert condition("Failed") is None and client.get(JOBS, "slow", NS)["status"]["terminating"] == 1
+    for pod in _pods(client, "slow"):
+        client.delete(PODS, pod["metadata"]["name"], NS, grace_period_seconds=0)
+    failed = wait_for(lambda: condition("Failed"), 4.0)
+    assert (failed["reason"], failed["message"]) == (target["reason"], target["message"])
 
 
 def test_pods_of_a_deleted_job_lose_the_tracking_finalizer(client: KubeClient) -> None:
@@ -144,7 +150,7 @@ def test_pods_of_a_deleted_job_lose_the_tracking_finalizer(client: KubeClient) -
 def test_uncordon_leaves_no_unschedulable_key(client: KubeClient) -> None:
     """Exchange 29: spec.unschedulable is omitempty; false (or null) is never echoed."""
     client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
-    assert client.patch(NODES, "n1", {"spec": {"unschedulable": True}})["spec"] == {"unschedulable": True}
+    assert client.patch(NODES, "n1", {"spec": {"unschedulable": True}})["spec"]["unschedulable"] is True
     assert "unschedulable" not in client.patch(NODES, "n1", {"spec": {"unschedulable": False}})["spec"]
     assert "unschedulable" not in client.get(NODES, "n1").get("spec", {})
     node = client.get(NODES, "n1")

@@ -326,8 +326,11 @@ def test_job_controller_creates_pod_and_records_completion(raw: Raw) -> None:
     assert meta["ownerReferences"][0] | {"uid": uid} == {"apiVersion": "batch/v1", "kind": "Job", "name": "j",
                                                          "uid": uid, "controller": True, "blockOwnerDeletion": True}
     raw("PATCH", f"{NS}/pods/{meta['name']}/status", {"status": {"phase": "Succeeded"}}, MERGE)
-    status = until(lambda: (s := raw("GET", f"{jobs}/j").body["status"]).get("succeeded") and s)
-    assert status["conditions"][0]["type"] == "Complete" and status["completionTime"]
+    status = until(lambda: (s := raw("GET", f"{jobs}/j").body["status"]).get("completionTime") and s)
+    assert [c["type"] for c in status["conditions"]] == ["SuccessCriteriaMet", "Complete"]
+    assert {(c["reason"], c["message"]) for c in status["conditions"]} == {
+        ("CompletionsReached", "Reached expected number of succeeded pods")}
+    assert (status["succeeded"], status["terminating"], status["ready"]) == (1, 0, 0)
     until(lambda: "finalizers" not in raw("GET", f"{NS}/pods/{meta['name']}").body["metadata"])
 
 
