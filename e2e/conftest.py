@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     return report
 
 
+CONFLICTS = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[CONFLICTS] = {}
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """How many 409s the controller met per scenario: the busy cluster at work (GPUREMEDIATE_SIM_BUSY)."""
+    met = config.stash.get(CONFLICTS, {})
+    if met:
+        hit = sorted((n, test) for test, n in met.items() if n)
+        terminalreporter.write_line(f"409 Conflicts met by the controller: {sum(met.values())} in {len(met)} "
+                                    f"scenarios ({len(hit)} with at least one; most: {hit[-3:][::-1]})")
+
+
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     """A fresh, started cluster (controller not started); the controller's log tail on failure."""
@@ -27,6 +44,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
     try:
         yield c
     finally:
+        request.config.stash[CONFLICTS][request.node.name] = c.conflicts_met()
         report = getattr(request.node, "e2e_report_call", None)
         failed = report is not None and report.failed
         if failed:

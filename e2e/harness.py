@@ -23,6 +23,7 @@ The API (``c`` is the ``cluster`` fixture)::
     c.metrics() -> Metrics                    # .value(name, **labels) sums matching samples (0.0 if none)
     c.controller_log() -> str                 # what the controller logged so far (all runs)
     c.log_problems() -> list[str]             # after stop_controller(): tracebacks, non-zero exit on SIGTERM
+    c.conflicts_met() -> int                  # the controller's node writes that met a 409 (busy cluster)
     c.inject(node, gpu, fault, value=None)    # gpu-sim faults: xid|dbe|row-remap-failure|row-remap-pending|temp|...
     c.reset_gpu(node, gpu); c.exporter_down(node, mode="refuse"); c.exporter_up(node)
     c.set_validation(node, ok)                # emulator only (c.require skips elsewhere)
@@ -93,6 +94,7 @@ EXPORTER_NS = "gpu-operator"
 STATE_LABEL = "gpuremediate.io/state"
 JOB_LABEL = "gpuremediate.io/job"
 BREAKER_CONFIGMAP = "gpuremediate-breaker"
+CONFLICT_LOG_TEXT = "changed since read"  # gpuremediate.actions: a node patch that met 409 Conflict
 
 # Short timers for every scenario; a scenario's own sections are merged over these.
 BASE_POLICY: dict[str, dict[str, Any]] = {
@@ -241,6 +243,10 @@ class Cluster:
     def log_problems(self) -> list[str]:
         """Tracebacks in the controller's log, unclean exits (emulator; elsewhere the log is not all ours)."""
         return []
+
+    def conflicts_met(self) -> int:
+        """How many of the controller's guarded node writes met a 409 (its log says each one)."""
+        return sum(1 for line in self.controller_log().splitlines() if CONFLICT_LOG_TEXT in line)
 
     def audit_mark(self) -> int:
         self.require("read the API server's audit of requests")
@@ -641,9 +647,13 @@ class EmulatorCluster(Cluster):
         return len(self.sim.api.requests)
 
     def mutations_since(self, mark: int) -> list[tuple[str, ...]]:
-        """Mutating requests after ``mark`` except Events and status writes (the node simulator's)."""
+        """Mutating requests after ``mark`` except Events, status writes and the background components'
+        (the node simulator's Leases and pods, the busy writer's node writes)."""
+        from sim.cluster import BACKGROUND_USERS
+
         return [tuple(str(x) for x in r[1:]) for r in self.sim.api.requests[mark:]
-                if r[1] in MUTATING_VERBS and r[3] != "events" and r[4] != "status"]
+                if r[1] in MUTATING_VERBS and r[3] != "events" and r[4] != "status"
+                and r[0] not in BACKGROUND_USERS]
 
     def job_runs(self, node: str, kind: str) -> int:
         """How many times a Job pod of ``kind`` ran to completion on ``node`` (the simulated kubelet's log)."""

@@ -5,11 +5,18 @@ Used by the demo and the e2e scenarios (target ``emulator``). A repair Job that 
 the real one would: ``reset-gpu`` resets the GPUs named in its ``GPU_IDS``; ``reboot`` makes the
 node NotReady, then Ready with a new bootID, with its GPUs reset and its exporter restarted. A
 validation Job succeeds or fails as ``set_validation(node, ok)`` says.
+
+The cluster is busy by default, as a real one is: ``sim.busy.BusyWriter`` writes the Nodes all the time
+(annotations, labels, heartbeats, the not-ready / unschedulable taints), so the controller's guarded node
+patches meet 409s. ``GPUREMEDIATE_SIM_BUSY=0`` (or ``busy_writes_per_s=0``) turns it off. The node
+simulator and the busy writer authenticate as users of their own (``BACKGROUND_USERS``), so an audit of
+the API server's requests can tell their writes from the controller's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +26,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import NAMESPACES, PDBS, PODS
+from sim.busy import BusyWriter, writes_from_env
 from sim.gpusim import GpuSim
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim
@@ -27,6 +35,9 @@ EXPORTER_NAMESPACE = "gpu-operator"
 EXPORTER_LABEL = {"app": "nvidia-dcgm-exporter"}
 NAMESPACES_NEEDED = ("gpuremediate-system", "gpuremediate-jobs", EXPORTER_NAMESPACE, "workloads", "default")
 JOB_LABEL = "gpuremediate.io/job"
+NODESIM_USER = "system:node-sim"
+BUSY_USER = "system:busy-writer"
+BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER})
 
 
 def node_name(index: int) -> str:
@@ -43,18 +54,22 @@ class SimCluster:
         job_duration_s: float = 0.3,
         reboot_down_s: float = 1.0,
         ip_base: int = 11,
+        busy_writes_per_s: float | None = None,
     ) -> None:
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         self.gpus = gpus
         self.job_duration_s = job_duration_s
         self.reboot_down_s = reboot_down_s
         self.ip_base = ip_base
+        self.busy_writes_per_s = writes_from_env() if busy_writes_per_s is None else busy_writes_per_s
         self.api = KubeAPIServer()
         self.gpusim = GpuSim(port=0)
         self._dir = tempfile.TemporaryDirectory(prefix="gpuremediate-sim-")
         self.kubeconfig = str(Path(self._dir.name) / "kubeconfig")
         self.client: KubeClient | None = None
         self.nodesim: NodeSim | None = None
+        self.busy: BusyWriter | None = None
+        self._background_clients: list[KubeClient] = []
         self.validation_ok: dict[str, bool] = {}
         self.job_log: list[tuple[str, str, bool]] = []  # (node, job kind, succeeded)
 
@@ -69,7 +84,7 @@ class SimCluster:
         self.gpusim.start()
         for ns in NAMESPACES_NEEDED:
             self._ensure_namespace(ns)
-        self.nodesim = NodeSim(self.client, grace_cap_s=0.5, tick_s=0.1)
+        self.nodesim = NodeSim(self._client_as(NODESIM_USER), grace_cap_s=0.5, tick_s=0.1)
         self.nodesim.on_job_finished = self._job_finished
         self.nodesim.job_succeeds = self.job_succeeds
         for name in self.node_names:
@@ -78,7 +93,19 @@ class SimCluster:
             self._exporter_pod(name)
         self.nodesim.start()
         self._wait_for_exporters()
+        if self.busy_writes_per_s > 0:
+            self.busy = BusyWriter(self._client_as(BUSY_USER), self.node_names, writes_per_s=self.busy_writes_per_s,
+                                   taints=not _emulator_taints_nodes(self.api)).start()
         return self
+
+    def _client_as(self, user: str) -> KubeClient:
+        """A client authenticated as ``user`` (cluster-admin): a background component of its own."""
+        token = secrets.token_hex(16)
+        self.api.add_token(token, user, ("system:masters", "system:authenticated"))
+        path = self.api.write_kubeconfig(Path(self._dir.name) / f"kubeconfig-{user.rsplit(':', 1)[-1]}", token)
+        client = KubeClient(load_config(path), qps=500, burst=1000)
+        self._background_clients.append(client)
+        return client
 
     def _wait_for_exporters(self, timeout: float = 15.0) -> None:
         """Every node's exporter pod Running with its IP: the cluster starts out with GPU health known."""
@@ -94,11 +121,14 @@ class SimCluster:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        if self.busy is not None:
+            self.busy.stop()
         if self.nodesim is not None:
             self.nodesim.stop()
         self.gpusim.stop()
-        if self.client is not None:
-            self.client.close()
+        for client in [self.client, *self._background_clients]:
+            if client is not None:
+                client.close()
         self.api.stop()
         self._dir.cleanup()
 
@@ -185,6 +215,12 @@ class SimCluster:
             self.gpusim.reboot(node)
             assert self.nodesim is not None
             self.nodesim.reboot(node, down_s=self.reboot_down_s)
+
+
+def _emulator_taints_nodes(api: KubeAPIServer) -> bool:
+    """Whether the emulator runs kube-controller-manager's node lifecycle itself (sim.kube_nodes: the
+    condition taints); where it does, the busy writer leaves them to it, as it does to a real one."""
+    return hasattr(api.controllers, "nodes")
 
 
 def _gpu_ids(pod: dict[str, Any]) -> list[str]:
