@@ -67,6 +67,7 @@ class ReplayCluster:
         self.on_write = on_write
         self.jobs: dict[str, tuple[dict[str, Any], float]] = {}  # name -> (Job, done at)
         self.evicted: dict[str, float] = {}  # node -> when its workload pod was evicted
+        self.pod_generation: dict[str, int] = {}  # node -> how many workload pods it ran (a new uid each)
         self.configmaps: dict[str, dict[str, Any]] = {}
         self._rv = 1
         self._boots = 0
@@ -134,7 +135,8 @@ class ReplayCluster:
             return []
         pod: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"workload-{node}", "namespace": "workloads", "uid": f"uid-workload-{node}"},
+            "metadata": {"name": f"workload-{node}", "namespace": "workloads",
+                         "uid": f"uid-workload-{node}-{self.pod_generation.get(node, 0)}"},
             "spec": {"nodeName": node, "containers": [
                 {"name": "train", "resources": {"requests": {GPU: "1"}, "limits": {GPU: "1"}}}]},
             "status": {"phase": "Running"},
@@ -159,8 +161,9 @@ class ReplayCluster:
     def _back_in_service(self, node: Node) -> None:
         """A node back in healthy runs a workload again (the next drain evicts it anew)."""
         labels = node["metadata"].get("labels") or {}
-        if labels.get("gpuremediate.io/state") == states.HEALTHY:
-            self.evicted.pop(node["metadata"]["name"], None)
+        name = node["metadata"]["name"]
+        if labels.get("gpuremediate.io/state") == states.HEALTHY and self.evicted.pop(name, None) is not None:
+            self.pod_generation[name] = self.pod_generation.get(name, 0) + 1
 
     def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *,
                dry_run: bool = False) -> dict[str, Any]:

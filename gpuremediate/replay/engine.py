@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -99,8 +99,31 @@ class _Events(EventRecorder):
         self.clock = clock
         self.sent: list[tuple[float, str, str, str]] = []  # (at, node, reason, message)
 
-    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "") -> None:
+    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
+                   **_: Any) -> None:
         self.sent.append((self.clock(), node, reason, message))
+
+
+class _Immediate:
+    """Stands in for the detect loop's EventQueue: writes at once, in the simulated instant, no thread."""
+
+    def __init__(self, recorder: _Events) -> None:
+        self.recorder = recorder
+
+    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
+                   **_: Any) -> bool:
+        self.recorder.node_event(node, reason, message, type_, uid)
+        return True
+
+    def submit(self, write: Callable[[], None], **_: Any) -> bool:
+        write()
+        return True
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def stop(self, timeout: float = 0.0) -> None:
+        return None
 
 
 def check_supported(policy: PolicyFile) -> None:
@@ -157,12 +180,18 @@ class Replay:
         self.cursor = Cursor(history)
         self._moved: set[str] = set()
         self._states: dict[str, str] = {}  # node -> its record's state, where not healthy (kept by _on_write)
+        self._waiting: set[str] = set()  # draining, no drain started, blocked (budget, breaker)
+        self._version = 0  # bumped whenever what budget admission reads changes (see _parked)
+        self._seen_version: dict[str, int] = {}
         self._open_spans: dict[str, tuple[str, float]] = {}  # node -> (state, since)
         self._open_waits: dict[str, tuple[str, str, float]] = {}  # node -> (reason, detail, since)
         self._open_unknown: dict[str, tuple[str, float]] = {}  # node -> (reason, since)
         self._hot: dict[tuple[str, str], tuple[float, bool]] = {}  # (node, gpu) -> (hot since, cordon found)
         self._below_seen: set[tuple[str, str, str]] = set()
         self._events_read = 0
+        self._excluded_seen: set[tuple[str, str]] = set()
+        self._breaker_open = False
+        self.detect.events = _Immediate(self.events)  # type: ignore[assignment]  # no worker thread in a replay
 
     def _context(self) -> LoopContext:
         client = cast(KubeClient, self.cluster)  # duck-typed: the calls the loops make
@@ -200,9 +229,13 @@ class Replay:
             node = self.ctx.nodes.get(name)
             if node is not None:
                 self.detect.check_node(node, self.cursor.readings(name), total)
+        self._note_breaker()
         self._watch_signals(visit, changed)
         for loop in self.loops:
             for name in self._in_states(loop.owned):
+                if self._parked(name):
+                    continue
+                self._seen_version[name] = self._version
                 for _ in range(MAX_STEPS_PER_INSTANT):
                     if loop.reconcile_name(name) != 0.0:
                         break
@@ -211,9 +244,15 @@ class Replay:
     def _in_states(self, owned: frozenset[str]) -> list[str]:
         return sorted(name for name, state in self._states.items() if state in owned)
 
+    def _parked(self, name: str) -> bool:
+        """Waiting for the budget or the breaker, and nothing that decides either changed since the drain loop
+        last looked (no node changed state or started a drain, the breaker did not move): asking again
+        would answer the same. This only saves time; a month of a waiting node is a million admissions."""
+        return name in self._waiting and self._seen_version.get(name) == self._version
+
     def _ticking(self) -> set[str]:
-        """Nodes the detect loop must see every interval: in flight, or with a thermal timer running."""
-        busy = {name for name, state in self._states.items() if state in IN_FLIGHT}
+        """Nodes the loops must see every interval: in flight (not parked), or with a thermal timer running."""
+        busy = {name for name, state in self._states.items() if state in IN_FLIGHT and not self._parked(name)}
         return busy | {name for name, memory in self.detect.memory.items() if memory.thermal}
 
     def _next_instant(self, now: float, step: float, pending: bool) -> float:
@@ -234,6 +273,12 @@ class Replay:
         if new is None:
             return
         old_state = old.state if old is not None else states.HEALTHY
+        if new.state != old_state or (old is None or old.action is None) != (new.action is None):
+            self._version += 1  # a node entered or left service, or a drain started: budgets change
+        if new.state == states.DRAINING and new.action is None and new.blocked is not None:
+            self._waiting.add(name)
+        else:
+            self._waiting.discard(name)
         if new.state != states.HEALTHY:
             self._states[name] = new.state
         else:
@@ -266,19 +311,34 @@ class Replay:
             self.result.unacted.append(Unacted(name, BREAKER_HELD, detail, since, now))
 
     def _read_events(self) -> None:
+        """What the loops reported: notices (the writer's Events), and the detect loop's own bookkeeping of
+        unknown nodes, excluded faults and the breaker (its Events go through a rate-limited queue)."""
         for at, node, reason, message in self.events.sent[self._events_read:]:
-            if reason == "GPUHealthUnknown":
-                self._close_unknown(node, at)
-                self._open_unknown[node] = (message.removeprefix("GPU health unknown: "), at)
-            elif reason == "GPUHealthKnown":
-                self._close_unknown(node, at)
-            elif reason == "GPUFaultExcludedNode":
-                self.result.unacted.append(Unacted(node, EXCLUDED, message, at, at))
-            elif reason == "GPUFaultNotice":
+            if reason == "GPUFaultNotice":
                 self.result.unacted.append(Unacted(node, NOTICE, message, at, at))
-            elif reason == "GPURemediationBreakerOpen":
-                self.result.trips.append(BreakerTrip(at, node, message))
         self._events_read = len(self.events.sent)
+        now = self.clock()
+        for node, why in sorted(self.detect.unknown.items()):
+            if self._open_unknown.get(node, ("", 0.0))[0] != why:
+                self._close_unknown(node, now)
+                self._open_unknown[node] = (why, now)
+        for node in [n for n in self._open_unknown if n not in self.detect.unknown]:
+            self._close_unknown(node, now)
+        for node, fingerprint in sorted(self.detect.excluded_seen - self._excluded_seen):
+            detail = f"fault {fingerprint} on a node labelled gpuremediate.io/exclude=true: not acted on"
+            self.result.unacted.append(Unacted(node, EXCLUDED, detail, now, now))
+        self._excluded_seen = set(self.detect.excluded_seen)
+
+    def _note_breaker(self) -> None:
+        """A trip is what the detect loop saved into the breaker store (its Event goes through a queue)."""
+        breaker = self.detect.breakers.latest()
+        if breaker.is_open == self._breaker_open:
+            return
+        self._version += 1
+        if breaker.is_open:
+            node = breaker.faults[-1][0] if breaker.faults else ""
+            self.result.trips.append(BreakerTrip(breaker.opened_at or self.clock(), node, breaker.reason))
+        self._breaker_open = breaker.is_open
 
     def _close_unknown(self, node: str, now: float) -> None:
         opened = self._open_unknown.pop(node, None)

@@ -1,0 +1,154 @@
+"""``gpuremediate replay``: what would gpuremediate have done to this fleet over this time range?
+
+Wiring (gpuremediate/cli.py): ``replay_cli.add_parser(sub)`` in ``build_parser`` and
+``if args.command == "replay": return replay_cli.main(args)`` in ``_dispatch``.
+``python -m gpuremediate.replay ARGS`` runs the same command on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuremediate.kube.errors import KubeError
+from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
+from gpuremediate.replay.cluster import Durations
+from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay
+from gpuremediate.replay.history import History, HistoryError, load_scrapes, parse_time
+from gpuremediate.replay.html import render_html
+from gpuremediate.replay.prometheus import PrometheusHistory
+from gpuremediate.replay.result import ReplayResult
+from gpuremediate.replay.text import render_compare, render_json, render_text
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def duration_arg(text: str) -> float:
+    """``30s``, ``10m``, ``2h``, ``1d`` or plain seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 30s, 10m, 2h, 1d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_argument_group("history (one of)")
+    source.add_argument("--prometheus", metavar="URL", help="Prometheus server holding the dcgm-exporter series")
+    source.add_argument("--scrapes", metavar="DIR", help="folder of saved scrapes (<node>/<ts>.prom, <ts>.prom)")
+    p.add_argument("--from", dest="start", metavar="TIME", help="start: unix seconds or RFC 3339 "
+                   "(required with --prometheus; default for --scrapes: the oldest scrape)")
+    p.add_argument("--to", dest="end", metavar="TIME", help="end (required with --prometheus; default for "
+                   "--scrapes: the newest scrape)")
+    p.add_argument("--step", type=duration_arg, default=30.0, help="the controller's scrape interval (default 30s)")
+    p.add_argument("--chunk", type=duration_arg, default=6 * 3600.0,
+                   help="time per Prometheus range query (default 6h; at most 10000 steps)")
+    p.add_argument("--prometheus-token-file", default="", help="bearer token for Prometheus")
+    p.add_argument("--prometheus-ca-file", default="", help="CA bundle for an https Prometheus")
+    p.add_argument("--node-label", default=None, help="series label naming the node (default: Hostname, "
+                   "hostname, node, kubernetes_node)")
+    p.add_argument("--policy", help="TOML policy file (default: the built-in policy)")
+    p.add_argument("--compare", metavar="POLICY2", help="replay a second policy on the same history, side by side")
+    nodes = p.add_argument_group("the cluster's Nodes (labels, groups, GPU capacity; optional)")
+    nodes.add_argument("--nodes", metavar="FILE", help="output of `kubectl get nodes -o json`")
+    nodes.add_argument("--kubeconfig", help="read the Node list from this cluster")
+    nodes.add_argument("--context", help="kubeconfig context")
+    times = p.add_argument_group("simulated durations")
+    times.add_argument("--drain-time", type=duration_arg, default=600.0, help="a node's drain (default 10m)")
+    times.add_argument("--reset-time", type=duration_arg, default=300.0, help="a reset-gpu repair (default 5m)")
+    times.add_argument("--reboot-time", type=duration_arg, default=900.0, help="a reboot repair (default 15m)")
+    times.add_argument("--validate-time", type=duration_arg, default=600.0, help="a validation (default 10m)")
+    out = p.add_argument_group("output")
+    out.add_argument("--format", choices=("text", "json"), default="text", help="what goes to stdout")
+    out.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with the timeline")
+    out.add_argument("--json", dest="json_out", metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--verbose", action="store_true", help="show the controller loops' own log lines")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the ``replay`` subcommand to ``gpuremediate``'s subparsers."""
+    add_arguments(subparsers.add_parser(
+        "replay", help="what gpuremediate would have done to this fleet over a past time range"))
+
+
+def load_history(args: argparse.Namespace) -> History:
+    if bool(args.prometheus) == bool(args.scrapes):
+        raise HistoryError("give the history as exactly one of --prometheus URL or --scrapes DIR")
+    start = parse_time(args.start, "--from") if args.start else None
+    end = parse_time(args.end, "--to") if args.end else None
+    if args.scrapes:
+        return load_scrapes(args.scrapes, start=start, end=end, node_label=args.node_label)
+    if start is None or end is None:
+        raise HistoryError("--prometheus needs --from and --to")
+    token = Path(args.prometheus_token_file).read_text().strip() if args.prometheus_token_file else None
+    source = PrometheusHistory(args.prometheus, token=token, ca_file=args.prometheus_ca_file or None,
+                               node_label=args.node_label)
+    return source.load(start, end, args.step, args.chunk)
+
+
+def load_node_list(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    if args.nodes and args.kubeconfig:
+        raise HistoryError("give the Node list as one of --nodes FILE or --kubeconfig, not both")
+    if args.nodes:
+        try:
+            doc = json.loads(Path(args.nodes).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise HistoryError(f"--nodes {args.nodes}: not a readable JSON file: {exc}") from None
+        items = doc.get("items") if isinstance(doc, dict) and "items" in doc else [doc]
+        if not isinstance(items, list) or not all(isinstance(i, dict) and i.get("kind", "Node") == "Node"
+                                                  for i in items):
+            raise HistoryError(f"--nodes {args.nodes}: expected `kubectl get nodes -o json` output (a NodeList)")
+        return items
+    if args.kubeconfig:
+        from gpuremediate.kube.client import KubeClient
+        from gpuremediate.kube.config import load_config
+        from gpuremediate.kube.resources import NODES
+
+        return list(KubeClient(load_config(args.kubeconfig, args.context)).list(NODES)["items"])
+    return None
+
+
+def _policy(path: str | None) -> PolicyFile:
+    return load_policy(path) if path else default_policy()
+
+
+def run(args: argparse.Namespace) -> list[ReplayResult]:
+    history = load_history(args)
+    node_list = load_node_list(args)
+    durations = Durations(drain_s=args.drain_time, reset_gpu_s=args.reset_time, reboot_s=args.reboot_time,
+                          validate_s=args.validate_time)
+    options = ReplayOptions(step_s=args.step, durations=durations)
+    policies = [_policy(args.policy)] + ([_policy(args.compare)] if args.compare else [])
+    return [replay(history, p, node_list, options) for p in policies]
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.verbose:
+        logging.getLogger("gpuremediate").setLevel(logging.CRITICAL)  # the loops narrate every step
+    try:
+        results = run(args)
+    except (HistoryError, ReplayError, PolicyError, KubeError, OSError) as exc:
+        print(f"gpuremediate replay: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        sys.stdout.write(render_json(results))
+    else:
+        sys.stdout.write(render_text(results[0]) if len(results) == 1 else render_compare(results))
+    if args.json_out:
+        Path(args.json_out).write_text(render_json(results), encoding="utf-8")
+    if args.html:
+        Path(args.html).write_text(render_html(results), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def entry(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuremediate replay", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return main(parser.parse_args(argv))

@@ -1,0 +1,151 @@
+"""A history from Prometheus: range queries of the policy's series, in chunks of time.
+
+Memory stays bounded for a month of 1,000 nodes: one query answers one metric over one chunk
+(``chunk_s``, at most 10,000 steps: Prometheus refuses more than 11,000 points per series), and
+only the change points of each series are kept (a value that differs from the step before, a
+series that appears or goes missing). A node's readings are rebuilt, with the controller's own
+``dcgm.readings_from_samples``, only at the instants one of its series changed.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuremediate.replay.history import History, HistoryError, unknown_readings
+from gpuremediate.signals import dcgm
+from gpuremediate.signals.exposition import Sample
+from gpuremediate.signals.sources import MIB, POLICY_METRICS, FetchError, fetch
+
+MAX_POINTS = 10_000
+SOURCE = "prometheus"
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]  # (metric name, sorted labels without __name__)
+Fetcher = Callable[[str], bytes]
+
+
+@dataclass
+class _Series:
+    node: str
+    last_at: float
+    value: float
+
+
+@dataclass
+class _Changes:
+    """Per node, the change points of its series: (at, series, value or None when it went missing)."""
+
+    step: float
+    series: dict[SeriesKey, _Series] = field(default_factory=dict)
+    events: dict[str, list[tuple[float, SeriesKey, float | None]]] = field(default_factory=dict)
+
+    def point(self, key: SeriesKey, node: str, at: float, value: float) -> None:
+        known = self.series.get(key)
+        if known is not None and at - known.last_at > self.step * 1.5:  # a gap: missing in between
+            self.events[node].append((known.last_at + self.step, key, None))
+            known = None
+        if known is None or not _same(known.value, value):
+            self.events.setdefault(node, []).append((at, key, value))
+        self.series[key] = _Series(node, at, value)
+
+    def finish(self, end: float) -> None:
+        for key, known in self.series.items():
+            if known.last_at < end - self.step * 0.5:
+                self.events[known.node].append((known.last_at + self.step, key, None))
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN == NaN here: no change
+
+
+class PrometheusHistory:
+    def __init__(self, url: str, *, token: str | None = None, ca_file: str | None = None,
+                 node_label: str | None = None, timeout_s: float = 60.0, max_bytes: int = 256 * MIB,
+                 metrics: Sequence[str] = POLICY_METRICS, fetcher: Fetcher | None = None) -> None:
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise HistoryError(f"--prometheus must be http(s)://host[:port][/prefix], got {url!r}")
+        self.url = url.rstrip("/")
+        self.headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.node_labels = tuple(dict.fromkeys([*([node_label] if node_label else []), *dcgm.NODE_LABEL_CANDIDATES]))
+        self.timeout_s, self.max_bytes, self.metrics = timeout_s, max_bytes, tuple(metrics)
+        self.fetcher = fetcher or self._fetch
+        self.queries = 0
+
+    def load(self, start: float, end: float, step: float, chunk_s: float = 6 * 3600.0) -> History:
+        if end <= start:
+            raise HistoryError("the range is empty: --to must be after --from")
+        if step <= 0:
+            raise HistoryError(f"--step must be > 0, got {step}")
+        chunk_s = min(max(chunk_s, step), step * MAX_POINTS)
+        changes = _Changes(step)
+        for metric in self.metrics:
+            at = start
+            while at <= end:
+                last = min(end, at + chunk_s - step)
+                self._chunk(changes, metric, at, last, step)
+                at = last + step
+        changes.finish(end)
+        return self._history(changes, start, end)
+
+    def _chunk(self, changes: _Changes, metric: str, start: float, end: float, step: float) -> None:
+        query = urllib.parse.urlencode({"query": metric, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                        "step": f"{step:g}"})
+        self.queries += 1
+        for item in parse_matrix(self.fetcher(f"{self.url}/api/v1/query_range?{query}")):
+            labels = {str(k): str(v) for k, v in item["metric"].items()}
+            name = labels.pop("__name__", metric)
+            node = next((labels[n] for n in self.node_labels if labels.get(n)), None)
+            if node is None:
+                continue  # a series no node label places (dcgm.readings_from_samples drops those too)
+            key: SeriesKey = (name, tuple(sorted(labels.items())))
+            for at, value in item["values"]:
+                changes.point(key, node, float(at), float(value))
+
+    def _fetch(self, url: str) -> bytes:
+        try:
+            body, _ = fetch(url, self.timeout_s, self.max_bytes, self.headers, self.context)
+        except FetchError as exc:
+            raise HistoryError(f"Prometheus range query to {self.url} failed: {exc} (a smaller --chunk helps "
+                               "when the answer is too large)") from None
+        return body
+
+    def _history(self, changes: _Changes, start: float, end: float) -> History:
+        history = History(start=start, end=end)
+        for node in sorted(changes.events):
+            current: dict[SeriesKey, float] = {}
+            events = sorted(changes.events[node], key=lambda e: e[0])
+            for i, (at, key, value) in enumerate(events):
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+                if i + 1 < len(events) and events[i + 1][0] == at:
+                    continue  # apply every change of this instant first
+                if not current:
+                    history.add(node, at, unknown_readings(node, "no series for this node in Prometheus"))
+                    continue
+                samples = [Sample(name, labels, v) for (name, labels), v in sorted(current.items())]
+                for readings in dcgm.readings_from_samples(samples, node=node, source=SOURCE, observed_at=at):
+                    history.add(node, at, readings)
+        return history
+
+
+def parse_matrix(body: bytes) -> list[dict[str, Any]]:
+    """The matrix result of a range query; HistoryError naming what Prometheus said otherwise."""
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise HistoryError(f"Prometheus answered with something that is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        detail = doc.get("error") if isinstance(doc, dict) else None
+        raise HistoryError(f"Prometheus range query failed: {detail or 'status is not success'}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise HistoryError(f"expected a matrix result, got {data.get('resultType')!r}")
+    return [item for item in data["result"]
+            if isinstance(item, dict) and isinstance(item.get("metric"), dict) and isinstance(item.get("values"), list)]

@@ -1,0 +1,124 @@
+"""A replay result as text (a timeline per node, then the totals) and as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from gpuremediate.replay.history import format_time
+from gpuremediate.replay.result import UNACTED_CATEGORIES, ReplayResult
+
+
+def duration(seconds: float) -> str:
+    """``1d 2h``, ``3h 05m``, ``12m``, ``40s``."""
+    seconds = max(0.0, seconds)
+    days, rest = divmod(round(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m" if minutes else f"{secs}s"
+
+
+def header(result: ReplayResult) -> list[str]:
+    return [
+        f"policy {result.policy}: {format_time(result.start)} → {format_time(result.end)} "
+        f"({duration(result.end - result.start)}), scrape every {result.step_s:g}s, "
+        f"{len(result.gpus)} GPU nodes ({sum(result.gpus.values())} GPUs)",
+        f"history: {result.changes} change points; engine: {result.steps} simulated instants in {result.seconds:.2f}s",
+    ]
+
+
+def timeline(result: ReplayResult) -> list[str]:
+    lines = ["", "Timeline (every transition, per node)"]
+    nodes = sorted({m.node for m in result.moves})
+    if not nodes:
+        lines.append("  (no node changed state)")
+    for node in nodes:
+        lines.append(f"  {node}")
+        for m in (m for m in result.moves if m.node == node):
+            text = f"    {format_time(m.at)}  {m.from_state} → {m.to_state} ({m.reason})"
+            lines.append(text + (f": {m.message}" if m.message else ""))
+    return lines
+
+
+def safety(result: ReplayResult) -> list[str]:
+    lines = ["", "Circuit breaker trips"]
+    lines += [f"  {format_time(t.at)}  opened at {t.node}: {t.reason}" for t in result.trips] or ["  none"]
+    lines += ["", "Waits (the node's record said blocked)"]
+    lines += [f"  {format_time(w.start)}  {w.node}  {w.reason} for {duration(w.end - w.start)}: {w.detail}"
+              for w in result.waits] or ["  none"]
+    return lines
+
+
+def out_of_service(result: ReplayResult) -> list[str]:
+    lines = ["", "Out of service (any state but healthy; quarantined counts until the end of the range)",
+             f"  {'node':<32} {'node-hours':>11} {'GPU-hours':>11}"]
+    for node in sorted({s.node for s in result.spans}):
+        lines.append(f"  {node:<32} {result.node_hours(node):>11.2f} {result.gpu_hours(node):>11.2f}")
+    lines.append(f"  {'total':<32} {result.node_hours():>11.2f} {result.gpu_hours():>11.2f}")
+    return lines
+
+
+def unacted(result: ReplayResult) -> list[str]:
+    lines = ["", "Seen but not acted on"]
+    for category in UNACTED_CATEGORIES:
+        found = [u for u in result.unacted if u.category == category]
+        if not found:
+            continue
+        lines.append(f"  {category} ({len(found)})")
+        for u in found:
+            span = format_time(u.start) if u.end == u.start else \
+                f"{format_time(u.start)} for {duration(u.end - u.start)}"
+            lines.append(f"    {span}  {u.node}: {u.detail}")
+    if len(lines) == 2:
+        lines.append("  nothing")
+    return lines
+
+
+def render_text(result: ReplayResult) -> str:
+    lines = [*header(result), *timeline(result), *safety(result), *out_of_service(result), *unacted(result)]
+    if result.notes:
+        lines += ["", "Notes", *(f"  {n}" for n in result.notes)]
+    return "\n".join(lines) + "\n"
+
+
+COMPARED = ("nodes_acted_on", "transitions", "drains", "repairs", "quarantines", "cordons", "breaker_trips",
+            "budget_waits", "node_hours_out_of_service", "gpu_hours_out_of_service")
+
+
+def render_compare(results: Sequence[ReplayResult]) -> str:
+    """Two (or more) policies on the same history: the totals side by side, per-node differences, then each
+    replay in full."""
+    names = [r.policy for r in results]
+    width = max(14, *(len(n) for n in names))
+    lines = [f"Compare on the same history ({format_time(results[0].start)} → {format_time(results[0].end)}, "
+             f"{len(results[0].gpus)} GPU nodes)", "",
+             f"  {'':<28}" + "".join(f" {n:>{width}}" for n in names)]
+    summaries = [r.summary() for r in results]
+    for key in COMPARED:
+        lines.append(f"  {key:<28}" + "".join(f" {s[key]!s:>{width}}" for s in summaries))
+    for category in UNACTED_CATEGORIES:
+        lines.append(f"  {'not acted on: ' + category:<28}" + "".join(f" {s['unacted'][category]!s:>{width}}"
+                                                                   for s in summaries))
+    lines += ["", "Nodes treated differently (final state, node-hours out of service)"]
+    nodes = sorted(set().union(*({m.node for m in r.moves} for r in results)))
+    differing = [n for n in nodes if len({(r.final_states().get(n, "healthy"), round(r.node_hours(n), 2))
+                                         for r in results}) > 1]
+    for node in differing:
+        cells = "".join(f" {r.final_states().get(node, 'healthy') + f' {r.node_hours(node):.1f}h':>{width}}"
+                        for r in results)
+        lines.append(f"  {node:<28}{cells}")
+    if not differing:
+        lines.append("  none")
+    for result in results:
+        lines += ["", "=" * 100, render_text(result).rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(results: Sequence[ReplayResult]) -> str:
+    if len(results) == 1:
+        return json.dumps(results[0].to_dict(), indent=2) + "\n"
+    return json.dumps({"compare": [r.to_dict() for r in results]}, indent=2) + "\n"

@@ -1,0 +1,240 @@
+"""A synthetic history of a GPU fleet for ``gpuremediate replay``: a month of 200 nodes, 8 GPUs each,
+with a handful of faults (dcgm-exporter series, as the controller reads them).
+
+    python -m sim.history OUT [--nodes 200] [--days 30] [--start 2026-11-01T00:00:00Z]
+                              [--openmetrics FILE --om-step 60s]
+
+writes ``OUT/scrapes/`` (the saved-scrapes layout of ``gpuremediate.replay.history``: one scrape per
+node at the start, one at each change, one at the end), ``OUT/nodes.json`` (a NodeList as
+``kubectl get nodes -o json`` prints it) and ``OUT/policy-strict.toml`` (a small budget and a
+touchy breaker, to compare with the default), and with ``--openmetrics`` one OpenMetrics file for
+``promtool tsdb create-blocks-from openmetrics`` (every series every ``--om-step``: keep that to
+small fleets or short ranges, a month of 200 nodes at 60 s is 300 million samples).
+
+The faults (day offsets from the start; times are deterministic):
+- XID 79 (fell off the bus → reboot) on one node, cleared 2 h later;
+- ECC double-bit errors (→ reset-gpu), cleared after 1 h;
+- one node with XID 48 four times in five days (repeat offender → quarantined the 4th time);
+- a row-remap failure (→ quarantine at once);
+- a GPU at 93 °C for 20 min (→ cordon, then thermal clear) and one hot for only 30 s (below the hold);
+- a burst: XID 79 on 8 nodes within 4 minutes (a bad rollout: budget and breaker territory);
+- an exporter down for 6 h (unknown); XID 13 (policy: none → a notice);
+- 3 uncorrectable remapped rows (below the threshold of 8); XID 79 on a node labelled exclude.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAY, HOUR, MINUTE = 86400.0, 3600.0, 60.0
+GPUS = 8
+FIELDS = {  # GpuState attribute -> DCGM series
+    "xid": "DCGM_FI_DEV_XID_ERRORS",
+    "dbe": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "remap_failure": "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "uncorrectable_rows": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "temp": "DCGM_FI_DEV_GPU_TEMP",
+    "memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
+}
+STRICT_POLICY = """# A stricter policy to compare with the default: at most 2 nodes out at once, a breaker that opens
+# when more than 2% of the GPU nodes (and at least 3) fault within 10 minutes.
+[budget]
+max_unavailable = "2"
+
+[breaker]
+threshold_percent = 2.0
+window_s = 600.0
+min_nodes = 3
+"""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """From ``at`` to ``until``, GPU ``gpu`` of ``node`` shows ``values`` (GpuState fields)."""
+
+    node: str
+    gpu: int
+    at: float
+    until: float | None
+    values: Mapping[str, float]
+
+
+@dataclass
+class Fleet:
+    nodes: list[str]
+    start: float
+    end: float
+    faults: list[Fault] = field(default_factory=list)
+    down: list[tuple[str, float, float]] = field(default_factory=list)  # (node, from, to): exporter unreachable
+    excluded: set[str] = field(default_factory=set)
+
+
+def node_name(i: int) -> str:
+    return f"gpu-node-{i:03d}"
+
+
+def base_temp(node: int, gpu: int) -> float:
+    return float(44 + (node * 7 + gpu * 3) % 15)
+
+
+def month_fleet(nodes: int = 200, days: float = 30.0, start: float = 1_793_491_200.0) -> Fleet:
+    """The scenario of the module docstring, scaled to ``days`` (faults past the end are dropped)."""
+    if nodes < 10:
+        raise ValueError("the month scenario needs at least 10 nodes")
+    names = [node_name(i) for i in range(nodes)]
+
+    def n(i: int) -> str:
+        return names[i % nodes]
+
+    def t(day: float, hour: float = 0.0) -> float:
+        return start + day * DAY + hour * HOUR
+
+    faults = [
+        Fault(n(17), 3, t(2, 4), t(2, 6), {"xid": 79}),
+        Fault(n(42), 5, t(5, 10), t(5, 11), {"dbe": 2}),
+        *(Fault(n(120), 1, t(8 + k * 1.25, 9), t(8 + k * 1.25, 10), {"xid": 48}) for k in range(4)),
+        Fault(n(150), 6, t(22, 15), None, {"remap_failure": 1}),
+        Fault(n(60), 1, t(11, 13), t(11, 13) + 20 * MINUTE, {"temp": 93}),
+        Fault(n(61), 2, t(11, 14), t(11, 14) + 30, {"temp": 94}),
+        *(Fault(n(130 + k), k % GPUS, t(18, 3) + k * 30, t(18, 6), {"xid": 79}) for k in range(8)),
+        Fault(n(33), 0, t(12, 8), t(12, 9), {"xid": 13}),
+        Fault(n(70), 4, t(16, 2), None, {"uncorrectable_rows": 3}),
+        Fault(n(nodes - 1), 2, t(25, 12), t(25, 14), {"xid": 79}),
+    ]
+    fleet = Fleet(names, start, start + days * DAY, excluded={n(nodes - 1)},
+                  down=[(n(99), t(7, 1), t(7, 7))])
+    fleet.faults = [f for f in faults if f.at < fleet.end]
+    fleet.down = [d for d in fleet.down if d[1] < fleet.end]
+    return fleet
+
+
+# ---- one node at one instant --------------------------------------------------------------------
+
+
+def gpu_values(fleet: Fleet, node: str, gpu: int, at: float) -> dict[str, float]:
+    index = fleet.nodes.index(node)
+    values = {"xid": 0.0, "dbe": 0.0, "remap_failure": 0.0, "remap_pending": 0.0, "uncorrectable_rows": 0.0,
+              "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6}
+    for fault in fleet.faults:
+        if fault.node == node and fault.gpu == gpu and fault.at <= at and (fault.until is None or at < fault.until):
+            values.update(fault.values)
+    return values
+
+
+def is_down(fleet: Fleet, node: str, at: float) -> bool:
+    return any(d[0] == node and d[1] <= at < d[2] for d in fleet.down)
+
+
+def _labels(node: str, gpu: int) -> str:
+    return (f'gpu="{gpu}",UUID="GPU-{node}-{gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="{node}",'
+            f'DCGM_FI_DRIVER_VERSION="550.54.15"')
+
+
+def scrape_text(fleet: Fleet, node: str, at: float) -> str:
+    """What dcgm-exporter on ``node`` serves at ``at`` (text format 0.0.4)."""
+    lines = []
+    for attr, series in FIELDS.items():
+        lines.append(f"# TYPE {series} gauge")
+        for gpu in range(GPUS):
+            lines.append(f"{series}{{{_labels(node, gpu)}}} {gpu_values(fleet, node, gpu, at)[attr]:g}")
+    return "\n".join(lines) + "\n"
+
+
+def change_times(fleet: Fleet, node: str) -> list[float]:
+    times = {fleet.start, fleet.end}
+    times.update(x for f in fleet.faults if f.node == node for x in (f.at, f.until) if x is not None)
+    times.update(x for d in fleet.down if d[0] == node for x in (d[1], d[2]))
+    return sorted(x for x in times if fleet.start <= x <= fleet.end)
+
+
+# ---- writers ------------------------------------------------------------------------------------
+
+
+def write_scrapes(fleet: Fleet, folder: Path) -> int:
+    """The saved-scrapes folder; returns the number of files written."""
+    count = 0
+    for node in fleet.nodes:
+        node_dir = folder / node
+        node_dir.mkdir(parents=True, exist_ok=True)
+        for at in change_times(fleet, node):
+            stamp = f"{at:.0f}"
+            if is_down(fleet, node, at):
+                (node_dir / f"{stamp}.unknown").write_text("exporter unreachable (connection refused)\n")
+            else:
+                (node_dir / f"{stamp}.prom").write_text(scrape_text(fleet, node, at))
+            count += 1
+    return count
+
+
+def node_list(fleet: Fleet) -> dict[str, object]:
+    items = []
+    for i, node in enumerate(fleet.nodes):
+        labels = {"kubernetes.io/hostname": node, "nvidia.com/gpu.present": "true",
+                  "pool": "training" if i % 4 else "inference"}
+        if node in fleet.excluded:
+            labels["gpuremediate.io/exclude"] = "true"
+        items.append({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": node, "uid": f"uid-{node}", "labels": labels},
+                      "spec": {},
+                      "status": {"capacity": {"nvidia.com/gpu": str(GPUS)},
+                                 "allocatable": {"nvidia.com/gpu": str(GPUS)},
+                                 "conditions": [{"type": "Ready", "status": "True"}]}})
+    return {"apiVersion": "v1", "kind": "NodeList", "items": items}
+
+
+def openmetrics_lines(fleet: Fleet, step: float) -> Iterator[str]:
+    """Every series every ``step`` seconds, grouped by metric family (promtool wants that), then # EOF."""
+    count = int((fleet.end - fleet.start) // step) + 1
+    for attr, series in FIELDS.items():
+        yield f"# TYPE {series} gauge"
+        for node in fleet.nodes:
+            for gpu in range(GPUS):
+                labels = _labels(node, gpu)
+                for k in range(count):
+                    at = fleet.start + k * step
+                    if not is_down(fleet, node, at):
+                        yield f"{series}{{{labels}}} {gpu_values(fleet, node, gpu, at)[attr]:g} {at:.0f}"
+    yield "# EOF"
+
+
+def write_openmetrics(fleet: Fleet, path: Path, step: float) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for line in openmetrics_lines(fleet, step):
+            out.write(line + "\n")
+
+
+def write_all(fleet: Fleet, out: Path, *, openmetrics: Path | None = None, om_step: float = 60.0) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    files = write_scrapes(fleet, out / "scrapes")
+    (out / "nodes.json").write_text(json.dumps(node_list(fleet), indent=1))
+    (out / "policy-strict.toml").write_text(STRICT_POLICY)
+    if openmetrics is not None:
+        write_openmetrics(fleet, openmetrics, om_step)
+    return files
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.history", description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="folder to write scrapes/, nodes.json, policy-strict.toml into")
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--start", type=float, default=1_793_491_200.0, help="unix seconds (default 2026-11-01)")
+    parser.add_argument("--openmetrics", help="also write this OpenMetrics file (for promtool backfill)")
+    parser.add_argument("--om-step", type=float, default=60.0, help="seconds between OpenMetrics samples")
+    args = parser.parse_args(argv)
+    fleet = month_fleet(args.nodes, args.days, args.start)
+    files = write_all(fleet, Path(args.out), openmetrics=Path(args.openmetrics) if args.openmetrics else None,
+                      om_step=args.om_step)
+    print(f"{args.out}: {files} scrapes of {len(fleet.nodes)} nodes over {args.days:g} days, "
+          f"{len(fleet.faults)} faults")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
