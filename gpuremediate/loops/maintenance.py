@@ -156,7 +156,7 @@ class MaintenanceLoop:
             obj = added
             self._write_status(obj, mr.waiting("Initializing", "request seen; checking it"))
         status = obj.get("status") or {}
-        if status.get("phase") in mr.TERMINAL_PHASES:
+        if status.get("phase") in mr.TERMINAL_PHASES and not self._still_held(obj):
             return self._release_finished(obj)
         try:
             request = self._checked(mr.parse_request(obj))
@@ -240,7 +240,7 @@ class MaintenanceLoop:
         started_at = _time_or(status.get("startedAt"), record.fault.first_seen if ours and record.fault else now)
         progress = mr.observe(request, record, prepared_at, started_at)
         if progress.phase in mr.TERMINAL_PHASES and self.requests.release(node, request.claim) is None:
-            return progress, CONFLICT_RETRY_S
+            return None, CONFLICT_RETRY_S  # the phase never runs ahead of the claim: reported once it is released
         return progress, self.ctx.settings.resync_s
 
     def _start(self, node: Node, record: NodeRecord, now: float) -> Step:
@@ -260,6 +260,18 @@ class MaintenanceLoop:
         if written is not None and decision.cancel is not None and self._cancel is not None:
             self._cancel(decision.cancel.kind, decision.cancel.name)
         return written
+
+    def _still_held(self, obj: Obj) -> bool:
+        """The node's record still works on this request's fault (held, draining, repairing, validating): a
+        terminal phase in the status is not ours (a person wrote it) and must not release the claim; the
+        status is rewritten from the record instead."""
+        node = self.ctx.nodes.get(mr.node_name_of(obj))
+        record = record_from_node(node) if node is not None else None
+        if not isinstance(record, NodeRecord) or record.fault is None:
+            return False
+        name, uid = mr.identity(obj)
+        return record.fault.fingerprint == mr.fingerprint(name, uid) and record.state in (
+            states.MAINTENANCE, states.DRAINING, states.REPAIRING, states.VALIDATING)
 
     def _release_finished(self, obj: Obj) -> float | None:
         """A finished request holds no claim (the node is free for the next request)."""

@@ -132,9 +132,11 @@ def prune_handled(record: NodeRecord, findings: Sequence[Finding]) -> NodeRecord
 
     Call it only with the findings of a successful read (status ok): an unreachable exporter
     reports nothing, and pruning then would turn the stale value into a new fault when it returns.
+    A MaintenanceRequest's fingerprint is never a finding: it stays (the maintenance loop reads it to
+    report the request Completed and release the claim; the request's uid makes it unique).
     """
     present = {f.fingerprint for f in findings}
-    kept = tuple(fp for fp in record.handled if fp in present)
+    kept = tuple(fp for fp in record.handled if fp in present or fp.startswith(f"{MAINTENANCE_KIND}/"))
     return record if kept == record.handled else dataclasses.replace(record, handled=kept)
 
 

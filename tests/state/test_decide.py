@@ -448,3 +448,10 @@ def test_malformed_record_on_schedulable_node_starts_over_and_says_so() -> None:
     move = decision.transition  # the writer logs and Events it: the replacement is never silent
     assert move is not None and move.from_state == d.UNREADABLE and move.reason == s.RECORD_MALFORMED
     assert "bad" in move.message and "replaced" in move.message
+
+
+def test_prune_keeps_a_maintenance_requests_fingerprint() -> None:
+    """No source ever reports a MaintenanceRequest's fault: pruning it after the flow would hide the finished
+    request from the maintenance loop (never Completed, the claim never released)."""
+    rec = r.add_handled(r.NodeRecord(), "maintenance/mr-1/uid-1", "xid/gpu0/79")
+    assert d.prune_handled(rec, []).handled == ("maintenance/mr-1/uid-1",)

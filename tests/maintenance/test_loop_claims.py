@@ -1,0 +1,163 @@
+"""The maintenance loop against the emulator: a request's phase never runs ahead of the node claim
+(issue 10 item 2), and a phase a person writes does not release a node that is still in maintenance
+(issue 17). A bare emulator, hand-made nodes and scripted healthy readings: nothing else runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuremediate.actions.maintenance import CLAIM_ANNOTATION
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.kube import errors, miniyaml
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.resources import CRDS, NAMESPACES, NODES, Resource
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
+from gpuremediate.state import decide, states
+from gpuremediate.state import maintenance as mr
+from gpuremediate.state.record import NodeRecord, node_patch, record_from_node
+from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "manifests" / "crds" / "gpuremediate.io_maintenancerequests.yaml"
+NODE = "gpu-1"
+POD_NS = "gpuremediate-system"
+POLICY = """
+[maintenance]
+respect_budget = false
+[breaker]
+enabled = false
+"""
+
+
+class LosesOneRelease(KubeClient):
+    """The controller's client: its first release of a claim meets a 409 once ``armed``."""
+
+    armed = False
+
+    def patch(self, res: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None,
+              **kwargs: Any) -> dict[str, Any]:
+        annotations = (patch.get("metadata") or {}).get("annotations") or {}
+        if self.armed and res is NODES and CLAIM_ANNOTATION in annotations and annotations[CLAIM_ANNOTATION] is None:
+            self.armed = False
+            raise errors.Conflict(409, {"kind": "Status", "reason": "Conflict", "message": "another writer"})
+        result: dict[str, Any] = super().patch(res, name, patch, namespace, **kwargs)
+        return result
+
+
+class Healthy:
+    def read(self) -> list[NodeReadings]:
+        gpu = GpuReading(node=NODE, gpu="0", uuid="GPU-1")
+        return [NodeReadings(node=NODE, source="exporter", status=SOURCE_OK, gpus=(gpu,))]
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[KubeAPIServer, LosesOneRelease, Resource]]:
+    srv = KubeAPIServer().start()
+    client = LosesOneRelease(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500,
+                             burst=500)
+    client.create(NAMESPACES, {"metadata": {"name": POD_NS}})
+    client.create(CRDS, miniyaml.loads(CRD.read_text()))
+    wait_for(lambda: _served(client), 10, "the MaintenanceRequest kind served")
+    client.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}}})
+    settings = Settings(namespace=POD_NS, scrape_interval_s=0.1, resync_s=0.3)
+    controller = Controller(settings, loads_policy(POLICY), client=client, source=Healthy())
+    assert controller.start_caches(timeout=20)
+    controller.start_loops()
+    try:
+        yield srv, client, client.resolve(f"gpuremediate.io/{mr.VERSION}", mr.KIND)
+    finally:
+        controller.stop()
+        srv.stop()
+
+
+def _served(client: KubeClient) -> bool:
+    try:
+        client.resolve(f"gpuremediate.io/{mr.VERSION}", mr.KIND)
+    except errors.NotFound:  # not served yet
+        return False
+    return True
+
+
+def _request(client: KubeClient, res: Resource, name: str = "mr-1") -> dict[str, Any]:
+    body = {"apiVersion": f"gpuremediate.io/{mr.VERSION}", "kind": mr.KIND, "metadata": {"name": name},
+            "spec": {"healthEvent": {"nodeName": NODE, "isHealthy": False, "recommendedAction": "NONE",
+                                     "message": "planned maintenance", "checkName": "maintenance",
+                                     "componentClass": "GPU"}}}
+    created: dict[str, Any] = client.create(res, body)
+    return created
+
+
+def _claim(client: KubeClient) -> str:
+    return str((client.get(NODES, NODE)["metadata"].get("annotations") or {}).get(CLAIM_ANNOTATION, ""))
+
+
+def _state(client: KubeClient) -> str:
+    record = record_from_node(client.get(NODES, NODE))
+    return record.state if isinstance(record, NodeRecord) else "-"
+
+
+def _phase(client: KubeClient, res: Resource) -> str:
+    return str((client.get(res, "mr-1").get("status") or {}).get("phase", ""))
+
+
+def test_a_phase_a_person_writes_does_not_release_a_node_in_maintenance(
+    world: tuple[KubeAPIServer, LosesOneRelease, Resource]
+) -> None:
+    _, client, res = world
+    _request(client, res)
+    wait_for(lambda: _state(client) == states.MAINTENANCE and _phase(client, res) == mr.PREPARED, 15,
+             f"the node held for maintenance (state {_state(client)}, phase {_phase(client, res)})")
+    claim = _claim(client)
+    assert claim.startswith("mr-1/")
+    client.patch(res, "mr-1", {"status": {"phase": mr.COMPLETED}}, subresource="status")  # a person
+    wait_for(lambda: _phase(client, res) == mr.PREPARED, 10, "the phase rewritten from the node record")
+    assert _claim(client) == claim, "the claim was released while the node stays in maintenance"
+    assert _state(client) == states.MAINTENANCE
+
+
+def test_the_completed_phase_never_runs_ahead_of_the_claim_release(
+    world: tuple[KubeAPIServer, LosesOneRelease, Resource]
+) -> None:
+    srv, client, res = world
+    seen: list[tuple[str, str]] = []  # (phase, claim) at every store change of the request or the node
+    lock = threading.Lock()
+    node_key, request_key = srv.type_for("", "nodes").key, srv.type_for("gpuremediate.io", "maintenancerequests").key
+    current = {"phase": "", "claim": ""}
+
+    def listen(event: Any) -> None:
+        if event.key == request_key:
+            current["phase"] = str((event.obj.get("status") or {}).get("phase", ""))
+        elif event.key == node_key:
+            current["claim"] = str((event.obj["metadata"].get("annotations") or {}).get(CLAIM_ANNOTATION, ""))
+        else:
+            return
+        with lock:
+            seen.append((current["phase"], current["claim"]))
+
+    srv.store.listeners.append(listen)
+    _request(client, res)
+    wait_for(lambda: _state(client) == states.MAINTENANCE and _phase(client, res) == mr.PREPARED, 15,
+             "the node held for maintenance")
+    # The flow finishes (as a repaired and validated node's would: healthy, the request's fault handled);
+    # the claim release then meets one 409: the Completed phase must wait for the release that succeeds.
+    record = record_from_node(client.get(NODES, NODE))
+    assert isinstance(record, NodeRecord) and record.fault is not None
+    validating = decide.maintenance_request_deleted(record, record.fault.fingerprint, 1.0e9).record
+    done = decide.complete_validation(validating, True, 1.0e9).record
+    client.armed = True
+    KubeClient.patch(client, NODES, NODE, node_patch(done))
+    wait_for(lambda: _phase(client, res) == mr.COMPLETED, 10, "the request Completed")
+    with lock:
+        ahead = [s for s in seen if s[0] == mr.COMPLETED and s[1]]
+    assert ahead == [], f"Completed while the node still held the claim: {ahead}"
+    assert _claim(client) == ""
+    assert not client.armed, "the claim release never met its 409"
