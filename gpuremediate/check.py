@@ -1,8 +1,9 @@
 """``gpuremediate check``: this machine's GPUs through nvidia-smi (and the kernel log), judged by the
 same policy the controller uses.
 
-Exit codes: 0 healthy, 1 degraded (thermal, or a repair that may wait), 2 needs repair,
-3 could not check (no nvidia-smi, driver not loaded, GPU lost, bad policy file, ...).
+Exit codes: 0 healthy, 1 degraded (thermal, or a repair that may wait), 2 needs repair (a lost GPU
+included: nvidia-smi exit 15 names it, the readable GPUs are still shown and judged),
+3 could not check (no nvidia-smi, driver not loaded, nvidia-smi timed out, bad policy file, ...).
 A snapshot has no history, so the thermal hold time is not applied: hot now counts as hot.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +24,9 @@ from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 from gpuremediate.policy.findings import ACTION_NONE, Finding
 from gpuremediate.signals.kernellog import KernelLog, read_kernel_log, with_kernel_xids
 from gpuremediate.signals.model import GpuReading, NodeReadings
-from gpuremediate.signals.nvidiasmi import NvidiaSmiError, NvidiaSmiSource
+from gpuremediate.signals.nvidiasmi import DEFAULT_TIMEOUT_S, NvidiaSmiError, NvidiaSmiSource
+
+MAX_TIMEOUT_S = 3600.0
 
 EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
@@ -74,9 +78,9 @@ def run_check(
         readings = source.read_node()
     except NvidiaSmiError as e:
         return Report(EXIT_CANNOT_CHECK, node=source.node, reason=e.reason, detail=e.output)
-    if not readings.gpus:
+    if not readings.gpus and not readings.lost_gpus:
         return Report(EXIT_CANNOT_CHECK, node=readings.node, readings=readings, reason="nvidia-smi listed no GPUs")
-    notes: list[str] = []
+    notes: list[str] = list(readings.problems)
     if kernel_log != "no":
         log = read_log()
         if not log.read:
@@ -110,20 +114,38 @@ def _xids(g: GpuReading) -> str:
     return ",".join(f"{code}x{_num(n)}" for code, n in sorted(g.xid_counts.items())) or "-"
 
 
+def _mig_mode(g: GpuReading) -> str | None:
+    mode = g.extra.get("DCGM_FI_DEV_MIG_MODE")
+    return None if mode is None else ("on" if mode else "off")
+
+
+def _mig(g: GpuReading) -> str:
+    """MIG mode and its devices by profile: ``on: 3g.40gb,2g.20gb,2x1g.10gb``."""
+    mode = _mig_mode(g)
+    if mode != "on" or not g.mig_devices:
+        return mode or "-"
+    counts = {profile: g.mig_devices.count(profile) for profile in g.mig_devices}
+    return "on: " + ",".join(p if n == 1 else f"{n}x{p}" for p, n in counts.items())
+
+
+HEADER = ["GPU", "PCI", "MODEL", "TEMP", "MEM", "DBE", "REMAP PEND", "REMAP FAIL", "UNCORR ROWS", "XID(24h)", "MIG"]
+
+
 def gpu_rows(readings: NodeReadings) -> list[list[str]]:
-    header = ["GPU", "PCI", "MODEL", "TEMP", "MEM", "DBE", "REMAP PEND", "REMAP FAIL", "UNCORR ROWS", "XID(24h)"]
-    rows = [header]
+    rows = [HEADER]
     for g in readings.gpus:
         rows.append([
             g.gpu, g.pci_bus_id or "-", g.model or "-", _num(g.gpu_temp, " C"), _num(g.memory_temp, " C"),
             _num(g.ecc_dbe_volatile), _yes_no(g.row_remap_pending), _yes_no(g.row_remap_failure),
-            _num(g.uncorrectable_remapped_rows), _xids(g),
+            _num(g.uncorrectable_remapped_rows), _xids(g), _mig(g),
         ])
+    for lost in readings.lost_gpus:
+        rows.append(["LOST", lost.pci_bus_id or "?", *["-"] * (len(HEADER) - 2)])
     return rows
 
 
 def render_table(report: Report, out: TextIO) -> None:
-    if report.readings is not None and report.readings.gpus:
+    if report.readings is not None and (report.readings.gpus or report.readings.lost_gpus):
         rows = gpu_rows(report.readings)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
@@ -150,7 +172,8 @@ def _gpu_json(g: GpuReading) -> dict[str, Any]:
         "gpu_temp_c": g.gpu_temp, "memory_temp_c": g.memory_temp, "ecc_dbe_volatile": g.ecc_dbe_volatile,
         "row_remap_pending": g.row_remap_pending, "row_remap_failure": g.row_remap_failure,
         "uncorrectable_remapped_rows": g.uncorrectable_remapped_rows,
-        "kernel_xids": {str(k): v for k, v in sorted(g.xid_counts.items())}, "extra": dict(g.extra),
+        "kernel_xids": {str(k): v for k, v in sorted(g.xid_counts.items())}, "mig_mode": _mig_mode(g),
+        "mig_devices": list(g.mig_devices), "extra": dict(g.extra),
     }
 
 
@@ -164,6 +187,8 @@ def report_json(report: Report) -> dict[str, Any]:
         "nvidia_smi_message": report.detail or None,
         "driver_version": (readings.meta.get("driver_version") if readings else None),
         "gpus": [_gpu_json(g) for g in readings.gpus] if readings else [],
+        "lost_gpus": [{"pci_bus_id": g.pci_bus_id or None, "reason": g.reason}
+                      for g in (readings.lost_gpus if readings else ())],
         "findings": [
             {"kind": f.kind, "code": f.code, "gpus": list(f.gpus), "action": f.action, "urgent": f.urgent,
              "needs_repair": f.needs_repair, "message": f.message}
@@ -181,14 +206,47 @@ def _load(path: str | None) -> Policy:
     return policy_file.for_node({})  # a workstation has no node labels
 
 
+def timeout_seconds(text: str) -> float:
+    """``--timeout``: seconds, finite, above 0 and at most an hour."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds above 0 and at most {MAX_TIMEOUT_S:g}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``gpuremediate check`` options."""
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--nvidia-smi", dest="nvidia_smi", help="path to nvidia-smi (default: found on PATH)")
+    parser.add_argument("--policy", help="TOML policy file (default: built-in policy)")
+    parser.add_argument(
+        "--kernel-log",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="also read NVRM Xid lines from journalctl -k / dmesg (Linux; default: when readable)",
+    )
+    parser.add_argument(
+        "--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+        help=f"how long each nvidia-smi call may take; then it is killed with its children "
+             f"(default {DEFAULT_TIMEOUT_S:g})",
+    )
+    return parser
+
+
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
+    # vars(): until cli.py builds the check parser with add_arguments, --timeout may be absent
+    timeout_s = vars(args).get("timeout", DEFAULT_TIMEOUT_S)
     try:
         policy = _load(args.policy)
     except (PolicyError, OSError) as e:
         report = Report(EXIT_CANNOT_CHECK, reason=f"policy: {e}")
     else:
-        report = run_check(NvidiaSmiSource(path=args.nvidia_smi), policy, kernel_log=args.kernel_log)
+        source = NvidiaSmiSource(path=args.nvidia_smi, timeout_s=timeout_s)
+        report = run_check(source, policy, kernel_log=args.kernel_log)
     if args.json:
         out.write(json.dumps(report_json(report), indent=2) + "\n")
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import json
@@ -43,7 +44,8 @@ def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     fakes.install(d, "journalctl", "fake_tool.py")
     fakes.install(d, "dmesg", "fake_tool.py")
     monkeypatch.setenv("PATH", str(d))  # nothing real: only the fakes are found
-    for var in ("FAKE_SMI_EXIT", "FAKE_SMI_REJECT", "FAKE_SMI_STATE", "FAKE_SMI_LOG"):
+    for var in ("FAKE_SMI_EXIT", "FAKE_SMI_REJECT", "FAKE_SMI_STATE", "FAKE_SMI_LOG", "FAKE_SMI_LOST",
+                "FAKE_SMI_WRAPPER_PIDFILE", "FAKE_JOURNALCTL_OUT", "FAKE_JOURNALCTL_ERR", "FAKE_DMESG_OUT"):
         monkeypatch.delenv(var, raising=False)
     return d
 
@@ -262,3 +264,63 @@ def test_kernel_log_messages_decode_nvlink5_and_154(
     got, report = run_json(["--kernel-log", "yes"])
     assert got == code
     assert (report["findings"][0]["code"], report["findings"][0]["action"]) == finding
+
+
+# ------------------------------------------------------------------ item: journal absent, lost GPU, MIG, timeout
+
+
+def test_no_journal_files_falls_back_to_dmesg(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # containers and minimal hosts: journalctl exits 0 saying so; an XID 79 in dmesg must still count
+    use(monkeypatch, H100)
+    monkeypatch.setenv("FAKE_JOURNALCTL_ERR", "No journal files were found.\n")
+    (tmp_path / "empty.txt").write_text("-- No entries --\n")
+    monkeypatch.setenv("FAKE_JOURNALCTL_OUT", str(tmp_path / "empty.txt"))
+    (tmp_path / "dmesg.txt").write_text("[  12.3] NVRM: Xid (PCI:0000:00:09): 79, pid=7, GPU has fallen off the bus.\n")
+    monkeypatch.setenv("FAKE_DMESG_OUT", str(tmp_path / "dmesg.txt"))
+    code, report = run_json([])
+    assert code == 2 and [(f["code"], f["action"]) for f in report["findings"]] == [("79", "reboot")]
+    assert any("dmesg: 1 XID line(s)" in n for n in report["notes"])
+
+
+def test_a_lost_gpu_needs_repair_and_the_others_are_shown(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, H200)
+    monkeypatch.setenv("FAKE_SMI_LOST", "0000:3B:00.0")
+    code, report = run_json(["--kernel-log", "no"])
+    assert (code, report["verdict"]) == (2, "needs repair")
+    assert [g["pci_bus_id"] for g in report["gpus"]] == ["00000000:83:00.0"]
+    assert report["lost_gpus"] == [{"pci_bus_id": "0000:3b:00.0",
+                                    "reason": "GPU is lost. Reboot the system to recover this GPU"}]
+    [finding] = report["findings"]
+    assert (finding["kind"], finding["action"], finding["code"]) == ("gpu-lost", "reboot", "0000:3b:00.0")
+    code, text = run(["--kernel-log", "no"])
+    assert code == 2
+    assert "NVIDIA H200" in text and "LOST  0000:3b:00.0" in text and "GPU at PCI 0000:3b:00.0 is lost" in text
+
+
+def test_mig_mode_and_devices_are_in_the_table(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, H100_MIG)
+    code, text = run(["--kernel-log", "no"])
+    header, row = text.splitlines()[:2]
+    assert code == 0 and header.split()[-1] == "MIG"
+    assert row.endswith("on: 3g.40gb,2g.20gb,2x1g.10gb")
+    _, report = run_json(["--kernel-log", "no"])
+    assert report["gpus"][0]["mig_mode"] == "on"
+    assert report["gpus"][0]["mig_devices"] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    use(monkeypatch, H100)
+    _, text = run(["--kernel-log", "no"])
+    assert text.splitlines()[1].endswith("off")
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    return check.add_arguments(argparse.ArgumentParser(prog="gpuremediate check", exit_on_error=False))
+
+
+def test_timeout_option(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FAKE_SMI_WRAPPER_PIDFILE", str(tmp_path / "child.pid"))
+    args = _check_parser().parse_args(["--json", "--kernel-log", "no", "--timeout", "3"])
+    out = io.StringIO()
+    assert check.main(args, out=out) == 3
+    assert json.loads(out.getvalue())["reason"] == "nvidia-smi did not answer within 3 s"
+    for bad in ("0", "-1", "nan", "inf", "1e9", "soon"):
+        with pytest.raises(argparse.ArgumentError, match="timeout"):
+            _check_parser().parse_args(["--timeout", bad])

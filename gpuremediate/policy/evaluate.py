@@ -23,6 +23,7 @@ from gpuremediate.policy.rules import (
     GpuView,
     ThermalTimer,
     ecc_findings,
+    lost_gpu_findings,
     merge_readings,
     row_remap_findings,
     thermal_finding,
@@ -112,5 +113,7 @@ def evaluate(readings: NodeReadings, policy: Policy, memory: PolicyMemory, now: 
     for gpu in gpus.values():
         for finding in (*xid_findings(gpu, policy), *ecc_findings(gpu, policy), *row_remap_findings(gpu, policy)):
             findings.setdefault(finding.fingerprint, finding)
+    for finding in lost_gpu_findings(readings.node, readings.lost_gpus, policy):
+        findings.setdefault(finding.fingerprint, finding)
     thermal_found, new_memory = _thermal(readings.node, gpus, policy, memory, now)
     return Evaluation(findings=by_severity([*findings.values(), *thermal_found]), memory=new_memory)

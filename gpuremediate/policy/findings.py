@@ -20,6 +20,7 @@ KIND_ROW_REMAP_FAILURE = "row-remap-failure"
 KIND_ROW_REMAP_PENDING = "row-remap-pending"
 KIND_UNCORRECTABLE_ROWS = "uncorrectable-rows"
 KIND_THERMAL = "thermal"
+KIND_GPU_LOST = "gpu-lost"  # the driver cannot reach a GPU (nvidia-smi exit 15, "GPU is lost")
 
 
 @dataclass(frozen=True)

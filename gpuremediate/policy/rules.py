@@ -15,6 +15,7 @@ from gpuremediate.policy.config import Policy, ThermalPolicy
 from gpuremediate.policy.findings import (
     ACTION_CORDON,
     KIND_ECC_DBE,
+    KIND_GPU_LOST,
     KIND_ROW_REMAP_FAILURE,
     KIND_ROW_REMAP_PENDING,
     KIND_THERMAL,
@@ -23,7 +24,16 @@ from gpuremediate.policy.findings import (
     Finding,
 )
 from gpuremediate.policy.xid import lookup
-from gpuremediate.signals.model import GpuReading, plausible_count, plausible_flag, plausible_temp, plausible_xid
+from gpuremediate.signals.model import (
+    GpuReading,
+    LostGpu,
+    plausible_count,
+    plausible_flag,
+    plausible_temp,
+    plausible_xid,
+)
+
+XID_FALLEN_OFF_THE_BUS = 79  # what a lost GPU is: its action (and any override of it) applies
 
 # Every source's values pass the signal model's one notion of a reading again here (the exporter path
 # already applied it; nvidia-smi and hand-built readings may not have): missing is never a fault.
@@ -102,6 +112,18 @@ def xid_findings(gpu: GpuView, policy: Policy) -> list[Finding]:
         if gpu.xid_counts[code] > 0:
             seen = f"reported {_number(gpu.xid_counts[code])} time(s) recently:"
             found.append(_xid_finding(gpu, code, policy, f"xidcount:{gpu.key}:{code}", seen))
+    return found
+
+
+def lost_gpu_findings(node: str, lost: Sequence[LostGpu], policy: Policy) -> list[Finding]:
+    """A GPU the driver reports lost is what XID 79 reports (fallen off the bus): XID 79's action."""
+    entry = lookup(XID_FALLEN_OFF_THE_BUS, policy.xid.overrides, policy.xid.unknown_action)
+    found = []
+    for gpu in lost:
+        key = f"{node}/pci{gpu.pci_bus_id}" if gpu.pci_bus_id else f"{node}/gpu?"
+        where = f"at PCI {gpu.pci_bus_id}" if gpu.pci_bus_id else "(not named)"
+        message = f"GPU {where} is lost: {gpu.reason} (as XID {XID_FALLEN_OFF_THE_BUS}: {entry.action})."
+        found.append(Finding(node, KIND_GPU_LOST, gpu.pci_bus_id, (key,), entry.action, f"gpu-lost:{key}", message))
     return found
 
 

@@ -78,7 +78,12 @@ class _GpuBuilder:
             xid_messages=MappingProxyType(dict(sorted(self.xid_messages.items()))),
             pods=tuple(sorted(self.pods, key=lambda pod: (pod.namespace, pod.name))),
             extra=MappingProxyType(dict(sorted(self.extra.items()))),
-            **{attr: self.values.get(attr) for attr in NAMED_FIELDS.values()},
+            ecc_dbe_volatile=self.values.get("ecc_dbe_volatile"),
+            row_remap_failure=self.values.get("row_remap_failure"),
+            row_remap_pending=self.values.get("row_remap_pending"),
+            uncorrectable_remapped_rows=self.values.get("uncorrectable_remapped_rows"),
+            gpu_temp=self.values.get("gpu_temp"),
+            memory_temp=self.values.get("memory_temp"),
         )
 
 

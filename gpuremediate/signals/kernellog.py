@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpuremediate.signals.model import NodeReadings
-from gpuremediate.signals.nvidiasmi import normalise_bus_id
+from gpuremediate.signals.nvidiasmi import normalise_bus_id, run_process_group
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 XID_LINE = re.compile(
@@ -24,6 +24,10 @@ XID_LINE = re.compile(
     r"(?:, (?P<rest>.*))?"
 )
 JOURNAL_DENIED = ("insufficient permissions", "not seeing messages", "permission denied")
+# journalctl exits 0 with this when the machine keeps no journal (containers, minimal hosts): not a
+# clean kernel log, an absent one, so dmesg is read instead
+JOURNAL_ABSENT = "no journal files were found"
+TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False, errors="replace")
+    return run_process_group(argv, TIMEOUT_S)
 
 
 def _read_journal(runner: Runner) -> str:
@@ -79,6 +83,8 @@ def _read_journal(runner: Runner) -> str:
         raise KernelLogError(f"journalctl: {proc.stderr.strip().splitlines()[0]}", denied=True)
     if proc.returncode != 0:
         raise KernelLogError(f"journalctl exited {proc.returncode}: {proc.stderr.strip()}")
+    if JOURNAL_ABSENT in (proc.stderr + proc.stdout).lower():
+        raise KernelLogError("journalctl: No journal files were found.")
     return proc.stdout
 
 

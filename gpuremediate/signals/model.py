@@ -100,12 +100,21 @@ class GpuReading:
     gpu_temp: float | None = None  # DCGM_FI_DEV_GPU_TEMP, Celsius
     memory_temp: float | None = None  # DCGM_FI_DEV_MEMORY_TEMP, Celsius
     pods: tuple[PodRef, ...] = ()
+    mig_devices: tuple[str, ...] = ()  # MIG device profiles (e.g. "1g.10gb") when MIG is on and listed
     extra: Mapping[str, float] = field(default_factory=dict, hash=False)  # any other field, by DCGM field name
 
     @property
     def key(self) -> str:
         """The stable identity of this GPU: its UUID when known, else node/index."""
         return self.uuid or f"{self.node}/gpu{self.gpu}"
+
+
+@dataclass(frozen=True)
+class LostGpu:
+    """A GPU the driver reports lost ("GPU is lost", nvidia-smi exit 15): it needs a repair."""
+
+    pci_bus_id: str  # normalised; "" when the driver did not name it
+    reason: str  # the driver's words
 
 
 @dataclass(frozen=True)
@@ -118,4 +127,5 @@ class NodeReadings:
     gpus: tuple[GpuReading, ...] = ()
     malformed_lines: int = 0  # lines the lenient parser skipped, and series whose labels could not be read
     problems: tuple[str, ...] = ()  # what was skipped beyond the parser's lines, in words
+    lost_gpus: tuple[LostGpu, ...] = ()  # GPUs the driver cannot reach: no readings, a repair
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)  # e.g. driver version, exporter pod name

@@ -8,8 +8,11 @@ indented text carries remapped rows and retired pages. Placeholder cells (``[N/A
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +20,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuremediate.signals.model import GpuReading, NodeReadings, plausible_count, plausible_flag, plausible_temp
+from gpuremediate.signals.model import (
+    GpuReading,
+    LostGpu,
+    NodeReadings,
+    plausible_count,
+    plausible_flag,
+    plausible_temp,
+)
 
 SOURCE = "nvidia-smi"
 
@@ -105,18 +115,50 @@ def find_nvidia_smi(
 
 
 Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+DEFAULT_TIMEOUT_S = 30.0
+EXIT_GPU_LOST = 15
+# "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost.  Reboot the system to recover
+# this GPU" (some drivers write "GPU0000:..." without the space, or "Unknown Error" as the cause)
+LOST_LINE = re.compile(r"Unable to determine the device handle for GPU ?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+                       r"[0-9A-Fa-f]{2}(?:\.[0-7])?):\s*(?P<why>.*)")
 
 
-def _run_subprocess(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout_s, check=False, errors="replace"
-    )
+def run_process_group(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` in a process group of its own: on timeout the whole group is killed, so a
+    wrapper script's child neither survives nor keeps the pipes (and this call) open."""
+    posix = os.name == "posix"
+    with subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+        start_new_session=posix,
+        creationflags=0 if posix else subprocess.CREATE_NEW_PROCESS_GROUP,  # type: ignore[attr-defined]
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run_nvidia_smi(path: str, args: Sequence[str], timeout_s: float = 30.0, runner: Runner | None = None) -> str:
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    if os.name == "posix":
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    else:  # Windows: taskkill /T ends the tree under the wrapper
+        subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)], capture_output=True, check=False)
+        proc.kill()
+
+
+
+def run_nvidia_smi(
+    path: str, args: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, runner: Runner | None = None
+) -> str:
     """stdout of ``nvidia-smi args``; NvidiaSmiError (with the exit code and message) otherwise."""
     try:
-        proc = (runner or _run_subprocess)([path, *args], timeout_s)
+        proc = (runner or run_process_group)([path, *args], timeout_s)
     except FileNotFoundError:
         raise NvidiaSmiError(f"nvidia-smi not found at {path}") from None
     except PermissionError:
@@ -306,7 +348,7 @@ class NvidiaSmiSource:
         self,
         path: str | None = None,
         node: str | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -320,26 +362,80 @@ class NvidiaSmiSource:
         return [self.read_node()]
 
     def read_node(self) -> NodeReadings:
-        """This machine's readings; NvidiaSmiError when nvidia-smi cannot tell."""
+        """This machine's readings; NvidiaSmiError when nvidia-smi cannot tell.
+
+        A GPU nvidia-smi reports lost (exit 15) is listed in ``lost_gpus``; the others are still read.
+        """
         path = find_nvidia_smi(self._explicit)
         observed_at = self._clock()
-        rows, needs_q = self._query(path)
-        q = parse_q(self._run(path, ["-q"])) if needs_q else {}
-        return node_readings(self.node, rows, q, observed_at)
+        rows, needs_q, lost = self._query(path)
+        q = parse_q(self._run(path, ["-q"])) if needs_q and rows else {}
+        readings = dataclasses.replace(node_readings(self.node, rows, q, observed_at), lost_gpus=lost)
+        if any(g.extra.get("DCGM_FI_DEV_MIG_MODE") == 1.0 for g in readings.gpus):
+            readings = self._with_mig_devices(path, readings)
+        return readings
 
-    def _query(self, path: str) -> tuple[list[dict[str, str]], bool]:
-        """The query rows, and whether ``-q`` must fill in what the query could not give."""
+    def _query(self, path: str) -> tuple[list[dict[str, str]], bool, tuple[LostGpu, ...]]:
+        """The query rows, whether ``-q`` must fill in what the query could not give, and lost GPUs."""
+        fields: Sequence[str] = QUERY_FIELDS
         try:
-            text = self._run(path, _query_args(QUERY_FIELDS))
+            try:
+                return parse_query_csv(self._run(path, _query_args(fields)), fields), False, ()
+            except NvidiaSmiError as e:
+                if "not a valid field" not in e.output:
+                    raise
+            fields = BASE_FIELDS
+            return parse_query_csv(self._run(path, _query_args(fields)), fields), True, ()
         except NvidiaSmiError as e:
-            if "not a valid field" not in e.output:
+            if e.exit_code != EXIT_GPU_LOST:
                 raise
-            rows = parse_query_csv(self._run(path, _query_args(BASE_FIELDS)), BASE_FIELDS)
-            return rows, True
-        return parse_query_csv(text, QUERY_FIELDS), False
+            rows, lost = parse_lost_output(e.output, fields)
+            return rows, fields is BASE_FIELDS, lost
+
+    def _with_mig_devices(self, path: str, readings: NodeReadings) -> NodeReadings:
+        try:
+            devices = parse_mig_list(self._run(path, ["-L"]))
+        except NvidiaSmiError as e:
+            return dataclasses.replace(readings, problems=(*readings.problems, f"MIG devices not listed: {e}"))
+        gpus = tuple(dataclasses.replace(g, mig_devices=devices.get(g.uuid or "", ())) for g in readings.gpus)
+        return dataclasses.replace(readings, gpus=gpus)
 
     def _run(self, path: str, args: Sequence[str]) -> str:
         return run_nvidia_smi(path, args, self._timeout_s, self._runner)
+
+
+def parse_lost_output(output: str, fields: Sequence[str]) -> tuple[list[dict[str, str]], tuple[LostGpu, ...]]:
+    """What nvidia-smi printed when it exited 15: the rows of the GPUs it could read, and the lost ones
+    (one entry without a bus id when it did not name the GPU)."""
+    rows: list[dict[str, str]] = []
+    lost: list[LostGpu] = []
+    for line in output.replace("\r", "").splitlines():
+        match = LOST_LINE.search(line)
+        if match:
+            lost.append(LostGpu(normalise_bus_id(match.group("bus")), " ".join(match.group("why").split())))
+        elif line.count(",") == len(fields) - 1:
+            rows.extend(parse_query_csv(line, fields))
+    if not lost:
+        lost.append(LostGpu("", f"nvidia-smi exited {EXIT_GPU_LOST} ({EXIT_REASONS[EXIT_GPU_LOST]})"))
+    return rows, tuple(lost)
+
+
+_MIG_GPU = re.compile(r"^GPU \d+: .*\(UUID: (?P<uuid>GPU-[^)]+)\)")
+_MIG_DEVICE = re.compile(r"^\s+MIG (?P<profile>\S+)\s+Device\s+\d+:")
+
+
+def parse_mig_list(text: str) -> dict[str, tuple[str, ...]]:
+    """``nvidia-smi -L`` → {GPU UUID: MIG device profiles, in order}."""
+    devices: dict[str, tuple[str, ...]] = {}
+    current = None
+    for line in text.replace("\r", "").splitlines():
+        gpu, mig = _MIG_GPU.match(line), _MIG_DEVICE.match(line)
+        if gpu:
+            current = gpu.group("uuid")
+            devices[current] = ()
+        elif mig and current is not None:
+            devices[current] = (*devices[current], mig.group("profile"))
+    return devices
 
 
 def _query_args(fields: Sequence[str]) -> list[str]:

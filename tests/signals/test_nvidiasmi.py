@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gpuremediate.signals import nvidiasmi
 from gpuremediate.signals.nvidiasmi import NvidiaSmiError, NvidiaSmiSource
+from sim.waiting import wait_for
 
 
 def _load_fakes() -> ModuleType:
@@ -39,7 +40,7 @@ ZERO_UUID = "GPU-00000000-0000-0000-0000-000000000000"
 def smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = fakes.install_nvidia_smi(tmp_path / "bin")
     monkeypatch.setenv("FAKE_SMI_LOG", str(tmp_path / "calls.jsonl"))
-    for var in ("FAKE_SMI_EXIT", "FAKE_SMI_REJECT", "FAKE_SMI_STATE"):
+    for var in ("FAKE_SMI_EXIT", "FAKE_SMI_REJECT", "FAKE_SMI_STATE", "FAKE_SMI_LOST", "FAKE_SMI_WRAPPER_PIDFILE"):
         monkeypatch.delenv(var, raising=False)
     return path
 
@@ -85,7 +86,9 @@ def test_each_capture_maps_to_readings(
     assert gpu.uncorrectable_remapped_rows == rows
     assert gpu.extra.get("DCGM_FI_DEV_MIG_MODE") == mig
     assert gpu.xid is None and not gpu.xid_counts  # nvidia-smi does not report XIDs
-    assert calls(tmp_path) == [[f"--query-gpu={','.join(nvidiasmi.QUERY_FIELDS)}", "--format=csv,noheader,nounits"]]
+    query = [f"--query-gpu={','.join(nvidiasmi.QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
+    assert calls(tmp_path) == ([query, ["-L"]] if mig else [query])  # MIG on: its devices are listed
+    assert gpu.mig_devices == (("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb") if mig else ())
 
 
 def test_older_driver_without_remap_fields_falls_back_to_q(
@@ -131,6 +134,41 @@ def test_hung_nvidia_smi_times_out(tmp_path: Path) -> None:
     slow.chmod(0o755)
     with pytest.raises(NvidiaSmiError, match=r"did not answer within 0\.3 s"):
         NvidiaSmiSource(path=str(slow), timeout_s=0.3).read_node()
+
+
+def test_a_lost_gpu_is_named_and_the_others_still_read(smi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SMI_LOST", "0000:3B:00.0")
+    readings = read(smi, monkeypatch, H200)
+    assert [(g.pci_bus_id, g.gpu_temp) for g in readings.gpus] == [("00000000:83:00.0", 52.0)]
+    [lost] = readings.lost_gpus
+    assert lost.pci_bus_id == "0000:3b:00.0" and lost.reason.startswith("GPU is lost. Reboot the system")
+
+
+def test_exit_15_without_a_name_is_still_a_lost_gpu(smi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SMI_LOST", "-")
+    readings = read(smi, monkeypatch, H200)
+    assert len(readings.gpus) == 1
+    [lost] = readings.lost_gpus
+    assert lost.pci_bus_id == "" and "exited 15" in lost.reason
+
+
+def test_a_timed_out_wrapper_is_killed_with_its_child(smi: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    monkeypatch.setenv("FAKE_SMI_WRAPPER_PIDFILE", str(pidfile))
+    with pytest.raises(NvidiaSmiError, match=r"did not answer within 5 s"):
+        NvidiaSmiSource(path=str(smi), timeout_s=5).read_node()
+    wait_for(pidfile.exists, timeout=10, describe="the wrapper's child pid file")
+    child = int(pidfile.read_text())
+    wait_for(lambda: not _alive(child), timeout=10, describe=f"child {child} of the wrapper to be gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
 
 
 def test_not_executable(tmp_path: Path) -> None:
