@@ -124,7 +124,7 @@ def _details(result: ReplayResult) -> str:
 
 def render_html(results: Sequence[ReplayResult]) -> str:
     first = results[0]
-    nodes = sorted(set().union(*(r.affected for r in results)))
+    nodes = sorted(set().union(*(r.affected for r in results), *({u.node for u in r.unacted} for r in results)))
     width = 1100.0 if len(results) == 1 else 640.0
     panes = "".join(
         f'<div class="pane"><h2>{escape(r.policy)}</h2>{svg_timeline(r, nodes, width)}{_details(r)}</div>'
@@ -140,7 +140,7 @@ def render_html(results: Sequence[ReplayResult]) -> str:
 {sum(first.gpus.values())} GPUs. What the controller would have done: the same code as the controller,
 on a simulated clock. Hover a bar for details.</p>
 {_summary_table(results)}
-<h2>Timeline: {len(nodes)} affected node(s)</h2>
+<h2>Timeline: {len(nodes)} node(s) acted on, waiting, or with faults not acted on</h2>
 {legend()}
 <div class="panes">{panes}</div>
 {f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
