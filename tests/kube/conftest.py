@@ -1,7 +1,11 @@
 """`kube_target`: the API server the kube client tests run against.
 
 By default a fresh in-process emulator (sim.kubeapi.KubeAPIServer). With GPUREMEDIATE_TEST_KUBECONFIG set,
-a real cluster: each test gets its own namespace, deleted afterwards. The test bodies are the same."""
+a real cluster: each test gets its own namespace, deleted afterwards. The test bodies are the same.
+
+The emulator's namespace holds what a real one does: the ``kube-root-ca.crt`` ConfigMap that
+kube-controller-manager's root-ca-cert-publisher puts in every namespace (on a real cluster it may appear
+a moment after the namespace, so tests select their own objects by the ``TEST_LABEL`` their objects carry)."""
 
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import pytest
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, load_config
-from gpuremediate.kube.resources import NAMESPACES
+from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES
 
 REAL_KUBECONFIG = os.environ.get("GPUREMEDIATE_TEST_KUBECONFIG")
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
 
 
 @dataclass
@@ -50,7 +55,11 @@ def _emulator_target() -> Iterator[KubeTarget]:
     server = KubeAPIServer(watch_history=20).start()
     config = ClusterConfig(server=server.url, token_source=_Token(server.admin_token))
     target = KubeTarget(config, "kube-test", emulator=server)
-    target.client().create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-test"}})
+    admin = target.client()
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-test"}})
+    admin.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                              "metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": "kube-test"},
+                              "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\n(emulated)\n"}}, "kube-test")
     try:
         yield target
     finally:

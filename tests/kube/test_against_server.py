@@ -18,10 +18,24 @@ from sim.waiting import wait_for
 
 from .conftest import KubeTarget
 
+# Every ConfigMap a test makes carries this label, and watches and informers select by it: a real
+# namespace also holds kube-controller-manager's kube-root-ca.crt (the emulator's target has one too).
+TEST_LABEL = {"gpuremediate.io/test": "kube"}
+TEST_SELECTOR = "gpuremediate.io/test=kube"
+GONE_ON_A_REAL_SERVER = ("a real server's watch cache holds far more history than a test can write, and how "
+                         "far back it reaches depends on the server: no write count pushes a resourceVersion "
+                         "out of it deterministically (the emulator's window is known: watch_history)")
+
 
 def cm(name: str, namespace: str, **data: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
-            "data": dict(data)}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(TEST_LABEL)}, "data": dict(data)}
+
+
+def writes_past_the_watch_window(kube_target: KubeTarget) -> int:
+    """How many writes push resourceVersion 1 out of the emulator's watch history (skip on a real server)."""
+    server = kube_target.require_emulator(GONE_ON_A_REAL_SERVER)
+    return int(server.store.history.maxlen) + 5
 
 
 def pod(name: str, namespace: str, labels: dict[str, str] | None = None, node: str | None = None) -> dict[str, Any]:
@@ -124,7 +138,7 @@ def test_watch_resume_from_last_resource_version(kube_target: KubeTarget) -> Non
     rv = client.list(CONFIGMAPS, ns)["metadata"]["resourceVersion"]
     client.create(CONFIGMAPS, cm("w1", ns))
     seen: list[WatchEvent] = []
-    with client.watch(CONFIGMAPS, ns, resource_version=rv, timeout_seconds=5) as stream:
+    with client.watch(CONFIGMAPS, ns, resource_version=rv, label_selector=TEST_SELECTOR, timeout_seconds=5) as stream:
         for event in stream:
             if event.type != "BOOKMARK":
                 seen.append(event)
@@ -132,7 +146,8 @@ def test_watch_resume_from_last_resource_version(kube_target: KubeTarget) -> Non
     assert [(e.type, e.object["metadata"]["name"]) for e in seen] == [("ADDED", "w1")]
     client.patch(CONFIGMAPS, "w1", {"data": {"x": "1"}}, ns)
     client.create(CONFIGMAPS, cm("w2", ns))
-    with client.watch(CONFIGMAPS, ns, resource_version=seen[-1].resource_version, timeout_seconds=5) as stream:
+    with client.watch(CONFIGMAPS, ns, resource_version=seen[-1].resource_version, label_selector=TEST_SELECTOR,
+                      timeout_seconds=5) as stream:
         resumed = [e for _, e in zip(range(2), stream, strict=False)]
     assert [e.object["metadata"]["name"] for e in resumed] == ["w1", "w2"]  # nothing replayed, nothing lost
     assert int(resumed[0].resource_version) > int(seen[-1].resource_version)
@@ -144,14 +159,15 @@ def test_watch_from_a_resource_version_reports_modified(kube_target: KubeTarget)
     created = client.create(CONFIGMAPS, cm("m1", ns))
     client.patch(CONFIGMAPS, "m1", {"data": {"x": "1"}}, ns)
     with client.watch(CONFIGMAPS, ns, resource_version=created["metadata"]["resourceVersion"],
-                      timeout_seconds=5) as stream:
+                      label_selector=TEST_SELECTOR, timeout_seconds=5) as stream:
         first = next(stream)
     assert (first.type, first.object["data"]) == ("MODIFIED", {"x": "1"})
 
 
 def test_watch_from_too_old_resource_version_raises_gone(kube_target: KubeTarget) -> None:
+    writes = writes_past_the_watch_window(kube_target)
     client, ns = kube_target.client(), kube_target.namespace
-    for i in range(25):  # beyond the emulator's watch_history of 20
+    for i in range(writes):
         client.create(CONFIGMAPS, cm(f"old{i}", ns))
     with pytest.raises(errors.Gone):
         for _ in client.watch(CONFIGMAPS, ns, resource_version="1", timeout_seconds=5):
@@ -159,8 +175,9 @@ def test_watch_from_too_old_resource_version_raises_gone(kube_target: KubeTarget
 
 
 def test_resumable_watch_relists_on_gone(kube_target: KubeTarget) -> None:
+    writes = writes_past_the_watch_window(kube_target)
     client, ns = kube_target.client(), kube_target.namespace
-    for i in range(25):
+    for i in range(writes):
         client.create(CONFIGMAPS, cm(f"r{i}", ns))
     stopped = threading.Event()
     relists: list[str] = []
@@ -177,7 +194,7 @@ def test_resumable_watch_relists_on_gone(kube_target: KubeTarget) -> None:
         stopped.set()
 
     resumable_watch(client, CONFIGMAPS, ns, resource_version="1", on_event=on_event, relist=relist,
-                    stopped=stopped, timeout_seconds=5)
+                    stopped=stopped, label_selector=TEST_SELECTOR, timeout_seconds=5)
     assert len(relists) == 1
     assert [(e.type, e.object["metadata"]["name"]) for e in events] == [("ADDED", "after-relist")]
 
@@ -262,7 +279,7 @@ def test_unauthorized_and_forbidden(kube_target: KubeTarget) -> None:
     server.add_token("reader-token", "reader")
     server.enforce_rbac("reader", [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}])
     reader = KubeClient(ClusterConfig(server=server.url, token_source=StaticToken("reader-token")))
-    assert reader.list(CONFIGMAPS, kube_target.namespace)["items"] == []
+    assert reader.list(CONFIGMAPS, kube_target.namespace, label_selector=TEST_SELECTOR)["items"] == []
     with pytest.raises(errors.Forbidden):
         reader.list(NODES)
     with pytest.raises(errors.Forbidden):
@@ -309,7 +326,7 @@ def test_informer_and_workqueue(kube_target: KubeTarget) -> None:
     client.create(CONFIGMAPS, cm("pre", ns))
     queue = WorkQueue(base_delay=0.01)
     deleted: list[str] = []
-    informer = Informer(client, CONFIGMAPS, ns, watch_timeout_seconds=5)
+    informer = Informer(client, CONFIGMAPS, ns, label_selector=TEST_SELECTOR, watch_timeout_seconds=5)
     informer.add_handler(on_add=lambda o: queue.add(o["metadata"]["name"]),
                          on_update=lambda old, new: queue.add(new["metadata"]["name"]),
                          on_delete=lambda o: deleted.append(o["metadata"]["name"]))
@@ -341,7 +358,7 @@ def test_informer_relists_on_gone_and_fires_deletes(kube_target: KubeTarget) -> 
     server.inject(method="GET", path=r"configmaps\?.*watch=", count=1, action="delay", delay_s=1.5)
     deleted: list[str] = []
     added: list[str] = []
-    informer = Informer(client, CONFIGMAPS, ns, watch_timeout_seconds=5)
+    informer = Informer(client, CONFIGMAPS, ns, label_selector=TEST_SELECTOR, watch_timeout_seconds=5)
     informer.add_handler(on_add=lambda o: added.append(o["metadata"]["name"]),
                          on_delete=lambda o: deleted.append(o["metadata"]["name"]))
     informer.start()
