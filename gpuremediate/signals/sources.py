@@ -442,24 +442,51 @@ class PrometheusError(SourceError):
     """Prometheus could not answer the query; the message says what it said."""
 
 
-TS_LABEL = "gpuremediate_ts"  # marks the timestamp() half of the query's result
-NAME_LABEL = "gpuremediate_metric"  # the metric name, kept where timestamp() drops __name__
+NAME_LABEL = "gpuremediate_metric"  # the metric name, kept where aggregation drops __name__
+# The labels the policy reads besides the node's: which GPU, its identity, the workload on it (behind a
+# ServiceMonitor with honor_labels false the workload's pod/namespace arrive as exported_*), the driver.
+GPU_LABELS = ("gpu", "UUID", "GPU_I_ID", "modelName", "pci_bus_id", dcgm.DRIVER_VERSION_LABEL,
+              "pod", "namespace", "exported_pod", "exported_namespace")
+XID_LABELS = ("xid", "err_msg")
+XID_SERIES = (dcgm.XID_FIELD, dcgm.XID_COUNT_SERIES)
 
 
-def policy_query(metrics: Sequence[str] = POLICY_METRICS) -> str:
-    """One instant query for the policy's series and each series' last sample time.
+def policy_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
+                 metrics: Sequence[str] = POLICY_METRICS) -> str:
+    """One instant query: one value per (node, GPU, signal), only the labels the policy needs.
 
-    ``timestamp()`` drops ``__name__``, so the name is first copied into a label; the timestamps are
-    tagged with ``gpuremediate_ts="1"`` so the ``or`` keeps both halves.
+    Prometheus does the work: ``max by`` drops every other label (instance, job, container, the
+    exporter's own pod...) and collapses duplicate series (two exporter pods during a rollout); the
+    metric's name, which aggregation drops, is put back in ``gpuremediate_metric``.
     """
-    selector = '{__name__=~"' + "|".join(metrics) + '"}'
-    named = f'label_replace({selector}, "{NAME_LABEL}", "$1", "__name__", "(.+)")'
-    stamped = f'label_replace(timestamp({named}), "{TS_LABEL}", "1", "", "")'
-    return f"{named} or {stamped}"
+    parts = []
+    for metric in metrics:
+        by = ", ".join((*node_labels, *GPU_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
+        parts.append(f'label_replace(max by ({by}) ({metric}), "{NAME_LABEL}", "{metric}", "", "")')
+    return " or ".join(parts)
+
+
+def freshness_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
+                    metrics: Sequence[str] = POLICY_METRICS) -> str:
+    """Each node's newest sample time.
+
+    ``timestamp()`` is applied to each raw selector: on the output of label_replace or an aggregation
+    it would return the evaluation time, never the sample's. One metric per ``timestamp()`` (it drops
+    ``__name__``, and two metrics' series would then clash), each tagged apart so ``or`` keeps them all.
+    """
+    stamped = " or ".join(f'label_replace(timestamp({m}), "{NAME_LABEL}", "{m}", "", "")' for m in metrics)
+    return f"max by ({', '.join(node_labels)}) ({stamped})"
 
 
 class PrometheusSource:
-    """Readings for every node from one instant query per cycle to Prometheus's HTTP API."""
+    """Readings for every node from two instant queries per cycle to Prometheus's HTTP API.
+
+    ``query_timeout_s`` (None: 10 s plus 4 ms per node seen, so it scales with the fleet) is sent to
+    Prometheus as the query's ``timeout`` and bounds the HTTP exchange; ``max_bytes`` caps the
+    (gzip-decompressed) answer. A node whose newest sample is older than ``stale_after_s`` is unknown,
+    as is an ``expected_nodes`` node that Prometheus has no series for (its target is down: Prometheus
+    marks the series stale and drops them from instant queries).
+    """
 
     name = "prometheus"
 
@@ -469,51 +496,104 @@ class PrometheusSource:
         token: str | None = None,
         ca_file: str | None = None,
         node_label: str = "Hostname",
-        timeout_s: float = 10.0,
+        timeout_s: float | None = None,
         stale_after_s: float = 120.0,
         max_bytes: int = 64 * MIB,
         clock: Callable[[], float] = time.time,
+        expected_nodes: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"Prometheus URL must be http(s)://host[:port][/prefix], got {url!r}")
+        if (timeout_s is not None and not timeout_s > 0) or max_bytes < 1 or not stale_after_s > 0:
+            raise ValueError(f"timeout_s ({timeout_s}), max_bytes ({max_bytes}), stale_after_s ({stale_after_s}) "
+                             "must be > 0")
         self.url = url.rstrip("/")
         self.token = token
         self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.node_labels = (node_label, *[n for n in dcgm.NODE_LABEL_CANDIDATES if n != node_label])
-        self.timeout_s, self.stale_after_s, self.max_bytes = timeout_s, stale_after_s, max_bytes
+        self.query_timeout_s, self.stale_after_s, self.max_bytes = timeout_s, stale_after_s, max_bytes
         self.clock = clock
+        self.expected_nodes = expected_nodes
+        self.nodes_seen = 0
+
+    @property
+    def timeout_s(self) -> float:
+        if self.query_timeout_s is not None:
+            return self.query_timeout_s
+        return 10.0 + 0.004 * self.nodes_seen
 
     def read(self) -> list[NodeReadings]:
-        result, eval_time = self._query()
-        samples = vector_samples(result)
+        values, eval_time = self._query(policy_query(self.node_labels), "readings")
+        stamps, _ = self._query(freshness_query(self.node_labels), "freshness")
         by_node: dict[str, list[Sample]] = {}
-        for sample in fresh_samples(samples, eval_time, self.stale_after_s):
-            node = self._node_of(sample)
+        for sample in vector_samples(values):
+            node = self._node_of(sample.label)
             if node:
-                by_node.setdefault(node, []).append(sample)
-        stale_nodes = {self._node_of(s) for s in samples} - set(by_node) - {None}
-        readings = []
-        for node in sorted(by_node):
-            found = dcgm.readings_from_samples(by_node[node], node=node, source=self.name, observed_at=eval_time)
-            readings += [r for r in found if r.node == node]
-        readings += [unknown(str(n), self.name, f"series older than {self.stale_after_s:g} s in Prometheus",
-                             eval_time) for n in sorted(n for n in stale_nodes if n)]
+                by_node.setdefault(node, []).append(_workload_labels(sample))
+        newest = self._newest(stamps)
+        readings = [self._node_readings(node, by_node.get(node, []), newest.get(node), eval_time)
+                    for node in sorted(set(by_node) | set(newest))]
+        readings += self._missing(set(by_node) | set(newest), eval_time)
+        self.nodes_seen = len(readings)
         return readings
 
-    def _node_of(self, sample: Sample) -> str | None:
-        return next((v for n in self.node_labels if (v := sample.label(n))), None)
+    def _node_readings(self, node: str, samples: list[Sample], newest: float | None, eval_time: float) -> NodeReadings:
+        if newest is not None and eval_time - newest > self.stale_after_s:
+            return unknown(node, self.name, f"stale in Prometheus: newest sample {eval_time - newest:.0f} s old "
+                                            f"(more than {self.stale_after_s:g} s)", eval_time)
+        found = [r for r in dcgm.readings_from_samples(samples, node=node, source=self.name, observed_at=eval_time)
+                 if r.node == node]
+        if not found or not found[0].gpus:
+            return unknown(node, self.name, "no GPU series of the policy for this node in Prometheus", eval_time)
+        return found[0]
 
-    def _query(self) -> tuple[list[Any], float]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": policy_query()})
-        headers = {"Accept": "application/json"}
+    def _missing(self, covered: set[str], eval_time: float) -> list[NodeReadings]:
+        if self.expected_nodes is None:
+            return []
+        reason = (f"no series for this node in Prometheus ({'/'.join(self.node_labels[:1])} label): its exporter "
+                  "is not scraped, or its target is down and the series went stale")
+        return [unknown(n, self.name, reason, eval_time) for n in sorted(set(self.expected_nodes()) - covered)]
+
+    def _newest(self, stamps: Sequence[Any]) -> dict[str, float]:
+        newest: dict[str, float] = {}
+        for item in stamps:
+            point = _point(item)
+            if point is None:
+                continue
+            labels, stamp = point
+            node = self._node_of(labels.get)
+            if node:
+                newest[node] = max(stamp, newest.get(node, stamp))
+        return newest
+
+    def _node_of(self, label: Callable[[str], str | None]) -> str | None:
+        return next((v for n in self.node_labels if (v := label(n))), None)
+
+    def _query(self, query: str, what: str) -> tuple[list[Any], float]:
+        timeout = self.timeout_s
+        params = {"query": query, "timeout": f"{max(1, int(timeout * 1000))}ms"}
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
+        headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
-            body, _ = fetch(url, self.timeout_s, self.max_bytes, headers, self.context)
+            body, _ = fetch(url, timeout + 2.0, self.max_bytes, headers, self.context)
         except FetchError as e:
-            raise PrometheusError(f"Prometheus query to {self.url} failed: {e}") from None
+            raise PrometheusError(f"Prometheus {what} query to {self.url} failed: {e}") from None
         return parse_query_response(body, self.clock())
+
+
+def _workload_labels(sample: Sample) -> Sample:
+    """The workload's pod as the exporter saw it: exported_pod/exported_namespace where Prometheus renamed
+    them (honor_labels false), else pod/namespace."""
+    labels = dict(sample.labels)
+    if labels.get("exported_pod"):
+        labels["pod"] = labels["exported_pod"]
+        labels["namespace"] = labels.get("exported_namespace", "")
+    for key in ("exported_pod", "exported_namespace"):
+        labels.pop(key, None)
+    return dataclasses.replace(sample, labels=tuple(sorted(labels.items())))
 
 
 def parse_query_response(body: bytes, now: float) -> tuple[list[Any], float]:
@@ -524,42 +604,39 @@ def parse_query_response(body: bytes, now: float) -> tuple[list[Any], float]:
         raise PrometheusError(f"Prometheus answered with something that is not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("status") != "success":
         detail = doc.get("error") if isinstance(doc, dict) else None
-        raise PrometheusError(f"Prometheus query failed: {detail or 'status is not success'}")
+        kind = doc.get("errorType") if isinstance(doc, dict) else None
+        raise PrometheusError(f"Prometheus query failed: {kind or 'error'}: {detail or 'status is not success'}")
     data = doc.get("data") or {}
     if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
     result = data["result"]
-    times = [float(item["value"][0]) for item in result if _is_point(item)]
+    times = [float(item["value"][0]) for item in result if _point(item) is not None]
     return result, max(times) if times else now
 
 
-def _is_point(item: Any) -> bool:
-    return isinstance(item, dict) and isinstance(item.get("value"), list) and len(item["value"]) == 2
+def _point(item: Any) -> tuple[dict[str, str], float] | None:
+    """(labels, value) of one vector element; None when it is not one."""
+    if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+        return None
+    value = item.get("value")
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    try:
+        return {str(k): str(v) for k, v in item["metric"].items()}, float(value[1])
+    except (TypeError, ValueError):
+        return None
 
 
 def vector_samples(result: Sequence[Any]) -> list[Sample]:
-    """Samples from the query result, each with its last scrape time where the query returned it."""
-    values: dict[tuple[tuple[str, str], ...], tuple[str, float]] = {}
-    stamps: dict[tuple[tuple[str, str], ...], float] = {}
+    """Samples from the readings query's result, named from ``gpuremediate_metric``."""
+    samples = []
     for item in result:
-        if not _is_point(item) or not isinstance(item.get("metric"), dict):
+        point = _point(item)
+        if point is None:
             continue
-        labels = {str(k): str(v) for k, v in item["metric"].items()}
-        try:
-            value = float(item["value"][1])
-        except (TypeError, ValueError):
-            continue
-        name = labels.pop("__name__", None) or labels.get(NAME_LABEL)
-        is_stamp = labels.pop(TS_LABEL, None) is not None
-        labels.pop(NAME_LABEL, None)
-        if not name:
-            continue
-        key = (("__name__", name), *sorted(labels.items()))
-        if is_stamp:
-            stamps[key] = value
-        else:
-            values[key] = (name, value)
-    return [
-        Sample(name=name, labels=key[1:], value=value, timestamp=stamps.get(key))
-        for key, (name, value) in sorted(values.items())
-    ]
+        labels, value = point
+        name = labels.pop(NAME_LABEL, None) or labels.pop("__name__", None)
+        labels.pop("__name__", None)
+        if name:
+            samples.append(Sample(name=name, labels=tuple(sorted(labels.items())), value=value, timestamp=None))
+    return samples

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -244,32 +245,36 @@ def test_stale_timestamped_samples_are_dropped() -> None:
 
 
 # ------------------------------------------------------------------ Prometheus source
+# Canned answers recorded from a real Prometheus 2.42 (data/prometheus-2.42/README.md); the same shapes are
+# checked against a live server in test_prometheus_real.py.
+
+PROM_DATA = Path(__file__).parent / "data" / "prometheus-2.42"
+EVAL_TIME = 1796111820.0
 
 
-def vector_from_scrape(text: str, eval_time: float, scraped_at: dict[str, float]) -> dict[str, Any]:
-    """What Prometheus answers to policy_query() when it has scraped ``text`` (per-node scrape times)."""
-    result: list[dict[str, Any]] = []
-    for s in exposition.parse(text, strict=False).samples:
-        if s.name not in sources.POLICY_METRICS:
-            continue
-        labels: dict[str, str] = dict(s.labels)
-        labels.update(instance="10.0.0.7:9400", job="dcgm-exporter", gpuremediate_metric=s.name)
-        result.append({"metric": {"__name__": s.name, **labels}, "value": [eval_time, f"{s.value:g}"]})
-        stamp = scraped_at[labels["Hostname"]]
-        result.append({"metric": {**labels, "gpuremediate_ts": "1"}, "value": [eval_time, f"{stamp:.3f}"]})
-    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+def recorded(name: str) -> bytes:
+    return (PROM_DATA / name).read_bytes()
 
 
 class PromHandler(BaseHTTPRequestHandler):
-    reply: tuple[int, bytes] = (200, b"{}")
-    seen: list[tuple[str, dict[str, list[str]], str | None]] = []
+    """Answers the readings query and the freshness query from ``replies`` (by which one was asked)."""
+
+    replies: dict[str, tuple[int, bytes]] = {}
+    seen: list[tuple[str, dict[str, list[str]], Any]] = []
 
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
-        type(self).seen.append((parts.path, parse_qs(parts.query), self.headers.get("Authorization")))
-        code, body = type(self).reply
+        query = parse_qs(parts.query)
+        type(self).seen.append((parts.path, query, self.headers))
+        kind = "freshness" if "timestamp(" in query.get("query", [""])[0] else "readings"
+        code, body = type(self).replies.get(kind) or type(self).replies["readings"]
+        gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "")
+        if gzipped:
+            body = gzip.compress(body)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        if gzipped:
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -280,7 +285,8 @@ class PromHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def prom() -> Iterator[tuple[str, type[PromHandler]]]:
-    handler = type("Handler", (PromHandler,), {"seen": []})
+    handler = type("Handler", (PromHandler,), {"seen": [], "replies": {
+        "readings": (200, recorded("readings.json")), "freshness": (200, recorded("freshness.json"))}})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/prom/", handler
@@ -288,73 +294,84 @@ def prom() -> Iterator[tuple[str, type[PromHandler]]]:
     httpd.server_close()
 
 
-def two_node_scrape() -> str:
-    real = REAL_SCRAPE.read_text()
-    other = real.replace("vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2", "gpu-b").replace(
-        'err_code="0",err_msg="No Error"} 0', 'err_code="79",err_msg="GPU has fallen off the bus"} 79')
-    return real + other
-
-
-def test_prometheus_one_query_readings_per_node(prom: tuple[str, type[PromHandler]]) -> None:
+def test_prometheus_readings_from_two_aggregated_queries(prom: tuple[str, type[PromHandler]]) -> None:
     url, handler = prom
-    real_node = "vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2"
-    handler.reply = (200, json.dumps(vector_from_scrape(two_node_scrape(), 2000.0,
-                                                        {real_node: 1990.0, "gpu-b": 1995.0})).encode())
-    got = by_node(PrometheusSource(url, token="s3cret").read())
-    assert len(handler.seen) == 1
-    path, query, auth = handler.seen[0]
-    assert path == "/prom/api/v1/query" and auth == "Bearer s3cret"
-    assert query["query"] == [sources.policy_query()]
-    assert set(got) == {real_node, "gpu-b"}
-    (a,) = got[real_node].gpus
-    (b,) = got["gpu-b"].gpus
-    assert got[real_node].status == SOURCE_OK and got[real_node].observed_at == 2000.0
-    assert a.uuid == "GPU-f809e614-a528-4083-acbf-334600000000" and a.memory_temp == 0.0
-    assert b.xid == 79
-    assert a.xid in (None, 0)  # "No Error" is not an XID
+    src = PrometheusSource(url, token="s3cret", expected_nodes=lambda: ["fresh-1", "old-1", "gone-1"])
+    got = by_node(src.read())
+    assert [(path, q["query"], q["timeout"], h["Authorization"], h["Accept-Encoding"])
+            for path, q, h in handler.seen] == [
+        ("/prom/api/v1/query", [sources.policy_query()], ["10000ms"], "Bearer s3cret", "gzip"),
+        ("/prom/api/v1/query", [sources.freshness_query()], ["10000ms"], "Bearer s3cret", "gzip"),
+    ]
+    fresh = got["fresh-1"]
+    assert fresh.status == SOURCE_OK and fresh.observed_at == EVAL_TIME
+    assert [(g.gpu, g.uuid, g.xid, g.gpu_temp, g.memory_temp) for g in fresh.gpus] == [
+        ("0", "GPU-fresh-1-00", 0, 40.0, 45.0), ("1", "GPU-fresh-1-01", 79, 41.0, 46.0)]
+    # honor_labels false: the workload is exported_pod/exported_namespace, not the exporter's own pod
+    assert [(p.namespace, p.name) for p in fresh.gpus[1].pods] == [("ml", "train-fresh-1-1")]
+    assert got["old-1"].status == SOURCE_UNKNOWN
+    assert got["old-1"].reason == "stale in Prometheus: newest sample 200 s old (more than 120 s)"
+    assert got["gone-1"].status == SOURCE_UNKNOWN and "no series for this node in Prometheus" in got["gone-1"].reason
+    src.read()
+    assert handler.seen[-1][1]["timeout"] == ["10012ms"]  # 10 s + 4 ms per node seen: scales with the fleet
 
 
-def test_prometheus_stale_series_are_ignored(prom: tuple[str, type[PromHandler]]) -> None:
+def test_prometheus_query_timeout_is_its_own(prom: tuple[str, type[PromHandler]]) -> None:
     url, handler = prom
-    real_node = "vks-cluster-0-0-np1-worker-xtxww-xw4wp-wn7j2"
-    handler.reply = (200, json.dumps(vector_from_scrape(two_node_scrape(), 2000.0,
-                                                        {real_node: 1000.0, "gpu-b": 1990.0})).encode())
-    got = by_node(PrometheusSource(url, stale_after_s=120).read())
-    assert got["gpu-b"].status == SOURCE_OK
-    assert got[real_node].status == SOURCE_UNKNOWN and "older than 120 s" in got[real_node].reason
+    PrometheusSource(url, timeout_s=42).read()
+    assert {q["timeout"][0] for _, q, _ in handler.seen} == {"42000ms"}
 
 
 def test_prometheus_node_label_choice(prom: tuple[str, type[PromHandler]]) -> None:
     url, handler = prom
+
+    def item(labels: dict[str, str], value: str) -> dict[str, Any]:
+        return {"metric": {"gpuremediate_metric": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", **labels},
+                "value": [100.0, value]}
+
     doc = {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-1", "kubernetes_node": "k-1",
-                    "Hostname": "pod-hostname"}, "value": [100.0, "71"]},
-        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-2", "node": "n-2"},
-         "value": [100.0, "50"]},
-        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-3"}, "value": [100.0, "50"]},
+        item({"UUID": "GPU-1", "kubernetes_node": "k-1", "Hostname": "pod-hostname"}, "71"),
+        item({"UUID": "GPU-2", "node": "n-2"}, "50"),
+        item({"UUID": "GPU-3"}, "50"),
     ]}}
-    handler.reply = (200, json.dumps(doc).encode())
+    empty = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+    handler.replies = {"readings": (200, json.dumps(doc).encode()), "freshness": (200, empty)}
     assert set(by_node(PrometheusSource(url).read())) == {"pod-hostname", "n-2"}
-    got = by_node(PrometheusSource(url, node_label="kubernetes_node").read())
+    src = PrometheusSource(url, node_label="kubernetes_node")
+    got = by_node(src.read())
     assert set(got) == {"k-1", "n-2"} and got["k-1"].gpus[0].gpu_temp == 71.0
+    assert "max by (kubernetes_node, Hostname, hostname, node, gpu," in handler.seen[-2][1]["query"][0]
 
 
 @pytest.mark.parametrize(
     ("code", "body", "message"),
     [
-        (400, b'{"status":"error","errorType":"bad_data","error":"parse error"}', "HTTP 400"),
-        (200, b'{"status":"error","errorType":"timeout","error":"query timed out"}', "query timed out"),
+        (400, recorded("error-400-parse.json"),
+         r"readings query to .* failed: HTTP 400 Bad Request: bad_data: invalid parameter \"query\": 1:5: parse error"),
+        (422, recorded("error-422-execution.json"),
+         "HTTP 422 Unprocessable Entity: execution: vector cannot contain metrics with the same labelset"),
+        (503, b'{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}',
+         "HTTP 503 Service Unavailable: timeout: query timed out in expression evaluation"),
+        (200, b'{"status":"error","errorType":"timeout","error":"query timed out"}', "timeout: query timed out"),
         (200, b"<html>proxy</html>", "not JSON"),
         (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}', "expected a vector result"),
+        (502, b"<html>bad gateway</html>", "HTTP 502 Bad Gateway: <html>bad gateway</html>"),
     ],
 )
 def test_prometheus_errors_are_clear(
     prom: tuple[str, type[PromHandler]], code: int, body: bytes, message: str
 ) -> None:
     url, handler = prom
-    handler.reply = (code, body)
+    handler.replies = {"readings": (code, body)}
     with pytest.raises(PrometheusError, match=message):
         PrometheusSource(url).read()
+
+
+def test_prometheus_response_size_cap(prom: tuple[str, type[PromHandler]]) -> None:
+    url, _ = prom
+    with pytest.raises(PrometheusError, match="exceeds the 1000 byte limit once decompressed"):
+        PrometheusSource(url, max_bytes=1000).read()  # readings.json gzips below 1000 bytes, inflates above
+    assert PrometheusSource(url, max_bytes=20_000).read()
 
 
 def test_prometheus_unreachable_and_bad_url() -> None:
@@ -362,3 +379,5 @@ def test_prometheus_unreachable_and_bad_url() -> None:
         PrometheusSource("http://127.0.0.1:1", timeout_s=1).read()
     with pytest.raises(ValueError, match="must be http"):
         PrometheusSource("prometheus:9090")
+    with pytest.raises(ValueError, match="must be > 0"):
+        PrometheusSource("http://p:9090", max_bytes=0)
