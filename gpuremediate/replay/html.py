@@ -40,14 +40,17 @@ def _x(result: ReplayResult, at: float, width: float) -> float:
 
 def _axis(result: ReplayResult, width: float, height: float) -> list[str]:
     parts = []
-    ticks = 6
+    ticks = max(2, min(8, int((width - LABEL_W) // 110)))
+    long_range = result.end - result.start >= 2 * 86400
     for i in range(ticks + 1):
         at = result.start + (result.end - result.start) * i / ticks
         x = _x(result, at, width)
         parts.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{height}" stroke="#eee"/>')
         anchor = "start" if i == 0 else "end" if i == ticks else "middle"
-        parts.append(f'<text x="{x:.1f}" y="{AXIS_H - 10}" text-anchor="{anchor}">'
-                     f'{escape(format_time(at)[:16].replace("T", " "))}</text>')
+        stamp = format_time(at)
+        label = stamp[5:10] if long_range else stamp[5:16].replace("T", " ")  # MM-DD or MM-DD hh:mm (UTC)
+        parts.append(f'<text x="{x:.1f}" y="{AXIS_H - 10}" text-anchor="{anchor}">{escape(label)}'
+                     f"<title>{escape(stamp)}</title></text>")
     return parts
 
 
@@ -139,10 +142,11 @@ def render_html(results: Sequence[ReplayResult]) -> str:
 ({escape(duration(first.end - first.start))}), scrape every {first.step_s:g}s, {len(first.gpus)} GPU nodes,
 {sum(first.gpus.values())} GPUs. What the controller would have done: the same code as the controller,
 on a simulated clock. Hover a bar for details.</p>
-{_summary_table(results)}
-<h2>Timeline: {len(nodes)} node(s) acted on, waiting, or with faults not acted on</h2>
+<h2>Timeline: {len(nodes)} node(s) acted on, waiting, or with faults not acted on (times UTC)</h2>
 {legend()}
 <div class="panes">{panes}</div>
+<h2>Totals</h2>
+{_summary_table(results)}
 {f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
 </body></html>
 """
