@@ -1,24 +1,30 @@
 """Custom drain and custom remediation against people and permissive or slow plugin resources
-(issue 10 item 3, issue 17 items 2 and 7), on an in-process SimCluster and controller."""
+(issue 10 item 3, issue 17 items 2 and 7): a bare emulator, a hand-made node without pods (drains finish
+at once), scripted readings, the controller in process; the test plays the plugins and the person."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from e2e.plugins.remediation import API_VERSION, KIND, install_crd, remediation_crd
+from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
+from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.resources import EVENTS, NODES, Resource
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.resources import EVENTS, NAMESPACES, NODES, Resource
 from gpuremediate.policy.config import loads_policy
+from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.state import states
 from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
-from sim.cluster import SimCluster
+from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
-from tests.reliability.harness import reliability_settings
 
 NODE = "gpu-node-1"
 SYSTEM_NS = "gpuremediate-system"
@@ -79,27 +85,48 @@ def permissive_drain_request_crd() -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def cluster() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3) as made:
-        yield made
+class FaultySource:
+    """The node's one GPU reports ``xid`` (None: healthy)."""
+
+    def __init__(self, xid: int | None) -> None:
+        self.xid = xid
+
+    def read(self) -> list[NodeReadings]:
+        gpu = GpuReading(node=NODE, gpu="0", uuid="GPU-1", xid=self.xid)
+        return [NodeReadings(node=NODE, source="exporter", status=SOURCE_OK, gpus=(gpu,))]
 
 
-@pytest.fixture
-def run_controller(cluster: SimCluster) -> Iterator[Any]:
-    started: list[Controller] = []
+@dataclass
+class World:
+    srv: KubeAPIServer
+    kube: KubeClient
+    controllers: list[Controller]
 
-    def start(policy_text: str) -> Controller:
-        controller = Controller(reliability_settings(cluster), loads_policy(policy_text, "test-policy"),
-                                client=KubeClient(cluster.kube.config, qps=500, burst=1000, timeout=10.0))
-        assert controller.start_caches(timeout=20.0)
+    def start(self, policy_text: str, xid: int) -> Controller:
+        settings = Settings(namespace=SYSTEM_NS, scrape_interval_s=0.1, resync_s=0.3)
+        controller = Controller(settings, loads_policy(policy_text, "test-policy"), client=self.kube,
+                                source=FaultySource(xid))
+        assert controller.start_caches(timeout=20)
         controller.start_loops()
-        started.append(controller)
+        self.controllers.append(controller)
         return controller
 
-    yield start
-    for controller in started:
-        controller.stop()
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    srv = KubeAPIServer().start()
+    kube = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+    for namespace in (SYSTEM_NS, "gpuremediate-jobs", "default"):
+        with contextlib.suppress(errors.AlreadyExists):
+            kube.create(NAMESPACES, {"metadata": {"name": namespace}})
+    kube.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}}})
+    made = World(srv, kube, [])
+    try:
+        yield made
+    finally:
+        for controller in made.controllers:
+            controller.stop()
+        srv.stop()
 
 
 def _record(kube: KubeClient) -> NodeRecord | None:
@@ -126,13 +153,10 @@ def _requests(kube: KubeClient, res: Resource) -> list[dict[str, Any]]:
     return items
 
 
-def test_a_person_deleting_the_custom_remediation_resource_fails_that_attempt(
-    cluster: SimCluster, run_controller: Any
-) -> None:
-    kube = cluster.kube
+def test_a_person_deleting_the_custom_remediation_resource_fails_that_attempt(world: World) -> None:
+    kube = world.kube
     res = install_crd(kube, remediation_crd(), API_VERSION, KIND)
-    run_controller(REMEDIATION_POLICY)
-    cluster.gpusim.inject(NODE, 0, "xid", 48)
+    world.start(REMEDIATION_POLICY, xid=48)
     wait_for(lambda: (a := _action(kube)) is not None and a.kind == "rma" and a.created, 20,
              f"the rma resource created and recorded (state {_state(kube)})")
     first = _action(kube)
@@ -147,14 +171,13 @@ def test_a_person_deleting_the_custom_remediation_resource_fails_that_attempt(
     assert any(first.name in m and "deleted before it completed" in m for m in failed), failed
 
 
-def test_custom_drain_timeout_counts_from_the_request_creation(cluster: SimCluster, run_controller: Any) -> None:
+def test_custom_drain_timeout_counts_from_the_request_creation(world: World) -> None:
     """The first create after a CRD is Established takes ~2 s on a real server: a 2 s timeout counted from
     the drain's start would fire as the create returns, before any plugin could act."""
-    kube = cluster.kube
+    kube = world.kube
     res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
-    cluster.api.inject("POST", r"/drainrequests(\?.*)?$", count=1, action="delay", delay_s=2.5)
-    run_controller(drain_policy(timeout=2.0))
-    cluster.gpusim.inject(NODE, 0, "xid", 79)
+    world.srv.inject("POST", r"/drainrequests(\?.*)?$", count=1, action="delay", delay_s=2.5)
+    world.start(drain_policy(timeout=2.0), xid=79)
     wait_for(lambda: bool(_requests(kube, res)), 20, "the DrainRequest")
     name = _requests(kube, res)[0]["metadata"]["name"]
     kube.patch(res, name, {"status": {"conditions": [{"type": "DrainComplete", "status": "True"}]}}, SYSTEM_NS)
@@ -164,13 +187,10 @@ def test_custom_drain_timeout_counts_from_the_request_creation(cluster: SimClust
     assert record is not None and record.reason != states.DRAIN_FAILED, record.message
 
 
-def test_malformed_drain_request_conditions_are_reported_once_not_a_crash(
-    cluster: SimCluster, run_controller: Any
-) -> None:
-    kube = cluster.kube
+def test_malformed_drain_request_conditions_are_reported_once_not_a_crash(world: World) -> None:
+    kube = world.kube
     res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
-    run_controller(drain_policy(timeout=30.0))
-    cluster.gpusim.inject(NODE, 0, "xid", 79)
+    world.start(drain_policy(timeout=30.0), xid=79)
     wait_for(lambda: bool(_requests(kube, res)), 20, "the DrainRequest")
     name = _requests(kube, res)[0]["metadata"]["name"]
     kube.patch(res, name, {"status": {"conditions": ["DrainDeferred", 7, None]}}, SYSTEM_NS)
