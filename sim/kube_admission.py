@@ -8,7 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_errors as errs
-from sim.kube_resources import ResourceType, type_errors, type_name
+from sim import kube_schema
+from sim.kube_resources import ResourceType
 from sim.kube_store import Obj, now_time
 
 if TYPE_CHECKING:
@@ -88,39 +89,10 @@ def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:
     elif rt.resource == "leases":
         causes += _validate_lease(obj)
     elif rt.custom:
-        causes += [errs.cause("FieldValueTypeInvalid", f'Invalid value: "{actual}": {field} in body must be of '
-                              f'type {expected}: "{actual}"', field)
-                   for field, actual, expected in type_errors(obj, rt.schema, "")]
+        causes += kube_schema.validate(obj, rt.schema, old)
     if old is not None:
         causes += _validate_finalizers(obj, old)
     raise_invalid(rt, name, causes)
-
-
-def check_cel(rt: ResourceType, new: Obj, old: Obj) -> None:
-    """A custom resource's CEL transition rules on update: only `self == oldSelf` is evaluated."""
-    if not rt.custom or rt.schema is None:
-        return
-    causes = []
-    for path, message in _immutable_paths(rt.schema, ()):
-        before, after = _dig(old, path), _dig(new, path)
-        if before is not None and after is not None and before != after:
-            causes.append(_invalid_value(".".join(path), type_name(after), message))
-    raise_invalid(rt, new["metadata"]["name"], causes)
-
-
-def _immutable_paths(schema: dict[str, Any], path: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
-    out = [(path, rule.get("message", "Invalid value"))
-           for rule in schema.get("x-kubernetes-validations") or [] if rule.get("rule", "").replace(" ", "")
-           == "self==oldSelf"]
-    for key, sub in (schema.get("properties") or {}).items():
-        out += _immutable_paths(sub, (*path, key))
-    return out
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
 
 
 _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")

@@ -14,6 +14,7 @@ from gpuremediate.kube import miniyaml
 from sim import kube_admission as adm
 from sim import kube_errors as errs
 from sim import kube_patch as kp
+from sim import kube_schema
 from sim.kube_http import Handler, Request
 from sim.kube_nodes import add_not_ready_taint
 from sim.kube_resources import ResourceType, prune
@@ -256,6 +257,8 @@ class Verbs:
         if t.rt.key == "events":
             obj = self._to_event_storage(t, obj)
         obj = adm.prepare_create(t.rt, obj, self.api.default_toleration_s)
+        if t.rt.custom:
+            _structural(t.rt, obj)
         adm.drop_omitted(t.rt, obj)
         if t.rt.resource == "nodes" and not t.rt.custom:
             add_not_ready_taint(obj)
@@ -322,8 +325,9 @@ class Verbs:
         _keep_system_metadata(new, old)
         if t.rt.generation and _spec_changed(old, new):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if t.rt.custom:
+            _structural(t.rt, new)
         adm.validate(t.rt, new, old)
-        adm.check_cel(t.rt, new, old)
         if operation == "Apply":
             _set_managed(new, new, manager, operation, t.rt.group_version, owned or set(), replace=True)
         else:
@@ -479,6 +483,15 @@ def _retry_on_race(attempt: Callable[[], Obj]) -> Obj:
             if not err.raced:
                 raise
     return attempt()
+
+
+def _structural(rt: ResourceType, obj: Obj) -> None:
+    """A custom resource as stored: unknown fields pruned (a patch may add them too), schema defaults set."""
+    body = prune({k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}, rt.schema, "", [])
+    for key in [k for k in obj if k not in ("apiVersion", "kind", "metadata")]:
+        del obj[key]
+    obj.update(body)
+    kube_schema.apply_defaults(obj, rt.schema)
 
 
 def _patch_decode_invalid(patched: Obj, why: str) -> errs.ApiError:
