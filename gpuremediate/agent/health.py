@@ -1,0 +1,190 @@
+"""The agent's health model: nvidia-smi readings + kernel-log events → findings → NodeConditions.
+
+One model with ``gpuremediate check``: the readings come from the same NvidiaSmiSource, the kernel
+XIDs are folded in by the same ``with_kernel_xids`` and the findings come from the same
+``policy.evaluate``. What the agent adds needs time or the cluster: a timeout of nvidia-smi (the
+driver is hung), the GPU count against the node's ``nvidia.com/gpu`` capacity, NVSwitch SXids, and
+a window over kernel events (an XID counts for ``window_s`` after it was logged, as the exporter's
+XID count does; every occurrence is counted in the metrics).
+
+The conditions are positive (True = healthy, like Ready): a node without the agent has none, which is
+never a fault. GPUHealthy's reason names the action the policy chose for the worst finding
+(``signals.conditions.reason_for_action``), so the controller's condition table maps it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.evaluate import PolicyMemory, evaluate
+from gpuremediate.policy.findings import ACTION_NONE, Finding
+from gpuremediate.signals.conditions import (
+    GPU_COUNT_MATCHES,
+    GPU_DRIVER_RESPONSIVE,
+    GPU_FABRIC_HEALTHY,
+    GPU_HEALTHY,
+    reason_for_action,
+)
+from gpuremediate.signals.kernellog import KernelLog, KernelXid, with_kernel_xids
+from gpuremediate.signals.model import GpuReading, NodeReadings
+from gpuremediate.signals.nvidiasmi import normalise_bus_id
+
+MESSAGE_LIMIT = 1024  # a condition message is for people; the full list is in the agent's log and metrics
+# nvidia-smi exit codes that are the driver's or the GPU's failure (nvidia-smi(1)), not the agent's setup.
+DRIVER_EXIT_CODES = frozenset({9, 10, 12, 14, 15, 18})
+
+
+@dataclass(frozen=True)
+class SmiResult:
+    """One nvidia-smi run: the readings, or why there are none."""
+
+    readings: NodeReadings | None = None
+    error: str = ""
+    timed_out: bool = False
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A condition as the agent wants it (times are added when it is written)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Assessment:
+    conditions: tuple[Wanted, ...]
+    findings: tuple[Finding, ...] = ()
+    memory: PolicyMemory = field(default_factory=PolicyMemory)
+    notes: tuple[str, ...] = ()
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
+def identity_only(gpu: GpuReading) -> GpuReading:
+    """A GPU as an inventory entry: who it is, no values (an old value is not a reading)."""
+    return GpuReading(node=gpu.node, gpu=gpu.gpu, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id, model=gpu.model)
+
+
+def update_inventory(inventory: Mapping[str, GpuReading], readings: NodeReadings | None) -> dict[str, GpuReading]:
+    """Every GPU seen since the agent started, by bus id: an XID on a GPU that fell off the bus still
+    names its UUID."""
+    known = dict(inventory)
+    for gpu in readings.gpus if readings is not None else ():
+        known[normalise_bus_id(gpu.pci_bus_id or gpu.key)] = identity_only(gpu)
+    return known
+
+
+def _with_vanished(node: str, readings: NodeReadings | None, inventory: Mapping[str, GpuReading],
+                   events: Sequence[KernelEvent]) -> NodeReadings:
+    """The readings plus, as identity only, inventory GPUs they lack and devices only the kernel log names."""
+    gpus = list(readings.gpus) if readings is not None else []
+    listed = {normalise_bus_id(g.pci_bus_id or g.key) for g in gpus}
+    for bus, gpu in sorted(inventory.items()):
+        if bus not in listed:
+            gpus.append(gpu)
+            listed.add(bus)
+    for event in events:
+        if event.bus_id not in listed:
+            gpus.append(GpuReading(node=node, gpu=event.bus_id, pci_bus_id=event.bus_id))
+            listed.add(event.bus_id)
+    base = readings or NodeReadings(node=node, source="agent")
+    return dataclasses.replace(base, gpus=tuple(gpus))
+
+
+def gpu_findings(
+    node: str, smi: SmiResult, inventory: Mapping[str, GpuReading], events: Sequence[KernelEvent],
+    policy: Policy, memory: PolicyMemory, now: float,
+) -> tuple[list[Finding], PolicyMemory]:
+    """The policy's findings over what nvidia-smi read (if it could) and the XIDs in the window."""
+    xids = [e for e in events if e.kind == KIND_XID]
+    if smi.readings is None and not inventory and not xids:
+        return [], memory
+    readings = _with_vanished(node, smi.readings, inventory, xids)
+    log = KernelLog(tuple(KernelXid(e.bus_id, e.code, e.text) for e in xids), source="/dev/kmsg")
+    readings, _ = with_kernel_xids(readings, log)
+    result = evaluate(readings, policy, memory, now)
+    return list(result.findings), result.memory
+
+
+def healthy_condition(smi: SmiResult, findings: Sequence[Finding]) -> Wanted:
+    actionable = [f for f in findings if f.action != ACTION_NONE]
+    if actionable:
+        worst = actionable[0]  # findings come worst first
+        return Wanted(GPU_HEALTHY, "False", reason_for_action(worst.action, worst.urgent),
+                      _clip("; ".join(f.message for f in actionable)))
+    if smi.readings is None:
+        return Wanted(GPU_HEALTHY, "Unknown", "NoReadings", _clip(f"nvidia-smi gave no readings: {smi.error}"))
+    return Wanted(GPU_HEALTHY, "True", "NoGPUFault", f"{len(smi.readings.gpus)} GPU(s) without a fault")
+
+
+def driver_condition(smi: SmiResult, timeouts_in_a_row: int, hang_after: int) -> Wanted:
+    if smi.readings is not None:
+        return Wanted(GPU_DRIVER_RESPONSIVE, "True", "NvidiaSmiAnswered", "nvidia-smi answered")
+    if smi.timed_out and timeouts_in_a_row >= hang_after:
+        return Wanted(GPU_DRIVER_RESPONSIVE, "False", "NvidiaSmiTimeout",
+                      _clip(f"nvidia-smi did not answer {timeouts_in_a_row} time(s) in a row: the driver is hung "
+                            f"({smi.error})"))
+    if smi.exit_code in DRIVER_EXIT_CODES:
+        return Wanted(GPU_DRIVER_RESPONSIVE, "False", "NvidiaSmiFailed", _clip(smi.error))
+    why = "nvidia-smi timed out once (not yet a hang)" if smi.timed_out else "nvidia-smi could not be used"
+    return Wanted(GPU_DRIVER_RESPONSIVE, "Unknown", "NvidiaSmiUnusable", _clip(f"{why}: {smi.error}"))
+
+
+def physical_gpus(readings: NodeReadings) -> int:
+    return len({g.key for g in readings.gpus})
+
+
+def count_condition(smi: SmiResult, expected: int | None, inventory: Mapping[str, GpuReading]) -> Wanted:
+    if smi.readings is None:
+        return Wanted(GPU_COUNT_MATCHES, "Unknown", "NoReadings", "nvidia-smi gave no readings")
+    if not expected:
+        return Wanted(GPU_COUNT_MATCHES, "Unknown", "NoCapacity",
+                      "the node has no nvidia.com/gpu capacity and no --expected-gpus")
+    reported = physical_gpus(smi.readings)
+    if reported >= expected:
+        return Wanted(GPU_COUNT_MATCHES, "True", "CountMatches", f"the driver reports {reported} of {expected} GPUs")
+    listed = {normalise_bus_id(g.pci_bus_id or g.key) for g in smi.readings.gpus}
+    missing = [f"{g.uuid or '?'} at {bus}" for bus, g in sorted(inventory.items()) if bus not in listed]
+    which = f"; missing since the agent started: {', '.join(missing)}" if missing else ""
+    return Wanted(GPU_COUNT_MATCHES, "False", "GPUMissing",
+                  _clip(f"the driver reports {reported} of {expected} GPUs (nvidia.com/gpu capacity){which}"))
+
+
+def fabric_condition(events: Iterable[KernelEvent]) -> Wanted:
+    fatal = [e for e in events if e.kind == KIND_SXID and e.fatal]
+    if not fatal:
+        return Wanted(GPU_FABRIC_HEALTHY, "True", "NoFatalSXid", "no fatal NVSwitch SXid in the window")
+    seen = sorted({f"SXid {e.code} on {e.device or e.bus_id}" for e in fatal})
+    return Wanted(GPU_FABRIC_HEALTHY, "False", "FatalSXid",
+                  _clip(f"fatal NVSwitch error(s): {', '.join(seen)} ({fatal[-1].text})"))
+
+
+@dataclass(frozen=True)
+class Inputs:
+    node: str
+    smi: SmiResult
+    events: tuple[KernelEvent, ...]  # the kernel events inside the window
+    expected_gpus: int | None
+    inventory: Mapping[str, GpuReading]
+    timeouts_in_a_row: int = 0
+
+
+def assess(inputs: Inputs, policy: Policy, memory: PolicyMemory, now: float, hang_after: int = 2) -> Assessment:
+    findings, new_memory = gpu_findings(inputs.node, inputs.smi, inputs.inventory, inputs.events, policy, memory, now)
+    conditions = (
+        healthy_condition(inputs.smi, findings),
+        driver_condition(inputs.smi, inputs.timeouts_in_a_row, hang_after),
+        count_condition(inputs.smi, inputs.expected_gpus, inputs.inventory),
+        fabric_condition(inputs.events),
+    )
+    return Assessment(conditions, tuple(findings), new_memory)

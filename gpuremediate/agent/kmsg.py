@@ -1,0 +1,240 @@
+"""The kernel log from ``/dev/kmsg``: records, the NVRM Xid and NVSwitch SXid lines in them, and where to resume.
+
+Record format (Documentation/ABI/testing/dev-kmsg): ``PRI,SEQ,USEC,FLAGS[,more fields];MESSAGE\\n``,
+then optional continuation lines starting with a space (`` SUBSYSTEM=pci``). PRI is syslog
+facility*8+level, SEQ the 64-bit sequence number (consecutive; a gap means records were overwritten),
+USEC the kernel's monotonic timestamp in microseconds, FLAGS ``-`` (or ``c`` for an obsolete
+continuation); fields after FLAGS are to be ignored. Non-printable bytes in MESSAGE are escaped ``\\xNN``.
+
+Each ``read()`` on /dev/kmsg returns one record; ``EAGAIN`` (opened non-blocking) means caught up;
+``EPIPE`` means the ring buffer overwrote records before we read them (the next read returns the oldest
+one still there). A fresh open starts at the oldest record of this boot's buffer. Reading needs
+CAP_SYSLOG when ``kernel.dmesg_restrict=1`` (devkmsg_open → check_syslog_permissions).
+
+The resume point (boot id + last SEQ) is kept in a small JSON state file: after a restart the records
+up to that SEQ are skipped, not counted again; a new boot id (the node rebooted) starts from the
+beginning of the new boot's buffer.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuremediate.signals.kernellog import XID_LINE
+from gpuremediate.signals.nvidiasmi import normalise_bus_id
+
+KMSG_PATH = "/dev/kmsg"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+READ_SIZE = 16384  # larger than any record (the kernel's CONSOLE_EXT_LOG_MAX is 8 KiB)
+STATE_VERSION = 1
+
+KIND_XID = "xid"
+KIND_SXID = "sxid"
+
+# nvswitch driver (SXID_PRINT in nvswitch's error.h): "nvidia-%s: SXid (PCI:%04x:%02x:%02x.%x): %05d, " fmt;
+# the first line of an event says Fatal/Non-fatal, the lines after it repeat the code with details.
+#   nvidia-nvswitch3: SXid (PCI:0000:c7:00.0): 24007, Fatal, Link 47 sourcetrack TCEN0 crumbstore ECC DBE Error
+#   nvidia-nvswitch3: SXid (PCI:0000:c7:00.0): 24007, Severity 1 Engine instance 47 Sub-engine instance 00
+SXID_LINE = re.compile(
+    r"nvidia-(?P<switch>nvswitch\d+): SXid \(PCI:(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+    r"(?:\.[0-7])?)\): (?P<sxid>\d+), (?P<severity>Fatal|Non-fatal)\b,? ?(?P<rest>.*)"
+)
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    usec: int
+    message: str
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One Xid or SXid occurrence."""
+
+    seq: int
+    usec: int  # the kernel's monotonic timestamp of the record
+    kind: str  # KIND_XID or KIND_SXID
+    bus_id: str  # normalised PCI bus id of the GPU (Xid) or the NVSwitch (SXid)
+    code: int
+    fatal: bool = True  # SXid: Fatal vs Non-fatal; an Xid is judged by the policy, not here
+    device: str = ""  # SXid: nvswitchN
+    text: str = ""  # the rest of the line
+
+    def to_json(self) -> list[Any]:
+        return [self.seq, self.usec, self.kind, self.bus_id, self.code, self.fatal, self.device, self.text]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> KernelEvent:
+        seq, usec, kind, bus, code, fatal, device, text = raw
+        if kind not in (KIND_XID, KIND_SXID):
+            raise ValueError(f"unknown event kind {kind!r}")
+        return cls(int(seq), int(usec), str(kind), str(bus), int(code), bool(fatal), str(device), str(text))
+
+
+def parse_record(raw: str) -> Record | None:
+    """One record's text (its first line; continuation lines are ignored); None when it is not one."""
+    head, sep, message = raw.partition(";")
+    if not sep:
+        return None
+    fields = head.split(",")
+    if len(fields) < 4:
+        return None
+    try:
+        seq, usec = int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    return Record(seq, usec, message.split("\n", 1)[0])
+
+
+def split_records(chunk: str) -> Iterator[str]:
+    """The records in what one read returned: one on /dev/kmsg, several when reading a plain file."""
+    current: list[str] = []
+    for line in chunk.split("\n"):
+        if line.startswith(" ") and current:
+            continue  # a continuation line (KEY=value) of the record before
+        if current:
+            yield current[0]
+        current = [line] if line else []
+    if current:
+        yield current[0]
+
+
+def events_of(record: Record) -> list[KernelEvent]:
+    xid = XID_LINE.search(record.message)
+    if xid:
+        return [KernelEvent(record.seq, record.usec, KIND_XID, normalise_bus_id(xid.group("bus")),
+                            int(xid.group("xid")), text=(xid.group("rest") or "").strip())]
+    sxid = SXID_LINE.search(record.message)
+    if sxid:
+        return [KernelEvent(record.seq, record.usec, KIND_SXID, normalise_bus_id(sxid.group("bus")),
+                            int(sxid.group("sxid")), fatal=sxid.group("severity") == "Fatal",
+                            device=sxid.group("switch"), text=sxid.group("rest").strip())]
+    return []
+
+
+# --- where to resume -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    boot_id: str
+    seq: int = -1  # the last record read (-1: none yet this boot)
+    recent: tuple[KernelEvent, ...] = ()  # events still inside the health window, so a restart keeps them
+
+
+class StateError(ValueError):
+    """The state file is not what the agent writes; the message says what is wrong."""
+
+
+def load_state(path: Path, boot_id: str) -> tuple[ResumePoint, str]:
+    """The resume point for this boot, and a note when the file was unusable (then: start of the boot)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ResumePoint(boot_id), ""
+    except OSError as exc:
+        return ResumePoint(boot_id), f"state file {path} unreadable ({exc}); reading this boot's log from the start"
+    try:
+        saved = _decode_state(text)
+    except StateError as exc:
+        return ResumePoint(boot_id), f"state file {path}: {exc}; reading this boot's log from the start"
+    if saved.boot_id != boot_id:
+        return ResumePoint(boot_id), ""  # the node rebooted: a new buffer, a new sequence
+    return saved, ""
+
+
+def _decode_state(text: str) -> ResumePoint:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise StateError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("v") != STATE_VERSION:
+        raise StateError(f"expected an object with v={STATE_VERSION}")
+    boot_id, seq = data.get("boot_id"), data.get("seq")
+    if not isinstance(boot_id, str) or not isinstance(seq, int) or isinstance(seq, bool):
+        raise StateError("boot_id must be a string and seq an integer")
+    try:
+        recent = tuple(KernelEvent.from_json(e) for e in data.get("recent", []))
+    except (TypeError, ValueError) as exc:
+        raise StateError(f"recent: {exc}") from None
+    return ResumePoint(boot_id, seq, recent)
+
+
+def save_state(path: Path, point: ResumePoint) -> None:
+    """Atomically: a crash leaves the old file or the new one, never half of one."""
+    data = {"v": STATE_VERSION, "boot_id": point.boot_id, "seq": point.seq,
+            "recent": [e.to_json() for e in point.recent]}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    try:
+        return Path(path).read_text(encoding="ascii").strip()
+    except OSError:
+        return ""  # not Linux, or hidden: every start is then treated as a new boot's start
+
+
+# --- the reader ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Poll:
+    events: tuple[KernelEvent, ...]
+    records: int  # new records read
+    lost: int  # records overwritten before we read them (EPIPE or a gap in SEQ)
+    last_seq: int
+
+
+class KmsgReader:
+    """Non-blocking reads of /dev/kmsg (or a file of records, for tests), from a resume SEQ on."""
+
+    def __init__(self, path: str = KMSG_PATH, after_seq: int = -1) -> None:
+        self.path = path
+        self.last_seq = after_seq
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # OSError (EPERM: CAP_SYSLOG) to the caller
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def poll(self, max_records: int = 100_000) -> Poll:
+        """Everything new since the last poll (at most ``max_records``, the rest next time)."""
+        events: list[KernelEvent] = []
+        records = lost = 0
+        for chunk in self._chunks(max_records):
+            if chunk is None:
+                continue  # EPIPE: records were overwritten; the SEQ gap below counts them
+            for raw in split_records(chunk):
+                record = parse_record(raw)
+                if record is None or record.seq <= self.last_seq:
+                    continue
+                if record.seq > self.last_seq + 1:  # SEQ starts at 0 each boot: a gap is records we never saw
+                    lost += record.seq - self.last_seq - 1
+                self.last_seq = record.seq
+                records += 1
+                events.extend(events_of(record))
+        return Poll(tuple(events), records, lost, self.last_seq)
+
+    def _chunks(self, limit: int) -> Iterable[str | None]:
+        for _ in range(limit):
+            try:
+                data = os.read(self._fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    yield None
+                    continue
+                raise
+            if not data:
+                return  # end of a plain file
+            yield data.decode("utf-8", errors="replace")

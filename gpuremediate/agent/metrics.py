@@ -1,0 +1,40 @@
+"""The agent's own /metrics (prefix ``gpuremediate_agent_``), on the controller's registry."""
+
+from __future__ import annotations
+
+from gpuremediate.agent.health import Assessment, SmiResult, physical_gpus
+from gpuremediate.obs.metrics import Counter, Gauge, Histogram, Registry
+
+SMI_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
+P = "gpuremediate_agent_"
+
+
+class AgentMetrics:
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry()
+        r = self.registry
+        self.xid = Counter(P + "xid_total", "NVRM Xid lines in the kernel log, every occurrence", ("gpu", "xid"))
+        self.sxid = Counter(P + "sxid_total", "NVSwitch SXid events in the kernel log", ("device", "sxid", "severity"))
+        self.kmsg_records = Counter(P + "kmsg_records_total", "kernel log records read")
+        self.kmsg_missed = Counter(P + "kmsg_missed_records_total",
+                                   "kernel log records overwritten before the agent read them")
+        self.kmsg_readable = Gauge(P + "kmsg_readable", "1 when /dev/kmsg could be opened")
+        self.smi_seconds = Histogram(P + "nvidia_smi_seconds", "time nvidia-smi took", buckets=SMI_BUCKETS)
+        self.smi_failures = Counter(P + "nvidia_smi_failures_total", "nvidia-smi runs without readings", ("reason",))
+        self.condition = Gauge(P + "condition", "1 for each published condition's current status",
+                               ("type", "status", "reason"))
+        self.gpus = Gauge(P + "gpus", "GPUs the driver reports and the node's capacity", ("source",))
+        self.status_writes = Counter(P + "status_writes_total", "node status patches", ("result",))
+        for metric in (self.xid, self.sxid, self.kmsg_records, self.kmsg_missed, self.kmsg_readable,
+                       self.smi_seconds, self.smi_failures, self.condition, self.gpus, self.status_writes):
+            r.register(metric)
+
+    def observe(self, result: Assessment, smi: SmiResult, expected: int | None) -> None:
+        self.condition.replace_all(({"type": c.type, "status": c.status, "reason": c.reason}, 1.0)
+                                   for c in result.conditions)
+        values = []
+        if smi.readings is not None:
+            values.append(({"source": "driver"}, float(physical_gpus(smi.readings))))
+        if expected:
+            values.append(({"source": "capacity"}, float(expected)))
+        self.gpus.replace_all(values)
