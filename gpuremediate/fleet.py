@@ -97,6 +97,9 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         deadline = f", deadline in {_ago(now, a.deadline)}" if a.deadline and a.deadline > now else ""
         lines.append(f"  In progress: {a.kind} attempt {a.attempt} {a.name or '(not created yet)'}, "
                      f"started {_ago(a.started, now)} ago{deadline}.")
+        if a.created_at is not None:  # plugin deadlines count from the object's creation, not from the start
+            lines.append(f"  Waited {_ago(a.created_at, now)} since its object was created"
+                         + (f" (timeout after {_ago(a.created_at, a.deadline)})." if a.deadline else "."))
     if record.blocked:
         lines.append(f"  Waiting: {record.blocked.reason} ({record.blocked.detail}) "
                      f"since {_ago(record.blocked.since, now)} ago.")

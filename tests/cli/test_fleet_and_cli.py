@@ -16,7 +16,15 @@ from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
 from gpuremediate.policy.safety import CircuitBreaker
 from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord, RecordError, node_patch, record_from_node
+from gpuremediate.state.record import (
+    Fault,
+    NodeRecord,
+    RecordError,
+    mark_created,
+    node_patch,
+    record_from_node,
+    start_action,
+)
 from sim.kubeapi import KubeAPIServer
 
 NS = "gpuremediate-system"
@@ -149,3 +157,12 @@ def test_settings_from_flags() -> None:
     settings = cli.settings_from_args(args)
     assert (settings.metrics_host, settings.metrics_port) == ("127.0.0.1", 9090)
     assert settings.scrape_interval_s == 0.5 and settings.dry_run and settings.leader_elect
+
+
+def test_explain_says_how_long_a_plugin_resource_has_waited() -> None:
+    repairing = NodeRecord(state=states.REPAIRING, since=1000.0)
+    started = start_action(repairing, "rma", "rma-gpu-a-1", 1, 1000.0, 300.0)
+    created = mark_created(started, 1002.0, 300.0)  # the first create took 2 s
+    text = fleet.explain(created, "gpu-a", now=1062.0)
+    assert "Waited 1m since its object was created (timeout after 5m)." in text
+    assert "Waited" not in fleet.explain(started, "gpu-a", now=1062.0)
