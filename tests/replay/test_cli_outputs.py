@@ -121,3 +121,35 @@ def test_add_parser_wires_the_subcommand() -> None:
     args = parser.parse_args(["replay", "--scrapes", "d", "--step", "1m", "--drain-time", "2h"])
 
     assert (args.command, args.scrapes, args.step, args.drain_time) == ("replay", "d", 60.0, 7200.0)
+
+
+def test_the_node_list_from_a_cluster_gives_groups_and_exclusions(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuremediate.kube.client import KubeClient
+    from gpuremediate.kube.config import load_config
+    from gpuremediate.kube.resources import NODES
+    from sim.kubeapi import KubeAPIServer
+
+    scenario = fleet(count=3, faults=[xid(0, 600, HOUR), xid(1, 600, HOUR), xid(2, 600, HOUR)])
+    write_scrapes(scenario, tmp_path / "scrapes")
+    (tmp_path / "groups.toml").write_text('[[groups]]\nname = "inference"\nselector = "pool=inference"\n'
+                                          '[groups.xid.overrides]\n79 = "cordon"\n')
+    srv = KubeAPIServer().start()
+    try:
+        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+        client = KubeClient(load_config(kubeconfig))
+        for name, labels in (("node-0", {}), ("node-1", {"pool": "inference"}),
+                             ("node-2", {"gpuremediate.io/exclude": "true"})):
+            client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                                  "status": {"capacity": {"nvidia.com/gpu": "4"}}})
+        client.close()
+        assert replay_cli("--scrapes", str(tmp_path / "scrapes"), "--kubeconfig", str(kubeconfig),
+                          "--policy", str(tmp_path / "groups.toml"), "--format", "json") == 0
+    finally:
+        srv.stop()
+    result = json.loads(capsys.readouterr().out)
+
+    firsts = {t["node"]: t["to_state"] for t in reversed(result["transitions"])}
+    assert firsts == {"node-0": "draining", "node-1": "cordoned"}  # the group's override; node-2 excluded
+    assert [u["node"] for u in result["not_acted_on"] if u["category"] == "excluded"] == ["node-2"]
+    assert result["summary"]["gpus"] == 12  # the Nodes' capacity, not the 8 GPUs in the scrapes
