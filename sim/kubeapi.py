@@ -1,13 +1,16 @@
 """A Kubernetes API server emulator (kube-apiserver v1.28 semantics) on a real threaded HTTP(S) server.
 
 Serves discovery, the built-in resources a GPU-remediation controller touches, CRDs and their custom
-resources, watches (chunked, bookmarks, 410 on a too-old resourceVersion), four patch types, eviction
-with PodDisruptionBudgets, bearer-token auth with optional per-user RBAC, and fault injection. It also
-runs the controllers kube-controller-manager would: Job -> pods, owner-reference GC, PDB status.
+resources (structural schema, defaults, pruning and CEL rules: sim.kube_schema, sim.kube_cel), watches
+(chunked, bookmarks, 410 on a too-old resourceVersion), four patch types, eviction with
+PodDisruptionBudgets, bearer-token auth with optional per-user RBAC, and fault injection. Admission as
+the default plugins do it: ServiceAccount, DefaultTolerationSeconds, TaintNodesByCondition. It also runs
+the controllers kube-controller-manager would: Job -> pods (FailedCreate, SuccessCriteriaMet), owner-
+reference GC (absent owners too), PDB status, ServiceAccounts, node lifecycle (sim.kube_nodes).
 
-Not implemented: CEL x-kubernetes-validations other than the `self == oldSelf` immutability rule; Table
-output; protobuf; admission webhooks; the node lifecycle controller (no node.kubernetes.io/* taints).
-Reference: shared/data/kube-apiserver.
+Behaviour follows v1.28 (shared/data/kube-apiserver) where v1.36 (shared/data/kube-apiserver-1.36) does
+not differ, and v1.36 where it does (Job conditions, CEL message text, the mux's plain-text 404).
+Not implemented: Table output; protobuf; admission webhooks; CEL beyond the subset in sim.kube_cel.
 """
 
 from __future__ import annotations
