@@ -1,0 +1,128 @@
+"""The agent's health model: the shared policy evaluation plus a hung driver, a missing GPU and NVSwitch errors."""
+
+from __future__ import annotations
+
+from gpuremediate.agent.health import (
+    Inputs,
+    SmiResult,
+    Wanted,
+    assess,
+    update_inventory,
+)
+from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent
+from gpuremediate.policy.config import default_policy
+from gpuremediate.policy.evaluate import PolicyMemory
+from gpuremediate.policy.xid import lookup
+from gpuremediate.signals import conditions as c
+from gpuremediate.signals.model import GpuReading, NodeReadings
+
+NOW = 1_800_000_000.0
+POLICY = default_policy().for_node({})
+
+
+def gpu(index: int, **values: float) -> GpuReading:
+    return GpuReading(node="n1", gpu=str(index), uuid=f"GPU-{index}", pci_bus_id=f"00000000:{0x3b + index:02X}:00.0",
+                      **values)  # type: ignore[arg-type]
+
+
+def readings(*gpus: GpuReading) -> SmiResult:
+    return SmiResult(readings=NodeReadings(node="n1", source="nvidia-smi", observed_at=NOW, gpus=gpus))
+
+
+def xid(code: int, bus: str = "0000:3b:00.0", seq: int = 1) -> KernelEvent:
+    return KernelEvent(seq, seq, KIND_XID, bus, code, text="message")
+
+
+def by_type(conds: tuple[Wanted, ...]) -> dict[str, tuple[str, str]]:
+    return {w.type: (w.status, w.reason) for w in conds}
+
+
+def run(smi: SmiResult, events: tuple[KernelEvent, ...] = (), expected: int | None = 2,
+        inventory: dict[str, GpuReading] | None = None, timeouts: int = 0) -> dict[str, tuple[str, str]]:
+    inv = update_inventory(inventory or {}, smi.readings)
+    result = assess(Inputs("n1", smi, events, expected, inv, timeouts), POLICY, PolicyMemory(), NOW)
+    return by_type(result.conditions)
+
+
+def test_all_healthy() -> None:
+    assert run(readings(gpu(0), gpu(1))) == {
+        c.GPU_HEALTHY: ("True", "NoGPUFault"), c.GPU_DRIVER_RESPONSIVE: ("True", "NvidiaSmiAnswered"),
+        c.GPU_COUNT_MATCHES: ("True", "CountMatches"), c.GPU_FABRIC_HEALTHY: ("True", "NoFatalSXid")}
+
+
+def test_kernel_xid_is_judged_by_the_shared_policy() -> None:
+    entry = lookup(79, POLICY.xid.overrides, POLICY.xid.unknown_action)
+    got = run(readings(gpu(0), gpu(1)), (xid(79),))
+    assert got[c.GPU_HEALTHY] == ("False", c.reason_for_action(entry.action))
+
+
+def test_the_same_findings_as_check_for_an_ecc_error() -> None:
+    got = run(readings(gpu(0, ecc_dbe_volatile=2.0), gpu(1)))
+    assert got[c.GPU_HEALTHY] == ("False", c.reason_for_action(POLICY.ecc.dbe_action))
+
+
+def test_a_pending_row_remap_is_a_deferred_repair() -> None:
+    got = run(readings(gpu(0, row_remap_pending=1.0), gpu(1)))
+    assert got[c.GPU_HEALTHY] == ("False", c.reason_for_action(POLICY.row_remap.pending_action, urgent=False))
+
+
+def test_xid_on_a_gpu_that_vanished_still_names_its_uuid_and_the_count_is_short() -> None:
+    before = update_inventory({}, readings(gpu(0), gpu(1)).readings)
+    smi = readings(gpu(1))
+    inv = update_inventory(before, smi.readings)
+    result = assess(Inputs("n1", smi, (xid(79, "0000:3b:00.0"),), 2, inv), POLICY, PolicyMemory(), NOW)
+    conds = {w.type: w for w in result.conditions}
+    assert conds[c.GPU_HEALTHY].status == "False"
+    assert "GPU-0" in conds[c.GPU_HEALTHY].message
+    assert (conds[c.GPU_COUNT_MATCHES].status, conds[c.GPU_COUNT_MATCHES].reason) == ("False", "GPUMissing")
+    assert "GPU-0 at 0000:3b:00.0" in conds[c.GPU_COUNT_MATCHES].message
+    assert "1 of 2" in conds[c.GPU_COUNT_MATCHES].message
+
+
+def test_xid_on_a_device_never_listed_is_still_a_finding() -> None:
+    got = run(readings(gpu(0)), (xid(79, "0000:99:00.0"),), expected=1)
+    assert got[c.GPU_HEALTHY][0] == "False"
+
+
+def test_one_timeout_is_not_yet_a_hang_two_are() -> None:
+    timeout = SmiResult(error="nvidia-smi did not answer within 20 s", timed_out=True)
+    assert run(timeout, timeouts=1)[c.GPU_DRIVER_RESPONSIVE] == ("Unknown", "NvidiaSmiUnusable")
+    hung = run(timeout, timeouts=2)
+    assert hung[c.GPU_DRIVER_RESPONSIVE] == ("False", "NvidiaSmiTimeout")
+    assert hung[c.GPU_HEALTHY] == ("Unknown", "NoReadings")
+    assert hung[c.GPU_COUNT_MATCHES] == ("Unknown", "NoReadings")
+
+
+def test_a_hung_driver_still_reports_kernel_xids_on_known_gpus() -> None:
+    inv = update_inventory({}, readings(gpu(0)).readings)
+    timeout = SmiResult(error="did not answer", timed_out=True)
+    got = run(timeout, (xid(79),), inventory=inv, timeouts=3)
+    assert got[c.GPU_HEALTHY][0] == "False"
+    assert got[c.GPU_DRIVER_RESPONSIVE] == ("False", "NvidiaSmiTimeout")
+
+
+def test_driver_side_exit_codes_are_not_responsive_setup_errors_are_unknown() -> None:
+    lost = SmiResult(error="nvidia-smi exited 15 (the GPU has fallen off the bus)", exit_code=15)
+    assert run(lost)[c.GPU_DRIVER_RESPONSIVE] == ("False", "NvidiaSmiFailed")
+    missing = SmiResult(error="nvidia-smi not found on PATH")
+    assert run(missing)[c.GPU_DRIVER_RESPONSIVE] == ("Unknown", "NvidiaSmiUnusable")
+
+
+def test_no_capacity_is_unknown_count() -> None:
+    assert run(readings(gpu(0)), expected=None)[c.GPU_COUNT_MATCHES] == ("Unknown", "NoCapacity")
+
+
+def test_fatal_sxid_fails_the_fabric_non_fatal_does_not() -> None:
+    fatal = KernelEvent(5, 5, KIND_SXID, "0000:c7:00.0", 24007, True, "nvswitch3", "Link 47 ECC DBE")
+    nonfatal = KernelEvent(6, 6, KIND_SXID, "0000:05:00.0", 12028, False, "nvswitch0", "Link 32")
+    assert run(readings(gpu(0), gpu(1)), (nonfatal,))[c.GPU_FABRIC_HEALTHY] == ("True", "NoFatalSXid")
+    assert run(readings(gpu(0), gpu(1)), (fatal, nonfatal))[c.GPU_FABRIC_HEALTHY] == ("False", "FatalSXid")
+    assert run(readings(gpu(0), gpu(1)), (fatal,))[c.GPU_HEALTHY] == ("True", "NoGPUFault")  # not a GPU's fault
+
+
+def test_the_controller_table_maps_every_agent_fault_back_to_an_action() -> None:
+    """The seam: what the agent writes, the default condition table acts on."""
+    entry = lookup(79, POLICY.xid.overrides, POLICY.xid.unknown_action)
+    reason = run(readings(gpu(0), gpu(1)), (xid(79),))[c.GPU_HEALTHY][1]
+    rule = next(r for r in c.DEFAULT_RULES if r.matches({"type": c.GPU_HEALTHY, "status": "False", "reason": reason}))
+    assert rule.action == entry.action

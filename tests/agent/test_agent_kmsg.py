@@ -1,0 +1,140 @@
+"""/dev/kmsg records, Xid and SXid lines, and resuming after a restart without replaying.
+
+The record lines are hand-made in the documented format (Documentation/ABI/testing/dev-kmsg:
+``PRI,SEQ,USEC,FLAGS;MESSAGE`` plus `` KEY=value`` continuation lines); the SXid texts follow the
+nvswitch driver's SXID_PRINT format ("nvidia-%s: SXid (PCI:%s): %05d, " + Fatal/Non-fatal + details).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuremediate.agent import kmsg
+from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent, KmsgReader, ResumePoint
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+SXID_FATAL = "nvidia-nvswitch3: SXid (PCI:0000:c7:00.0): 24007, Fatal, Link 47 sourcetrack TCEN0 crumbstore ECC DBE"
+SXID_DETAIL = "nvidia-nvswitch3: SXid (PCI:0000:c7:00.0): 24007, Severity 1 Engine instance 47 Sub-engine instance 00"
+SXID_NONFATAL = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"
+
+
+def rec(seq: int, message: str, usec: int | None = None, extra: str = "") -> str:
+    return f"4,{seq},{usec if usec is not None else seq * 1000},-{extra};{message}\n"
+
+
+def write(path: Path, *records: str) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("".join(records))
+
+
+def test_parse_record_reads_seq_and_usec_and_ignores_future_fields() -> None:
+    record = kmsg.parse_record("6,339,5140900,-,caller=T1;NVRM: loading NVIDIA UNIX x86_64 Kernel Module")
+    assert record == kmsg.Record(339, 5140900, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module")
+
+
+@pytest.mark.parametrize("junk", ["", "no semicolon here", "6,x,1,-;text", "6,1;short header"])
+def test_parse_record_refuses_what_is_not_a_record(junk: str) -> None:
+    assert kmsg.parse_record(junk) is None
+
+
+def test_continuation_lines_belong_to_their_record() -> None:
+    chunk = rec(1, "first") + " SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n" + rec(2, "second")
+    assert [kmsg.parse_record(r).message for r in kmsg.split_records(chunk)] == ["first", "second"]  # type: ignore[union-attr]
+
+
+def test_xid_line_becomes_an_event_with_the_normalised_bus_id() -> None:
+    [event] = kmsg.events_of(kmsg.Record(7, 99, XID_79))
+    assert (event.kind, event.bus_id, event.code, event.seq, event.usec) == (KIND_XID, "0000:3b:00.0", 79, 7, 99)
+    assert "fallen off the bus" in event.text
+
+
+def test_sxid_headline_is_an_event_its_detail_lines_are_not() -> None:
+    [fatal] = kmsg.events_of(kmsg.Record(1, 1, SXID_FATAL))
+    assert (fatal.kind, fatal.device, fatal.bus_id, fatal.code, fatal.fatal) == (
+        KIND_SXID, "nvswitch3", "0000:c7:00.0", 24007, True)
+    [nonfatal] = kmsg.events_of(kmsg.Record(2, 2, SXID_NONFATAL))
+    assert not nonfatal.fatal and nonfatal.code == 12028
+    assert kmsg.events_of(kmsg.Record(3, 3, SXID_DETAIL)) == []
+    assert kmsg.events_of(kmsg.Record(4, 4, "usb 1-1: new high-speed USB device")) == []
+
+
+def test_every_occurrence_is_an_event_even_the_same_code_twice(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    write(log, rec(0, "boot"), rec(1, XID_79), rec(2, XID_79), rec(3, SXID_FATAL), rec(4, SXID_DETAIL))
+    reader = KmsgReader(str(log))
+    polled = reader.poll()
+    assert [(e.kind, e.code) for e in polled.events] == [(KIND_XID, 79), (KIND_XID, 79), (KIND_SXID, 24007)]
+    assert (polled.records, polled.lost, polled.last_seq) == (5, 0, 4)
+    write(log, rec(5, XID_79))
+    assert [e.seq for e in reader.poll().events] == [5]  # only what is new
+    reader.close()
+
+
+def test_a_gap_in_seq_counts_the_records_we_never_saw(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    write(log, rec(10, "oldest still in the buffer"), rec(11, "x"), rec(15, XID_79))
+    polled = KmsgReader(str(log)).poll()
+    assert polled.lost == 10 + 3  # seq 0-9 were overwritten before we started, 12-14 while we read
+
+
+def test_resuming_skips_what_was_read_before(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    write(log, rec(0, XID_79), rec(1, XID_79), rec(2, "x"), rec(3, XID_79))
+    polled = KmsgReader(str(log), after_seq=2).poll()
+    assert [e.seq for e in polled.events] == [3]
+    assert polled.lost == 0
+
+
+def test_unreadable_kmsg_is_an_oserror_for_the_caller(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        KmsgReader(str(tmp_path / "absent"))
+
+
+# --- the state file --------------------------------------------------------------------------------
+
+
+def event(seq: int) -> KernelEvent:
+    return KernelEvent(seq, seq * 1000, KIND_XID, "0000:3b:00.0", 79, text="GPU has fallen off the bus.")
+
+
+def test_state_round_trip_same_boot(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    kmsg.save_state(path, ResumePoint("boot-a", 41, (event(40), event(41))))
+    point, note = kmsg.load_state(path, "boot-a")
+    assert point == ResumePoint("boot-a", 41, (event(40), event(41)))
+    assert note == ""
+    assert not (tmp_path / "state.json.tmp").exists()
+
+
+def test_a_new_boot_starts_from_the_beginning(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    kmsg.save_state(path, ResumePoint("boot-a", 41, (event(41),)))
+    assert kmsg.load_state(path, "boot-b") == (ResumePoint("boot-b"), "")
+
+
+def test_no_state_file_starts_from_the_beginning(tmp_path: Path) -> None:
+    assert kmsg.load_state(tmp_path / "none.json", "boot-a") == (ResumePoint("boot-a"), "")
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("{not json", "not JSON"),
+    (json.dumps({"v": 9, "boot_id": "b", "seq": 1}), "expected an object with v=1"),
+    (json.dumps({"v": 1, "boot_id": "b", "seq": "1"}), "seq an integer"),
+    (json.dumps({"v": 1, "boot_id": "b", "seq": 1, "recent": [[1, 2, "bogus", "x", 1, True, "", ""]]}),
+     "unknown event kind"),
+])
+def test_a_corrupt_state_file_says_why_and_starts_over(tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(text)
+    point, note = kmsg.load_state(path, "b")
+    assert point == ResumePoint("b")
+    assert why in note and str(path) in note
+
+
+def test_boot_id_of_a_missing_file_is_empty(tmp_path: Path) -> None:
+    assert kmsg.read_boot_id(str(tmp_path / "boot_id")) == ""
+    (tmp_path / "boot_id").write_text("3f2c0a6e-1111-2222-3333-444455556666\n")
+    assert kmsg.read_boot_id(str(tmp_path / "boot_id")) == "3f2c0a6e-1111-2222-3333-444455556666"
