@@ -85,10 +85,12 @@ _SUFFIXES_OM: Mapping[str, tuple[str, ...]] = {
 _EXEMPLAR_SUFFIXES = {"counter": "_total", "histogram": "_bucket", "gaugehistogram": "_bucket"}
 _NON_NEGATIVE = {
     "counter": ("_total",),
-    "histogram": ("_bucket", "_count"),
-    "summary": ("_count",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "summary": ("_count", "_sum"),
     "gaugehistogram": ("_bucket", "_gcount"),
 }
+# Sum and Count are counters: never NaN or negative (Gsum may be negative, never NaN)
+_NOT_NAN = {"gaugehistogram": ("_gsum",)}
 _UNESCAPE = {"\\": "\\", "n": "\n", '"': '"'}
 _MAX_EXEMPLAR_LABEL_CHARS = 128
 _INT64 = 2**63
@@ -152,8 +154,8 @@ class ParseResult:
 class _Family:
     """A family while the parser is still reading it."""
 
-    __slots__ = ("buckets", "has_help", "has_samples", "has_type", "has_unit", "help", "last_line", "name",
-                 "seen", "suffixes", "type", "unit")
+    __slots__ = ("buckets", "group", "group_stamp", "groups", "has_help", "has_samples", "has_type", "has_unit",
+                 "help", "last_line", "name", "seen", "suffixes", "type", "unit")
 
     def __init__(self, name: str, type_: str, suffixes: tuple[str, ...]) -> None:
         self.name = name
@@ -163,8 +165,11 @@ class _Family:
         self.unit = ""
         self.has_help = self.has_type = self.has_unit = self.has_samples = False
         self.last_line = 0
-        self.seen: set[tuple[str, Labels]] = set()
-        self.buckets: list[Sample] = []
+        self.seen: dict[tuple[str, Labels], float | None] = {}  # series → its last timestamp
+        self.buckets: list[Sample] = []  # histogram / gauge histogram samples with a suffix, in order
+        self.group: Labels | None = None  # the MetricPoint group being read (labels without le / quantile)
+        self.group_stamp: float | None = None
+        self.groups: set[Labels] = set()
 
     def frozen(self) -> MetricFamily:
         return MetricFamily(self.name, self.type, self.help, self.unit)
@@ -274,11 +279,13 @@ class _Parser:
     def unescape(self, raw: str) -> str:
         return _ESCAPE.sub(self._one_escape, raw)
 
+    keeps_unknown_escapes = False  # OpenMetrics' grammar allows BS normal-char, kept as written
+
     def _one_escape(self, match: re.Match[str]) -> str:
         char = match.group(1)
         if char in _UNESCAPE:
             return _UNESCAPE[char]
-        if self.strict:
+        if self.strict and not (self.keeps_unknown_escapes and char not in ("", "\n")):
             raise _LineError(f"invalid escape sequence '\\{char}' (only \\\\, \\\" and \\n are allowed)")
         return match.group(0)  # exporters write values raw: keep the backslash as text
 
@@ -547,6 +554,7 @@ def _check_required_label(type_: str, family: str, name: str, labels: Labels) ->
 class _OpenMetricsParser(_Parser):
     suffixes = _SUFFIXES_OM
     default_type = "unknown"
+    keeps_unknown_escapes = True
 
     def __init__(self, strict: bool) -> None:
         super().__init__(strict)
@@ -573,8 +581,8 @@ class _OpenMetricsParser(_Parser):
                 match = fast(line)
                 sample = self.slow_sample(line) if match is None else self.fast_sample(match)
                 fam = self.family_for(sample.name)
-                self.check_sample(fam, sample)
-                samples.append(sample)
+                if self.check_sample(fam, sample):
+                    samples.append(sample)
             except _LineError as err:
                 self.fail(line_no, err.reason)
         self.close_current()
@@ -665,6 +673,9 @@ class _OpenMetricsParser(_Parser):
             return fam
         if name in self.families:
             raise _LineError(f"metric family {name!r} is interleaved with another family")
+        owner = self.family_of_suffixed(name)
+        if owner is not None:
+            raise _LineError(f"metric family {name!r} clashes with {owner.type} {owner.name!r}'s samples")
         self.close_current()
         fam = self.current = self.new_family(name, "unknown")
         return fam
@@ -674,6 +685,10 @@ class _OpenMetricsParser(_Parser):
             raise _LineError(f"second TYPE line for {fam.name!r}")
         if value not in _TYPES_OM:
             raise _LineError(f"unknown metric type {value!r} for {fam.name!r}")
+        clash = next((fam.name + suffix for suffix in self.suffixes[value]
+                      if suffix and fam.name + suffix in self.families), None)
+        if clash is not None:
+            raise _LineError(f"{value} {fam.name!r} clashes with the metric family {clash!r}")
         if fam.has_unit and fam.unit and value in ("info", "stateset"):
             raise _LineError(f"{value} {fam.name!r} cannot have a unit")
         fam.type, fam.has_type, fam.suffixes = value, True, self.suffixes[value]
@@ -681,8 +696,6 @@ class _OpenMetricsParser(_Parser):
     def set_help(self, fam: _Family, value: str) -> None:
         if fam.has_help:
             raise _LineError(f"second HELP line for {fam.name!r}")
-        if '"' in value and self.strict and '"' in _ESCAPE.sub("", value):
-            raise _LineError("raw double quote in HELP text (escape it as \\\")")
         fam.help, fam.has_help = (self.unescape(value) if "\\" in value else value), True
 
     def set_unit(self, fam: _Family, value: str) -> None:
@@ -711,25 +724,66 @@ class _OpenMetricsParser(_Parser):
         fam = self.current = self.new_family(name, "unknown")
         return fam
 
-    def check_sample(self, fam: _Family, sample: Sample) -> None:
+    def check_sample(self, fam: _Family, sample: Sample) -> bool:
+        """Every per-sample rule; False for a repeat of a point at the same timestamp (the first is kept)."""
         suffix = sample.name[len(fam.name):]
-        key = (sample.name, sample.labels)
-        if key in fam.seen:
-            raise _LineError(f"duplicate sample {sample.name} with the same labels")
         if sample.exemplar is not None and _EXEMPLAR_SUFFIXES.get(fam.type) != suffix:
             raise _LineError(f"exemplars are not allowed on {fam.type} sample {sample.name!r}")
         if suffix in _NON_NEGATIVE.get(fam.type, ()) and not sample.value >= 0:
             raise _LineError(f"{fam.type} sample {sample.name!r} must be a non-negative number")
+        if suffix in _NOT_NAN.get(fam.type, ()) and math.isnan(sample.value):
+            raise _LineError(f"{fam.type} sample {sample.name!r} must not be NaN")
         self.check_type_rules(fam, suffix, sample)
-        fam.seen.add(key)
+        self.check_group(fam, sample)
+        if not self.check_repeat(fam, sample):
+            return False
         fam.has_samples = True
         fam.last_line = self.line_no
-        if suffix in ("_bucket", "_count", "_gcount"):
+        if suffix and fam.type in ("histogram", "gaugehistogram"):
             fam.buckets.append(sample)
+        return True
+
+    def check_group(self, fam: _Family, sample: Sample) -> None:
+        """MetricPoints of one Metric are not interleaved with another's, and their timestamps agree."""
+        group = _group_of(fam, sample)
+        if group != fam.group:
+            if group in fam.groups:
+                raise _LineError(f"metric {fam.name}{dict(group)} is interleaved with another of its family")
+            fam.group, fam.group_stamp = group, sample.timestamp
+            fam.groups.add(group)
+            return
+        if (sample.timestamp is None) != (fam.group_stamp is None):
+            raise _LineError(f"{sample.name}: some samples of one metric have a timestamp and some do not")
+        before, now = fam.group_stamp, sample.timestamp
+        if fam.type != "info" and before is not None and now is not None and now < before:
+            raise _LineError(f"{sample.name}: timestamps go backwards within a metric")
+        fam.group_stamp = sample.timestamp
+
+    def check_repeat(self, fam: _Family, sample: Sample) -> bool:
+        """A series may repeat with later timestamps (several points); the same timestamp keeps the first."""
+        key = (sample.name, sample.labels)
+        if key in fam.seen:
+            before = fam.seen[key]
+            if before is None or sample.timestamp is None:
+                raise _LineError(f"duplicate sample {sample.name} with the same labels")
+            if sample.timestamp < before:
+                raise _LineError(f"{sample.name}: timestamps go backwards")
+            if sample.timestamp == before:
+                return False
+        fam.seen[key] = sample.timestamp
+        return True
 
     def check_type_rules(self, fam: _Family, suffix: str, sample: Sample) -> None:
         if fam.type in ("histogram", "summary", "gaugehistogram"):
             _check_required_label(fam.type, fam.name, sample.name, sample.labels)
+            if fam.type != "summary" and suffix == "_bucket":
+                _check_canonical(sample.label("le") or "", "le")
+            elif fam.type == "summary" and not suffix:
+                quantile = _check_canonical(sample.label("quantile") or "", "quantile")
+                if not 0 <= quantile <= 1:
+                    raise _LineError(f"quantile {sample.label('quantile')!r} of {sample.name!r} is outside [0, 1]")
+                if sample.value < 0:
+                    raise _LineError(f"summary quantile value of {sample.name!r} must not be negative")
         elif fam.type == "info" and sample.value != 1:
             raise _LineError(f"info sample {sample.name!r} must have the value 1")
         elif fam.type == "stateset":
@@ -755,27 +809,67 @@ def _misnamed(fam: _Family) -> str:
     return f"sample {fam.name!r} is not a valid name in {fam.type} family {fam.name!r} ({fam.suffixes})"
 
 
+def _group_of(fam: _Family, sample: Sample) -> Labels:
+    """The labels that identify a sample's Metric (prometheus_client's _group_for_sample)."""
+    if fam.type == "info":
+        return ()
+    drop = None
+    if fam.type == "summary" and sample.name == fam.name:
+        drop = "quantile"
+    elif fam.type in ("histogram", "gaugehistogram") and sample.name == fam.name + "_bucket":
+        drop = "le"
+    elif fam.type == "stateset":
+        drop = fam.name
+    return sample.labels if drop is None else tuple(pair for pair in sample.labels if pair[0] != drop)
+
+
+def _check_canonical(text: str, what: str) -> float:
+    """An ``le`` / ``quantile`` value: a real number, or +Inf / -Inf spelled so (never NaN or +INF)."""
+    if text not in ("+Inf", "-Inf") and _REAL_FULL.match(text) is None:
+        raise _LineError(f"{what} label value {text!r} must be a number (infinity is written +Inf)")
+    return float(text)
+
+
 def _check_histogram(fam: _Family) -> None:
-    """Buckets cumulative with ascending bounds, one +Inf, and a count equal to it (per label set)."""
-    groups: dict[Labels, list[tuple[float, float]]] = {}
-    counts: dict[Labels, float] = {}
+    """Per MetricPoint (one label set, one timestamp): buckets cumulative in ascending bounds ending
+    with +Inf, a count equal to the +Inf bucket, _sum and _count together (_gsum and _gcount), no
+    _sum beside negative buckets, a negative _gsum only beside them."""
+    point: list[Sample] = []
     for sample in fam.buckets:
-        if sample.name.endswith("_bucket"):
-            rest = tuple(pair for pair in sample.labels if pair[0] != "le")
-            groups.setdefault(rest, []).append((float(sample.label("le") or "nan"), sample.value))
-        else:
-            counts[sample.labels] = sample.value
-    for labels, buckets in groups.items():
-        bounds = [bound for bound, _ in buckets]
-        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
-            raise _LineError(f"{fam.name}: buckets {dict(labels)} are not in ascending 'le' order")
-        if bounds[-1] != math.inf:
-            raise _LineError(f"{fam.name}: buckets {dict(labels)} lack le=\"+Inf\"")
-        values = [value for _, value in buckets]
-        if values != sorted(values):
-            raise _LineError(f"{fam.name}: buckets {dict(labels)} are not cumulative")
-        if labels in counts and counts[labels] != values[-1]:
-            raise _LineError(f"{fam.name}: count {counts[labels]} differs from the +Inf bucket {values[-1]}")
+        if point and (_group_of(fam, sample) != _group_of(fam, point[0]) or sample.timestamp != point[0].timestamp):
+            _check_histogram_point(fam, point)
+            point = []
+        point.append(sample)
+    if point:
+        _check_histogram_point(fam, point)
+
+
+def _check_histogram_point(fam: _Family, point: list[Sample]) -> None:
+    where = f"{fam.name}{dict(_group_of(fam, point[0]))}"
+    by_suffix: dict[str, list[Sample]] = {}
+    for sample in point:
+        by_suffix.setdefault(sample.name[len(fam.name):], []).append(sample)
+    buckets = [(float(s.label("le") or "nan"), s.value) for s in by_suffix.get("_bucket", [])]
+    bounds = [bound for bound, _ in buckets]
+    if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+        raise _LineError(f"{where}: buckets are not in ascending 'le' order")
+    if not bounds or bounds[-1] != math.inf:
+        raise _LineError(f"{where}: no le=\"+Inf\" bucket")
+    values = [value for _, value in buckets]
+    if values != sorted(values):
+        raise _LineError(f"{where}: buckets are not cumulative")
+    sum_suffix, count_suffix = ("_sum", "_count") if fam.type == "histogram" else ("_gsum", "_gcount")
+    counts, sums = by_suffix.get(count_suffix, []), by_suffix.get(sum_suffix, [])
+    if counts and counts[0].value != values[-1]:
+        raise _LineError(f"{where}: {count_suffix} {counts[0].value} differs from the +Inf bucket {values[-1]}")
+    if bool(counts) != bool(sums):
+        have, lack = (count_suffix, sum_suffix) if counts else (sum_suffix, count_suffix)
+        raise _LineError(f"{where}: {have} without {lack}")
+    negative_buckets = bounds[0] < 0
+    if fam.type == "histogram" and negative_buckets and sums:
+        raise _LineError(f"{where}: a histogram with negative buckets cannot have a _sum")
+    if fam.type == "gaugehistogram" and sums and sums[0].value < 0 and not negative_buckets:
+        raise _LineError(f"{where}: a negative _gsum needs negative buckets")
 
 
 def _timestamp_s(text: str) -> float:

@@ -85,7 +85,7 @@ def test_format_detection() -> None:
 def test_openmetrics_full_document() -> None:
     text = (
         "# TYPE req counter\n# UNIT req \n# HELP req Requests \\\"served\\\".\n"
-        'req_total{code="200"} 10 1.25 # {trace_id="abc"} 1 1.5\nreq_created{code="200"} 1.0\n'
+        'req_total{code="200"} 10 1.25 # {trace_id="abc"} 1 1.5\nreq_created{code="200"} 1.0 1.25\n'
         "# TYPE lat_seconds histogram\n# UNIT lat_seconds seconds\n"
         'lat_seconds_bucket{le="0.1"} 1 # {trace_id="x"} 0.05\nlat_seconds_bucket{le="+Inf"} 3\n'
         "lat_seconds_count 3\nlat_seconds_sum 1.5\n"
@@ -119,8 +119,6 @@ OM_REJECTS = [
     ("unit not a suffix", "# TYPE a gauge\n# UNIT a seconds\n# EOF\n", 2, "must end in '_seconds'"),
     ("invalid unit characters", "# UNIT a_s- s-\n# EOF\n", 1, "invalid metric name"),
     ("unit on info", "# TYPE x_b info\n# UNIT x_b b\n# EOF\n", 2, "cannot have a unit"),
-    ("bad escape", 'a{x="\\t"} 1\n# EOF\n', 1, "invalid escape sequence"),
-    ("raw quote in HELP", '# HELP a say "hi"\n# EOF\n', 1, "raw double quote"),
     ("double space", "a  1\n# EOF\n", 1, "single spaces"),
     ("trailing comma", 'a{x="1",} 1\n# EOF\n', 1, "trailing comma"),
     ("stray comment", "# hello\n# EOF\n", 1, "not an OpenMetrics descriptor"),
@@ -128,7 +126,7 @@ OM_REJECTS = [
     ("exemplar too long", f'# TYPE c counter\nc_total 1 # {{a="{"x" * 130}"}} 1\n# EOF\n', 2, "exceed 128"),
     ("negative counter", "# TYPE c counter\nc_total -1\n# EOF\n", 2, "non-negative"),
     ("bucket without le", "# TYPE h histogram\nh_bucket 1\n# EOF\n", 2, "no 'le' label"),
-    ("histogram without +Inf", '# TYPE h histogram\nh_bucket{le="1"} 1\n# EOF\n', 2, "lack le"),
+    ("histogram without +Inf", '# TYPE h histogram\nh_bucket{le="1"} 1\n# EOF\n', 2, 'no le="\\+Inf"'),
     ("non-cumulative buckets", '# TYPE h histogram\nh_bucket{le="1"} 2\nh_bucket{le="+Inf"} 1\n# EOF\n', 3,
      "not cumulative"),
     ("count differs from +Inf", '# TYPE h histogram\nh_bucket{le="+Inf"} 2\nh_count 3\n# EOF\n', 3, "differs"),
