@@ -11,13 +11,23 @@ from collections.abc import Sequence
 
 from gpuremediate import __version__, fleet
 from gpuremediate.actions.breaker import BreakerStore
-from gpuremediate.config import SOURCES, Settings, SettingsError, parse_addr, parse_duration
+from gpuremediate.config import (
+    MAX_INTERVAL_S,
+    MAX_LEASE_S,
+    MAX_SCRAPE_TIMEOUT_S,
+    SOURCES,
+    Settings,
+    SettingsError,
+    parse_addr,
+    parse_duration,
+)
 from gpuremediate.fleet import FleetError
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.config import load_config
+from gpuremediate.kube.config import ClusterConfig, load_config
 from gpuremediate.kube.errors import KubeError
 from gpuremediate.obs.log import setup_logging
-from gpuremediate.policy.config import PolicyError, default_policy, load_policy
+from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
+from gpuremediate.shutdown import Shutdown
 
 
 def _add_kube_flags(p: argparse.ArgumentParser) -> None:
@@ -76,21 +86,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_level=args.log_level,
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
-        lease_duration_s=parse_duration(args.leader_elect_lease_duration, "--leader-elect-lease-duration"),
-        renew_deadline_s=parse_duration(args.leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
-        retry_period_s=parse_duration(args.leader_elect_retry_period, "--leader-elect-retry-period"),
+        lease_duration_s=parse_duration(args.leader_elect_lease_duration, "--leader-elect-lease-duration",
+                                        MAX_LEASE_S),
+        renew_deadline_s=parse_duration(args.leader_elect_renew_deadline, "--leader-elect-renew-deadline",
+                                        MAX_LEASE_S),
+        retry_period_s=parse_duration(args.leader_elect_retry_period, "--leader-elect-retry-period", MAX_LEASE_S),
         source=args.source,
         exporter_namespace=args.exporter_namespace,
         exporter_selector=args.exporter_selector,
         exporter_port=args.exporter_port,
         exporter_path=args.exporter_path,
-        scrape_timeout_s=parse_duration(args.scrape_timeout, "--scrape-timeout"),
+        scrape_timeout_s=parse_duration(args.scrape_timeout, "--scrape-timeout", MAX_SCRAPE_TIMEOUT_S),
         prometheus_url=args.prometheus_url,
         prometheus_token_file=args.prometheus_token_file,
         prometheus_ca_file=args.prometheus_ca_file,
         prometheus_node_label=args.prometheus_node_label,
-        scrape_interval_s=parse_duration(args.scrape_interval, "--scrape-interval"),
-        resync_s=parse_duration(args.resync, "--resync"),
+        scrape_interval_s=parse_duration(args.scrape_interval, "--scrape-interval", MAX_INTERVAL_S),
+        resync_s=parse_duration(args.resync, "--resync", MAX_INTERVAL_S),
         gpu_node_selector=args.gpu_node_selector,
         maintenance_group=args.maintenance_group,
     ).validate()
@@ -149,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, shutdown: Shutdown | None = None) -> int:
+    """``shutdown``: a SIGTERM handler installed already (``__main__`` does it before the imports)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -159,23 +172,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuremediate {__version__}")
         return 0
     try:
-        return _dispatch(parser, args)
+        return _dispatch(parser, args, shutdown)
     except (SettingsError, PolicyError, FleetError, KubeError) as exc:
         print(f"gpuremediate {args.command}: {exc}", file=sys.stderr)
         return 2
 
 
-def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdown: Shutdown | None) -> int:
     if args.command == "check":
         from gpuremediate import check
 
         return check.main(args)
     if args.command == "run":
-        return _run(args)
+        return _run(args, shutdown or Shutdown().install())
     if args.command == "plugin":
         from gpuremediate.plugins import drain_window
 
-        return drain_window.main(args)
+        return drain_window.main(args, shutdown)
     if args.command == "demo":
         try:
             from gpuremediate import demo
@@ -203,13 +216,21 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 2  # unreachable: parser.error exits
 
 
-def _run(args: argparse.Namespace) -> int:
+def prepare_run(args: argparse.Namespace) -> tuple[Settings, PolicyFile, ClusterConfig]:
+    """Everything ``run`` reads and checks before it starts: flags, the policy file, the kubeconfig.
+    A bad one raises SettingsError, PolicyError or KubeError naming it (main: one line, exit 2)."""
+    settings = settings_from_args(args)
+    policy = load_policy(settings.policy_path) if settings.policy_path else default_policy()
+    return settings, policy, load_config(settings.kubeconfig, settings.context)
+
+
+def _run(args: argparse.Namespace, shutdown: Shutdown) -> int:
     from gpuremediate.controller import Controller
 
-    settings = settings_from_args(args)
+    settings, policy, config = prepare_run(args)
     setup_logging(settings.log_format, settings.log_level)
-    policy = load_policy(settings.policy_path) if settings.policy_path else default_policy()
-    return Controller(settings, policy).run()
+    controller = Controller(settings, policy, client=KubeClient(config, qps=settings.qps, burst=settings.burst))
+    return 0 if shutdown.requested else controller.run(shutdown)
 
 
 def _breaker(client: KubeClient, args: argparse.Namespace) -> int:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
+import re
+import ssl
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 SOURCES = ("exporter", "prometheus")
+MAX_DURATION_S = 30 * 86400.0  # far below threading's TIMEOUT_MAX; no wait of this controller is longer
+MAX_SCRAPE_TIMEOUT_S = 600.0
+MAX_INTERVAL_S = 86400.0
+MAX_LEASE_S = 3600.0
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 class SettingsError(ValueError):
@@ -49,24 +61,69 @@ class Settings:
     burst: int = 40
 
     def validate(self) -> Settings:
+        """Every flag checked at start, so a bad one is one clear line and exit 2, never a fault later."""
         if self.source not in SOURCES:
             raise SettingsError(f"--source: expected one of {', '.join(SOURCES)}, got {self.source!r}")
         if self.source == "prometheus" and not self.prometheus_url:
             raise SettingsError("--prometheus-url is required with --source=prometheus")
-        if self.scrape_interval_s <= 0:
-            raise SettingsError(f"--scrape-interval: must be > 0, got {self.scrape_interval_s}")
-        if self.resync_s <= 0:
-            raise SettingsError(f"--resync: must be > 0, got {self.resync_s}")
+        if self.log_format not in ("text", "json"):
+            raise SettingsError(f"--log-format: expected text or json, got {self.log_format!r}")
+        for flag, seconds, maximum in self._durations():
+            check_duration(seconds, flag, maximum)
         if not self.lease_duration_s > self.renew_deadline_s > self.retry_period_s * 1.2 > 0:
             raise SettingsError(
                 "--leader-elect-lease-duration > --leader-elect-renew-deadline > 1.2 x --leader-elect-retry-period "
                 f"> 0 is required, got {self.lease_duration_s:g}s, {self.renew_deadline_s:g}s, "
                 f"{self.retry_period_s:g}s")
+        check_host(self.metrics_host, "--metrics-addr")
         if not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"--metrics-addr: port out of range: {self.metrics_port}")
-        if self.log_format not in ("text", "json"):
-            raise SettingsError(f"--log-format: expected text or json, got {self.log_format!r}")
+        if not 1 <= self.exporter_port <= 65535:
+            raise SettingsError(f"--exporter-port: expected 1-65535, got {self.exporter_port}")
+        if not self.exporter_path.startswith("/") or any(c.isspace() for c in self.exporter_path):
+            raise SettingsError(f"--exporter-path: expected a URL path starting with /, got {self.exporter_path!r}")
+        for flag, name in (("--namespace", self.namespace), ("--jobs-namespace", self.jobs_namespace),
+                           ("--exporter-namespace", self.exporter_namespace)):
+            check_dns_label(name, flag)
+        check_dns_subdomain(self.lease_name, "--lease-name")
+        check_dns_subdomain(self.maintenance_group, "--maintenance-group")
+        for flag, selector in (("--exporter-selector", self.exporter_selector),
+                               ("--gpu-node-selector", self.gpu_node_selector)):
+            check_selector(selector, flag)
+        if self.source == "prometheus":
+            self._validate_prometheus()
         return self
+
+    def _durations(self) -> list[tuple[str, float, float]]:
+        return [
+            ("--scrape-timeout", self.scrape_timeout_s, MAX_SCRAPE_TIMEOUT_S),
+            ("--scrape-interval", self.scrape_interval_s, MAX_INTERVAL_S),
+            ("--resync", self.resync_s, MAX_INTERVAL_S),
+            ("--leader-elect-lease-duration", self.lease_duration_s, MAX_LEASE_S),
+            ("--leader-elect-renew-deadline", self.renew_deadline_s, MAX_LEASE_S),
+            ("--leader-elect-retry-period", self.retry_period_s, MAX_LEASE_S),
+        ]
+
+    def _validate_prometheus(self) -> None:
+        url = urlsplit(self.prometheus_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise SettingsError(f"--prometheus-url: expected an http:// or https:// URL with a host, got "
+                                f"{self.prometheus_url!r}")
+        try:
+            url.port  # noqa: B018  (raises ValueError for a port out of range)
+        except ValueError as exc:
+            raise SettingsError(f"--prometheus-url: {exc}") from None
+        if self.prometheus_token_file:
+            check_readable(self.prometheus_token_file, "--prometheus-token-file")
+        if self.prometheus_ca_file:
+            check_readable(self.prometheus_ca_file, "--prometheus-ca-file")
+            try:
+                ssl.create_default_context(cafile=self.prometheus_ca_file)
+            except (ssl.SSLError, ValueError) as exc:
+                raise SettingsError(f"--prometheus-ca-file: not a PEM CA bundle: {exc}") from None
+        if not LABEL_NAME.fullmatch(self.prometheus_node_label):
+            raise SettingsError(f"--prometheus-node-label: not a Prometheus label name: "
+                                f"{self.prometheus_node_label!r}")
 
     @property
     def who(self) -> str:
@@ -82,8 +139,8 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_duration(text: str, what: str) -> float:
-    """``15``, ``15s``, ``500ms``, ``5m``, ``2h``, ``7d`` → seconds."""
+def parse_duration(text: str, what: str, maximum: float = MAX_DURATION_S) -> float:
+    """``15``, ``15s``, ``500ms``, ``5m``, ``2h``, ``7d`` → seconds: finite, above 0, at most ``maximum``."""
     units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
     raw = text.strip()
     for suffix in ("ms", "s", "m", "h", "d"):
@@ -96,6 +153,67 @@ def parse_duration(text: str, what: str) -> float:
         value = float(number) * scale
     except ValueError:
         raise SettingsError(f"{what}: expected a duration like 15s, 5m or 2h, got {text!r}") from None
-    if value < 0:
-        raise SettingsError(f"{what}: must not be negative, got {text!r}")
-    return value
+    return check_duration(value, what, maximum, shown=text)
+
+
+def check_duration(seconds: float, what: str, maximum: float = MAX_DURATION_S, *, shown: str | None = None) -> float:
+    shown = shown if shown is not None else f"{seconds:g}s"
+    if not math.isfinite(seconds):
+        raise SettingsError(f"{what}: expected a finite duration, got {shown!r}")
+    if seconds < 0:
+        raise SettingsError(f"{what}: must not be negative, got {shown!r}")
+    if seconds == 0:
+        raise SettingsError(f"{what}: must be above 0, got {shown!r}")
+    if seconds > maximum:
+        raise SettingsError(f"{what}: at most {_human(maximum)}, got {shown!r}")
+    return seconds
+
+
+def _human(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def check_dns_label(name: str, what: str) -> None:
+    """An RFC 1123 label, as Kubernetes wants a namespace name."""
+    if len(name) > 63 or not DNS_LABEL.fullmatch(name):
+        raise SettingsError(f"{what}: expected a DNS label (lower-case letters, digits, '-', at most 63), "
+                            f"got {name!r}")
+
+
+def check_dns_subdomain(name: str, what: str) -> None:
+    """An RFC 1123 subdomain, as Kubernetes wants most object names and API groups."""
+    if len(name) > 253 or not all(DNS_LABEL.fullmatch(part) for part in name.split(".")):
+        raise SettingsError(f"{what}: expected a DNS subdomain (lower-case letters, digits, '-' and '.', at "
+                            f"most 253), got {name!r}")
+
+
+def check_selector(text: str, what: str) -> None:
+    from gpuremediate.policy.selector import SelectorError, parse_selector
+
+    try:
+        parse_selector(text)
+    except SelectorError as exc:
+        raise SettingsError(f"{what}: not a label selector: {exc}") from None
+
+
+def check_host(host: str, what: str) -> None:
+    """An IP address or a host name (a dotted quad that is no IPv4 address is refused, not looked up)."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if ":" in host or all(part.isdigit() for part in host.split(".")) or not all(
+            HOST_LABEL.fullmatch(part) for part in host.split(".")) or len(host) > 253:
+        raise SettingsError(f"{what}: {host!r} is not an IP address or a host name")
+
+
+def check_readable(path: str, what: str) -> None:
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise SettingsError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None

@@ -284,10 +284,15 @@ def read_kubeconfig(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"kubeconfig {path} is not UTF-8 text (a binary file?): {exc.reason} at byte "
+                          f"{exc.start}") from None
     try:
         data = miniyaml.loads(text)
     except miniyaml.YamlError as exc:
         raise ConfigError(f"kubeconfig {path}: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"kubeconfig {path}: nested too deeply to be a kubeconfig") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

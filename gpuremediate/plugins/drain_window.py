@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from gpuremediate.kube.resources import PODS, Resource
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.plugins.window import Window, WindowError
+from gpuremediate.shutdown import Shutdown
 
 log = logging.getLogger(__name__)
 
@@ -194,13 +194,15 @@ class DrainWindowPlugin:
             self._threads.append(thread)
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the informer and the threads, waiting ``timeout`` for all of them together."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         self.queue.shutdown()
         if self.informer is not None:
-            self.informer.stop()
+            self.informer.stop(timeout)
         for thread in self._threads:
-            thread.join(5.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _enqueue(self, obj: dict[str, Any]) -> None:
         if not condition_is(obj, self.settings.complete_condition, "True"):
@@ -242,7 +244,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Window, PluginSettings
     return window, settings
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, shutdown: Shutdown | None = None) -> int:
+    shutdown = (shutdown or Shutdown()).install()
     try:
         window, settings = settings_from_args(args)
     except (WindowError, SettingsError) as exc:
@@ -251,18 +254,16 @@ def main(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     client = KubeClient(load_config(args.kubeconfig, args.context))
     plugin = DrainWindowPlugin(client, window, settings)
-    stopped = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopped.set())
-    while not stopped.is_set():
+    while not shutdown.requested:
         try:
             plugin.start()
             break
         except errors.NotFound as exc:  # the CRD is not installed yet
             log.warning("request kind not served yet; retrying", extra={"error": str(exc)})
-            stopped.wait(5.0)
+            shutdown.wait(5.0)
+    else:
+        return 0
     log.info("drain-window plugin running", extra={"window": window.text, "kind": settings.kind})
-    stopped.wait()
+    shutdown.wait()
     plugin.stop()
     return 0
-

@@ -26,10 +26,12 @@ from gpuremediate.policy.findings import (
     BUILTIN_ACTIONS,
 )
 from gpuremediate.policy.schema import (
+    MAX_DURATION_S,
     PolicyError,
     _join,
     _show,
     at_least,
+    between,
     check_action,
     setting,
 )
@@ -83,6 +85,7 @@ def parse_xid_overrides(raw: Any, path: str, current: Mapping[int, XidOverride])
 # --- sections --------------------------------------------------------------------------------------
 
 GROUP_KEYS = ("name", "selector")
+MAX_INTEGER = 2**53  # every integer setting ends up in JSON (a Job, a record): keep it exact there
 T = TypeVar("T")
 
 
@@ -128,8 +131,10 @@ class ThermalPolicy:
     gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs")
     memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs")
     memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs")
-    hold_s: float = setting(60.0, "seconds continuously hot before the cordon finding", check=at_least(0))
-    clear_hold_s: float = setting(300.0, "seconds continuously cool before the cordon clears", check=at_least(0))
+    hold_s: float = setting(60.0, "seconds continuously hot before the cordon finding",
+                            check=between(0, MAX_DURATION_S))
+    clear_hold_s: float = setting(300.0, "seconds continuously cool before the cordon clears",
+                                  check=between(0, MAX_DURATION_S))
 
     def validate(self, path: str) -> None:
         for name in ("gpu", "memory"):
@@ -242,6 +247,8 @@ def _coerce(hint: Any, raw: Any, path: str) -> Any:
         raise PolicyError(f"{path}: expected true or false, got {_show(raw)}")
     if hint is int:
         if isinstance(raw, int) and not isinstance(raw, bool):
+            if abs(raw) > MAX_INTEGER:
+                raise PolicyError(f"{path}: out of range, got {_show(raw)}")
             return raw
         raise PolicyError(f"{path}: expected an integer, got {_show(raw)}")
     if hint is float:
@@ -345,6 +352,8 @@ def loads_policy(text: str, source: str = "<string>") -> PolicyFile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise PolicyError(f"{source}: nested too deeply (arrays or tables inside each other) to be a policy") from None
     return parse_policy(data, source)
 
 

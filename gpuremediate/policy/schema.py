@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from gpuremediate.policy.findings import BUILTIN_ACTIONS
 
 ACTION_NAME_RE = re.compile(r"[a-z0-9-]+")
+DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+MAX_DURATION_S = 366 * 86400.0
 
 Check = Callable[[Any, str], None]
 
@@ -52,6 +55,49 @@ def at_least(minimum: float) -> Check:
             raise PolicyError(f"{path}: must be at least {minimum:g}, got {_show(value)}")
 
     return check
+
+
+def between(minimum: float, maximum: float) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not minimum <= value <= maximum:
+            raise PolicyError(f"{path}: must be between {minimum:g} and {maximum:g}, got {_show(value)}")
+
+    return check
+
+
+def duration(minimum: float) -> Check:
+    """Seconds from ``minimum`` up to MAX_DURATION_S: beyond that no timer of the controller makes sense and
+    time arithmetic overflows (a deadline of 1e300 s)."""
+    return between(minimum, MAX_DURATION_S)
+
+
+def dns_label(value: Any, path: str) -> None:
+    """An RFC 1123 label: a namespace name."""
+    if len(value) > 63 or not DNS_LABEL_RE.fullmatch(value):
+        raise PolicyError(f"{path}: expected a DNS label (lower-case letters, digits, '-', at most 63), "
+                          f"got {_show(value)}")
+
+
+def dns_subdomain(value: Any, path: str) -> None:
+    """An RFC 1123 subdomain: a ServiceAccount or other object name, an API group."""
+    if len(value) > 253 or not all(DNS_LABEL_RE.fullmatch(part) for part in value.split(".")):
+        raise PolicyError(f"{path}: expected a DNS subdomain (lower-case letters, digits, '-' and '.', at most "
+                          f"253), got {_show(value)}")
+
+
+def image_reference(value: Any, path: str) -> None:
+    if not value or any(c.isspace() for c in value) or any(ord(c) < 32 for c in value):
+        raise PolicyError(f"{path}: expected a container image reference, got {_show(value)}")
+
+
+def shell_words(value: Any, path: str) -> None:
+    """A command the Job runs, split like a shell (shlex) now rather than at the first attempt."""
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise PolicyError(f"{path}: cannot split {_show(value)} like a shell: {exc}") from None
+    if not words:
+        raise PolicyError(f"{path}: must not be empty")
 
 
 # --- schema helpers --------------------------------------------------------------------------------

@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.policy.schema import PolicyError, at_least, setting
+from gpuremediate.policy.schema import (
+    PolicyError,
+    at_least,
+    between,
+    dns_label,
+    dns_subdomain,
+    duration,
+    image_reference,
+    setting,
+    shell_words,
+)
 
 DRAIN_MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 DRAIN_SCOPES = ("all", "gpu", "impacted")
@@ -21,6 +31,9 @@ DRAIN_TIMEOUT_ACTIONS = ("quarantine", "delete")
 _PERCENT = re.compile(r"\d{1,3}%")
 
 DCGM_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+MAX_LEAD_S = 366 * 86400.0
+MAX_GRACE_S = 366 * 86400  # a pod's terminationGracePeriodSeconds is an int64; a year is plenty
+MAX_ATTEMPTS = 100
 
 
 def one_of(*allowed: str) -> Any:
@@ -31,37 +44,33 @@ def one_of(*allowed: str) -> Any:
     return check
 
 
-def _command(value: Any, path: str) -> None:
-    if not value.strip():
-        raise PolicyError(f"{path}: must not be empty")
-
-
 @dataclass(frozen=True)
 class DrainPolicy:
     mode: str = setting("Immediate", "Immediate (evict, honour PDBs) | AllowCompletion (wait for pods to finish) | "
                         "DeleteAfterTimeout (wait, then delete)", check=one_of(*DRAIN_MODES))
     scope: str = setting("all", "all | gpu (pods requesting nvidia.com/gpu) | impacted (pods on the faulty GPUs)",
                          check=one_of(*DRAIN_SCOPES))
-    timeout_s: float = setting(1800.0, "seconds before the drain's timeout outcome", check=at_least(1))
+    timeout_s: float = setting(1800.0, "seconds before the drain's timeout outcome", check=duration(1))
     timeout_action: str = setting(
         "quarantine",
         "Immediate/AllowCompletion at timeout: quarantine (pods stay, a person decides) | delete (delete what is left)",
         check=one_of(*DRAIN_TIMEOUT_ACTIONS),
     )
-    grace_period_s: int = setting(-1, "eviction/delete grace seconds (-1: each pod's own)", check=at_least(-1))
+    grace_period_s: int = setting(-1, "eviction/delete grace seconds (-1: each pod's own)",
+                                  check=between(-1, MAX_GRACE_S))
     retry_s: float = setting(5.0, "seconds between drain steps (a PDB refusal is retried after this)",
-                             check=at_least(0.1))
+                             check=duration(0.1))
 
 
 @dataclass(frozen=True)
 class JobPolicy:
-    image: str = setting(DCGM_IMAGE, "container image")
+    image: str = setting(DCGM_IMAGE, "container image", check=image_reference)
     command: str = setting("true", "command, split like a shell would (shlex); $(NODE_NAME), $(GPU_IDS) (indexes) "
-                           "and $(GPU_UUIDS) are expanded by Kubernetes", check=_command)
-    service_account: str = setting("gpuremediate-job", "ServiceAccount of the Job's pod")
+                           "and $(GPU_UUIDS) are expanded by Kubernetes", check=shell_words)
+    service_account: str = setting("gpuremediate-job", "ServiceAccount of the Job's pod", check=dns_subdomain)
     privileged: bool = setting(True, "privileged container (GPU reset and reboot need the host)")
     host_pid: bool = setting(False, "share the host's PID namespace")
-    timeout_s: float = setting(900.0, "seconds before the attempt counts as failed", check=at_least(1))
+    timeout_s: float = setting(900.0, "seconds before the attempt counts as failed", check=duration(1))
 
 
 def _reset_job() -> JobPolicy:
@@ -76,11 +85,11 @@ def _reboot_job() -> JobPolicy:
 
 @dataclass(frozen=True)
 class RemediationPolicy:
-    max_attempts: int = setting(2, "repair attempts before the node is quarantined", check=at_least(1))
+    max_attempts: int = setting(2, "repair attempts before the node is quarantined", check=between(1, MAX_ATTEMPTS))
     reset_gpu: JobPolicy = field(default_factory=_reset_job, metadata={"doc": "the reset-gpu Job"})
     reboot: JobPolicy = field(default_factory=_reboot_job, metadata={"doc": "the reboot Job"})
     reboot_ready_timeout_s: float = setting(1800.0, "seconds for a new bootID and Ready after the reboot Job",
-                                            check=at_least(1))
+                                            check=duration(1))
     reboot_wait_for_boot_id: bool = setting(True, "a reboot is done when the node's bootID changed and it is Ready "
                                             "(false: when the reboot Job succeeded; for simulated nodes)")
 
@@ -115,25 +124,25 @@ class BudgetPolicy:
 class BreakerPolicy:
     enabled: bool = setting(True, "stop starting new work when too many GPU nodes fault at once")
     threshold_percent: float = setting(30.0, "open when more than this % of GPU nodes fault within the window",
-                                       check=at_least(0))
-    window_s: float = setting(600.0, "the window, seconds", check=at_least(1))
+                                       check=between(0, 100))
+    window_s: float = setting(600.0, "the window, seconds", check=duration(1))
     min_nodes: int = setting(3, "and at least this many nodes faulted", check=at_least(1))
 
 
 @dataclass(frozen=True)
 class RepeatOffenderPolicy:
     count: int = setting(3, "repairs within the window that quarantine a node (0 disables)", check=at_least(0))
-    window_s: float = setting(7 * 86400.0, "the window, seconds", check=at_least(1))
+    window_s: float = setting(7 * 86400.0, "the window, seconds", check=duration(1))
 
 
 @dataclass(frozen=True)
 class MaintenancePolicy:
     prepare_lead_s: float = setting(1800.0, "seconds before a MaintenanceRequest's startTime that preparation "
-                                    "(cordon + drain) starts", check=at_least(0))
+                                    "(cordon + drain) starts", check=between(0, MAX_LEAD_S))
     respect_budget: bool = setting(True, "a maintenance drain waits for the disruption budget and the circuit "
                                    "breaker like a fault does (false: it starts at its time regardless)")
     warn_age_s: float = setting(7 * 86400.0, "a request older than this is reported as forgotten (an Event)",
-                                check=at_least(1))
+                                check=duration(1))
 
 
 # --- plugins (NVSentinel's contracts; field names as NVSentinel spells them) ------------------------
@@ -162,15 +171,15 @@ class CustomDrainPolicy:
     """``[customDrain]``: hand the drain to a plugin through a DrainRequest-shaped resource."""
 
     enabled: bool = setting(False, "create one request per fault instead of evicting (a plugin drains)")
-    apiGroup: str = setting("nvsentinel.nvidia.com", "API group of the request kind", check=_not_empty)
+    apiGroup: str = setting("nvsentinel.nvidia.com", "API group of the request kind", check=dns_subdomain)
     version: str = setting("v1alpha1", "API version of the request kind", check=_not_empty)
     kind: str = setting("DrainRequest", "the request kind (its plural comes from discovery)", check=_not_empty)
-    namespace: str = setting("gpuremediate-system", "namespace the requests are created in", check=_not_empty)
+    namespace: str = setting("gpuremediate-system", "namespace the requests are created in", check=dns_label)
     statusConditionType: str = setting("DrainComplete", "condition the plugin sets when the drain is done",
                                        check=_not_empty)
     statusConditionStatus: str = setting("True", "the condition's status that means done", check=_condition_status)
     timeout: float = setting(1800.0, "seconds to wait for the plugin (measured from the drain's start)",
-                             check=at_least(1))
+                             check=duration(1))
     onTimeout: str = setting("quarantine", "quarantine (pods stay, a person decides) | builtin (delete the "
                              "request and drain with the built-in drain)", check=one_of(*CUSTOM_DRAIN_ON_TIMEOUT))
 
@@ -222,7 +231,7 @@ def _default_template() -> dict[str, Any]:
 class CustomAction:
     """``[actions.<name>]``: a custom remediation resource and how to read its completion."""
 
-    apiGroup: str = setting("", "API group of the remediation kind", check=_not_empty)
+    apiGroup: str = setting("", "API group of the remediation kind", check=dns_subdomain)
     version: str = setting("v1alpha1", "API version of the remediation kind", check=_not_empty)
     kind: str = setting("", "the remediation kind (its plural comes from discovery)", check=_not_empty)
     scope: str = setting("Namespaced", "Namespaced | Cluster", check=one_of(*ACTION_SCOPES))
@@ -239,14 +248,15 @@ class CustomAction:
     template: Any = field(default_factory=_default_template, metadata={
         "doc": "the resource body (a table); string values may use {{" + "}}, {{".join(PLACEHOLDERS) + "}}",
         "parse": parse_template})
-    maxAttempts: int = setting(2, "resources (attempts) before the node is quarantined", check=at_least(1))
-    timeout: float = setting(3600.0, "seconds one attempt may take before it counts as failed", check=at_least(1))
+    maxAttempts: int = setting(2, "resources (attempts) before the node is quarantined",
+                               check=between(1, MAX_ATTEMPTS))
+    timeout: float = setting(3600.0, "seconds one attempt may take before it counts as failed", check=duration(1))
 
     def validate(self, path: str) -> None:
         for key in ("apiGroup", "kind"):
             if not getattr(self, key).strip():
                 raise PolicyError(f"{path}.{key}: required (the custom resource's {key})")
-        if self.scope == "Namespaced" and not _DNS_LABEL.fullmatch(self.namespace):
+        if self.scope == "Namespaced" and (len(self.namespace) > 63 or not _DNS_LABEL.fullmatch(self.namespace)):
             raise PolicyError(f"{path}.namespace: a Namespaced action needs a namespace name, got {self.namespace!r}")
 
     @property
