@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", dest="end", metavar="TIME", help="end (required with --prometheus; default for "
                    "--scrapes: the newest scrape)")
     p.add_argument("--step", type=duration_arg, default=30.0, help="the controller's scrape interval (default 30s)")
-    p.add_argument("--chunk", type=duration_arg, default=6 * 3600.0,
-                   help="time per Prometheus range query (default 6h; at most 10000 steps)")
+    p.add_argument("--chunk", type=duration_arg, default=3600.0,
+                   help="time per Prometheus range query (default 1h; at most 10000 steps)")
     p.add_argument("--prometheus-token-file", default="", help="bearer token for Prometheus")
     p.add_argument("--prometheus-ca-file", default="", help="CA bundle for an https Prometheus")
     p.add_argument("--node-label", default=None, help="series label naming the node (default: Hostname, "
@@ -77,7 +77,17 @@ def add_parser(subparsers: Any) -> None:
         "replay", help="what gpuremediate would have done to this fleet over a past time range"))
 
 
-def load_history(args: argparse.Namespace) -> History:
+def thermal_thresholds(policies: Sequence[PolicyFile]) -> list[float]:
+    """Every temperature threshold of the policies (their defaults and node groups)."""
+    found: set[float] = set()
+    for policy in policies:
+        for p in (policy.defaults, *(g.policy for g in policy.groups)):
+            t = p.thermal
+            found.update((t.gpu_cordon_c, t.gpu_clear_c, t.memory_cordon_c, t.memory_clear_c))
+    return sorted(found)
+
+
+def load_history(args: argparse.Namespace, policies: Sequence[PolicyFile] = ()) -> History:
     if bool(args.prometheus) == bool(args.scrapes):
         raise HistoryError("give the history as exactly one of --prometheus URL or --scrapes DIR")
     start = parse_time(args.start, "--from") if args.start else None
@@ -89,7 +99,7 @@ def load_history(args: argparse.Namespace) -> History:
     token = Path(args.prometheus_token_file).read_text().strip() if args.prometheus_token_file else None
     source = PrometheusHistory(args.prometheus, token=token, ca_file=args.prometheus_ca_file or None,
                                node_label=args.node_label)
-    return source.load(start, end, args.step, args.chunk)
+    return source.load(start, end, args.step, args.chunk, thermal_thresholds(policies))
 
 
 def load_node_list(args: argparse.Namespace) -> list[dict[str, Any]] | None:
@@ -119,12 +129,12 @@ def _policy(path: str | None) -> PolicyFile:
 
 
 def run(args: argparse.Namespace) -> list[ReplayResult]:
-    history = load_history(args)
+    policies = [_policy(args.policy)] + ([_policy(args.compare)] if args.compare else [])
+    history = load_history(args, policies)
     node_list = load_node_list(args)
     durations = Durations(drain_s=args.drain_time, reset_gpu_s=args.reset_time, reboot_s=args.reboot_time,
                           validate_s=args.validate_time)
     options = ReplayOptions(step_s=args.step, durations=durations)
-    policies = [_policy(args.policy)] + ([_policy(args.compare)] if args.compare else [])
     return [replay(history, p, node_list, options) for p in policies]
 
 

@@ -34,11 +34,20 @@ class _Series:
     value: float
 
 
+TEMPERATURES = frozenset({"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP"})
+
+
 @dataclass
 class _Changes:
-    """Per node, the change points of its series: (at, series, value or None when it went missing)."""
+    """Per node, the change points of its series: (at, series, value or None when it went missing).
+
+    Temperatures move every scrape; with ``thresholds`` (every thermal threshold of the policies
+    replayed) a new temperature is a change only when it lands on another side of one of them: the
+    thermal rule compares readings with its thresholds and nothing else, so the replay decides the
+    same, and a month of fluctuating temperatures keeps a few points per series instead of all."""
 
     step: float
+    thresholds: tuple[float, ...] = ()
     series: dict[SeriesKey, _Series] = field(default_factory=dict)
     events: dict[str, list[tuple[float, SeriesKey, float | None]]] = field(default_factory=dict)
 
@@ -47,9 +56,18 @@ class _Changes:
         if known is not None and at - known.last_at > self.step * 1.5:  # a gap: missing in between
             self.events[node].append((known.last_at + self.step, key, None))
             known = None
-        if known is None or not _same(known.value, value):
+        if known is not None and self._same(key[0], known.value, value):
+            value = known.value  # the run keeps its first value
+        else:
             self.events.setdefault(node, []).append((at, key, value))
         self.series[key] = _Series(node, at, value)
+
+    def _same(self, metric: str, a: float, b: float) -> bool:
+        if _same(a, b):
+            return True
+        if metric not in TEMPERATURES or not self.thresholds or a != a or b != b:
+            return False
+        return all((a >= c) == (b >= c) and (a <= c) == (b <= c) for c in self.thresholds)
 
     def finish(self, end: float) -> None:
         for key, known in self.series.items():
@@ -76,13 +94,14 @@ class PrometheusHistory:
         self.fetcher = fetcher or self._fetch
         self.queries = 0
 
-    def load(self, start: float, end: float, step: float, chunk_s: float = 6 * 3600.0) -> History:
+    def load(self, start: float, end: float, step: float, chunk_s: float = 3600.0,
+             thresholds: Sequence[float] = ()) -> History:
         if end <= start:
             raise HistoryError("the range is empty: --to must be after --from")
         if step <= 0:
             raise HistoryError(f"--step must be > 0, got {step}")
         chunk_s = min(max(chunk_s, step), step * MAX_POINTS)
-        changes = _Changes(step)
+        changes = _Changes(step, tuple(sorted(set(thresholds))))
         for metric in self.metrics:
             at = start
             while at <= end:

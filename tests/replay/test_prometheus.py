@@ -148,3 +148,28 @@ def test_replay_from_a_backfilled_prometheus(backfilled: tuple[str, object], tmp
     assert unknown.node == "node-2" and HOUR <= unknown.start - T0 <= HOUR + 300 + STEP
     assert 2 * HOUR <= unknown.end - T0 <= 2 * HOUR + STEP
     assert sorted(result.gpus) == scenario.nodes  # type: ignore[attr-defined]
+
+
+def test_fluctuating_temperatures_keep_only_threshold_crossings() -> None:
+    def noisy(url: str) -> bytes:
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
+        if query["query"] != "DCGM_FI_DEV_GPU_TEMP":
+            return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
+        start, end, step = float(query["start"]), float(query["end"]), float(query["step"])
+        values = []
+        for k in range(int((end - start) // step) + 1):
+            at = start + k * step
+            hot = T0 + 600 <= at < T0 + 1800
+            values.append([at, str((91 if hot else 60) + (k % 3))])  # jitter of 0..2 C every scrape
+        labels = {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "UUID": "GPU-node-0-0", "Hostname": "node-0"}
+        return json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                         "result": [{"metric": labels, "values": values}]}}).encode()
+
+    source = PrometheusHistory("http://p:9090", fetcher=noisy)
+    exact = source.load(T0, T0 + HOUR, STEP)
+    banded = source.load(T0, T0 + HOUR, STEP, thresholds=[80.0, 85.0, 90.0, 95.0])
+
+    assert len(exact.changes["node-0"]) > 100
+    assert [c.at - T0 for c in banded.changes["node-0"]] == [0, 600, 1800]
+    assert moves(replay(banded, default_policy())) == moves(replay(exact, default_policy())) == [
+        (660, "node-0", "healthy", "cordoned", "thermal"), (2100, "node-0", "cordoned", "healthy", "thermal-cleared")]
