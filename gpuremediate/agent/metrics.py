@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpuremediate.agent.health import Assessment, SmiResult, physical_gpus
 from gpuremediate.obs.metrics import Counter, Gauge, Histogram, Registry
+from gpuremediate.signals.model import GpuReading
 
 SMI_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
 P = "gpuremediate_agent_"
@@ -13,7 +16,10 @@ class AgentMetrics:
     def __init__(self, registry: Registry | None = None) -> None:
         self.registry = registry or Registry()
         r = self.registry
-        self.xid = Counter(P + "xid_total", "NVRM Xid lines in the kernel log, every occurrence", ("gpu", "xid"))
+        self.xid = Counter(P + "xid_total", "NVRM Xid lines in the kernel log, every occurrence (join "
+                           "gpu_info on pci_bus_id for the UUID)", ("pci_bus_id", "xid"))
+        self.gpu_info = Gauge(P + "gpu_info", "1 per GPU the driver listed since the agent started",
+                              ("pci_bus_id", "uuid", "model"))
         self.sxid = Counter(P + "sxid_total", "NVSwitch SXid events in the kernel log", ("device", "sxid", "severity"))
         self.kmsg_records = Counter(P + "kmsg_records_total", "kernel log records read")
         self.kmsg_missed = Counter(P + "kmsg_missed_records_total",
@@ -25,11 +31,14 @@ class AgentMetrics:
                                ("type", "status", "reason"))
         self.gpus = Gauge(P + "gpus", "GPUs the driver reports and the node's capacity", ("source",))
         self.status_writes = Counter(P + "status_writes_total", "node status patches", ("result",))
-        for metric in (self.xid, self.sxid, self.kmsg_records, self.kmsg_missed, self.kmsg_readable,
+        for metric in (self.xid, self.gpu_info, self.sxid, self.kmsg_records, self.kmsg_missed, self.kmsg_readable,
                        self.smi_seconds, self.smi_failures, self.condition, self.gpus, self.status_writes):
             r.register(metric)
 
-    def observe(self, result: Assessment, smi: SmiResult, expected: int | None) -> None:
+    def observe(self, result: Assessment, smi: SmiResult, expected: int | None,
+                inventory: Mapping[str, GpuReading]) -> None:
+        self.gpu_info.replace_all(({"pci_bus_id": bus, "uuid": g.uuid or "", "model": g.model or ""}, 1.0)
+                                  for bus, g in inventory.items())
         self.condition.replace_all(({"type": c.type, "status": c.status, "reason": c.reason}, 1.0)
                                    for c in result.conditions)
         values = []

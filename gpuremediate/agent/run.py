@@ -169,8 +169,7 @@ class Agent:
             self.metrics.sxid.inc(device=event.device or event.bus_id, sxid=str(event.code),
                                   severity="fatal" if event.fatal else "non-fatal")
             return
-        gpu = self.inventory.get(event.bus_id)
-        self.metrics.xid.inc(gpu=(gpu.uuid if gpu is not None and gpu.uuid else event.bus_id), xid=str(event.code))
+        self.metrics.xid.inc(pci_bus_id=event.bus_id, xid=str(event.code))
 
     # ---- nvidia-smi ----------------------------------------------------------------------------------
 
@@ -203,7 +202,7 @@ class Agent:
         self.memory = result.memory
         if node is not None:
             self._publish(node, result, now)
-        self.metrics.observe(result, smi, expected)
+        self.metrics.observe(result, smi, expected, self.inventory)
         self.last_cycle = now
         return result
 
