@@ -369,7 +369,7 @@ class NvidiaSmiSource:
         path = find_nvidia_smi(self._explicit)
         observed_at = self._clock()
         rows, needs_q, lost = self._query(path)
-        q = parse_q(self._run(path, ["-q"])) if needs_q and rows else {}
+        q = self._q(path) if needs_q and rows else {}
         readings = dataclasses.replace(node_readings(self.node, rows, q, observed_at), lost_gpus=lost)
         if any(g.extra.get("DCGM_FI_DEV_MIG_MODE") == 1.0 for g in readings.gpus):
             readings = self._with_mig_devices(path, readings)
@@ -391,6 +391,14 @@ class NvidiaSmiSource:
                 raise
             rows, lost = parse_lost_output(e.output, fields)
             return rows, fields is BASE_FIELDS, lost
+
+    def _q(self, path: str) -> dict[str, dict[str, str]]:
+        try:
+            return parse_q(self._run(path, ["-q"]))
+        except NvidiaSmiError as e:
+            if e.exit_code != EXIT_GPU_LOST:
+                raise
+            return parse_q(e.output)  # the readable GPUs' sections, with a lost one among them
 
     def _with_mig_devices(self, path: str, readings: NodeReadings) -> NodeReadings:
         try:

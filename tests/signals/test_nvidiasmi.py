@@ -144,6 +144,17 @@ def test_a_lost_gpu_is_named_and_the_others_still_read(smi: Path, monkeypatch: p
     assert lost.pci_bus_id == "0000:3b:00.0" and lost.reason.startswith("GPU is lost. Reboot the system")
 
 
+def test_a_lost_gpu_on_an_older_driver_still_reads_the_others_through_q(
+    smi: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_SMI_REJECT", "remapped_rows")
+    monkeypatch.setenv("FAKE_SMI_LOST", "0000:3b:00.0")
+    readings = read(smi, monkeypatch, H200)
+    [gpu] = readings.gpus
+    assert (gpu.gpu_temp, gpu.row_remap_pending, gpu.uncorrectable_remapped_rows) == (52.0, 0.0, 0.0)  # from -q
+    assert [lost.pci_bus_id for lost in readings.lost_gpus] == ["0000:3b:00.0"]
+
+
 def test_exit_15_without_a_name_is_still_a_lost_gpu(smi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_SMI_LOST", "-")
     readings = read(smi, monkeypatch, H200)
