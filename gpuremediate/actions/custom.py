@@ -13,9 +13,10 @@ import contextlib
 import copy
 import hashlib
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
@@ -32,6 +33,8 @@ GROUP_LABEL = "gpuremediate.io/equivalence-group"
 ENTITY_LABEL = "gpuremediate.io/entity"
 FAULT_LABEL = "gpuremediate.io/fault"
 ATTEMPT_LABEL = "gpuremediate.io/attempt"
+
+_T = TypeVar("_T")
 
 # A resource's completion condition, read.
 SUCCEEDED = "succeeded"
@@ -152,12 +155,67 @@ class Ref:
         return Ref(parts[0], parts[1], parts[2] if len(parts) == 3 else "")
 
 
+class PermissionDenied(errors.Forbidden):
+    """A 403 on a plugin's kind, naming what is missing; ``fresh``: the server said so now (else the
+    backoff answered for it without asking again)."""
+
+    def __init__(self, verb: str, ref: Ref, plural: str, cause: errors.ApiError, *, fresh: bool,
+                 retry_in: float) -> None:
+        self.verb, self.ref, self.plural, self.fresh, self.retry_in = verb, ref, plural, fresh, retry_in
+        super().__init__(403, cause.status)
+
+    @property
+    def group(self) -> str:
+        return self.ref.api_version.split("/", 1)[0] if "/" in self.ref.api_version else ""
+
+    def describe(self) -> str:
+        where = f"in namespace {self.ref.namespace}" if self.ref.namespace else "cluster-wide"
+        return (f"RBAC refuses {self.verb} on {self.plural}.{self.group} {where} (a ClusterRole/Role granting it "
+                f"to the controller's ServiceAccount is missing); retrying in {self.retry_in:.0f}s")
+
+
+class PermissionBackoff:
+    """Kinds the API server refused (403): not asked again until the backoff has passed (30 s doubling to
+    10 min), so a missing ClusterRole is one refusal now and then, not a request per reconcile."""
+
+    def __init__(self, clock: Callable[[], float], first_s: float = 30.0, max_s: float = 600.0) -> None:
+        self.clock, self.first_s, self.max_s = clock, first_s, max_s
+        self._until: dict[Ref, tuple[float, float, PermissionDenied]] = {}  # ref -> (until, delay, refusal)
+        self._lock = threading.Lock()
+
+    def check(self, ref: Ref) -> None:
+        """Raise the last refusal (not fresh) while ``ref`` is in backoff."""
+        with self._lock:
+            held = self._until.get(ref)
+        if held is not None and self.clock() < held[0]:
+            last = held[2]
+            raise PermissionDenied(last.verb, ref, last.plural, last, fresh=False, retry_in=held[0] - self.clock())
+
+    def refused(self, verb: str, ref: Ref, plural: str, cause: errors.ApiError) -> PermissionDenied:
+        with self._lock:
+            held = self._until.get(ref)
+            delay = self.first_s if held is None else min(self.max_s, held[1] * 2)
+            denied = PermissionDenied(verb, ref, plural, cause, fresh=True, retry_in=delay)
+            self._until[ref] = (self.clock() + delay, delay, denied)
+        return denied
+
+    def allowed(self, ref: Ref) -> None:
+        with self._lock:
+            self._until.pop(ref, None)
+
+    def known(self, ref: Ref) -> bool:
+        with self._lock:
+            return ref in self._until
+
+
 class CustomResources:
     """The API calls on custom resources of any kind (the plural from discovery)."""
 
-    def __init__(self, client: KubeClient, *, dry_run: bool = False) -> None:
+    def __init__(self, client: KubeClient, *, dry_run: bool = False,
+                 permissions: PermissionBackoff | None = None) -> None:
         self.client = client
         self.dry_run = dry_run
+        self.permissions = permissions
 
     def resource(self, ref: Ref) -> Resource:
         return self.client.resolve(ref.api_version, ref.kind)
@@ -165,16 +223,34 @@ class CustomResources:
     def _ns(self, ref: Ref) -> str | None:
         return ref.namespace or None
 
-    def get(self, ref: Ref, name: str) -> dict[str, Any] | None:
+    def _call(self, verb: str, ref: Ref, call: Callable[[Resource], _T]) -> _T:
+        """One API call on ``ref``'s kind; a 403 becomes PermissionDenied (and backoff for the kind)."""
+        if self.permissions is not None:
+            self.permissions.check(ref)
+        res = self.resource(ref)
         try:
-            return self.client.get(self.resource(ref), name, self._ns(ref))
-        except errors.NotFound:
-            return None
+            result = call(res)
+        except errors.Forbidden as exc:
+            if self.permissions is None:
+                raise PermissionDenied(verb, ref, res.plural, exc, fresh=True, retry_in=0.0) from exc
+            raise self.permissions.refused(verb, ref, res.plural, exc) from exc
+        if self.permissions is not None:
+            self.permissions.allowed(ref)
+        return result
+
+    def get(self, ref: Ref, name: str) -> dict[str, Any] | None:
+        def get(res: Resource) -> dict[str, Any] | None:
+            try:
+                return self.client.get(res, name, self._ns(ref))
+            except errors.NotFound:
+                return None
+        return self._call("get", ref, get)
 
     def list(self, ref: Ref, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        res = self.resource(ref)
-        items: list[dict[str, Any]] = self.client.list(res, self._ns(ref), label_selector=selector(labels))["items"]
-        return items
+        def list_(res: Resource) -> list[dict[str, Any]]:
+            items: list[dict[str, Any]] = self.client.list(res, self._ns(ref), label_selector=selector(labels))["items"]
+            return items
+        return self._call("list", ref, list_)
 
     def ensure(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any]:
         """Create ``body`` unless an object of that name exists (then return that one)."""
@@ -182,16 +258,22 @@ class CustomResources:
         existing = self.get(ref, name)
         if existing is not None:
             return existing
-        try:
-            return self.client.create(self.resource(ref), body, self._ns(ref), dry_run=self.dry_run)
-        except errors.AlreadyExists:
-            return self.get(ref, name) or body
+
+        def create(res: Resource) -> dict[str, Any]:
+            try:
+                return self.client.create(res, body, self._ns(ref), dry_run=self.dry_run)
+            except errors.AlreadyExists:
+                return self.get(ref, name) or body
+        return self._call("create", ref, create)
 
     def delete(self, ref: Ref, name: str) -> None:
         if self.dry_run:
             return
-        with contextlib.suppress(errors.NotFound):
-            self.client.delete(self.resource(ref), name, self._ns(ref), propagation_policy="Background")
+
+        def delete(res: Resource) -> None:
+            with contextlib.suppress(errors.NotFound):
+                self.client.delete(res, name, self._ns(ref), propagation_policy="Background")
+        self._call("delete", ref, delete)
 
 
 def created_at(obj: Mapping[str, Any] | None, default: float) -> float:

@@ -11,8 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.actions.custom import PermissionBackoff, PermissionDenied
 from gpuremediate.actions.events import EventRecorder
-from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, labels_of, node_unschedulable_of
+from gpuremediate.actions.nodes import (
+    Node,
+    NodeView,
+    NodeWriter,
+    is_excluded,
+    labels_of,
+    name_of,
+    node_unschedulable_of,
+)
 from gpuremediate.config import Settings
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
@@ -20,7 +29,7 @@ from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy, PolicyFile
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide
-from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+from gpuremediate.state.record import BLOCK_PERMISSION, NodeRecord, RecordError, block, record_from_node, unblock
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,11 @@ class LoopContext:
     clock: Callable[[], float] = time.time
     # The latest successful readings per node (the detect loop writes, the drain loop reads pods from them).
     readings: dict[str, NodeReadings] = field(default_factory=dict)
+    # Plugin kinds RBAC refused (403): not asked again until their backoff has passed.
+    permissions: PermissionBackoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.permissions = PermissionBackoff(lambda: self.clock())
 
     def policy_for(self, node: Mapping[str, Any]) -> Policy:
         return self.policy.for_node(labels_of(node))
@@ -115,6 +129,38 @@ class NodeLoop:
 
     def cancel(self, kind: str, name: str) -> None:
         """Clean up the object of an action a person interrupted (loops that create objects override)."""
+
+    def permission_denied(self, node: Node, record: NodeRecord, denied: PermissionDenied) -> float:
+        """A plugin kind RBAC refuses: the node waits (``blocked: permission`` names verb, group, resource and
+        namespace — shown by status/explain, evented once by the writer), the kind is not asked again before
+        its backoff, and the refusal is logged once and counted."""
+        if denied.fresh:
+            self.ctx.metrics.permission_denied.inc(verb=denied.verb, group=denied.group, resource=denied.plural,
+                                                   namespace=denied.ref.namespace)
+            log.warning("permission denied", extra={"node": name_of(node), "detail": denied.describe(),
+                                                    "error": denied.message})
+        after = block(record, BLOCK_PERMISSION, denied.describe().rsplit("; retrying", 1)[0], self.ctx.clock())
+        if after != record:
+            self.ctx.writer.write(node, after)  # a 409 is simply noted again on the next step
+        return max(1.0, denied.retry_in)
+
+    def permission_granted(self, name: str) -> None:
+        """A step got past its plugin calls: a ``blocked: permission`` on the node (as it is now) is over."""
+        node = self.ctx.nodes.get(name)
+        record = record_from_node(node) if node is not None else None
+        if node is not None and isinstance(record, NodeRecord) and record.blocked is not None \
+                and record.blocked.reason == BLOCK_PERMISSION:
+            self.ctx.writer.write(node, unblock(record))  # a 409 is simply noted again on the next step
+
+    def guarded_step(self, node: Node, record: NodeRecord, step: Callable[[], float | None]) -> float | None:
+        """Run a step that calls a plugin's kind: a 403 is ``permission_denied``, never an error."""
+        try:
+            result = step()
+        except PermissionDenied as denied:
+            return self.permission_denied(node, record, denied)
+        if record.blocked is not None and record.blocked.reason == BLOCK_PERMISSION:
+            self.permission_granted(name_of(node))
+        return result
 
     def _person_took_over(self, node: Node, record: NodeRecord) -> float | None:
         decision = decide.on_person_uncordoned(record, self.ctx.clock())

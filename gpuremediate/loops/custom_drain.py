@@ -132,9 +132,12 @@ class CustomDrain:
         self.ctx = loop.ctx
         self.policy = policy
         self.ref = Ref(policy.api_version, policy.kind, policy.namespace)
-        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run)
+        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run, permissions=self.ctx.permissions)
 
     def step(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> float | None:
+        return self.loop.guarded_step(node, record, lambda: self._step(node, record, drain))
+
+    def _step(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> float | None:
         assert record.action is not None
         now = self.ctx.clock()
         name = request_name(name_of(node), record)

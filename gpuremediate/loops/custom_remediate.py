@@ -112,9 +112,12 @@ class CustomRemediation:
         self.loop = loop
         self.ctx = loop.ctx
         self.actions: Mapping[str, CustomAction] = self.ctx.policy.cluster.actions
-        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run)
+        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run, permissions=self.ctx.permissions)
 
     def step(self, node: Node, record: NodeRecord, name: str) -> float | None:
+        return self.loop.guarded_step(node, record, lambda: self._step(node, record, name))
+
+    def _step(self, node: Node, record: NodeRecord, name: str) -> float | None:
         action = self.actions.get(name)
         if action is None:
             return self.loop.finish_attempt(node, record, ok=False, detail=f"no [actions.{name}] is configured",

@@ -46,6 +46,10 @@ class ControllerMetrics:
             PREFIX + "maintenance_request_age_seconds", "Age of each active MaintenanceRequest.", ["name"]
         )
         self.api_errors = Counter(PREFIX + "api_errors_total", "Kubernetes API errors by reason.", ["reason"])
+        self.permission_denied = Counter(
+            PREFIX + "permission_denied_total", "Requests RBAC refused (403) on plugin kinds, by what was refused.",
+            ["verb", "group", "resource", "namespace"],
+        )
         self.fleet_unknown = Gauge(
             PREFIX + "fleet_health_unknown", "1 while most GPU nodes' health is unknown (the source itself failing)."
         )
@@ -72,6 +76,7 @@ class ControllerMetrics:
             self.api_errors,
             self.fleet_unknown,
             self.events_dropped,
+            self.permission_denied,
         ):
             r.register(metric)
 

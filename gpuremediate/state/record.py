@@ -44,7 +44,9 @@ BLOCK_BREAKER = "breaker"
 BLOCK_WINDOW = "window"
 BLOCK_MAINTENANCE_START = "maintenance-start"
 BLOCK_GPU_PODS = "gpu-pods"  # validation needs every GPU, and pods still hold some
-BLOCK_REASONS = (BLOCK_BUDGET, BLOCK_PDB, BLOCK_BREAKER, BLOCK_WINDOW, BLOCK_MAINTENANCE_START, BLOCK_GPU_PODS)
+BLOCK_PERMISSION = "permission"  # RBAC refuses the controller a plugin kind (403): a person grants it
+BLOCK_REASONS = (BLOCK_BUDGET, BLOCK_PDB, BLOCK_BREAKER, BLOCK_WINDOW, BLOCK_MAINTENANCE_START, BLOCK_GPU_PODS,
+                 BLOCK_PERMISSION)
 
 # Repair history outcomes.
 OUTCOME_REPAIRED = "repaired"

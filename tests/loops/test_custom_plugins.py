@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from e2e.plugins.remediation import API_VERSION, KIND, install_crd, remediation_crd
+from gpuremediate import fleet
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube import errors
@@ -102,9 +103,9 @@ class World:
     kube: KubeClient
     controllers: list[Controller]
 
-    def start(self, policy_text: str, xid: int) -> Controller:
+    def start(self, policy_text: str, xid: int, client: KubeClient | None = None) -> Controller:
         settings = Settings(namespace=SYSTEM_NS, scrape_interval_s=0.1, resync_s=0.3)
-        controller = Controller(settings, loads_policy(policy_text, "test-policy"), client=self.kube,
+        controller = Controller(settings, loads_policy(policy_text, "test-policy"), client=client or self.kube,
                                 source=FaultySource(xid))
         assert controller.start_caches(timeout=20)
         controller.start_loops()
@@ -202,3 +203,31 @@ def test_malformed_drain_request_conditions_are_reported_once_not_a_crash(world:
     kube.patch(res, name, {"status": {"conditions": [{"type": "DrainComplete", "status": "True"}]}}, SYSTEM_NS)
     wait_for(lambda: _state(kube) != states.DRAINING, 10, "the drain to complete once the plugin says so")
     assert _record(kube) is not None and _record(kube).reason == states.DRAIN_COMPLETE  # type: ignore[union-attr]
+
+
+def test_a_forbidden_plugin_kind_backs_off_and_names_the_missing_permission(world: World) -> None:
+    """As its ServiceAccount the controller may lack the custom kind's ClusterRole (capture 38): one refusal,
+    then backoff (it was listed 430 times in one run), and the node says which permission is missing."""
+    kube = world.kube
+    install_crd(kube, remediation_crd(), API_VERSION, KIND)
+    world.srv.add_token("sa-token", "system:serviceaccount:gpuremediate-system:gpuremediate")
+    everything_but_the_plugin = [{"apiGroups": ["", "batch", "policy", "coordination.k8s.io", "events.k8s.io",
+                                                "apiextensions.k8s.io"], "resources": ["*"], "verbs": ["*"]}]
+    world.srv.enforce_rbac("system:serviceaccount:gpuremediate-system:gpuremediate", everything_but_the_plugin)
+    config = ClusterConfig(server=world.srv.url, token_source=StaticToken("sa-token"))
+    controller = world.start(REMEDIATION_POLICY, xid=48, client=KubeClient(config, qps=500, burst=500))
+    wait_for(lambda: (r := _record(kube)) is not None and r.blocked is not None and r.blocked.reason == "permission",
+             20, f"the node blocked on the permission (state {_state(kube)})")
+    time.sleep(2.0)  # ~7 resyncs and many requeues: none may ask again inside the backoff
+    refused = [r for r in world.srv.requests if r[3] == "remediationrequests"
+               and r[0] == "system:serviceaccount:gpuremediate-system:gpuremediate"]
+    assert len(refused) == 1, refused
+    record = _record(kube)
+    assert record is not None and record.blocked is not None
+    detail = record.blocked.detail
+    assert "list" in detail and "remediationrequests.remediation.example.com" in detail and SYSTEM_NS in detail
+    assert len(_events(kube, "GPURemediationBlocked")) == 1
+    metric = controller.ctx.metrics.permission_denied.value(verb="list", group="remediation.example.com",
+                                                            resource="remediationrequests", namespace=SYSTEM_NS)
+    assert metric == 1.0
+    assert "Waiting: permission (RBAC refuses list on remediationrequests" in fleet.explain(record, NODE)
