@@ -25,7 +25,7 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import NAMESPACES, PDBS, PODS
+from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, PDBS, PODS
 from sim.busy import BusyWriter, writes_from_env
 from sim.gpusim import GpuSim
 from sim.kubeapi import KubeAPIServer
@@ -33,6 +33,7 @@ from sim.nodesim import NodeSim
 
 EXPORTER_NAMESPACE = "gpu-operator"
 EXPORTER_LABEL = {"app": "nvidia-dcgm-exporter"}
+EXPORTER_DAEMONSET = "nvidia-dcgm-exporter"
 NAMESPACES_NEEDED = ("gpuremediate-system", "gpuremediate-jobs", EXPORTER_NAMESPACE, "workloads", "default")
 JOB_LABEL = "gpuremediate.io/job"
 NODESIM_USER = "system:node-sim"
@@ -42,6 +43,15 @@ BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER})
 
 def node_name(index: int) -> str:
     return f"gpu-node-{index}"
+
+
+def daemonset(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A DaemonSet object for simulated pods to name as their owner (no controller acts on it)."""
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"selector": {"matchLabels": dict(labels)},
+                     "template": {"metadata": {"labels": dict(labels)},
+                                  "spec": {"containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
+                                           "tolerations": [{"operator": "Exists"}]}}}}
 
 
 class SimCluster:
@@ -69,6 +79,7 @@ class SimCluster:
         self.client: KubeClient | None = None
         self.nodesim: NodeSim | None = None
         self.busy: BusyWriter | None = None
+        self._exporter_owner = ""
         self._background_clients: list[KubeClient] = []
         self.validation_ok: dict[str, bool] = {}
         self.job_log: list[tuple[str, str, bool]] = []  # (node, job kind, succeeded)
@@ -84,6 +95,9 @@ class SimCluster:
         self.gpusim.start()
         for ns in NAMESPACES_NEEDED:
             self._ensure_namespace(ns)
+        # The exporter pods' owner exists: the garbage collector deletes pods whose owner does not.
+        self._exporter_owner = self.kube.create(DAEMONSETS, daemonset(
+            EXPORTER_DAEMONSET, EXPORTER_NAMESPACE, EXPORTER_LABEL), EXPORTER_NAMESPACE)["metadata"]["uid"]
         self.nodesim = NodeSim(self._client_as(NODESIM_USER), grace_cap_s=0.5, tick_s=0.1)
         self.nodesim.on_job_finished = self._job_finished
         self.nodesim.job_succeeds = self.job_succeeds
@@ -169,7 +183,7 @@ class SimCluster:
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": EXPORTER_NAMESPACE, "labels": dict(EXPORTER_LABEL),
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                              "name": "nvidia-dcgm-exporter", "uid": "sim-daemonset",
+                                              "name": EXPORTER_DAEMONSET, "uid": self._exporter_owner,
                                               "controller": True}]},
             "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
                      "tolerations": [{"operator": "Exists"}]},

@@ -28,7 +28,8 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, SERVICEACCOUNTS
+from gpuremediate.kube.resources import CONFIGMAPS, DAEMONSETS, DEPLOYMENTS, NAMESPACES, PODS, SERVICEACCOUNTS, Resource
+from sim.cluster import daemonset
 from sim.gpusim import GpuSim
 from sim.kube_http import Handler, Request
 from sim.kube_resources import ResourceType
@@ -168,7 +169,7 @@ class FakeKindControllers:
         pods = live(self.client.list(PODS, SYSTEM_NS, label_selector="app.kubernetes.io/name=gpuremediate")["items"])
         for _ in range(want - len(pods)):
             self._pod(SYSTEM_NS, f"gpuremediate-{next(self.counter)}", CONTROLLER_LABELS, self.nodes[0],
-                      "ReplicaSet", "gpuremediate-rs")
+                      DEPLOYMENTS, "gpuremediate")
         for pod in pods[want:]:
             with contextlib.suppress(errors.NotFound):
                 self.client.delete(PODS, pod["metadata"]["name"], SYSTEM_NS)
@@ -179,14 +180,17 @@ class FakeKindControllers:
         for node in self.nodes:
             if node not in covered:
                 self._pod(EXPORTER_NS, f"gpu-sim-{node}-{next(self.counter)}", GPUSIM_LABELS, node,
-                          "DaemonSet", "gpu-sim")
+                          DAEMONSETS, "gpu-sim")
 
-    def _pod(self, namespace: str, name: str, labels: dict[str, str], node: str, owner: str, owner_name: str) -> None:
+    def _pod(self, namespace: str, name: str, labels: dict[str, str], node: str, owner: Resource,
+             owner_name: str) -> None:
+        """A pod owned by an object that exists (the garbage collector deletes a pod whose owner does not)."""
+        uid = self.client.get(owner, owner_name, namespace)["metadata"]["uid"]
         self.client.create(PODS, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner, "name": owner_name,
-                                              "uid": f"uid-{owner_name}", "controller": True}]},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner.kind, "name": owner_name,
+                                              "uid": uid, "controller": True}]},
             "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "main", "image": "fake:dev"}]},
         }, namespace)
@@ -218,6 +222,7 @@ class KindWorld:
         self.client.create(DEPLOYMENTS, {"apiVersion": "apps/v1", "kind": "Deployment",
                                          "metadata": {"name": "gpuremediate", "namespace": SYSTEM_NS},
                                          "spec": {"replicas": 2}}, SYSTEM_NS)
+        self.client.create(DAEMONSETS, daemonset("gpu-sim", EXPORTER_NS, GPUSIM_LABELS), EXPORTER_NS)
         self.controllers = FakeKindControllers(self.client, self.nodes).start()
         self.nodesim.start()
         self._wait_rolled_out()
