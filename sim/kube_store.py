@@ -83,8 +83,9 @@ class Store:
         large bucket costs what it returns, not the bucket."""
         with self.lock:
             bucket = self.objects.get(key, {})
-            keys = sorted(k for k in bucket if not namespace or k[0] == namespace)
-            return [copy.deepcopy(bucket[k]) for k in keys if keep is None or keep(bucket[k])]
+            keys = sorted(k for k, obj in bucket.items()
+                          if (not namespace or k[0] == namespace) and (keep is None or keep(obj)))
+            return [copy.deepcopy(bucket[k]) for k in keys]
 
     def uids(self) -> set[str]:
         with self.lock:
