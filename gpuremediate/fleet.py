@@ -8,7 +8,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuremediate.actions.nodes import is_excluded, is_gpu_node, name_of, node_unschedulable_of
+from gpuremediate.actions.nodes import (
+    KEEP_CORDONED_ANNOTATION,
+    is_excluded,
+    is_gpu_node,
+    keeps_cordoned,
+    name_of,
+    node_unschedulable_of,
+)
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
@@ -78,7 +85,8 @@ def render_status(rows: Iterable[StatusRow], now: float | None = None) -> str:
     return "\n".join(lines) + "\n* unschedulable\n"
 
 
-def explain(record: NodeRecord | RecordError | None, node: str, now: float | None = None) -> str:
+def explain(record: NodeRecord | RecordError | None, node: str, now: float | None = None, *,
+            keep_cordoned: bool = False) -> str:
     now = time.time() if now is None else now
     if record is None:
         return f"{node}: healthy. gpuremediate has never acted on this node.\n"
@@ -103,7 +111,9 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
     if record.blocked:
         lines.append(f"  Waiting: {record.blocked.reason} ({record.blocked.detail}) "
                      f"since {_ago(record.blocked.since, now)} ago.")
-    if record.was_unschedulable:
+    if keep_cordoned:
+        lines.append(f"  A person set {KEEP_CORDONED_ANNOTATION}: gpuremediate will not uncordon this node.")
+    elif record.was_unschedulable:
         lines.append("  The node was unschedulable before gpuremediate touched it: it will never uncordon it.")
     elif record.cordoned_by_us:
         lines.append("  gpuremediate cordoned this node and will uncordon it once validation passes.")
@@ -122,7 +132,7 @@ def explain_node(client: KubeClient, node: str) -> str:
         obj = client.get(NODES, node)
     except errors.NotFound:
         raise FleetError(f"node {node!r} not found") from None
-    return explain(record_from_node(obj), node)
+    return explain(record_from_node(obj), node, keep_cordoned=keeps_cordoned(obj))
 
 
 def release(client: KubeClient, node: str, by: str, now: float | None = None) -> NodeRecord:

@@ -12,6 +12,7 @@ world as if it had been written (and do not decide the same thing again every cy
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -33,6 +34,11 @@ log = logging.getLogger(__name__)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 EXCLUDE_LABEL = "gpuremediate.io/exclude"
+# A person's intent: "this node stays cordoned whatever gpuremediate finishes" (kubectl annotate node X
+# gpuremediate.io/keep-cordoned="<why>"). A person's cordon of a node we had already cordoned changes nothing
+# the API server records (spec.unschedulable was true already: no new resourceVersion, no managedFields owner),
+# so only the person can say it; gpuremediate never removes the annotation.
+KEEP_CORDONED_ANNOTATION = "gpuremediate.io/keep-cordoned"
 
 Node = dict[str, Any]
 
@@ -80,6 +86,12 @@ def is_ready(node: Mapping[str, Any]) -> bool:
         if cond.get("type") == "Ready":
             return bool(cond.get("status") == "True")
     return False
+
+
+def keeps_cordoned(node: Mapping[str, Any]) -> bool:
+    """A person annotated the node to stay cordoned (any value but "false" or empty)."""
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(KEEP_CORDONED_ANNOTATION)
+    return value is not None and str(value).strip().lower() not in ("", "false")
 
 
 def node_unschedulable_of(node: Mapping[str, Any]) -> bool:
@@ -169,6 +181,9 @@ class NodeWriter:
         Every effect follows the write: after a 409 the caller decides again, and nothing must have
         happened yet (a notice, an Event or a metric of a transition would be repeated)."""
         written: Node | None = node
+        if decision.uncordon and keeps_cordoned(node):
+            log.info("kept cordoned", extra={"node": name_of(node), "reason": KEEP_CORDONED_ANNOTATION})
+            decision = dataclasses.replace(decision, uncordon=False, kept_cordoned=True)
         if decision.changed or decision.cordon or decision.uncordon:
             written = self.write(node, decision.record, cordon=decision.cordon, uncordon=decision.uncordon)
             if written is None:
@@ -214,6 +229,8 @@ class NodeWriter:
             text += "; cordoned"
         if decision.uncordon:
             text += "; uncordoned"
+        if decision.kept_cordoned:
+            text += f"; kept cordoned ({KEEP_CORDONED_ANNOTATION} is set)"
         log.info(
             "transition",
             extra={"node": name, "from": move.from_state, "to": move.to_state, "reason": move.reason, "dry_run": dry},

@@ -91,6 +91,7 @@ class Decision:
     uncordon: bool = False  # set spec.unschedulable=false after the record is written
     cancel: ActionInProgress | None = None  # the running action to clean up (person took over)
     notices: tuple[Finding, ...] = ()  # action-none findings: an Event each, nothing else
+    kept_cordoned: bool = False  # an uncordon the writer left out: a person said keep it cordoned
 
 
 def fresh_record(now: float) -> NodeRecord:

@@ -103,7 +103,7 @@ class World:
     kube: KubeClient
     controllers: list[Controller]
 
-    def start(self, policy_text: str, xid: int, client: KubeClient | None = None) -> Controller:
+    def start(self, policy_text: str, xid: int | None, client: KubeClient | None = None) -> Controller:
         settings = Settings(namespace=SYSTEM_NS, scrape_interval_s=0.1, resync_s=0.3)
         controller = Controller(settings, loads_policy(policy_text, "test-policy"), client=client or self.kube,
                                 source=FaultySource(xid))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpuremediate import fleet
+from gpuremediate.actions.nodes import KEEP_CORDONED_ANNOTATION
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import EVENTS, JOBS, NODES
@@ -223,3 +224,20 @@ def test_a_person_deleting_the_running_repair_job_fails_that_attempt(slow_rig: R
     events = rig.kube.list(EVENTS, "default")["items"]
     messages = [e["message"] for e in events if e["reason"] == "GPURemediationFailed"]
     assert any("was deleted before it finished" in m for m in messages), messages
+
+
+def test_a_person_who_cordons_our_cordoned_node_keeps_it_cordoned_with_the_annotation(rig: Rig) -> None:
+    """A person's cordon of a node we already cordoned leaves no trace (spec.unschedulable was true already);
+    the annotation says it: validation passes, the node is healthy, and it stays cordoned."""
+    rig.cluster.gpusim.inject_row_remap_failure(NODE, 0)  # quarantined and cordoned by us
+    rig.wait_state(states.QUARANTINED, 10)
+    assert rig.record().cordoned_by_us
+    rig.person.patch(NODES, NODE, {"spec": {"unschedulable": True},  # kubectl cordon: a no-op here
+                                   "metadata": {"annotations": {KEEP_CORDONED_ANNOTATION: "ticket-42"}}})
+    rig.cluster.gpusim.reset_gpu(NODE, 0)
+    fleet.release(rig.person, NODE, by=PERSON_USER)
+    wait_for(lambda: _state(rig.kube, NODE) == states.HEALTHY, 10, f"{NODE} validated and healthy")
+    assert rig.kube.get(NODES, NODE)["spec"].get("unschedulable") is True, "the person's cordon was removed"
+    healthy = [e["message"] for e in rig.kube.list(EVENTS, "default")["items"] if e["reason"] == "GPUNodeHealthy"]
+    assert any("kept cordoned" in m for m in healthy), healthy
+    assert "will not uncordon" in fleet.explain_node(rig.person, NODE)
