@@ -5,6 +5,7 @@ at once), scripted readings, the controller in process; the test plays the plugi
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -231,3 +232,17 @@ def test_a_forbidden_plugin_kind_backs_off_and_names_the_missing_permission(worl
                                                             resource="remediationrequests", namespace=SYSTEM_NS)
     assert metric == 1.0
     assert "Waiting: permission (RBAC refuses list on remediationrequests" in fleet.explain(record, NODE)
+
+
+def test_ordinary_api_errors_in_the_loops_are_one_line_warnings(world: World,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A 500 while repairing: a one-line warning per retry, never a traceback per interval (issue 17 item 10)."""
+    kube = world.kube
+    install_crd(kube, remediation_crd(), API_VERSION, KIND)
+    world.srv.inject("GET", r"/remediationrequests", count=30, status=500)
+    caplog.set_level(logging.WARNING, logger="gpuremediate")
+    world.start(REMEDIATION_POLICY, xid=48)
+    wait_for(lambda: any("reconcile failed" in r.getMessage() for r in caplog.records), 20,
+             f"the loop to meet the errors (state {_state(kube)})")
+    tracebacks = [r for r in caplog.records if r.exc_info and r.name.startswith("gpuremediate")]
+    assert tracebacks == [], [r.getMessage() for r in tracebacks]
