@@ -276,3 +276,13 @@ def test_smi_runner_never_waits_on_a_stuck_process(tmp_path: Path) -> None:
         runner([str(script)], 0.3)
     assert runner.timed_out and runner.stuck == []
     assert os.path.exists(script)
+
+
+def test_an_xid_logged_before_the_window_is_counted_but_not_a_fault(world: World) -> None:
+    """A fresh agent on a node up for days reads the whole buffer: old XIDs are history, not health."""
+    with world.kmsg.open("a", encoding="utf-8") as fh:
+        fh.write(f"4,1,{world.clock.kernel_us - 400_000_000},-;{XID_79}\n")
+    agent = world.agent(window_s=300.0)
+    agent.cycle()
+    assert agent.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="79") == 1.0
+    assert world.condition(c.GPU_HEALTHY)["status"] == "True"
