@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent
 from gpuremediate.policy.config import Policy
@@ -33,6 +34,10 @@ from gpuremediate.signals.kernellog import KernelLog, KernelXid, with_kernel_xid
 from gpuremediate.signals.model import GpuReading, NodeReadings
 from gpuremediate.signals.nvidiasmi import normalise_bus_id
 
+GPU_RESOURCE = "nvidia.com/gpu"
+GFD_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery: the physical GPUs
+GFD_REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GPU feature discovery: time-slicing replicas per GPU
+MIG_MODE_FIELD = "DCGM_FI_DEV_MIG_MODE"  # nvidia-smi's mig.mode.current, as signals.nvidiasmi names it
 MESSAGE_LIMIT = 1024  # a condition message is for people; the full list is in the agent's log and metrics
 # nvidia-smi exit codes that are the driver's or the GPU's failure (nvidia-smi(1)), not the agent's setup.
 DRIVER_EXIT_CODES = frozenset({9, 10, 12, 14, 15, 18})
@@ -144,20 +149,59 @@ def physical_gpus(readings: NodeReadings) -> int:
     return len({g.key for g in readings.gpus})
 
 
-def count_condition(smi: SmiResult, expected: int | None, inventory: Mapping[str, GpuReading]) -> Wanted:
+@dataclass(frozen=True)
+class Expected:
+    """How many GPUs the driver should report, and where that number comes from (in words)."""
+
+    count: int | None
+    basis: str
+
+
+def _count(value: Any) -> int | None:
+    try:
+        number = int(str(value))
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+def expected_gpus(node: Mapping[str, Any] | None, readings: NodeReadings | None, explicit: int | None) -> Expected:
+    """``--expected-gpus``, else the node's ``nvidia.com/gpu`` capacity — per physical GPU: divided by GPU
+    feature discovery's replicas label under time-slicing; under MIG the capacity counts MIG devices, so
+    only GFD's physical count label will do (else unknown: a wrong count would reboot a healthy node)."""
+    if explicit:
+        return Expected(explicit, "--expected-gpus")
+    if node is None:
+        return Expected(None, "the node could not be read")
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    capacity = _count(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE))
+    if readings is not None and any(g.extra.get(MIG_MODE_FIELD) == 1.0 for g in readings.gpus):
+        physical = _count(labels.get(GFD_COUNT_LABEL))
+        if physical is None:
+            return Expected(None, f"MIG mode is on, so the {GPU_RESOURCE} capacity counts MIG devices and there is "
+                                  f"no {GFD_COUNT_LABEL} label; set --expected-gpus")
+        return Expected(physical, f"the {GFD_COUNT_LABEL} label (MIG mode)")
+    if capacity is None:
+        return Expected(None, f"the node has no {GPU_RESOURCE} capacity and there is no --expected-gpus")
+    replicas = _count(labels.get(GFD_REPLICAS_LABEL)) or 1
+    if replicas > 1:
+        return Expected(capacity // replicas, f"{GPU_RESOURCE} capacity {capacity} / {replicas} time-slicing replicas")
+    return Expected(capacity, f"{GPU_RESOURCE} capacity")
+
+
+def count_condition(smi: SmiResult, expected: Expected, inventory: Mapping[str, GpuReading]) -> Wanted:
     if smi.readings is None:
         return Wanted(GPU_COUNT_MATCHES, "Unknown", "NoReadings", "nvidia-smi gave no readings")
-    if not expected:
-        return Wanted(GPU_COUNT_MATCHES, "Unknown", "NoCapacity",
-                      "the node has no nvidia.com/gpu capacity and no --expected-gpus")
-    reported = physical_gpus(smi.readings)
-    if reported >= expected:
-        return Wanted(GPU_COUNT_MATCHES, "True", "CountMatches", f"the driver reports {reported} of {expected} GPUs")
+    if not expected.count:
+        return Wanted(GPU_COUNT_MATCHES, "Unknown", "NoExpectedCount", _clip(expected.basis))
+    reported, wanted = physical_gpus(smi.readings), expected.count
+    if reported >= wanted:
+        return Wanted(GPU_COUNT_MATCHES, "True", "CountMatches", f"the driver reports {reported} of {wanted} GPUs")
     listed = {normalise_bus_id(g.pci_bus_id or g.key) for g in smi.readings.gpus}
     missing = [f"{g.uuid or '?'} at {bus}" for bus, g in sorted(inventory.items()) if bus not in listed]
     which = f"; missing since the agent started: {', '.join(missing)}" if missing else ""
     return Wanted(GPU_COUNT_MATCHES, "False", "GPUMissing",
-                  _clip(f"the driver reports {reported} of {expected} GPUs (nvidia.com/gpu capacity){which}"))
+                  _clip(f"the driver reports {reported} of {wanted} GPUs ({expected.basis}){which}"))
 
 
 def fabric_condition(events: Iterable[KernelEvent]) -> Wanted:
@@ -174,7 +218,7 @@ class Inputs:
     node: str
     smi: SmiResult
     events: tuple[KernelEvent, ...]  # the kernel events inside the window
-    expected_gpus: int | None
+    expected: Expected
     inventory: Mapping[str, GpuReading]
     timeouts_in_a_row: int = 0
 
@@ -184,7 +228,7 @@ def assess(inputs: Inputs, policy: Policy, memory: PolicyMemory, now: float, han
     conditions = (
         healthy_condition(inputs.smi, findings),
         driver_condition(inputs.smi, inputs.timeouts_in_a_row, hang_after),
-        count_condition(inputs.smi, inputs.expected_gpus, inputs.inventory),
+        count_condition(inputs.smi, inputs.expected, inputs.inventory),
         fabric_condition(inputs.events),
     )
     return Assessment(conditions, tuple(findings), new_memory)

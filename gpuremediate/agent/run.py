@@ -10,12 +10,12 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuremediate.agent.health import Assessment, Inputs, SmiResult, assess, update_inventory
+from gpuremediate.agent.health import Assessment, Inputs, SmiResult, assess, expected_gpus, update_inventory
 from gpuremediate.agent.kmsg import (
     BOOT_ID_PATH,
     KIND_SXID,
@@ -39,7 +39,6 @@ from gpuremediate.signals.nvidiasmi import NvidiaSmiError, NvidiaSmiSource
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_STATE_PATH = "/var/lib/gpuremediate-agent/state.json"
 MAX_RECENT_EVENTS = 10_000  # bounds the window (and the state file) under an XID storm
 
@@ -56,7 +55,7 @@ class AgentSettings:
     hang_after: int = 2  # nvidia-smi timeouts in a row before the driver counts as hung
     window_s: float = 300.0  # how long a kernel event counts for health (every one is counted in metrics)
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
-    expected_gpus: int | None = None  # default: the node's nvidia.com/gpu capacity
+    expected_gpus: int | None = None  # default: from the node (health.expected_gpus)
 
 
 def monotonic_us() -> int:
@@ -90,14 +89,6 @@ class SmiRunner:
             self.timed_out = True
             raise
         return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
-
-
-def capacity_gpus(node: Mapping[str, Any]) -> int | None:
-    value = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
-    try:
-        return int(str(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 class Agent:
@@ -147,8 +138,12 @@ class Agent:
 
     def _kernel_events(self) -> tuple[KernelEvent, ...]:
         if self.reader is None:
-            return ()
-        polled = self.reader.poll()
+            return self.point.recent
+        try:
+            polled = self.reader.poll()
+        except OSError as exc:  # EPIPE and EAGAIN are handled inside; anything else: this cycle without it
+            log.warning("reading the kernel log failed; next cycle tries again", extra={"error": str(exc)})
+            return self.point.recent
         self.metrics.kmsg_records.inc(float(polled.records))
         self.metrics.kmsg_missed.inc(float(polled.lost))
         for event in polled.events:
@@ -196,13 +191,13 @@ class Agent:
         smi = self._read_smi()
         now = self.clock()
         node = self._get_node()
-        expected = self.settings.expected_gpus or (capacity_gpus(node) if node is not None else None)
+        expected = expected_gpus(node, smi.readings, self.settings.expected_gpus)
         inputs = Inputs(self.settings.node_name, smi, events, expected, self.inventory, self.timeouts_in_a_row)
         result = assess(inputs, self.policy, self.memory, now, self.settings.hang_after)
         self.memory = result.memory
         if node is not None:
             self._publish(node, result, now)
-        self.metrics.observe(result, smi, expected, self.inventory)
+        self.metrics.observe(result, smi, expected.count, self.inventory)
         self.last_cycle = now
         return result
 

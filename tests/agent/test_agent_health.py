@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from gpuremediate.agent.health import (
+    Expected,
     Inputs,
     SmiResult,
     Wanted,
     assess,
+    expected_gpus,
     update_inventory,
 )
 from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent
@@ -20,7 +22,7 @@ NOW = 1_800_000_000.0
 POLICY = default_policy().for_node({})
 
 
-def gpu(index: int, **values: float) -> GpuReading:
+def gpu(index: int, **values: object) -> GpuReading:
     return GpuReading(node="n1", gpu=str(index), uuid=f"GPU-{index}", pci_bus_id=f"00000000:{0x3b + index:02X}:00.0",
                       **values)  # type: ignore[arg-type]
 
@@ -40,7 +42,8 @@ def by_type(conds: tuple[Wanted, ...]) -> dict[str, tuple[str, str]]:
 def run(smi: SmiResult, events: tuple[KernelEvent, ...] = (), expected: int | None = 2,
         inventory: dict[str, GpuReading] | None = None, timeouts: int = 0) -> dict[str, tuple[str, str]]:
     inv = update_inventory(inventory or {}, smi.readings)
-    result = assess(Inputs("n1", smi, events, expected, inv, timeouts), POLICY, PolicyMemory(), NOW)
+    count = Expected(expected, "nvidia.com/gpu capacity" if expected else "no capacity")
+    result = assess(Inputs("n1", smi, events, count, inv, timeouts), POLICY, PolicyMemory(), NOW)
     return by_type(result.conditions)
 
 
@@ -70,7 +73,8 @@ def test_xid_on_a_gpu_that_vanished_still_names_its_uuid_and_the_count_is_short(
     before = update_inventory({}, readings(gpu(0), gpu(1)).readings)
     smi = readings(gpu(1))
     inv = update_inventory(before, smi.readings)
-    result = assess(Inputs("n1", smi, (xid(79, "0000:3b:00.0"),), 2, inv), POLICY, PolicyMemory(), NOW)
+    result = assess(Inputs("n1", smi, (xid(79, "0000:3b:00.0"),), Expected(2, "nvidia.com/gpu capacity"), inv),
+                    POLICY, PolicyMemory(), NOW)
     conds = {w.type: w for w in result.conditions}
     assert conds[c.GPU_HEALTHY].status == "False"
     assert "GPU-0" in conds[c.GPU_HEALTHY].message
@@ -109,7 +113,30 @@ def test_driver_side_exit_codes_are_not_responsive_setup_errors_are_unknown() ->
 
 
 def test_no_capacity_is_unknown_count() -> None:
-    assert run(readings(gpu(0)), expected=None)[c.GPU_COUNT_MATCHES] == ("Unknown", "NoCapacity")
+    assert run(readings(gpu(0)), expected=None)[c.GPU_COUNT_MATCHES] == ("Unknown", "NoExpectedCount")
+
+
+def kube_node(capacity: str | None = "8", **labels: str) -> dict[str, object]:
+    status = {"capacity": {"nvidia.com/gpu": capacity}} if capacity is not None else {}
+    return {"metadata": {"name": "n1", "labels": labels}, "status": status}
+
+
+def test_expected_count_is_the_capacity_per_physical_gpu() -> None:
+    plain = readings(gpu(0)).readings
+    assert expected_gpus(kube_node("8"), plain, None) == Expected(8, "nvidia.com/gpu capacity")
+    sliced = expected_gpus(kube_node("32", **{"nvidia.com/gpu.replicas": "4"}), plain, None)
+    assert sliced.count == 8 and "time-slicing" in sliced.basis
+    assert expected_gpus(kube_node("8"), plain, 4).count == 4  # --expected-gpus wins
+    assert expected_gpus(kube_node(None), plain, None).count is None
+    assert expected_gpus(kube_node("many"), plain, None).count is None
+    assert expected_gpus(None, plain, None).count is None
+
+
+def test_under_mig_only_the_physical_count_label_will_do() -> None:
+    mig = readings(gpu(0, extra={"DCGM_FI_DEV_MIG_MODE": 1.0})).readings  # type: ignore[arg-type]
+    assert expected_gpus(kube_node("7"), mig, None).count is None  # 7 MIG devices on one GPU: not a count
+    labelled = expected_gpus(kube_node("7", **{"nvidia.com/gpu.count": "1"}), mig, None)
+    assert labelled.count == 1 and "MIG" in labelled.basis
 
 
 def test_fatal_sxid_fails_the_fabric_non_fatal_does_not() -> None:
