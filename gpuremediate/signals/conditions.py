@@ -14,7 +14,7 @@ rules come before the defaults (the agent's own conditions), so a file can overr
     status = "True"
     action = "reboot"
 
-    # [[conditions.rules]]
+    # [[conditions.rules]]       # NPD keeps reason FilesystemIsReadOnly while False too: match the status
     # type = "ReadonlyFilesystem"
     # status = "True"
     # reason = "FilesystemIsReadOnly"
