@@ -135,8 +135,26 @@ def explain_node(client: KubeClient, node: str) -> str:
     return explain(record_from_node(obj), node, keep_cordoned=keeps_cordoned(obj))
 
 
+RELEASE_ATTEMPTS = 5
+
+
 def release(client: KubeClient, node: str, by: str, now: float | None = None) -> NodeRecord:
-    """quarantined → validating (validation decides whether it is healthy), guarded by resourceVersion."""
+    """quarantined → validating (validation decides whether it is healthy), guarded by resourceVersion.
+
+    Other writers change Nodes all the time on a real cluster (taints, heartbeats, labels): a 409 reads the
+    node again and, if it is still quarantined, releases that version (a few times before giving up)."""
+    for _ in range(RELEASE_ATTEMPTS - 1):
+        try:
+            return _release_once(client, node, by, now)
+        except errors.Conflict:
+            continue
+    try:
+        return _release_once(client, node, by, now)
+    except errors.Conflict:
+        raise FleetError(f"{node} kept changing while releasing it; run the command again") from None
+
+
+def _release_once(client: KubeClient, node: str, by: str, now: float | None) -> NodeRecord:
     now = time.time() if now is None else now
     try:
         obj = client.get(NODES, node)
@@ -150,8 +168,5 @@ def release(client: KubeClient, node: str, by: str, now: float | None = None) ->
         raise FleetError(f"{node} is {state}, not quarantined: nothing to release")
     released = decide.release(record, now, by)
     rv = str(obj["metadata"].get("resourceVersion", ""))
-    try:
-        client.patch(NODES, node, node_patch(released, resource_version=rv))
-    except errors.Conflict:
-        raise FleetError(f"{node} changed while releasing it; run the command again") from None
+    client.patch(NODES, node, node_patch(released, resource_version=rv))  # a 409: read again, decide again
     return released

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,32 @@ def test_explain_says_how_long_a_plugin_resource_has_waited() -> None:
     text = fleet.explain(created, "gpu-a", now=1062.0)
     assert "Waited 1m since its object was created (timeout after 5m)." in text
     assert "Waited" not in fleet.explain(started, "gpu-a", now=1062.0)
+
+
+class BumpedBeforeEachPatch(KubeClient):
+    """Another writer (kube-controller-manager's taint, a heartbeat) changes the node before each of the first
+    ``bumps`` guarded patches: each meets a 409."""
+
+    bumps = 0
+
+    def patch(self, res: Any, name: str, patch: Any, namespace: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        if self.bumps > 0 and (patch.get("metadata") or {}).get("resourceVersion"):
+            self.bumps -= 1
+            super().patch(res, name, {"metadata": {"annotations": {"example.com/heartbeat": str(self.bumps)}}})
+        result: dict[str, Any] = super().patch(res, name, patch, namespace, **kwargs)
+        return result
+
+
+def test_release_reads_again_when_another_writer_changed_the_node(api: tuple[KubeClient, str]) -> None:
+    client, kubeconfig = api
+    _node(client, "gpu-a", _quarantined(), unschedulable=True)
+    person = BumpedBeforeEachPatch(load_config(kubeconfig))
+    person.bumps = 2
+    assert fleet.release(person, "gpu-a", by="alice").state == states.VALIDATING
+    record = record_from_node(client.get(NODES, "gpu-a"))
+    assert isinstance(record, NodeRecord) and record.state == states.VALIDATING
+    person.bumps = 99
+    _node(client, "gpu-b", _quarantined(), unschedulable=True)
+    with pytest.raises(fleet.FleetError, match="kept changing"):
+        fleet.release(person, "gpu-b", by="alice")
+    person.close()

@@ -8,6 +8,7 @@ before the write (a metric, an Event, a "done" log line, a create) must not happ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
@@ -17,9 +18,10 @@ from typing import Any
 import pytest
 
 from gpuremediate.controller import Controller
+from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import EVENTS, NODES, Resource
+from gpuremediate.kube.resources import EVENTS, NODES, SERVICEACCOUNTS, Resource
 from gpuremediate.state import states
 from gpuremediate.state.record import NodeRecord, record_from_node
 from sim.cluster import SimCluster
@@ -54,9 +56,18 @@ class ConflictingClient(KubeClient):
         return result
 
 
+def job_service_account(kube: KubeClient) -> None:
+    """The repair and validation Jobs' ServiceAccount (a real API server refuses their pods without it)."""
+    body = {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "gpuremediate-job", "namespace": "gpuremediate-jobs"}}
+    with contextlib.suppress(errors.AlreadyExists):
+        kube.create(SERVICEACCOUNTS, body, "gpuremediate-jobs")
+
+
 @pytest.fixture
 def cluster() -> Iterator[SimCluster]:
     with SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3) as made:
+        job_service_account(made.kube)
         yield made
 
 

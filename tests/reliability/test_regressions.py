@@ -20,6 +20,7 @@ from gpuremediate.state import states
 from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
+from tests.loops.test_conflicts import job_service_account
 
 from .harness import (
     PERSON_TOKEN,
@@ -92,6 +93,7 @@ def _rig(policy: PolicyFile) -> Iterator[Rig]:
     cluster = SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3)
     recorder = Recorder(cluster.api).install()
     cluster.start()
+    job_service_account(cluster.kube)
     checker = Checker(recorder, 1, []).start()
     controllers = Controllers(cluster, policy, reliability_settings(cluster))
     cluster.api.add_token(PERSON_TOKEN, PERSON_USER)
