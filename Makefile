@@ -5,13 +5,14 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo lint shellcheck bench e2e e2e-kind image clean help
+.PHONY: test demo lint shellcheck bench bench-scale e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
 	@echo "make test      the whole test suite (unit, property, e2e against the emulator)"
 	@echo "make lint      ruff + mypy on gpuremediate/"
 	@echo "make bench     benchmarks (bench/)"
+	@echo "make bench-scale  the controller at 1,000 / 2,500 / 5,000 GPU nodes on a real Prometheus (N=... for one size)"
 	@echo "make e2e-kind  the e2e scenarios on a kind cluster (needs Docker + kind + kubectl)"
 
 $(PY):
@@ -47,6 +48,15 @@ shellcheck:
 bench: $(STAMP)
 	$(PY) -m pip install -q prometheus_client
 	$(PY) bench/run.py
+
+# Fleet scale (issue 16): a real Prometheus (Debian's package, installed here as root when missing), the
+# API emulator with N Nodes, the controller; N=200 for one quick size. A benchmark: CI does not run it.
+bench-scale: $(STAMP)
+	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+		{ echo "bench-scale needs Debian's prometheus package (apt-get install -y prometheus, as root)" >&2; exit 2; }
+	$(PY) bench/scale.py $(if $(N),$(N),1000 2500 5000)
+	$(PY) bench/scale.py --direct $(if $(N),$(N),1000)
 
 e2e: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider e2e

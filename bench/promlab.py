@@ -73,6 +73,7 @@ class PromServer:
     prometheus: str
     targets: Sequence[Target] = ()
     scrape_interval: str = "1s"
+    honor_labels: bool = False
     url: str = ""
     proc: subprocess.Popen[bytes] | None = None
 
@@ -80,7 +81,8 @@ class PromServer:
         lines = ["global:", f"  scrape_interval: {self.scrape_interval}",
                  f"  scrape_timeout: {self.scrape_interval}", "scrape_configs:"]
         if self.targets:
-            lines += ["  - job_name: dcgm", "    static_configs:"]
+            lines += ["  - job_name: dcgm", f"    honor_labels: {str(self.honor_labels).lower()}",
+                      "    static_configs:"]
             for t in self.targets:
                 labels = ", ".join(f'{k}: "{v}"' for k, v in t.labels.items())
                 lines += [f'      - targets: ["{t.address}"]', f"        labels: {{{labels}}}"]

@@ -1,0 +1,350 @@
+"""Fleet-scale benchmark (issue 16): the controller against N GPU nodes x 8 GPUs.
+
+    make bench-scale                 # N = 1000, 2500, 5000
+    make bench-scale N=200           # one quick run
+    .venv/bin/python bench/scale.py --direct 1000   # direct exporter scraping at 1000 nodes
+
+Prometheus mode: a real Prometheus (Debian's package) scraping, every 15 s, one endpoint that serves
+the dcgm-exporter series of all N nodes x 8 GPUs (labels as a ServiceMonitor stores them; backfilled
+blocks cannot be used here: Prometheus refuses live samples older than its newest block's end); the
+API emulator holds the N Nodes; the controller runs as its own process (``gpuremediate run --source
+prometheus``). After a steady-state window one node (gpu-live-0) gets an XID 79 on the endpoint.
+Printed: read time per cycle (the controller's gpuremediate_scrape_seconds), fault to cordon, the
+controller's RSS (peak, steady), its API requests per minute by verb at steady state.
+
+Direct mode: gpu-sim serves N nodes on loopback addresses, the emulator holds their exporter pods, and
+ExporterSource.read() is timed in this process; the parse cost of one 8-GPU scrape is timed alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import timeit
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import promlab  # noqa: E402
+from gpuremediate.kube.client import KubeClient  # noqa: E402
+from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
+from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
+from gpuremediate.signals import dcgm, exposition  # noqa: E402
+from gpuremediate.signals.sources import ExporterSource  # noqa: E402
+from sim.gpusim import GpuSim, new_node, render  # noqa: E402
+from sim.kubeapi import KubeAPIServer  # noqa: E402
+
+CONTROLLER_USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
+CONTROLLER_TOKEN = "bench-scale-controller"
+FAULT_NODE = "gpu-live-0"
+PROM_SCRAPE_S = 15
+LOGS = Path(os.environ.get("BENCH_SCALE_LOGS", "/tmp/gpuremediate-bench-scale"))  # controller.log, kubeconfig
+IMAGES_PER_NODE = 40  # what a kubelet reports; the node informer must not keep it
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+def node_body(name: str) -> dict[str, Any]:
+    images = [{"names": [f"registry.example.com/team/image-{i}@sha256:{i:064x}"], "sizeBytes": 10**9 + i}
+              for i in range(IMAGES_PER_NODE)]
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true", "kubernetes.io/hostname": name},
+                     "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}}]},
+        "spec": {},
+        "status": {"capacity": {"nvidia.com/gpu": "8", "cpu": "192"}, "allocatable": {"nvidia.com/gpu": "8"},
+                   "conditions": [{"type": "Ready", "status": "True"}],
+                   "nodeInfo": {"bootID": f"boot-{name}", "kubeletVersion": "v1.36.0"}, "images": images},
+    }
+
+
+def emulator_with_nodes(names: list[str]) -> tuple[KubeAPIServer, KubeClient]:
+    srv = KubeAPIServer().start()
+    srv.add_token(CONTROLLER_TOKEN, CONTROLLER_USER)
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=5000,
+                        burst=5000)
+    for ns in ("gpuremediate-system", "gpuremediate-jobs", "gpu-operator"):
+        client.create(NAMESPACES, {"metadata": {"name": ns}})
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: client.create(NODES, node_body(n)), names))
+    return srv, client
+
+
+# ---------------------------------------------------------------- Prometheus mode
+
+
+def fleet_names(n: int) -> list[str]:
+    return [f"gpu-{i:05d}" for i in range(n - 1)] + [FAULT_NODE]
+
+
+class FleetEndpoint:
+    """One scrape target exposing every node's dcgm-exporter series (as a federation endpoint would), so a
+    real Prometheus holds N nodes x 8 GPUs of fresh series without N exporters. ``inject_xid`` changes one
+    node's series; the rest of the body is rendered once."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.xid: dict[str, tuple[int, int]] = {}
+        self.lock = threading.Lock()
+        self.static = self._render([n for n in names if n != FAULT_NODE])
+        self.body = self.static + self._render([FAULT_NODE])
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with endpoint.lock:
+                    body = endpoint.body
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def _render(self, names: list[str]) -> bytes:
+        out: list[str] = []
+        for name in promlab.POLICY_FAMILIES:
+            for node in names:
+                for gpu in range(8):
+                    labels = promlab.gpu_labels(node, gpu)
+                    labels.pop("instance")
+                    labels.pop("job")
+                    value = {"DCGM_FI_DEV_XID_ERRORS": self.xid[node][1] if self.xid.get(node, (-1,))[0] == gpu
+                             else 0, "DCGM_FI_DEV_GPU_TEMP": 40 + gpu, "DCGM_FI_DEV_MEMORY_TEMP": 45 + gpu}.get(name, 0)
+                    out.append(f"{name}{{{promlab._label_text(labels)}}} {value}")
+        return ("\n".join(out) + "\n").encode()
+
+    def inject_xid(self, node: str, gpu: int, code: int) -> None:
+        self.xid[node] = (gpu, code)
+        body = self.static + self._render([FAULT_NODE])
+        with self.lock:
+            self.body = body
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextmanager
+def prometheus_with_fleet(endpoint: FleetEndpoint, scrape_interval_s: int) -> Iterator[promlab.PromServer]:
+    found = promlab.binaries()
+    if found is None:
+        raise SystemExit("prometheus/promtool not installed: apt-get install -y prometheus")
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        target = promlab.Target(endpoint.address)
+        with promlab.PromServer(Path(tmp), found[0], targets=[target], scrape_interval=f"{scrape_interval_s}s",
+                                honor_labels=True) as server:
+            yield server
+
+
+def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int, interval: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuremediate", "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
+         "--prometheus-url", prom_url, "--scrape-interval", interval, "--metrics-addr",
+         f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "wb"))
+
+
+class RssSampler:
+    """The controller's RSS every half second (VmRSS), and its peak (VmHWM)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, float]] = []
+        self.stopped = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _status(self, key: str) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return float(line.split()[1]) / 1024.0
+        return 0.0
+
+    def _run(self) -> None:
+        while not self.stopped.wait(0.5):
+            try:
+                self.samples.append((time.monotonic(), self._status("VmRSS")))
+            except OSError:
+                return
+
+    def peak_mb(self) -> float:
+        try:
+            return self._status("VmHWM")
+        except OSError:
+            return max((mb for _, mb in self.samples), default=0.0)
+
+    def median_mb(self, since: float, until: float) -> float:
+        window = [mb for t, mb in self.samples if since <= t <= until]
+        return statistics.median(window) if window else 0.0
+
+
+def scrape_stats(metrics_port: int) -> tuple[float, float, float]:
+    """(count, sum, errors) of the controller's reads of the Prometheus source."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    values: dict[str, float] = {}
+    for s in exposition.parse(text, strict=False).samples:
+        if s.label("source") == "prometheus":
+            values[s.name] = values.get(s.name, 0.0) + s.value
+    return (values.get("gpuremediate_scrape_seconds_count", 0.0), values.get("gpuremediate_scrape_seconds_sum", 0.0),
+            values.get("gpuremediate_scrape_errors_total", 0.0))
+
+
+def wait(cond: Callable[[], object], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if cond():
+                return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run_prometheus(n: int, steady_s: float, interval_s: float) -> dict[str, Any]:
+    names = fleet_names(n)
+    log(f"N={n}: emulator with {n} Nodes")
+    srv, client = emulator_with_nodes(names)
+    started = time.monotonic()
+    endpoint = FleetEndpoint(names)
+    log(f"N={n}: fleet endpoint of {len(endpoint.body) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
+    proc = None
+    try:
+        with prometheus_with_fleet(endpoint, PROM_SCRAPE_S) as prom:
+            wait(lambda: prom_has_nodes(prom.url) >= n, 600, "Prometheus to scrape the fleet")
+            LOGS.mkdir(parents=True, exist_ok=True)
+            kubeconfig = LOGS / "kubeconfig"
+            srv.write_kubeconfig(kubeconfig, token=CONTROLLER_TOKEN)
+            metrics_port = promlab.free_port()
+            proc = controller_process(kubeconfig, prom.url, metrics_port, f"{interval_s:g}s")
+            rss = RssSampler(proc.pid)
+            wait(lambda: scrape_stats(metrics_port)[0] >= 3, 600, "three reads of the Prometheus source")
+            log(f"N={n}: controller reading; steady-state window {steady_s:g} s")
+            before_reqs = len(srv.requests)
+            c0, s0, e0 = scrape_stats(metrics_port)
+            t0 = time.monotonic()
+            time.sleep(steady_s)
+            t1 = time.monotonic()
+            c1, s1, e1 = scrape_stats(metrics_port)
+            steady = Counter(r[1] for r in list(srv.requests)[before_reqs:] if r[0] == CONTROLLER_USER)
+            per_minute = {verb: round(count * 60.0 / (t1 - t0), 1) for verb, count in sorted(steady.items())}
+            endpoint.inject_xid(FAULT_NODE, 3, 79)
+            injected = time.monotonic()
+            cordon_s = wait(lambda: client.get(NODES, FAULT_NODE)["spec"].get("unschedulable") is True, 300,
+                            "the faulty node's cordon")
+            del injected
+            return {
+                "nodes": n, "gpus": n * 8, "reads": int(c1 - c0), "read_errors": int(e1 - e0),
+                "read_s_per_cycle": round((s1 - s0) / max(1.0, c1 - c0), 3),
+                "fault_to_cordon_s": round(cordon_s, 1),
+                "rss_peak_mb": round(rss.peak_mb(), 1), "rss_steady_mb": round(rss.median_mb(t0, t1), 1),
+                "api_per_min_steady": per_minute, "scrape_interval_s": interval_s,
+                "prometheus_scrape_interval_s": PROM_SCRAPE_S,
+            }
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(20)
+        endpoint.stop()
+        srv.stop()
+
+
+def prom_has_nodes(url: str) -> int:
+    query = urllib.parse.urlencode({"query": "count(count by (Hostname) (DCGM_FI_DEV_GPU_TEMP))"})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=30) as resp:
+        result = json.loads(resp.read())["data"]["result"]
+    return int(float(result[0]["value"][1])) if result else 0
+
+
+# ---------------------------------------------------------------- direct mode
+
+
+def run_direct(n: int, cycles: int) -> dict[str, Any]:
+    names = [f"gpu-{i:05d}" for i in range(n)]
+    srv, client = emulator_with_nodes([])
+    sim = GpuSim(port=0)
+    for i, name in enumerate(names):
+        sim.add_node(name, gpus=8, ip=f"127.1.{i // 250}.{i % 250 + 1}")
+    sim.start()
+    try:
+        def pod(name: str) -> None:
+            pod_name = f"dcgm-{name}"
+            client.create(PODS, {"metadata": {"name": pod_name, "labels": {"app": "nvidia-dcgm-exporter"}},
+                                 "spec": {"nodeName": name, "containers": [{"name": "e", "image": "x"}]}},
+                          "gpu-operator")
+            client.patch(PODS, pod_name, {"status": {"phase": "Running", "podIP": sim.node(name).ip}},
+                         "gpu-operator", subresource="status")
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(pod, names))
+        source = ExporterSource(client, port=sim.port, workers=16)
+        times = []
+        for _ in range(cycles):
+            started = time.monotonic()
+            readings = source.read()
+            times.append(time.monotonic() - started)
+            ok = sum(1 for r in readings if r.status == "ok")
+        source.stop()
+        text = render(new_node("parse-cost", 8, "127.0.0.1"))
+        per_parse = min(timeit.repeat(lambda: dcgm.readings_from_samples(
+            exposition.parse(text, strict=False).samples, node="parse-cost", source="exporter",
+            observed_at=0.0), number=50, repeat=3)) / 50
+        return {"nodes": n, "cycles": cycles, "read_s_per_cycle_median": round(statistics.median(times), 2),
+                "read_s_per_cycle_max": round(max(times), 2), "nodes_ok_last_cycle": ok,
+                "parse_ms_per_scrape": round(per_parse * 1000, 2), "scrape_bytes": len(text),
+                "bench_process_peak_rss_mb": round(peak_rss_mb(), 1)}
+    finally:
+        sim.stop()
+        srv.stop()
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return float(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sizes", nargs="*", type=int, help="fleet sizes (default: 1000 2500 5000; $N overrides)")
+    p.add_argument("--direct", action="store_true", help="direct exporter scraping instead of Prometheus")
+    p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
+    p.add_argument("--interval", type=float, default=10.0, help="the controller's --scrape-interval, seconds")
+    p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
+    args = p.parse_args()
+    sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
+    for n in sizes:
+        result = run_direct(n, args.cycles) if args.direct else run_prometheus(n, args.steady, args.interval)
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
