@@ -36,6 +36,7 @@ The API (``c`` is the ``cluster`` fixture)::
     c.cordon(name) / c.uncordon(name)         # as a person would (kubectl cordon/uncordon)
     c.set_label(name, key, value|None)
     c.events(node) -> list[dict]; c.event_reasons(node) -> list[str]  (oldest first)
+    c.wait_event(node, reason, text="")      # wait for an Event (written after the node write it reports)
     c.evicted() -> set["ns/name"]             # workload pods disrupted (deletionTimestamp set or deleted)
     c.jobs(node=None, kind=None) -> list[dict]  # repair/validation Jobs (label gpuremediate.io/job = kind)
     c.cli(*args) -> CompletedProcess          # `gpuremediate ARGS --kubeconfig ...`
@@ -390,8 +391,20 @@ class Cluster:
         # Event assertions do not race the controller.
         reason = EVENT_REASONS.get(state)
         if reason is not None and rec.reason:
-            self.wait(lambda: reason in self.event_reasons(name), 5, f"the {reason} Event of {name}")
+            self.wait_event(name, reason, f"→ {state} ({rec.reason})")
         return rec
+
+    def wait_event(self, node: str, reason: str, text: str = "", timeout: float = 5.0) -> dict[str, Any]:
+        """The node's Event of ``reason`` whose message holds ``text``: an Event is written after the
+        node write it reports, so a scenario that saw the write waits for its Event instead of racing it."""
+        def found() -> dict[str, Any] | None:
+            return next((e for e in self.events(node) if e.get("reason") == reason
+                         and text in str(e.get("message", ""))), None)
+
+        event = self.wait(found, timeout, f"the {reason} Event of {node}" + (f" saying {text!r}" if text else ""),
+                          seen=lambda: [(e.get("reason"), e.get("message")) for e in self.events(node)])
+        assert event is not None
+        return event
 
     def blocked_record(self, name: str, reason: str) -> NodeRecord | None:
         """The node's record while it waits for ``reason`` (budget, pdb, breaker, window, gpu-pods), else None."""
@@ -414,9 +427,11 @@ class Cluster:
 
     # events and jobs
     def events(self, node: str) -> list[dict[str, Any]]:
+        """The controller's Events about ``node``: kube-controller-manager and kubelets (or the emulator
+        playing them) write Node Events too (RegisteredNode, NodeNotSchedulable...)."""
         items = self.kube.list(EVENTS, "default")["items"]
         mine = [e for e in items if (e.get("involvedObject") or {}).get("kind") == "Node"
-                and (e.get("involvedObject") or {}).get("name") == node]
+                and (e.get("involvedObject") or {}).get("name") == node and _from_controller(e)]
         return sorted(mine, key=lambda e: (e.get("firstTimestamp") or "", (e.get("metadata") or {})
                                            .get("creationTimestamp") or "", int((e.get("metadata") or {})
                                            .get("resourceVersion") or 0)))
@@ -823,10 +838,6 @@ class KubeconfigCluster(Cluster):
         self.wait(lambda: _pod_ready(self.kube.get(PODS, name, WORKLOAD_NS)), 10, f"workload {name} Ready on {node}",
                   seen=lambda: _pod_summary(self.kube.get(PODS, name, WORKLOAD_NS)))
         return pod
-
-    def events(self, node: str) -> list[dict[str, Any]]:
-        """The controller's Events only: on a real cluster the kubelet and node controller write some too."""
-        return [e for e in super().events(node) if _from_controller(e)]
 
     # -- the controller: the Deployment
     def start_controller(self, policy: Mapping[str, Mapping[str, Any]] | None = None, *,

@@ -175,8 +175,7 @@ def test_pdb_blocks_drain_until_relaxed(cluster: Cluster) -> None:
     assert "guarded-pdb" in rec.blocked.detail, rec.blocked
     cluster.wait(lambda: "workloads/free" in cluster.evicted(), 5, "the unguarded pod evicted")
     assert cluster.pod_exists("guarded")
-    blocked_events = [e["message"] for e in cluster.events(node) if e["reason"] == "GPURemediationBlocked"]
-    assert any("guarded-pdb" in msg for msg in blocked_events), blocked_events
+    cluster.wait_event(node, "GPURemediationBlocked", "guarded-pdb")
     cluster.wait(lambda: cluster.metrics().value("gpuremediate_blocked_nodes", reason="pdb") == 1, 5,
                  "blocked_nodes{reason=pdb} = 1")
     m = cluster.metrics()
@@ -188,7 +187,8 @@ def test_pdb_blocks_drain_until_relaxed(cluster: Cluster) -> None:
     rec = cluster.wait_state(node, "healthy", 20)
     assert cluster.evicted() == {"workloads/guarded", "workloads/free"}
     assert not cluster.unschedulable(node) and rec.blocked is None
-    assert cluster.metrics().value("gpuremediate_blocked_nodes", reason="pdb") == 0
+    cluster.wait(lambda: cluster.metrics().value("gpuremediate_blocked_nodes", reason="pdb") == 0, 5,
+                 "blocked_nodes{reason=pdb} back to 0")
 
 
 def _in_flight(cluster: Cluster) -> list[str]:
@@ -427,7 +427,8 @@ def test_circuit_breaker_opens_and_reset_closes_it(cluster: Cluster) -> None:
     cluster.wait(blocked_by_breaker, 5, f"{c} blocked by the breaker", seen=lambda: cluster.summary(c))
     cluster.wait(lambda: cluster.metrics().value("gpuremediate_circuit_breaker_open") == 1, 5, "breaker_open = 1")
     assert cluster.state(c) == "healthy" and not cluster.unschedulable(c)  # no new work, not even a cordon
-    assert any(r == "GPURemediationBreakerOpen" for n in (a, b, c) for r in cluster.event_reasons(n))
+    cluster.wait(lambda: any(r == "GPURemediationBreakerOpen" for n in (a, b, c) for r in cluster.event_reasons(n)),
+                 5, "a GPURemediationBreakerOpen Event")
     status = cluster.cli("breaker", "status")
     assert status.returncode == 0 and "open" in status.stdout, status
     cluster.holds(lambda: cluster.state(c) == "healthy" and not cluster.unschedulable(c) and cluster.jobs(c) == [],

@@ -227,12 +227,12 @@ def test_custom_drain_times_out(cluster: Cluster, drain_res: Resource, on_timeou
         rec = cluster.wait_state(node, "quarantined", 15)
         assert rec.reason == "drain-failed" and "DrainComplete=True" in rec.message, rec.message
         assert cluster.pod_exists("train-a") and cluster.evicted() == set()
-        assert "GPUDrainTimedOut" in cluster.event_reasons(node)
+        cluster.wait_event(node, "GPUDrainTimedOut")
     else:
         rec = cluster.wait_state(node, "healthy", 30)
         assert rec.reason == "validation-passed"
         assert cluster.evicted() == {"workloads/train-a"}, "the built-in drain took over"
-        assert "GPUDrainPluginTimedOut" in cluster.event_reasons(node)
+        cluster.wait_event(node, "GPUDrainPluginTimedOut")
     assert drain_requests(cluster, drain_res, node) == []
 
 
@@ -298,7 +298,7 @@ def test_equivalence_group_suppresses_a_duplicate(cluster: Cluster,
     cluster.inject(node, 4, "xid", 48)  # a new fault, the same group: the open request covers it
     cluster.wait(lambda: (r := cluster.record(node)) and r.action and r.action.name == first["metadata"]["name"],
                  20, "the new fault's repair to adopt the request in progress", seen=lambda: cluster.summary(node))
-    assert "GPURemediationCovered" in cluster.event_reasons(node)
+    cluster.wait_event(node, "GPURemediationCovered")
     remediation.complete(first["metadata"]["name"])
     rec = cluster.wait_state(node, "healthy", 20)
     assert rec.history[-1].action == "rma" and rec.history[-1].outcome == "repaired"

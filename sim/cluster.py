@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuremediate.kube import errors
+from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, PDBS, PODS
+from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, PDBS, PODS, SERVICEACCOUNTS
 from sim.busy import BusyWriter, writes_from_env
 from sim.gpusim import GpuSim
 from sim.kubeapi import KubeAPIServer
@@ -36,6 +36,7 @@ EXPORTER_LABEL = {"app": "nvidia-dcgm-exporter"}
 EXPORTER_DAEMONSET = "nvidia-dcgm-exporter"
 NAMESPACES_NEEDED = ("gpuremediate-system", "gpuremediate-jobs", EXPORTER_NAMESPACE, "workloads", "default")
 JOB_LABEL = "gpuremediate.io/job"
+SERVICEACCOUNTS_FILE = Path(__file__).resolve().parent.parent / "manifests" / "base" / "serviceaccounts.yaml"
 NODESIM_USER = "system:node-sim"
 BUSY_USER = "system:busy-writer"
 BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER})
@@ -43,6 +44,15 @@ BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER})
 
 def node_name(index: int) -> str:
     return f"gpu-node-{index}"
+
+
+def install_service_accounts(client: KubeClient) -> None:
+    """The ServiceAccounts of manifests/base (the controller's, the Jobs'): a pod naming one that does
+    not exist is refused by the ServiceAccount admission plugin."""
+    for doc in miniyaml.load_all(SERVICEACCOUNTS_FILE.read_text(encoding="utf-8")):
+        if isinstance(doc, dict) and doc.get("kind") == "ServiceAccount":
+            with contextlib.suppress(errors.AlreadyExists):
+                client.create(SERVICEACCOUNTS, doc, doc["metadata"]["namespace"])
 
 
 def daemonset(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -95,6 +105,7 @@ class SimCluster:
         self.gpusim.start()
         for ns in NAMESPACES_NEEDED:
             self._ensure_namespace(ns)
+        install_service_accounts(self.kube)  # as applied from manifests/base: Job pods need theirs
         # The exporter pods' owner exists: the garbage collector deletes pods whose owner does not.
         self._exporter_owner = self.kube.create(DAEMONSETS, daemonset(
             EXPORTER_DAEMONSET, EXPORTER_NAMESPACE, EXPORTER_LABEL), EXPORTER_NAMESPACE)["metadata"]["uid"]
