@@ -17,37 +17,13 @@ from typing import Any
 import pytest
 
 from gpuremediate.controller import Controller
-from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import LEASES, Resource
 from gpuremediate.shutdown import Shutdown
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
-from tests.reliability.harness import reliability_policy, reliability_settings
+from tests.reliability.harness import StallableClient, reliability_policy, reliability_settings
 
 MUTATING = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-
-
-class StallableClient(KubeClient):
-    """A client whose Lease calls block while ``stalled`` is set: the renewal thread is stuck, nothing else."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.stalled = threading.Event()
-        self.resumed = threading.Event()
-
-    def _lease_gate(self, res: Resource) -> None:
-        if res is LEASES and self.stalled.is_set():
-            self.resumed.wait(60)
-
-    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        self._lease_gate(res)
-        return super().get(res, name, namespace)
-
-    def replace(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
-                **kwargs: Any) -> dict[str, Any]:
-        self._lease_gate(res)
-        return super().replace(res, name, body, namespace, **kwargs)
 
 
 @dataclasses.dataclass
@@ -71,9 +47,7 @@ def _replica(cluster: SimCluster, tmp: Path, name: str) -> Replica:
     cluster.api.add_token(f"token-{name}", user)
     kubeconfig = cluster.api.write_kubeconfig(tmp / f"kubeconfig-{name}", token=f"token-{name}")
     client = StallableClient(load_config(kubeconfig), qps=500, burst=1000, timeout=10.0)
-    settings = dataclasses.replace(
-        reliability_settings(cluster), identity=name, leader_elect=True, metrics_host="127.0.0.1", metrics_port=0,
-        lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.5)
+    settings = dataclasses.replace(reliability_settings(cluster, leader_elect=True), identity=name)
     controller = Controller(settings, reliability_policy(1), client=client)
     shutdown = Shutdown()
     exit_code: list[int] = []
@@ -95,7 +69,7 @@ def test_a_stalled_leader_sends_no_write_after_its_renew_deadline(cluster: SimCl
         follower = next(r for r in replicas if r is not leader)
         elector = leader.controller.elector
         assert elector is not None
-        leader.client.stalled.set()  # from now on its renewal thread hangs in the next Lease call
+        leader.client.stall()  # from now on its renewal thread hangs in the next Lease call
         wait_for(lambda: not elector.holds_valid_lease(), timeout=10,
                  describe="the stalled leader's renew deadline to pass")
         mark = len(cluster.api.requests)
@@ -112,13 +86,13 @@ def test_a_stalled_leader_sends_no_write_after_its_renew_deadline(cluster: SimCl
         wait_for(lambda: leader.controller.fenced_writes.value() > 0, timeout=20,
                  describe="the stalled leader to have tried to act on the fault (refused in the process)")
 
-        leader.client.resumed.set()  # its renewal thread runs again: it sees the new holder and stops
+        leader.client.resume()  # its renewal thread runs again: it sees the new holder and stops
         wait_for(lambda: leader.exit_code, timeout=20, describe="the old leader to exit")
         assert leader.exit_code == [1] and leader.controller.lost_lease
         assert _writes_after(cluster, leader.user, mark) == []
     finally:
         for replica in replicas:
-            replica.client.resumed.set()
+            replica.client.resume()
             replica.shutdown.request()
         for replica in replicas:
             replica.thread.join(20)

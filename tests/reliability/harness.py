@@ -43,6 +43,17 @@ Invariants (``Checker``; each violation names its code):
     ``job-recreated-after-own-delete`` is the ``job-twice`` case where the controller itself had
     deleted that Job before (a timed-out attempt whose outcome write failed: a known bug).
 
+``cr-twice``
+    A custom resource (a remediation CR, a DrainRequest: any kind served from a CRD) the controller
+    creates is created at most once per name, across restarts too. ``cr-recreated-after-delete`` is
+    the case where it had been deleted in between (by a person: that attempt failed, it is not re-run).
+``write-after-renew-deadline``
+    With leader election, no mutating request of a controller reaches the API server later than its
+    last successful Lease write (acquire or renew, as the server stored it) plus the renew deadline
+    plus ``FENCE_SLACK_S`` (a write that passed the fence just before the deadline is still on its
+    way), nor before its first acquisition or after it released the Lease. Its own Lease calls are
+    exempt.
+
 A controller is killed by revoking its bearer token (nothing it sends afterwards reaches the API
 server — a dead process) and stopping its threads; the next one gets a fresh token and user, so
 the audit tells the instances apart.
@@ -63,8 +74,10 @@ from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
+from gpuremediate.kube.resources import LEASES, Resource
 from gpuremediate.policy import safety
 from gpuremediate.policy.config import PolicyFile, loads_policy
+from gpuremediate.shutdown import Shutdown
 from gpuremediate.state import states
 from gpuremediate.state.record import NodeRecord, RecordError, node_unschedulable, record_from_node
 from sim.cluster import EXPORTER_NAMESPACE, SimCluster
@@ -75,6 +88,9 @@ PERSON_USER = "alice"
 PERSON_TOKEN = "person-token"
 SETTLE_S = 1.0
 PERSON_RACE_S = 2.0
+LEASE_S, RENEW_DEADLINE_S, RETRY_S = 3.0, 2.0, 0.4  # leader election in these tests
+FENCE_SLACK_S = 1.0
+MUTATING_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 SLOT_STATES = frozenset({states.REPAIRING, states.VALIDATING})
 DRAIN_STARTED_STATES = frozenset({states.REPAIRING, states.VALIDATING, states.QUARANTINED})
 
@@ -110,8 +126,14 @@ enabled = false
 """, "reliability-policy")
 
 
-def reliability_settings(cluster: SimCluster) -> Settings:
+def reliability_settings(cluster: SimCluster, leader_elect: bool = False) -> Settings:
     return Settings(
+        leader_elect=leader_elect,
+        lease_duration_s=LEASE_S,
+        renew_deadline_s=RENEW_DEADLINE_S,
+        retry_period_s=RETRY_S,
+        metrics_host="127.0.0.1",
+        metrics_port=0,
         scrape_interval_s=0.2,
         resync_s=0.3,
         scrape_timeout_s=1.0,
@@ -161,6 +183,28 @@ class Eviction:
 
 
 @dataclasses.dataclass(frozen=True)
+class Created:
+    """A custom resource stored for the first time (ADDED) or removed (``deleted``)."""
+
+    rv: int
+    at: float
+    user: str
+    key: str
+    namespace: str
+    name: str
+    deleted: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseWrite:
+    """A Lease stored: by whom, and whom it names as holder (empty: released)."""
+
+    at: float
+    user: str
+    holder: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Audit:
     at: float
     user: str
@@ -179,9 +223,13 @@ class Recorder:
         self.nodes_key = api.type_for("", "nodes").key
         self.jobs_key = api.type_for("batch", "jobs").key
         self.pods_key = api.type_for("", "pods").key
+        self.leases_key = api.type_for("coordination.k8s.io", "leases").key
+        self.builtin_keys = {rt.key for rt in list(api.types.values())}  # a later key is a CRD's
         self.lock = threading.Lock()
         self.node_changes: list[NodeChange] = []
         self.jobs: list[JobEvent] = []
+        self.created: list[Created] = []
+        self.lease_writes: list[LeaseWrite] = []
         self.evictions: list[Eviction] = []
         self.audit: list[Audit] = []
         self._user = threading.local()
@@ -225,6 +273,16 @@ class Recorder:
                 self.node_changes.append(change)
         elif event.key == self.jobs_key and event.type in ("ADDED", "DELETED"):
             self._on_job(event)
+        elif event.key == self.leases_key and event.type != "DELETED":
+            holder = str((event.obj.get("spec") or {}).get("holderIdentity") or "")
+            with self.lock:
+                self.lease_writes.append(LeaseWrite(time.monotonic(), self._current_user(), holder))
+        elif event.key not in self.builtin_keys and event.type in ("ADDED", "DELETED"):
+            meta = event.obj["metadata"]
+            entry = Created(event.rv, time.monotonic(), self._current_user(), event.key,
+                            str(meta.get("namespace") or ""), str(meta["name"]), event.type == "DELETED")
+            with self.lock:
+                self.created.append(entry)
 
     def _on_job(self, event: Any) -> None:
         meta = event.obj["metadata"]
@@ -280,15 +338,22 @@ def drain_started(record: NodeRecord | RecordError | None) -> bool:
 class Checker:
     """Replays the recorder's log and checks the invariants after every single change."""
 
-    def __init__(self, recorder: Recorder, limit: int, initial_nodes: list[Obj]) -> None:
+    def __init__(self, recorder: Recorder, limit: int, initial_nodes: list[Obj], *,
+                 renew_deadline: float | None = None) -> None:
+        """``renew_deadline``: the controllers run leader election with it (the fence is checked)."""
         self.recorder = recorder
         self.limit = limit
+        self.renew_deadline = renew_deadline
         self.nodes: dict[str, NodeTrack] = {}
         for node in initial_nodes:
             self.nodes[node["metadata"]["name"]] = NodeTrack(obj=node)
         self.violations: list[Violation] = []
         self.changes_seen = 0
-        self._node_pos = self._job_pos = self._evict_pos = 0
+        self._node_pos = self._job_pos = self._evict_pos = self._created_pos = 0
+        self._lease_pos = self._audit_pos = 0
+        self._cr_names: dict[tuple[str, str, str], int] = {}
+        self._cr_deleted_by: dict[tuple[str, str, str], str] = {}
+        self._renewed: dict[str, float | None] = {}  # user -> last Lease write naming a holder (None: released)
         self._job_names: dict[str, int] = {}
         self._deleted_by: dict[str, str] = {}
         self._attempt_names: dict[tuple[str, str, str, str], set[str]] = {}
@@ -319,15 +384,25 @@ class Checker:
                 changes = self.recorder.node_changes[self._node_pos:]
                 jobs = self.recorder.jobs[self._job_pos:]
                 evictions = self.recorder.evictions[self._evict_pos:]
+                created = self.recorder.created[self._created_pos:]
+                leases = self.recorder.lease_writes[self._lease_pos:]
+                audit = self.recorder.audit[self._audit_pos:]
             self._node_pos += len(changes)
             self._job_pos += len(jobs)
             self._evict_pos += len(evictions)
+            self._created_pos += len(created)
+            self._lease_pos += len(leases)
+            self._audit_pos += len(audit)
             for change in changes:
                 self._node_change(change)
             for job in jobs:
                 self._job(job)
             for eviction in evictions:
                 self._eviction(eviction)
+            for entry in created:
+                self._created(entry)
+            if self.renew_deadline is not None:
+                self._fence(leases, audit, self.renew_deadline)
 
     def _violate(self, code: str, at: float, text: str) -> None:
         self.violations.append(Violation(code, at, text))
@@ -442,6 +517,42 @@ class Checker:
         self._violate("eviction-without-fault", ev.at,
                       f"{ev.user} evicted {where} while the node's record was {_brief(ev.record)}")
 
+    def _created(self, entry: Created) -> None:
+        ident = (entry.key, entry.namespace, entry.name)
+        if entry.deleted:
+            self._cr_deleted_by[ident] = entry.user
+            return
+        if not is_controller(entry.user):
+            return
+        count = self._cr_names[ident] = self._cr_names.get(ident, 0) + 1
+        if count > 1:
+            deleted_by = self._cr_deleted_by.get(ident)
+            code = "cr-recreated-after-delete" if deleted_by else "cr-twice"
+            self._violate(code, entry.at, f"{entry.key} {entry.namespace}/{entry.name} created {count} times (last "
+                          f"by {entry.user}, rv {entry.rv})" + (f"; deleted before by {deleted_by}"
+                                                                  if deleted_by else ""))
+
+    def _fence(self, leases: list[LeaseWrite], audit: list[Audit], renew_deadline: float) -> None:
+        """Lease writes and requests in arrival order: each controller write within its lease's deadline."""
+        timeline: list[tuple[float, int, LeaseWrite | Audit]] = [(w.at, 0, w) for w in leases]
+        timeline += [(a.at, 1, a) for a in audit if is_controller(a.user) and a.verb in MUTATING_VERBS
+                     and a.resource not in ("leases",)]
+        for at, _, item in sorted(timeline, key=lambda t: (t[0], t[1])):
+            if isinstance(item, LeaseWrite):
+                if is_controller(item.user):
+                    self._renewed[item.user] = at if item.holder else None
+                continue
+            renewed = self._renewed.get(item.user)
+            if renewed is None:
+                why = "before it acquired the lease" if item.user not in self._renewed else "after it released it"
+            elif at > renewed + renew_deadline + FENCE_SLACK_S:
+                why = f"{at - renewed:.2f}s after its last lease renewal (renew deadline {renew_deadline:g}s)"
+            else:
+                continue
+            self._violate("write-after-renew-deadline", at, f"{item.user} {item.verb} {item.resource}"
+                          f"{'/' + item.subresource if item.subresource else ''} {item.namespace or ''}/"
+                          f"{item.name or ''} {why}")
+
     # ---- reporting ----------------------------------------------------------------------------------
 
     def report(self, recorder: Recorder, last: int = 25) -> str:
@@ -480,19 +591,61 @@ def _brief(record: NodeRecord | RecordError | None) -> str:
 # ---- controllers ------------------------------------------------------------------------------------
 
 
+class StallableClient(KubeClient):
+    """A client whose Lease calls block while ``stalled`` is set: the renewal thread is stuck (as in a
+    SIGSTOP, a long GC pause), everything else of the controller runs on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stalled = threading.Event()
+        self.resumed = threading.Event()
+
+    def stall(self) -> None:
+        self.resumed.clear()
+        self.stalled.set()
+
+    def resume(self) -> None:
+        self.stalled.clear()
+        self.resumed.set()
+
+    def _lease_gate(self, res: Resource) -> None:
+        if res is LEASES and self.stalled.is_set():
+            self.resumed.wait(60)
+
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        self._lease_gate(res)
+        return super().get(res, name, namespace)
+
+    def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None, **kwargs: Any) -> Obj:
+        self._lease_gate(res)
+        return super().create(res, body, namespace, **kwargs)
+
+    def replace(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                **kwargs: Any) -> dict[str, Any]:
+        self._lease_gate(res)
+        return super().replace(res, name, body, namespace, **kwargs)
+
+
 class Controllers:
-    """Starts controllers in-process against a SimCluster, one at a time, each with its own token."""
+    """Starts controllers in-process against a SimCluster, one at a time, each with its own token.
+
+    With ``settings.leader_elect`` each runs ``Controller.run`` (leader election, the write fence) in a
+    thread and acts once it holds the Lease; a killed one cannot release it, so its successor waits
+    out the lease duration, as on a real cluster."""
 
     def __init__(self, cluster: SimCluster, policy: PolicyFile, settings: Settings) -> None:
         self.cluster = cluster
         self.policy = policy
         self.settings = settings
         self.current: Controller | None = None
+        self.client: StallableClient | None = None
         self.generation = 0
         self._token = ""
         self._dir = tempfile.TemporaryDirectory(prefix="gpuremediate-reliability-")
         self._clients: list[KubeClient] = []
         self._stoppers: list[threading.Thread] = []
+        self._shutdown: Shutdown | None = None
+        self._runner: threading.Thread | None = None
 
     def start(self) -> Controller:
         assert self.current is None, "kill the running controller first"
@@ -501,12 +654,21 @@ class Controllers:
         self.cluster.api.add_token(self._token, f"{CONTROLLER_USER_PREFIX}{self.generation}")
         path = Path(self._dir.name) / f"kubeconfig-{self.generation}"
         self.cluster.api.write_kubeconfig(path, token=self._token)
-        client = KubeClient(load_config(str(path)), qps=500, burst=1000, timeout=10.0)
+        client = self.client = StallableClient(load_config(str(path)), qps=500, burst=1000, timeout=10.0)
         self._clients.append(client)
-        controller = Controller(self.settings, self.policy, client=client)
-        if not controller.start_caches(timeout=20.0):
-            raise AssertionError(f"controller {self.generation}: node cache did not sync in 20 s")
-        controller.start_loops()
+        settings = self.settings
+        if settings.leader_elect:  # each its own holder identity, as each pod has its own name
+            settings = dataclasses.replace(settings, identity=f"{settings.identity}-{self.generation}")
+        controller = Controller(settings, self.policy, client=client)
+        if settings.leader_elect:
+            self._shutdown = Shutdown()
+            self._runner = threading.Thread(target=controller.run, args=(self._shutdown,),
+                                            name=f"controller-{self.generation}", daemon=True)
+            self._runner.start()
+        else:
+            if not controller.start_caches(timeout=20.0):
+                raise AssertionError(f"controller {self.generation}: node cache did not sync in 20 s")
+            controller.start_loops()
         self.current = controller
         return controller
 
@@ -515,16 +677,26 @@ class Controllers:
         controller, self.current = self.current, None
         if controller is None:
             return
+        if self.client is not None:
+            self.client.resume()
+        shutdown, runner, self._shutdown, self._runner = self._shutdown, self._runner, None, None
         if graceful:
-            controller.stop()
+            if shutdown is not None and runner is not None:
+                shutdown.request()  # run() stops the loops, then releases the Lease
+                runner.join(20)
+            else:
+                controller.stop()
             self.cluster.api.tokens.pop(self._token, None)
             return
         self.cluster.api.tokens.pop(self._token, None)
         controller.acting = False
         controller.ctx.stop.set()
-        stopper = threading.Thread(target=controller.stop, name="controller-stop", daemon=True)
+        stopper = threading.Thread(target=shutdown.request if shutdown is not None else controller.stop,
+                                   name="controller-stop", daemon=True)
         stopper.start()
         self._stoppers.append(stopper)
+        if runner is not None:
+            self._stoppers.append(runner)
 
     def close(self) -> None:
         self.kill(graceful=False)
@@ -534,6 +706,3 @@ class Controllers:
             with contextlib.suppress(Exception):
                 client.close()
         self._dir.cleanup()
-
-
-

@@ -2,8 +2,9 @@
 errors, controller kills and a person cordoning, uncordoning and releasing nodes.
 
 Each example starts a fresh SimCluster (4 nodes, 2 GPUs each) and a controller in-process with
-short intervals, then runs random steps. The invariants (see ``harness``) are checked after every
-single node/Job change and eviction by a checker thread (every 50 ms) and after every step.
+short intervals and leader election (its Lease renewals are stalled at times), then runs random
+steps. The invariants (see ``harness``) are checked after every single node/Job change and eviction
+by a checker thread (every 50 ms) and after every step.
 
 More exploration locally: ``RELIABILITY_EXAMPLES=60 RELIABILITY_SHRINK=1 pytest tests/reliability``.
 """
@@ -30,6 +31,7 @@ from sim.cluster import SimCluster, node_name
 from .harness import (
     PERSON_TOKEN,
     PERSON_USER,
+    RENEW_DEADLINE_S,
     Checker,
     Controllers,
     Recorder,
@@ -140,10 +142,11 @@ class ControllerUnderFire(RuleBasedStateMachine):
         cluster.api.add_token(PERSON_TOKEN, PERSON_USER)
         path = cluster.api.write_kubeconfig(cluster.kubeconfig + "-person", token=PERSON_TOKEN)
         self.person_client = KubeClient(load_config(path), qps=500, burst=1000, timeout=10.0)
-        self.checker = Checker(self.recorder, limit, []).start()
+        self.checker = Checker(self.recorder, limit, [], renew_deadline=RENEW_DEADLINE_S).start()
         for node in NODE_NAMES:  # every drain has something to evict
             cluster.workload(f"base-{node}", node, gpus=1)
-        self.controllers = Controllers(cluster, reliability_policy(limit), reliability_settings(cluster))
+        self.controllers = Controllers(cluster, reliability_policy(limit),
+                                       reliability_settings(cluster, leader_elect=True))
         self.controllers.start()
         for node, gpu, (fault, value) in first_faults:
             cluster.gpusim.inject(node, gpu, fault, value)
@@ -244,6 +247,19 @@ class ControllerUnderFire(RuleBasedStateMachine):
         assert self.controllers is not None
         self.controllers.kill(graceful=graceful)
         self.controllers.start()
+
+    @rule(seconds=st.sampled_from([1.0, RENEW_DEADLINE_S + 1.0]))
+    @traced
+    def stall_leader(self, seconds: float) -> None:
+        """The controller's Lease renewals hang (a paused process, a GC pause) while its loops run on:
+        past the renew deadline none of its writes may reach the server."""
+        assert self.controllers is not None
+        client = self.controllers.client
+        if client is None:
+            return
+        client.stall()
+        time.sleep(seconds)
+        client.resume()
 
     # ---- a person --------------------------------------------------------------------------------------
 
