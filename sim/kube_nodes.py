@@ -5,7 +5,8 @@
   while ``spec.unschedulable``; ``not-ready`` NoSchedule + NoExecute while Ready is False; ``unreachable``
   NoSchedule + NoExecute while Ready is Unknown. Each added taint carries ``timeAdded``.
 - Lease monitoring: a Node whose Lease in ``kube-node-lease`` (name = node name; ``spec.renewTime``
-  changes on each renewal) is not renewed for ``grace_s`` gets every condition Unknown
+  changes on each renewal) is not renewed, nor its Ready condition's ``lastHeartbeatTime`` posted, for
+  ``grace_s`` gets every condition Unknown
   ("NodeStatusUnknown", "Kubelet stopped posting node status.") and its pods Ready=False. A Node that
   never had a Lease is left alone.
 - Taint-based eviction: a pod on a node with a NoExecute taint it does not tolerate is deleted at once;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_errors as errs
@@ -109,6 +111,8 @@ class NodeLifecycle:
         self.renewals: dict[str, tuple[Any, float]] = {}  # node -> (spec.renewTime, when that was seen)
         self.no_execute_since: dict[tuple[str, str], float] = {}  # (node, taint key) -> first seen
         self._next_monitor = 0.0
+        self.clock: Callable[[], float] = time.monotonic  # for Lease ages and tolerations (tests move it)
+        self.passes = 0  # monitor passes done
 
     def nodes_rt(self) -> ResourceType:
         return self.api.type_for("", "nodes")
@@ -129,7 +133,7 @@ class NodeLifecycle:
         renew = (event.obj.get("spec") or {}).get("renewTime")
         seen = self.renewals.get(name)
         if seen is None or seen[0] != renew:
-            self.renewals[name] = (renew, time.monotonic())
+            self.renewals[name] = (renew, self.clock())
 
     def _node_changed(self, event: WatchEvent) -> None:
         node, name = event.obj, event.obj["metadata"]["name"]
@@ -139,6 +143,8 @@ class NodeLifecycle:
             return
         if event.type == "ADDED":
             self._node_event(node, "RegisteredNode", f"Node {name} event: Registered Node {name} in Controller")
+        if name in self.renewals and _heartbeat(node) != _heartbeat(event.prev):
+            self.renewals[name] = (self.renewals[name][0], self.clock())  # a status post is a sign of life too
         self._report_transitions(node, event.prev)
         self._retaint(name)
 
@@ -175,14 +181,15 @@ class NodeLifecycle:
 
     # --- periodic work ---------------------------------------------------------------------------
     def tick(self) -> None:
-        now = time.monotonic()
-        if now < self._next_monitor:
+        if time.monotonic() < self._next_monitor:
             return
-        self._next_monitor = now + self.monitor_s
+        self._next_monitor = time.monotonic() + self.monitor_s
+        now = self.clock()
         for name, (_, seen) in list(self.renewals.items()):
             if now - seen > self.grace_s:
                 self._mark_unknown(name)
         self._evict(now)
+        self.passes += 1
 
     def _mark_unknown(self, name: str) -> None:
         rt = self.nodes_rt()
@@ -220,7 +227,7 @@ class NodeLifecycle:
             for taint in taints:
                 since = min(since, self.no_execute_since.setdefault((name, taint.get("key", "")), now))
                 live.add((name, taint.get("key", "")))
-            for pod in self.store.select(pods_rt.key, "", lambda p, n=name: _evictable_on(p, n)):
+            for pod in self.store.select(pods_rt.key, "", _evictable_on(name)):
                 allowed = tolerated_for(pod, taints)
                 if allowed is not None and now - since >= allowed:
                     self._evict_pod(pods_rt, pod)
@@ -237,13 +244,22 @@ class NodeLifecycle:
                      f"Marking for deletion Pod {meta['namespace']}/{meta['name']}", component=EVICTION_CONTROLLER)
 
 
+def _heartbeat(node: Obj | None) -> Any:
+    for cond in ((node or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("lastHeartbeatTime")
+    return None
+
+
 def _has_no_execute(node: Obj) -> bool:
     return any(t.get("effect") == "NoExecute" for t in (node.get("spec") or {}).get("taints") or [])
 
 
-def _evictable_on(pod: Obj, node_name: str) -> bool:
-    return (pod.get("spec") or {}).get("nodeName") == node_name and not pod["metadata"].get("deletionTimestamp") \
-        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+def _evictable_on(node_name: str) -> Callable[[Obj], bool]:
+    def evictable(pod: Obj) -> bool:
+        return (pod.get("spec") or {}).get("nodeName") == node_name and not pod["metadata"].get("deletionTimestamp") \
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return evictable
 
 
 def _unknown_conditions(node: Obj) -> list[dict[str, Any]]:

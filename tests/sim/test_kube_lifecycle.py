@@ -157,3 +157,32 @@ def test_a_pod_whose_owner_does_not_exist_is_garbage_collected(raw: Raw) -> None
     gone = lambda name: raw("GET", f"{NS}/pods/{name}").body["metadata"].get("deletionTimestamp")  # noqa: E731
     until(lambda: gone("stale-uid") and gone("absent"))
     assert not gone("owned") and not gone("unknown-kind")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_status_heartbeat_also_keeps_a_leased_node_alive(srv: KubeAPIServer, raw: Raw) -> None:
+    lifecycle, clock = srv.controllers.nodes, FakeClock()
+    lifecycle.clock = clock
+    lease = {"metadata": {"name": "capture-node-1"}, "spec": {"holderIdentity": "capture-node-1",
+             "leaseDurationSeconds": 40, "renewTime": "2026-12-01T06:29:26.522773Z"}}
+    assert raw("POST", LEASES, lease).status == 201
+    until(lambda: "capture-node-1" in lifecycle.renewals)
+    clock.now += 40
+    heartbeat = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok",
+                  "lastHeartbeatTime": "2026-12-01T06:30:06Z", "lastTransitionTime": "2026-11-29T21:18:23Z"}]
+    assert raw("PATCH", f"{NODE}/status", {"status": {"conditions": heartbeat}}, MERGE).status == 200
+    until(lambda: lifecycle.renewals["capture-node-1"][1] == clock.now)
+    clock.now += 30  # 70 s after the Lease, 30 s after the heartbeat: alive (grace 50 s)
+    passes = lifecycle.passes
+    until(lambda: lifecycle.passes >= passes + 2)
+    ready = lambda: next(c for c in raw("GET", NODE).body["status"]["conditions"] if c["type"] == "Ready")  # noqa: E731
+    assert ready()["status"] == "True"
+    clock.now += 21
+    until(lambda: ready()["status"] == "Unknown")
