@@ -188,6 +188,9 @@ class Controller:
     def alive(self) -> tuple[bool, str]:
         if self.lost_lease:
             return False, "lost the leader lease"
+        stuck = self.elector.check() if self.elector is not None else ""
+        if stuck:
+            return False, stuck
         return True, "ok"
 
     # ---- the process ---------------------------------------------------------------------------------

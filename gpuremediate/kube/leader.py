@@ -26,6 +26,7 @@ from gpuremediate.kube.resources import LEASES
 log = logging.getLogger(__name__)
 
 JITTER_FACTOR = 1.2  # client-go's JitterFactor for acquire retries
+MAX_TOLERABLE_EXPIRED_S = 20.0  # as kube-controller-manager passes to its leader-election healthz adaptor
 
 
 def micro_time(moment: datetime | None = None) -> str:
@@ -91,6 +92,17 @@ class LeaderElector:
         """Leading, and the last successful renewal is younger than the renew deadline by the local clock."""
         renewed = self._renewed_at
         return self._leading.is_set() and renewed is not None and self._clock() - renewed < self.renew_deadline
+
+    def check(self, max_tolerable_expired: float = MAX_TOLERABLE_EXPIRED_S) -> str:
+        """client-go's HealthzAdaptor Check: "" when healthy; a reason when we lead but have not renewed
+        for longer than the lease duration plus ``max_tolerable_expired`` (the process should be restarted)."""
+        renewed = self._renewed_at
+        if not self._leading.is_set() or renewed is None:
+            return ""
+        age = self._clock() - renewed
+        if age > self.lease_duration + max_tolerable_expired:
+            return f"leader lease {self.namespace}/{self.name} not renewed for {age:.0f}s"
+        return ""
 
     def fence(self, method: str, path: str) -> None:
         """A KubeClient write fence: refuse (errors.NotLeader) every write but our own Lease's unless we lead."""

@@ -102,3 +102,12 @@ def test_a_replica_that_does_not_lead_writes_nothing_but_its_lease(kube_target: 
     assert not elector._try_acquire_or_renew()  # its own Lease calls pass the fence (and find a valid holder)
     with pytest.raises(errors.NotFound):
         client.get(CONFIGMAPS, "standby", kube_target.namespace)
+
+
+def test_a_leader_that_cannot_renew_long_past_its_lease_turns_unhealthy(
+        leading: tuple[LeaderElector, KubeClient, FakeClock]) -> None:
+    elector, _client, clock = leading
+    clock.now += 60 + 19  # lease duration 60 s, plus less than the 20 s tolerance
+    assert elector.check() == ""
+    clock.now += 2
+    assert elector.check() == f"leader lease {elector.namespace}/{LEASE} not renewed for 81s"
