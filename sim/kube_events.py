@@ -32,15 +32,12 @@ def record_event(api: KubeAPIServer, rt: ResourceType, involved: Obj, reason: st
     namespace = ref.get("namespace") or "default"
     source = {"component": component, **({"host": host} if host else {})}
 
-    def same(event: Obj) -> bool:
-        return (event.get("involvedObject", {}).get("uid") == ref["uid"] and event.get("reason") == reason
-                and event.get("message") == message and event.get("source") == source)
-
+    identity = (namespace, ref["uid"], reason, message, component, host)
     now = now_time()
     with api.store.lock:
-        existing = api.store.select(events.key, namespace, same)
-        if existing:
-            old = existing[0]
+        known = api.recorded_events.get(identity)
+        old = api.store.get(events.key, namespace, known) if known else None
+        if old is not None:
             bumped = {**old, "count": int(old.get("count") or 1) + 1, "lastTimestamp": now}
             bumped["metadata"] = dict(old["metadata"])
             return api.store.update(events, bumped, old)
@@ -50,4 +47,6 @@ def record_event(api: KubeAPIServer, rt: ResourceType, involved: Obj, reason: st
                      "involvedObject": ref, "reason": reason, "message": message, "source": source,
                      "firstTimestamp": now, "lastTimestamp": now, "count": 1, "type": event_type,
                      "eventTime": None, "reportingComponent": component, "reportingInstance": host}
-        return api.store.create(events, body, namespace)
+        created = api.store.create(events, body, namespace)
+        api.recorded_events[identity] = created["metadata"]["name"]
+        return created

@@ -76,6 +76,9 @@ class KubeAPIServer:
         # (captures 36): with a delay set, creates wait until that long after the CRD was registered.
         self.first_cr_create_delay_s = 0.0
         self.default_toleration_s = 300  # DefaultTolerationSeconds: not-ready/unreachable NoExecute
+        # The emulated components' event recorder: (namespace, uid, reason, message, component, host) ->
+        # the Event's name, so a repeat bumps its count without scanning every Event (sim.kube_events).
+        self.recorded_events: dict[tuple[str, ...], str] = {}
         self._cr_storage_ready: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
