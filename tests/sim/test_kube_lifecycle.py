@@ -138,6 +138,8 @@ def test_a_job_whose_pods_are_refused_gets_failed_create_until_the_account_exist
     assert event["message"] == ('Error creating: pods "j-" is forbidden: error looking up service account '
                                 'capture/runner: serviceaccount "runner" not found')
     assert not raw("GET", f"{NS}/pods?labelSelector=job-name%3Dj").body["items"]
+    until(lambda: events()[0]["count"] >= 2)  # retried with backoff: the same Event, counted
+    assert len(events()) == 1
     assert raw("POST", f"{NS}/serviceaccounts", {"metadata": {"name": "runner"}}).status == 201
     until(lambda: raw("GET", f"{NS}/pods?labelSelector=job-name%3Dj").body["items"])
 
