@@ -297,6 +297,9 @@ def read_kubeconfig(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"kubeconfig {path} is not a mapping")
+    for section in ("clusters", "contexts", "users"):
+        if data.get(section) is not None and not isinstance(data[section], list):
+            raise ConfigError(f"kubeconfig {path}: {section} must be a list")
     _resolve_relative_paths(data, path.parent)
     return data
 

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,3 +332,45 @@ def test_tls_server_name_is_the_name_the_certificate_is_checked_for(tls_material
         assert KubeClient(named).get(NODES, "n")["metadata"]["name"] == "n"
     finally:
         server.stop()
+
+
+# ---- hostile kubeconfigs: a clear ConfigError, never another exception -----------------------------------
+
+def _kubeconfig_values() -> Any:
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5),
+                        st.text(alphabet="abcxu:/.-_ 0123456789", max_size=6),
+                        st.sampled_from(["c", "u", "x", "http://x", "https://h:1", "ftp://x", "!!!", "/nope"]))
+    return st.recursive(scalars, lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["name", "cluster", "user", "context", "server", "token", "tokenFile",
+                                         "certificate-authority", "certificate-authority-data", "exec",
+                                         "command", "client-certificate-data", "insecure-skip-tls-verify"]),
+                        inner, max_size=4)), max_leaves=12)
+
+
+def _kubeconfig_documents() -> Any:
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries({}, optional={
+        "clusters": _kubeconfig_values(), "contexts": _kubeconfig_values(), "users": _kubeconfig_values(),
+        "current-context": _kubeconfig_values()})
+
+
+def test_fuzzed_kubeconfigs_are_a_config_error_or_a_config(tmp_path: Path) -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    path = tmp_path / "kubeconfig"
+
+    @settings(max_examples=300, derandomize=True, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(doc=_kubeconfig_documents())
+    def check(doc: dict[str, Any]) -> None:
+        path.write_text(json.dumps(doc))
+        try:
+            load_config(str(path))
+        except errors.ConfigError as exc:
+            assert str(exc) and "\n" not in str(exc).strip()
+
+    check()
