@@ -27,6 +27,7 @@ OUT = ROOT / "tests" / "signals" / "data" / "prometheus-2.42"
 QUERIES = {
     "readings.json": sources.policy_query(),
     "freshness.json": sources.freshness_query(),
+    "identity.json": sources.identity_query(),
     "error-400-parse.json": "sum(",
     "error-422-execution.json": 'timestamp({__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_XID_ERRORS"})',
 }

@@ -11,6 +11,7 @@ import dataclasses
 import http.client
 import io
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -28,6 +29,8 @@ from gpuremediate.kube.resources import PODS
 from gpuremediate.signals import dcgm, exposition
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+
+log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 OVERRUN_GRACE_S = 1.0  # past its deadline (plus this), a scrape no longer holds up the cycle
@@ -443,27 +446,48 @@ class PrometheusError(SourceError):
 
 
 NAME_LABEL = "gpuremediate_metric"  # the metric name, kept where aggregation drops __name__
-# The labels the policy reads besides the node's: which GPU, its identity, the workload on it (behind a
-# ServiceMonitor with honor_labels false the workload's pod/namespace arrive as exported_*), the driver.
-GPU_LABELS = ("gpu", "UUID", "GPU_I_ID", "modelName", "pci_bus_id", dcgm.DRIVER_VERSION_LABEL,
-              "pod", "namespace", "exported_pod", "exported_namespace")
+KEY_LABELS = ("gpu", "GPU_I_ID", "UUID")  # one GPU (or MIG instance), on every value
+# What else the controller reads about a GPU: its identity, the driver, the workload on it (behind a
+# ServiceMonitor with honor_labels false the workload's pod/namespace arrive as exported_*).
+IDENTITY_LABELS = ("modelName", "pci_bus_id", dcgm.DRIVER_VERSION_LABEL, "pod", "namespace", "exported_pod",
+                   "exported_namespace")
 XID_LABELS = ("xid", "err_msg")
 XID_SERIES = (dcgm.XID_FIELD, dcgm.XID_COUNT_SERIES)
+DENSE_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP")  # read whatever their value
+IDENTITY_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS")  # every exporter has one of them
+IDENTITY_QUERY_MAX_NODES = 50  # the nodes whose identity is fetched in the cycle they show a fault
 
 
 def policy_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
                  metrics: Sequence[str] = POLICY_METRICS) -> str:
-    """One instant query: one value per (node, GPU, signal), only the labels the policy needs.
+    """One instant query: one value per (node, GPU, signal), with only the labels that say which GPU.
 
-    Prometheus does the work: ``max by`` drops every other label (instance, job, container, the
-    exporter's own pod...) and collapses duplicate series (two exporter pods during a rollout); the
-    metric's name, which aggregation drops, is put back in ``gpuremediate_metric``.
+    Prometheus does the work: ``max by`` drops every other label and collapses duplicate series (two
+    exporter pods during a rollout); the metric's name, which aggregation drops, is put back in
+    ``gpuremediate_metric``. The counters and flags the policy reads fire only when non-zero, so only
+    their non-zero values are asked for: a healthy fleet answers with its temperatures alone.
     """
     parts = []
     for metric in metrics:
-        by = ", ".join((*node_labels, *GPU_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
-        parts.append(f'label_replace(max by ({by}) ({metric}), "{NAME_LABEL}", "{metric}", "", "")')
+        by = ", ".join((*node_labels, *KEY_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
+        selector = metric if metric in DENSE_METRICS else f"{metric} != 0"
+        parts.append(f'label_replace(max by ({by}) ({selector}), "{NAME_LABEL}", "{metric}", "", "")')
     return " or ".join(parts)
+
+
+def identity_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES, nodes: Sequence[str] = ()) -> str:
+    """Each GPU's identity and workload labels (all nodes, or only ``nodes`` by the first node label)."""
+    by = ", ".join((*node_labels, *KEY_LABELS, *IDENTITY_LABELS))
+    if nodes:
+        series = " or ".join(f'{m}{{{node_labels[0]}="{_promql_string(n)}"}}' for m in IDENTITY_METRICS
+                             for n in nodes)
+    else:
+        series = '{__name__=~"' + "|".join(IDENTITY_METRICS) + '"}'
+    return f"group by ({by}) ({series})"
+
+
+def _promql_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def freshness_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
@@ -480,6 +504,9 @@ def freshness_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
 
 class PrometheusSource:
     """Readings for every node from two instant queries per cycle to Prometheus's HTTP API.
+
+    Each GPU's identity and workload (model, PCI bus, driver, pods) changes rarely and is the bulk of
+    the labels: it is asked for every ``identity_every`` reads, and at once for a node showing a fault.
 
     ``query_timeout_s`` (None: 10 s plus 4 ms per node seen, so it scales with the fleet) is sent to
     Prometheus as the query's ``timeout`` and bounds the HTTP exchange; ``max_bytes`` caps the
@@ -501,6 +528,7 @@ class PrometheusSource:
         max_bytes: int = 64 * MIB,
         clock: Callable[[], float] = time.time,
         expected_nodes: Callable[[], Iterable[str]] | None = None,
+        identity_every: int = 8,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -516,6 +544,9 @@ class PrometheusSource:
         self.clock = clock
         self.expected_nodes = expected_nodes
         self.nodes_seen = 0
+        self.reads = 0
+        self.identity_every = max(1, identity_every)
+        self._identity: dict[tuple[str, str, str], list[dict[str, str]]] = {}  # (node, gpu, mig) -> labels
 
     @property
     def timeout_s(self) -> float:
@@ -526,17 +557,49 @@ class PrometheusSource:
     def read(self) -> list[NodeReadings]:
         values, eval_time = self._query(policy_query(self.node_labels), "readings")
         stamps, _ = self._query(freshness_query(self.node_labels), "freshness")
+        keyed = [(node, s) for s in vector_samples(values) if (node := self._node_of(s.label))]
+        self._refresh_identity({node for node, s in keyed if s.name not in DENSE_METRICS})
         by_node: dict[str, list[Sample]] = {}
-        for sample in vector_samples(values):
-            node = self._node_of(sample.label)
-            if node:
-                by_node.setdefault(node, []).append(_workload_labels(sample))
+        for node, sample in keyed:
+            by_node.setdefault(node, []).extend(self._with_identity(node, sample))
         newest = self._newest(stamps)
         readings = [self._node_readings(node, by_node.get(node, []), newest.get(node), eval_time)
                     for node in sorted(set(by_node) | set(newest))]
         readings += self._missing(set(by_node) | set(newest), eval_time)
         self.nodes_seen = len(readings)
+        self.reads += 1
         return readings
+
+    def _refresh_identity(self, faulty: set[str]) -> None:
+        """Every ``identity_every`` reads for the fleet; at once for nodes showing a fault (their pods are
+        what a drain reads next). A failed identity query keeps what was known: values still count."""
+        full = self.reads % self.identity_every == 0
+        nodes = () if full else tuple(sorted(faulty))[:IDENTITY_QUERY_MAX_NODES]
+        if not full and not nodes:
+            return
+        try:
+            result, _ = self._query(identity_query(self.node_labels, nodes), "identity")
+        except PrometheusError as e:
+            log.warning("GPU identity query failed; keeping what was known", extra={"error": str(e)})
+            return
+        fresh: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+        for item in result:
+            point = _point(item)
+            if point is not None and (node := self._node_of(point[0].get)):
+                labels = point[0]
+                key = (node, labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
+                fresh.setdefault(key, []).append({k: labels[k] for k in IDENTITY_LABELS if labels.get(k)})
+        if full:
+            self._identity = fresh
+        else:
+            self._identity = {k: v for k, v in self._identity.items() if k[0] not in nodes} | fresh
+
+    def _with_identity(self, node: str, sample: Sample) -> list[Sample]:
+        """The sample once per identity known for its GPU (several workload pods may share one GPU)."""
+        identities = self._identity.get((node, sample.label("gpu") or "", sample.label("GPU_I_ID") or "")) or [{}]
+        return [_workload_labels(dataclasses.replace(sample, labels=tuple(sorted({**dict(sample.labels), **extra}
+                                                                                 .items()))))
+                for extra in identities]
 
     def _node_readings(self, node: str, samples: list[Sample], newest: float | None, eval_time: float) -> NodeReadings:
         if newest is not None and eval_time - newest > self.stale_after_s:

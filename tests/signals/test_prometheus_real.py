@@ -66,7 +66,7 @@ def test_readings_staleness_and_attribution(prom: tuple[promlab.PromServer, GpuS
     got = wait_for(lambda: (r := by_node(src.read()))["live-1"].status == SOURCE_OK and r, 30,
                    "the live node scraped by Prometheus")
     fresh = got["fresh-1"]
-    assert fresh.status == SOURCE_OK and [(g.gpu, g.xid, g.gpu_temp) for g in fresh.gpus] == [("0", 0, 40.0),
+    assert fresh.status == SOURCE_OK and [(g.gpu, g.xid, g.gpu_temp) for g in fresh.gpus] == [("0", None, 40.0),
                                                                                               ("1", 79, 41.0)]
     assert [(p.namespace, p.name) for p in fresh.gpus[1].pods] == [("ml", "train-fresh-1-1")]  # exported_pod
     assert fresh.gpus[0].uuid == "GPU-fresh-1-00" and fresh.meta.get("driver_version") == "570.124.06"
@@ -110,7 +110,8 @@ def test_canned_fixtures_have_the_real_servers_shape(prom: tuple[promlab.PromSer
     """The fixtures test_sources.py serves were recorded from this server (see data/prometheus-2.42/README.md):
     the same queries still give elements with the same label names."""
     server, _ = prom
-    for name, q in (("readings.json", sources.policy_query()), ("freshness.json", sources.freshness_query())):
+    for name, q in (("readings.json", sources.policy_query()), ("freshness.json", sources.freshness_query()),
+                    ("identity.json", sources.identity_query())):
         recorded = json.loads((FIXTURES / name).read_text())
         real = [i for i in query(server, q) if i["metric"].get("Hostname") == "fresh-1"]
         canned = [i for i in recorded["data"]["result"] if i["metric"].get("Hostname") == "fresh-1"]

@@ -249,7 +249,7 @@ def test_stale_timestamped_samples_are_dropped() -> None:
 # checked against a live server in test_prometheus_real.py.
 
 PROM_DATA = Path(__file__).parent / "data" / "prometheus-2.42"
-EVAL_TIME = 1796111820.0
+EVAL_TIME = float(json.loads((PROM_DATA / "freshness.json").read_text())["data"]["result"][0]["value"][0])
 
 
 def recorded(name: str) -> bytes:
@@ -257,7 +257,7 @@ def recorded(name: str) -> bytes:
 
 
 class PromHandler(BaseHTTPRequestHandler):
-    """Answers the readings query and the freshness query from ``replies`` (by which one was asked)."""
+    """Answers the readings, freshness and identity queries from ``replies`` (by which one was asked)."""
 
     replies: dict[str, tuple[int, bytes]] = {}
     seen: list[tuple[str, dict[str, list[str]], Any]] = []
@@ -266,7 +266,8 @@ class PromHandler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         type(self).seen.append((parts.path, query, self.headers))
-        kind = "freshness" if "timestamp(" in query.get("query", [""])[0] else "readings"
+        text = query.get("query", [""])[0]
+        kind = "freshness" if "timestamp(" in text else "identity" if text.startswith("group by") else "readings"
         code, body = type(self).replies.get(kind) or type(self).replies["readings"]
         gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "")
         if gzipped:
@@ -286,7 +287,8 @@ class PromHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def prom() -> Iterator[tuple[str, type[PromHandler]]]:
     handler = type("Handler", (PromHandler,), {"seen": [], "replies": {
-        "readings": (200, recorded("readings.json")), "freshness": (200, recorded("freshness.json"))}})
+        "readings": (200, recorded("readings.json")), "freshness": (200, recorded("freshness.json")),
+        "identity": (200, recorded("identity.json"))}})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/prom/", handler
@@ -302,18 +304,23 @@ def test_prometheus_readings_from_two_aggregated_queries(prom: tuple[str, type[P
             for path, q, h in handler.seen] == [
         ("/prom/api/v1/query", [sources.policy_query()], ["10000ms"], "Bearer s3cret", "gzip"),
         ("/prom/api/v1/query", [sources.freshness_query()], ["10000ms"], "Bearer s3cret", "gzip"),
+        ("/prom/api/v1/query", [sources.identity_query()], ["10000ms"], "Bearer s3cret", "gzip"),
     ]
     fresh = got["fresh-1"]
     assert fresh.status == SOURCE_OK and fresh.observed_at == EVAL_TIME
-    assert [(g.gpu, g.uuid, g.xid, g.gpu_temp, g.memory_temp) for g in fresh.gpus] == [
-        ("0", "GPU-fresh-1-00", 0, 40.0, 45.0), ("1", "GPU-fresh-1-01", 79, 41.0, 46.0)]
+    assert [(g.gpu, g.uuid, g.xid, g.gpu_temp, g.memory_temp, g.model) for g in fresh.gpus] == [
+        ("0", "GPU-fresh-1-00", None, 40.0, 45.0, "NVIDIA H100 80GB HBM3"),  # a zero is not asked for
+        ("1", "GPU-fresh-1-01", 79, 41.0, 46.0, "NVIDIA H100 80GB HBM3")]
     # honor_labels false: the workload is exported_pod/exported_namespace, not the exporter's own pod
     assert [(p.namespace, p.name) for p in fresh.gpus[1].pods] == [("ml", "train-fresh-1-1")]
     assert got["old-1"].status == SOURCE_UNKNOWN
     assert got["old-1"].reason == "stale in Prometheus: newest sample 200 s old (more than 120 s)"
     assert got["gone-1"].status == SOURCE_UNKNOWN and "no series for this node in Prometheus" in got["gone-1"].reason
     src.read()
-    assert handler.seen[-1][1]["timeout"] == ["10012ms"]  # 10 s + 4 ms per node seen: scales with the fleet
+    assert handler.seen[3][1]["timeout"] == ["10012ms"]  # 10 s + 4 ms per node seen: scales with the fleet
+    # identity is not asked again for the fleet, only for the node showing a fault (fresh-1's XID 79)
+    assert [q["query"][0] for _, q, _ in handler.seen[5:]] == [sources.identity_query(src.node_labels, ["fresh-1"])]
+    assert by_node(src.read())["fresh-1"].gpus[1].pods == fresh.gpus[1].pods
 
 
 def test_prometheus_query_timeout_is_its_own(prom: tuple[str, type[PromHandler]]) -> None:
@@ -335,12 +342,12 @@ def test_prometheus_node_label_choice(prom: tuple[str, type[PromHandler]]) -> No
         item({"UUID": "GPU-3"}, "50"),
     ]}}
     empty = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
-    handler.replies = {"readings": (200, json.dumps(doc).encode()), "freshness": (200, empty)}
+    handler.replies = {"readings": (200, json.dumps(doc).encode()), "freshness": (200, empty), "identity": (200, empty)}
     assert set(by_node(PrometheusSource(url).read())) == {"pod-hostname", "n-2"}
     src = PrometheusSource(url, node_label="kubernetes_node")
     got = by_node(src.read())
     assert set(got) == {"k-1", "n-2"} and got["k-1"].gpus[0].gpu_temp == 71.0
-    assert "max by (kubernetes_node, Hostname, hostname, node, gpu," in handler.seen[-2][1]["query"][0]
+    assert "max by (kubernetes_node, Hostname, hostname, node, gpu," in handler.seen[-3][1]["query"][0]
 
 
 @pytest.mark.parametrize(
