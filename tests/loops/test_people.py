@@ -48,3 +48,17 @@ def test_without_the_annotation_our_cordon_is_removed(world: World) -> None:  # 
     fleet.release(world.kube, NODE, by="alice")
     wait_for(lambda: _state(world.kube) == states.HEALTHY, 10, f"{NODE} validated and healthy")
     assert not world.kube.get(NODES, NODE)["spec"].get("unschedulable")
+
+
+def test_a_hand_edited_record_with_an_absurd_time_is_replaced_and_said_so(world: World) -> None:  # noqa: F811
+    """first_seen = 1e308 is finite JSON, but every name built from it overflowed (65 tracebacks per node in
+    20 s, the node stuck): the record is unreadable, a schedulable node starts over, a Warning Event says why."""
+    garbage = ('{"v": 1, "state": "repairing", "since": 1000.0, "fault": {"kind": "xid", "code": "48", '
+               '"fingerprint": "xid/GPU-1/48", "action": "reset-gpu", "first_seen": 1e308, "last_seen": 1e308}}')
+    world.kube.patch(NODES, NODE, {"metadata": {"annotations": {"gpuremediate.io/record": garbage},
+                                                "labels": {"gpuremediate.io/state": "repairing"}}})
+    world.start(NO_VALIDATION, xid=None)
+    wait_for(lambda: _state(world.kube) == states.HEALTHY, 10, f"the record replaced (it is {_state(world.kube)})")
+    events = [e for e in world.kube.list(EVENTS, "default")["items"] if "record-malformed" in e["message"]]
+    assert len(events) == 1 and events[0]["type"] == "Warning", events
+    assert "first_seen = 1e+308 is not a plausible time" in events[0]["message"]
