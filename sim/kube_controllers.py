@@ -258,6 +258,8 @@ class Controllers:
         with self.store.lock:
             job = self.store.get(jobs.key, ns, name)
             if job is None:
+                self.create_backoff.pop((ns, name), None)
+                self.create_retry_at.pop((ns, name), None)
                 return
             uid = job["metadata"]["uid"]
             pods = self.store.select(pods_rt.key, ns, lambda p: owned_by(p, uid))
