@@ -491,8 +491,8 @@ def _promql_string(text: str) -> str:
 
 
 def freshness_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
-                    metrics: Sequence[str] = POLICY_METRICS) -> str:
-    """Each node's newest sample time.
+                    metrics: Sequence[str] = IDENTITY_METRICS) -> str:
+    """Each node's newest sample time (of the series every exporter sends: every scrape refreshes them).
 
     ``timestamp()`` is applied to each raw selector: on the output of label_replace or an aggregation
     it would return the evaluation time, never the sample's. One metric per ``timestamp()`` (it drops
@@ -555,8 +555,10 @@ class PrometheusSource:
         return 10.0 + 0.004 * self.nodes_seen
 
     def read(self) -> list[NodeReadings]:
-        values, eval_time = self._query(policy_query(self.node_labels), "readings")
-        stamps, _ = self._query(freshness_query(self.node_labels), "freshness")
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:  # evaluated side by side
+            asked = pool.submit(self._query, freshness_query(self.node_labels), "freshness")
+            values, eval_time = self._query(policy_query(self.node_labels), "readings")
+            stamps, _ = asked.result()
         keyed = [(node, s) for s in vector_samples(values) if (node := self._node_of(s.label))]
         self._refresh_identity({node for node, s in keyed if s.name not in DENSE_METRICS})
         by_node: dict[str, list[Sample]] = {}
