@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ from gpuremediate.state import states
 from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
+from tests.loops.test_conflicts import ConflictingClient
 
 NODE = "gpu-node-1"
 SYSTEM_NS = "gpuremediate-system"
@@ -246,3 +249,45 @@ def test_ordinary_api_errors_in_the_loops_are_one_line_warnings(world: World,
              f"the loop to meet the errors (state {_state(kube)})")
     tracebacks = [r for r in caplog.records if r.exc_info and r.name.startswith("gpuremediate")]
     assert tracebacks == [], [r.getMessage() for r in tracebacks]
+
+
+def _plugin_completes(kube: KubeClient, res: Resource, condition: str, stop: threading.Event) -> None:
+    """Plays the plugin: every resource it sees gets ``condition=True``."""
+    while not stop.wait(0.1):
+        for item in _requests(kube, res):
+            if not (item.get("status") or {}).get("conditions"):
+                body = {"status": {"conditions": [{"type": condition, "status": "True", "reason": "Done"}]}}
+                with contextlib.suppress(errors.ApiError):
+                    sub = "status" if res.plural == "remediationrequests" else None
+                    kube.patch(res, item["metadata"]["name"], body, SYSTEM_NS, subresource=sub)
+
+
+def test_custom_drain_and_remediation_repeat_nothing_when_every_other_node_write_conflicts(world: World) -> None:
+    kube = world.kube
+    drain_res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
+    rma_res = install_crd(kube, remediation_crd(), API_VERSION, KIND)
+    stop = threading.Event()
+    plugins = [threading.Thread(target=_plugin_completes, args=(kube, drain_res, "DrainComplete", stop), daemon=True),
+               threading.Thread(target=_plugin_completes, args=(kube, rma_res, "Complete", stop), daemon=True)]
+    for plugin in plugins:
+        plugin.start()
+    policy = REMEDIATION_POLICY.replace("[validation.job]", "[validation]\nenabled = false\n[validation.job]") + \
+        f'[customDrain]\nenabled = true\nnamespace = "{SYSTEM_NS}"\ntimeout = 30\n'
+    client = ConflictingClient(kube.config, qps=500, burst=500)
+    try:
+        controller = world.start(policy, xid=48, client=client)
+        wait_for(lambda: (r := _record(kube)) is not None and len(r.history) == 1 and r.state == states.HEALTHY,
+                 20, f"{NODE} repaired by the plugins and healthy (it is {_state(kube)})")
+    finally:
+        stop.set()
+    assert client.conflicts >= 3, "the test did not make the controller's node writes conflict"
+    creates = Counter(r[3] for r in world.srv.requests if r[1] == "create" and r[3] in ("drainrequests",
+                                                                                       "remediationrequests"))
+    assert creates == {"drainrequests": 1, "remediationrequests": 1}, creates
+    metrics = controller.ctx.metrics
+    assert metrics.drain_seconds.count() == 1 and metrics.remediation_seconds.count(action="rma") == 1
+    assert [line for line in metrics.transitions.render() if not line.endswith(" 1")] == []
+    events = kube.list(EVENTS, "default")["items"]
+    ours = [e for e in events if (e.get("source") or {}).get("component") == "gpuremediate"]
+    seen = Counter((e["reason"], e["message"]) for e in ours for _ in range(int(e.get("count") or 1)))
+    assert [k for k, n in seen.items() if n > 1] == []
