@@ -3,13 +3,16 @@ the mux's text/plain 404, the annotation size limit, a slow first custom-resourc
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubeapi_support import Raw
 
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 MERGE = "application/merge-patch+json"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -65,3 +68,40 @@ def test_a_custom_resource_created_right_after_its_crd_can_wait_for_storage(srv:
                   {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}})
     assert created.status == 201
     assert time.monotonic() - started >= 0.5
+
+
+DATA_136 = Path("/work/shared/data/kube-apiserver-1.36")
+
+
+def _capture(case: str) -> dict[str, Any]:
+    path = next(DATA_136.glob(f"{case}*.json"), None)
+    if path is None:
+        pytest.skip(f"capture {case} of kube-apiserver-1.36 not present")
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def test_the_plain_404_is_the_captured_one(raw: Raw) -> None:
+    real = next(e for e in _capture("31")["exchanges"] if e["request"]["path"] == "/apis/gpuremediate.io/v1alpha1")
+    ours = raw("GET", "/apis/gpuremediate.io/v1alpha1")
+    assert (ours.status, ours.reason, ours.raw.decode()) == (real["response"]["status"], real["response"]["reason"],
+                                                             real["response"]["body_raw"])
+    for header in ("Content-Type", "Cache-Control", "X-Content-Type-Options"):
+        assert ours.headers[header] == real["response"]["headers"][header]
+
+
+def test_a_completed_job_has_the_captured_conditions(raw: Raw) -> None:
+    real = next(b["status"]["conditions"] for e in _capture("33")["exchanges"]
+                if isinstance(b := e["response"].get("body"), dict) and "SuccessCriteriaMet" in json.dumps(b)
+                and "conditions" in (b.get("status") or {}))
+    job = {"metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "restartPolicy": "Never", "nodeName": "capture-node-1", "containers": [{"name": "m", "image": "x"}]}}}}
+    assert raw("POST", "/apis/batch/v1/namespaces/capture/jobs", job).status == 201
+    pods = wait_for(lambda: raw("GET", "/api/v1/namespaces/capture/pods?labelSelector=job-name%3Dj").body["items"],
+                    5, "the Job's pod")
+    raw("PATCH", f"/api/v1/namespaces/capture/pods/{pods[0]['metadata']['name']}/status",
+        {"status": {"phase": "Succeeded"}}, MERGE)
+    ours = wait_for(lambda: raw("GET", "/apis/batch/v1/namespaces/capture/jobs/j").body["status"].get("conditions"),
+                    5, "the Job's conditions")
+    def shape(conditions: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(c["type"], c["status"], c["reason"], c["message"], sorted(c)) for c in conditions]
+    assert shape(ours) == shape(real)
