@@ -105,7 +105,7 @@ def _scalar_checks(value: Any, schema: Schema, path: str) -> list[Cause]:
 def _string_checks(value: str, schema: Schema, path: str) -> list[Cause]:
     causes: list[Cause] = []
     if "maxLength" in schema and len(value) > schema["maxLength"]:
-        causes.append(errs.cause("FieldValueTooLong", f"Too long: may not be more than {schema['maxLength']} bytes",
+        causes.append(errs.cause("FieldValueTooLong", f"Too long: must have at most {schema['maxLength']} bytes",
                                  path))
     if "minLength" in schema and len(value) < schema["minLength"]:
         causes.append(_invalid(path, value, f"{path} in body should be at least {schema['minLength']} chars long"))

@@ -98,7 +98,7 @@ def test_the_immutable_health_event_on_update(mr: Raw) -> None:
                                        'Unsupported value: "REBOOT": supported values: "NONE", "COMPONENT_RESET", '
                                        '"CONTACT_SUPPORT", "RUN_FIELDDIAG", "RESTART_VM", "RESTART_BM", '
                                        '"REPLACE_VM", "RUN_DCGMEUD", "CUSTOM", "UNKNOWN"')),
-    ({"agent": "a" * 257}, ("spec.healthEvent.agent", "FieldValueTooLong", "Too long: may not be more than 256 bytes")),
+    ({"agent": "a" * 257}, ("spec.healthEvent.agent", "FieldValueTooLong", "Too long: must have at most 256 bytes")),
     ({"version": -1}, ("spec.healthEvent.version", "FieldValueInvalid",
                        "Invalid value: -1: spec.healthEvent.version in body should be greater than or equal to 0")),
     ({"generatedTimestamp": "yesterday"}, ("spec.healthEvent.generatedTimestamp", "FieldValueInvalid",
