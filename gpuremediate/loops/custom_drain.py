@@ -154,6 +154,10 @@ class CustomDrain:
         deadline = self.deadline(record)
         if now >= deadline:
             return self._timed_out(node, record, name, now, drain)
+        if existing is None and record.action.created and not self.api.dry_run:
+            # Someone else deleted it (the record says it was created): never created again under its name.
+            return self._gave_up(node, record, name, now, drain,
+                                 f"{self.ref.kind} {self.ref.namespace}/{name} was deleted before the drain completed")
         if existing is None:
             self._create(node, record, drain)
         else:
@@ -231,6 +235,11 @@ class CustomDrain:
         self.api.delete(self.ref, name)
         detail = (f"drain plugin did not set {self.policy.statusConditionType}={self.policy.statusConditionStatus} "
                   f"on {self.ref.kind} {self.ref.namespace}/{name} within {self.policy.timeout:g}s")
+        return self._gave_up(node, record, name, now, drain, detail)
+
+    def _gave_up(self, node: Node, record: NodeRecord, name: str, now: float, drain: DrainPolicy,
+                 detail: str) -> float | None:
+        """The plugin's drain ended without completing: ``onTimeout`` decides (built-in drain, or quarantine)."""
         if self.policy.onTimeout == "builtin":
             fallback = start_action(record, record.action.kind if record.action else "drain", "", 1, now,
                                     drain.timeout_s, FALLBACK)

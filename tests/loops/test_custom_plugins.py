@@ -291,3 +291,18 @@ def test_custom_drain_and_remediation_repeat_nothing_when_every_other_node_write
     ours = [e for e in events if (e.get("source") or {}).get("component") == "gpuremediate"]
     seen = Counter((e["reason"], e["message"]) for e in ours for _ in range(int(e.get("count") or 1)))
     assert [k for k, n in seen.items() if n > 1] == []
+
+
+def test_a_person_deleting_the_drain_request_ends_that_drain_it_is_not_created_again(world: World) -> None:
+    kube = world.kube
+    res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
+    world.start(drain_policy(timeout=30.0), xid=79)
+    wait_for(lambda: (a := _action(kube)) is not None and a.created, 20, "the DrainRequest created and recorded")
+    name = _requests(kube, res)[0]["metadata"]["name"]
+    kube.delete(res, name, SYSTEM_NS)  # a person
+    wait_for(lambda: _state(kube) == states.QUARANTINED, 10, f"the drain given up (state {_state(kube)})")
+    record = _record(kube)
+    assert record is not None and "was deleted before the drain completed" in record.message
+    time.sleep(0.5)
+    creates = [r for r in world.srv.requests if r[1] == "create" and r[3] == "drainrequests"]
+    assert len(creates) == 1 and _requests(kube, res) == [], "the person's delete was undone"
