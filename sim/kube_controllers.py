@@ -156,14 +156,21 @@ class Controllers:
                 self._delete(rt, dep, "Background")
 
     def _collect_if_orphaned(self, key: str, obj: Obj) -> None:
-        """attemptToDeleteItem: an object none of whose owners exists (by uid) is deleted; an owner of a
-        kind the server does not serve cannot be checked, so its dependent stays."""
+        """attemptToDeleteItem: an object none of whose owners exists (by uid) is deleted, one with some
+        owners left loses the dangling references; an owner of a kind the server does not serve cannot be
+        checked, so it counts as existing."""
         rt = next((r for r in list(self.api.types.values()) if r.key == key), None)
         if rt is None or obj["metadata"].get("deletionTimestamp"):
             return
         namespace = obj["metadata"].get("namespace", "")
-        if not any(self._owner_may_exist(ref, namespace) for ref in obj["metadata"]["ownerReferences"]):
+        refs = obj["metadata"]["ownerReferences"]
+        solid = [ref for ref in refs if self._owner_may_exist(ref, namespace)]
+        if not solid:
             self._delete(rt, obj, "Background")
+        elif len(solid) < len(refs):  # some owners exist: only the dangling references go
+            updated = copy.deepcopy(obj)
+            updated["metadata"]["ownerReferences"] = solid
+            self.store.update(rt, updated, obj)
 
     def _owner_may_exist(self, ref: dict[str, Any], namespace: str) -> bool:
         api_version = str(ref.get("apiVersion", ""))

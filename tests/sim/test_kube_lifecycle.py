@@ -156,9 +156,16 @@ def test_a_pod_whose_owner_does_not_exist_is_garbage_collected(raw: Raw) -> None
         body = pod(name)
         body["metadata"]["ownerReferences"] = [{"apiVersion": api_version, "kind": kind, "name": owner, "uid": uid}]
         assert raw("POST", f"{NS}/pods", body).status == 201
+    both = pod("both")
+    both["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gone", "uid": "00000000-0000-0000-0000-000000000004"},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": ds["metadata"]["uid"]}]
+    assert raw("POST", f"{NS}/pods", both).status == 201
     gone = lambda name: raw("GET", f"{NS}/pods/{name}").body["metadata"].get("deletionTimestamp")  # noqa: E731
     until(lambda: gone("stale-uid") and gone("absent"))
     assert not gone("owned") and not gone("unknown-kind")
+    refs = until(lambda: len(r := raw("GET", f"{NS}/pods/both").body["metadata"]["ownerReferences"]) == 1 and r)
+    assert refs[0]["name"] == "ds" and not gone("both")
 
 
 class FakeClock:
