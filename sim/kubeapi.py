@@ -34,6 +34,7 @@ from sim import kube_errors as errs
 from sim.kube_controllers import Controllers
 from sim.kube_handlers import Target, Verbs
 from sim.kube_http import Handler, Request
+from sim.kube_nodes import DEFAULT_GRACE_S
 from sim.kube_resources import ResourceType, builtin_types, from_crd
 from sim.kube_store import Obj, Store
 
@@ -56,7 +57,12 @@ class Fault:
 
 class KubeAPIServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, tls: bool = False, watch_history: int = 1000,
-                 bookmark_interval_s: float = 60.0, anonymous: bool = False) -> None:
+                 bookmark_interval_s: float = 60.0, anonymous: bool = False, *,
+                 node_monitor_grace_s: float = DEFAULT_GRACE_S, default_toleration_s: int = 300,
+                 first_cr_create_delay_s: float = 0.0) -> None:
+        """``node_monitor_grace_s``: how long a Node's Lease may go unrenewed before it is Unknown;
+        ``default_toleration_s``: how long pods tolerate not-ready / unreachable (then they are evicted);
+        ``first_cr_create_delay_s``: how long after its CRD a custom resource's first create is held."""
         self.host, self.port, self.tls = host, port, tls
         self.store = Store(history=watch_history)
         self.bookmark_interval_s = bookmark_interval_s
@@ -74,8 +80,8 @@ class KubeAPIServer:
         self.ca_file: str | None = None
         # A real server's first create of a custom resource right after its CRD is Established takes ~2 s
         # (captures 36): with a delay set, creates wait until that long after the CRD was registered.
-        self.first_cr_create_delay_s = 0.0
-        self.default_toleration_s = 300  # DefaultTolerationSeconds: not-ready/unreachable NoExecute
+        self.first_cr_create_delay_s = first_cr_create_delay_s
+        self.default_toleration_s = default_toleration_s  # DefaultTolerationSeconds: not-ready/unreachable
         # The emulated components' event recorder: (namespace, uid, reason, message, component, host) ->
         # the Event's name, so a repeat bumps its count without scanning every Event (sim.kube_events).
         self.recorded_events: dict[tuple[str, ...], str] = {}
@@ -87,6 +93,7 @@ class KubeAPIServer:
             self.types[(rt.group, rt.version, rt.resource)] = rt
         self.verbs = Verbs(self)
         self.controllers = Controllers(self)
+        self.controllers.nodes.grace_s = node_monitor_grace_s
         for ns in SYSTEM_NAMESPACES:
             self.store.create(self.type_for("", "namespaces"),
                               {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},

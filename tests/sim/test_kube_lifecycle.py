@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeapi_support import Raw, make_ready
+from kubeapi_support import Raw, make_ready, prepare
 
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
@@ -92,8 +92,15 @@ def test_not_ready_taints_evict_pods_after_their_toleration(srv: KubeAPIServer, 
     until(lambda: not taints(raw))
 
 
-def test_a_node_whose_lease_lapses_becomes_unknown_and_unreachable(srv: KubeAPIServer, raw: Raw) -> None:
-    srv.controllers.nodes.grace_s = 0.5
+def test_a_node_whose_lease_lapses_becomes_unknown_and_unreachable() -> None:
+    srv = KubeAPIServer(node_monitor_grace_s=0.5).start()
+    try:
+        _lapse(prepare(Raw(srv)))
+    finally:
+        srv.stop()
+
+
+def _lapse(raw: Raw) -> None:
     assert raw("POST", "/api/v1/nodes", {"metadata": {"name": "no-lease"}, "status": {"conditions": [
         {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}]}}).status == 201
     assert raw("POST", f"{NS}/pods", pod("work")).status == 201
