@@ -6,6 +6,12 @@ Target (env ``GPUREMEDIATE_E2E_TARGET``):
   node simulator); the controller runs as a SUBPROCESS (``python -m gpuremediate run``) with a
   per-scenario policy file, scrape/resync ``EmulatorCluster.INTERVAL_S``, JSON logs captured.
   (Set ``GPUREMEDIATE_E2E_INTERVAL`` to change that interval.)
+- ``apiserver``: a bare control plane at ``KUBECONFIG`` (kube-apiserver + kube-controller-manager, a
+  scheduler optional, no kubelets: the envtest/KWOK way). As ``emulator``, but the API server is that
+  one: NodeSim plays the kubelets and gpu-sim the exporters in this process, the controller is a
+  subprocess; the CRDs of manifests/crds and the ServiceAccounts of manifests/base are installed; each
+  scenario starts by cleaning what earlier ones left (pods force-deleted with grace 0, since no kubelet
+  finishes a deletion). Only the controller's Events are read. See e2e/README.md.
 - ``kubeconfig``: any cluster with manifests/overlays/kind applied (``e2e/kind/run.sh``);
   everything goes through the API (faults via the pod proxy to gpu-sim, metrics via the service
   proxy, the controller by scaling its Deployment between 0 and 1 with the scenario's policy in
@@ -49,6 +55,7 @@ The API (``c`` is the ``cluster`` fixture)::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -69,9 +76,11 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import (
     CONFIGMAPS,
+    CRDS,
     DEPLOYMENTS,
     EVENTS,
     JOBS,
+    LEASES,
     NAMESPACES,
     NODES,
     PDBS,
@@ -195,6 +204,7 @@ class Cluster:
 
     target = "base"
     slow = 1.0  # timeouts are multiplied by this (a real cluster is slower than the emulator)
+    simulated_nodes = False  # NodeSim plays the kubelets in this process (a reboot gets a new bootID)
 
     def __init__(self) -> None:
         self.nodes: list[str] = []
@@ -550,14 +560,15 @@ MUTATING_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollec
 
 class EmulatorCluster(Cluster):
     target = "emulator"
+    simulated_nodes = True
     INTERVAL_S = float(os.environ.get("GPUREMEDIATE_E2E_INTERVAL", "0.3"))
 
-    def __init__(self, tmp: Path, nodes: int = 4) -> None:
+    def __init__(self, tmp: Path, nodes: int = 4, *, kubeconfig: str | None = None) -> None:
         super().__init__()
         from sim.cluster import SimCluster
 
         self.tmp = tmp
-        self.sim = SimCluster(nodes=nodes, job_duration_s=0.2, reboot_down_s=0.5)
+        self.sim = SimCluster(nodes=nodes, job_duration_s=0.2, reboot_down_s=0.5, kubeconfig=kubeconfig)
         self.nodes = list(self.sim.node_names)
         self.proc: ControllerProcess | None = None
         self.log: list[str] = []
@@ -659,6 +670,8 @@ class EmulatorCluster(Cluster):
         self.sim.set_validation(node, ok)
 
     def audit_mark(self) -> int:
+        if self.sim.api is None:
+            return super().audit_mark()
         return len(self.sim.api.requests)
 
     def mutations_since(self, mark: int) -> list[tuple[str, ...]]:
@@ -666,6 +679,8 @@ class EmulatorCluster(Cluster):
         (the node simulator's Leases and pods, the busy writer's node writes)."""
         from sim.cluster import BACKGROUND_USERS
 
+        if self.sim.api is None:
+            return super().mutations_since(mark)
         return [tuple(str(x) for x in r[1:]) for r in self.sim.api.requests[mark:]
                 if r[1] in MUTATING_VERBS and r[3] != "events" and r[4] != "status"
                 and r[0] not in BACKGROUND_USERS]
@@ -761,46 +776,8 @@ class KubeconfigCluster(Cluster):
         """What the emulator target gets by starting afresh: no workloads, PDBs, Jobs (nor their pods),
         scenario custom resources or controller Events; a fresh gpu-sim on every node; records, state
         labels, exclusions, maintenance claims and cordons gone; the breaker closed."""
-        self._delete_all(PODS, WORKLOAD_NS, grace_period_seconds=0)
-        self._delete_all(PDBS, WORKLOAD_NS)
-        self._delete_all(JOBS, JOBS_NS, propagation_policy="Background")
-        self._delete_all(PODS, JOBS_NS, grace_period_seconds=0)  # a Job pod holding GPUs blocks the next ones
-        with contextlib.suppress(errors.NotFound):
-            self.kube.delete(CONFIGMAPS, BREAKER_CONFIGMAP, SYSTEM_NS)
-        for res in SCENARIO_RESOURCES:
-            self._delete_custom(res)
-        self._delete_controller_events()
+        clean_world(self.kube, self.nodes)
         self._restart_gpusims()
-        for node in self.nodes:
-            self.kube.patch(NODES, node, {
-                "metadata": {"annotations": {RECORD_ANNOTATION: None, CLAIM_ANNOTATION: None},
-                             "labels": {STATE_LABEL: None, EXCLUDE_LABEL: None}},
-                "spec": {"unschedulable": None}})
-
-    def _delete_all(self, res: Resource, namespace: str, **options: Any) -> None:
-        for item in self.kube.list(res, namespace)["items"]:
-            with contextlib.suppress(errors.NotFound):
-                self.kube.delete(res, item["metadata"]["name"], namespace, **options)
-
-    def _delete_custom(self, res: Resource) -> None:
-        """Every object of a scenario kind, finalizers removed first (no controller runs to remove them)."""
-        try:
-            items = self.kube.list(res)["items"]
-        except errors.NotFound:
-            return  # its CRD is not installed
-        for item in items:
-            meta = item["metadata"]
-            namespace = meta.get("namespace") if res.namespaced else None
-            with contextlib.suppress(errors.NotFound):
-                if meta.get("finalizers"):
-                    self.kube.patch(res, meta["name"], {"metadata": {"finalizers": None}}, namespace)
-                self.kube.delete(res, meta["name"], namespace)
-
-    def _delete_controller_events(self) -> None:
-        for event in self.kube.list(EVENTS, "default")["items"]:
-            if _from_controller(event):
-                with contextlib.suppress(errors.NotFound):
-                    self.kube.delete(EVENTS, event["metadata"]["name"], "default")
 
     def _gpusim_pods(self) -> list[dict[str, Any]]:
         items = self.kube.list(PODS, EXPORTER_NS, label_selector=GPUSIM_SELECTOR)["items"]
@@ -953,6 +930,136 @@ class KubeconfigCluster(Cluster):
         return bytes(reply.body)
 
 
+# ---- a bare control plane through a kubeconfig ---------------------------------------------------
+
+CRD_DIR = ROOT / "manifests" / "crds"
+LEADER_LEASE = "gpuremediate"  # --lease-name's default, in the controller's namespace
+
+
+def clean_world(kube: KubeClient, nodes: list[str]) -> None:
+    """What a scenario leaves on an API server that outlives it: workload pods, PDBs, Jobs and their pods
+    (pods deleted with grace 0: no kubelet may be there to finish a graceful deletion), scenario custom
+    resources (finalizers removed: no controller runs to remove them), the breaker's state, the
+    controller's Events, and the records, state labels, exclusions, claims and cordons on the nodes."""
+    _delete_all(kube, PODS, WORKLOAD_NS, grace_period_seconds=0)
+    _delete_all(kube, PDBS, WORKLOAD_NS)
+    _delete_all(kube, JOBS, JOBS_NS, propagation_policy="Background")
+    _delete_all(kube, PODS, JOBS_NS, grace_period_seconds=0)  # a Job pod holding GPUs blocks the next ones
+    with contextlib.suppress(errors.NotFound):
+        kube.delete(CONFIGMAPS, BREAKER_CONFIGMAP, SYSTEM_NS)
+    for res in SCENARIO_RESOURCES:
+        _delete_custom(kube, res)
+    for event in kube.list(EVENTS, "default")["items"]:
+        if _from_controller(event):
+            with contextlib.suppress(errors.NotFound):
+                kube.delete(EVENTS, event["metadata"]["name"], "default")
+    for node in nodes:
+        with contextlib.suppress(errors.NotFound):  # not registered yet: the first scenario on this server
+            kube.patch(NODES, node, {
+                "metadata": {"annotations": {RECORD_ANNOTATION: None, CLAIM_ANNOTATION: None},
+                             "labels": {STATE_LABEL: None, EXCLUDE_LABEL: None}},
+                "spec": {"unschedulable": None}})
+
+
+def _delete_all(kube: KubeClient, res: Resource, namespace: str, **options: Any) -> None:
+    with contextlib.suppress(errors.NotFound):  # the namespace itself may not exist yet
+        for item in kube.list(res, namespace)["items"]:
+            with contextlib.suppress(errors.NotFound):
+                kube.delete(res, item["metadata"]["name"], namespace, **options)
+
+
+def _delete_custom(kube: KubeClient, res: Resource) -> None:
+    """Every object of a scenario kind, finalizers removed first (no controller runs to remove them)."""
+    try:
+        items = kube.list(res)["items"]
+    except errors.NotFound:
+        return  # its CRD is not installed
+    for item in items:
+        meta = item["metadata"]
+        namespace = meta.get("namespace") if res.namespaced else None
+        with contextlib.suppress(errors.NotFound):
+            if meta.get("finalizers"):
+                kube.patch(res, meta["name"], {"metadata": {"finalizers": None}}, namespace)
+            kube.delete(res, meta["name"], namespace)
+
+
+def shipped_crds() -> list[dict[str, Any]]:
+    """The CustomResourceDefinitions under manifests/crds (kustomization files left out)."""
+    from gpuremediate.kube import miniyaml
+
+    out: list[dict[str, Any]] = []
+    for path in sorted(CRD_DIR.rglob("*.yaml")):
+        for doc in miniyaml.load_all(path.read_text(encoding="utf-8")):
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                out.append(doc)
+    return out
+
+
+def crd_resource(crd: Mapping[str, Any]) -> Resource:
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+    return Resource(spec["group"], version, spec["names"]["plural"], spec["names"]["kind"],
+                    spec.get("scope") == "Namespaced")
+
+
+def _served(kube: KubeClient, res: Resource) -> bool:
+    try:
+        kube.list(res, limit=1)
+    except errors.NotFound:
+        return False
+    return True
+
+
+class ApiserverCluster(EmulatorCluster):
+    """GPUREMEDIATE_E2E_TARGET=apiserver: the emulator target's in-process world (NodeSim, gpu-sim, the
+    busy writer without the condition taints that kube-controller-manager writes there) and controller
+    subprocess, against the API server at ``kubeconfig``. The server outlives each scenario: ``start``
+    cleans what an earlier one left, and installs the shipped CRDs and ServiceAccounts if absent."""
+
+    target = "apiserver"
+    slow = 2.0  # a real control plane answers in milliseconds, but its first create after a CRD takes ~2 s
+
+    def __init__(self, tmp: Path, kubeconfig: str) -> None:
+        super().__init__(tmp, kubeconfig=kubeconfig)
+        self.kubeconfig = kubeconfig
+
+    def start(self) -> ApiserverCluster:
+        from sim.cluster import install_service_accounts
+
+        admin = KubeClient(load_config(self.kubeconfig), qps=100, burst=200)
+        try:
+            clean_world(admin, self.nodes)
+            with contextlib.suppress(errors.NotFound):  # a SIGKILLed controller's: no 15 s wait to take over
+                admin.delete(LEASES, LEADER_LEASE, SYSTEM_NS)
+            self._install_crds(admin)
+            for ns in (SYSTEM_NS, JOBS_NS):
+                with contextlib.suppress(errors.AlreadyExists):
+                    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            install_service_accounts(admin)
+        finally:
+            admin.close()
+        super().start()
+        return self
+
+    def _install_crds(self, admin: KubeClient) -> None:
+        for crd in shipped_crds():
+            with contextlib.suppress(errors.AlreadyExists):
+                admin.create(CRDS, crd)
+            res = crd_resource(crd)
+            self.wait(functools.partial(_served, admin, res), 10, f"the {res.kind} CRD served")
+
+    # In-process NodeSim decides each Job's outcome here too; what a shared server cannot do (add a node
+    # that would outlive the scenario, run without the CRDs, read an audit of requests) is skipped.
+    CAN = frozenset({"choose a validation outcome per node"})
+
+    def require(self, what: str) -> None:
+        if what in self.CAN:
+            return
+        import pytest
+
+        pytest.skip(f"target apiserver cannot {what}")
+
+
 def _pod_ready(pod: Mapping[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -983,7 +1090,13 @@ def make_cluster(tmp: Path) -> Cluster:
         return EmulatorCluster(tmp)
     if target == "kubeconfig":
         return KubeconfigCluster(os.environ.get("KUBECONFIG"))
-    raise E2EError(f"GPUREMEDIATE_E2E_TARGET: expected emulator or kubeconfig, got {target!r}")
+    if target == "apiserver":
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not kubeconfig:
+            raise E2EError("GPUREMEDIATE_E2E_TARGET=apiserver needs KUBECONFIG: the bare control plane's kubeconfig")
+        return ApiserverCluster(tmp, kubeconfig)
+    raise E2EError(f"GPUREMEDIATE_E2E_TARGET: expected emulator, apiserver or kubeconfig, got {target!r}")
 
 
-__all__ = ["BASE_POLICY", "Cluster", "E2EError", "Metrics", "Resource", "make_cluster", "policy_toml", "wait_for"]
+__all__ = ["BASE_POLICY", "ApiserverCluster", "Cluster", "E2EError", "Metrics", "Resource", "make_cluster",
+           "policy_toml", "wait_for"]

@@ -52,7 +52,7 @@ def test_xid79_reboot_validate_healthy(cluster: Cluster) -> None:
     assert [(h.kind, h.code, h.action, h.outcome) for h in rec.history] == [("xid", "79", "reboot", "repaired")]
     assert cluster.label(node) == "healthy"
     assert not cluster.unschedulable(node)
-    assert cluster.node(node)["status"]["nodeInfo"]["bootID"] != boot_before or cluster.target != "emulator"
+    assert cluster.node(node)["status"]["nodeInfo"]["bootID"] != boot_before or not cluster.simulated_nodes
     reasons = cluster.event_reasons(node)
     assert reasons[:4] == ["GPUNodeDraining", "GPUNodeRepairing", "GPUNodeValidating", "GPUNodeHealthy"], reasons
     assert cluster.evicted() == {"workloads/train-a"}

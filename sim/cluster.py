@@ -6,6 +6,11 @@ the real one would: ``reset-gpu`` resets the GPUs named in its ``GPU_IDS``; ``re
 node NotReady, then Ready with a new bootID, with its GPUs reset and its exporter restarted. A
 validation Job succeeds or fails as ``set_validation(node, ok)`` says.
 
+With ``kubeconfig=`` it uses that API server instead of starting the emulator (a bare control plane:
+kube-apiserver + kube-controller-manager without kubelets, the envtest/KWOK way): the node simulator plays
+the kubelets and what the cluster needs is made if absent (namespaces, ServiceAccounts, the exporters'
+DaemonSet and pods), so a second start on the same server finds them and goes on.
+
 The cluster is busy by default, as a real one is: ``sim.busy.BusyWriter`` writes the Nodes all the time
 (annotations, labels, heartbeats, the not-ready / unschedulable taints), so the controller's guarded node
 patches meet 409s. ``GPUREMEDIATE_SIM_BUSY=0`` (or ``busy_writes_per_s=0``) turns it off. The node
@@ -56,11 +61,13 @@ def install_service_accounts(client: KubeClient) -> None:
 
 
 def daemonset(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
-    """A DaemonSet object for simulated pods to name as their owner (no controller acts on it)."""
+    """A DaemonSet for simulated pods to name as their owner. Where a real DaemonSet controller runs, it
+    finds each GPU node served by the pod made there first, and OnDelete keeps it from replacing them."""
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"selector": {"matchLabels": dict(labels)},
+            "spec": {"selector": {"matchLabels": dict(labels)}, "updateStrategy": {"type": "OnDelete"},
                      "template": {"metadata": {"labels": dict(labels)},
-                                  "spec": {"containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
+                                  "spec": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
+                                           "containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
                                            "tolerations": [{"operator": "Exists"}]}}}}
 
 
@@ -75,6 +82,7 @@ class SimCluster:
         reboot_down_s: float = 1.0,
         ip_base: int = 11,
         busy_writes_per_s: float | None = None,
+        kubeconfig: str | None = None,
     ) -> None:
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         self.gpus = gpus
@@ -82,10 +90,10 @@ class SimCluster:
         self.reboot_down_s = reboot_down_s
         self.ip_base = ip_base
         self.busy_writes_per_s = writes_from_env() if busy_writes_per_s is None else busy_writes_per_s
-        self.api = KubeAPIServer()
+        self.api = KubeAPIServer() if kubeconfig is None else None  # None: someone else's API server
         self.gpusim = GpuSim(port=0)
         self._dir = tempfile.TemporaryDirectory(prefix="gpuremediate-sim-")
-        self.kubeconfig = str(Path(self._dir.name) / "kubeconfig")
+        self.kubeconfig = kubeconfig or str(Path(self._dir.name) / "kubeconfig")
         self.client: KubeClient | None = None
         self.nodesim: NodeSim | None = None
         self.busy: BusyWriter | None = None
@@ -97,8 +105,9 @@ class SimCluster:
     # ---- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> SimCluster:
-        self.api.start()
-        self.api.write_kubeconfig(self.kubeconfig)
+        if self.api is not None:
+            self.api.start()
+            self.api.write_kubeconfig(self.kubeconfig)
         self.client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
         for i, name in enumerate(self.node_names):
             self.gpusim.add_node(name, gpus=self.gpus, ip=f"127.0.0.{self.ip_base + i}")
@@ -107,24 +116,36 @@ class SimCluster:
             self._ensure_namespace(ns)
         install_service_accounts(self.kube)  # as applied from manifests/base: Job pods need theirs
         # The exporter pods' owner exists: the garbage collector deletes pods whose owner does not.
-        self._exporter_owner = self.kube.create(DAEMONSETS, daemonset(
-            EXPORTER_DAEMONSET, EXPORTER_NAMESPACE, EXPORTER_LABEL), EXPORTER_NAMESPACE)["metadata"]["uid"]
+        self._exporter_owner = self._exporter_daemonset()
         self.nodesim = NodeSim(self._client_as(NODESIM_USER), grace_cap_s=0.5, tick_s=0.1)
         self.nodesim.on_job_finished = self._job_finished
         self.nodesim.job_succeeds = self.job_succeeds
         for name in self.node_names:
+            # Each exporter pod exists before its node: a real DaemonSet controller finds the node served.
+            self._exporter_pod(name)
             self.nodesim.add_node(name, gpus=self.gpus)
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
-            self._exporter_pod(name)
         self.nodesim.start()
         self._wait_for_exporters()
         if self.busy_writes_per_s > 0:
             self.busy = BusyWriter(self._client_as(BUSY_USER), self.node_names, writes_per_s=self.busy_writes_per_s,
-                                   taints=not _emulator_taints_nodes(self.api)).start()
+                                   taints=self.api is not None and not _emulator_taints_nodes(self.api)).start()
         return self
 
+    def _exporter_daemonset(self) -> str:
+        body = daemonset(EXPORTER_DAEMONSET, EXPORTER_NAMESPACE, EXPORTER_LABEL)
+        try:
+            return str(self.kube.create(DAEMONSETS, body, EXPORTER_NAMESPACE)["metadata"]["uid"])
+        except errors.AlreadyExists:
+            return str(self.kube.get(DAEMONSETS, EXPORTER_DAEMONSET, EXPORTER_NAMESPACE)["metadata"]["uid"])
+
     def _client_as(self, user: str) -> KubeClient:
-        """A client authenticated as ``user`` (cluster-admin): a background component of its own."""
+        """A client authenticated as ``user`` (cluster-admin): a background component of its own. On
+        someone else's API server, a client of the kubeconfig's own user."""
+        if self.api is None:
+            client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
+            self._background_clients.append(client)
+            return client
         token = secrets.token_hex(16)
         self.api.add_token(token, user, ("system:masters", "system:authenticated"))
         path = self.api.write_kubeconfig(Path(self._dir.name) / f"kubeconfig-{user.rsplit(':', 1)[-1]}", token)
@@ -154,7 +175,8 @@ class SimCluster:
         for client in [self.client, *self._background_clients]:
             if client is not None:
                 client.close()
-        self.api.stop()
+        if self.api is not None:
+            self.api.stop()
         self._dir.cleanup()
 
     def __enter__(self) -> SimCluster:
@@ -189,7 +211,12 @@ class SimCluster:
     def _exporter_pod(self, node: str) -> None:
         name = f"nvidia-dcgm-exporter-{node}"
         assert self.nodesim is not None
-        self.nodesim.set_pod_ip(EXPORTER_NAMESPACE, name, self.gpusim.node(node).ip, node=node)
+        # Bound to the node, by the DaemonSet's prefix: a pod a real DaemonSet controller makes there too.
+        self.nodesim.set_pod_ip(EXPORTER_NAMESPACE, f"{EXPORTER_DAEMONSET}-", self.gpusim.node(node).ip, node=node)
+        with contextlib.suppress(errors.AlreadyExists):  # kept from an earlier start on the same server
+            self._create_exporter_pod(name, node)
+
+    def _create_exporter_pod(self, name: str, node: str) -> None:
         self.kube.create(PODS, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": EXPORTER_NAMESPACE, "labels": dict(EXPORTER_LABEL),
