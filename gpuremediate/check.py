@@ -238,8 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    # vars(): until cli.py builds the check parser with add_arguments, --timeout may be absent
-    timeout_s = vars(args).get("timeout", DEFAULT_TIMEOUT_S)
+    timeout_s = args.timeout
     try:
         policy = _load(args.policy)
     except (PolicyError, OSError) as e:

@@ -143,16 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--speed", type=float, default=1.0, help="> 1 runs the timeline faster")
     demo.add_argument("--no-color", action="store_true")
 
-    check = sub.add_parser("check", help="check this machine's GPUs with nvidia-smi")
-    check.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    check.add_argument("--nvidia-smi", dest="nvidia_smi", help="path to nvidia-smi (default: found on PATH)")
-    check.add_argument("--policy", help="TOML policy file (default: built-in policy)")
-    check.add_argument(
-        "--kernel-log",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="also read NVRM Xid lines from journalctl -k / dmesg (Linux; default: when readable)",
-    )
+    from gpuremediate import check
+    from gpuremediate.agent import cli as agent_cli
+    from gpuremediate.replay import cli as replay_cli
+
+    check.add_arguments(sub.add_parser("check", help="check this machine's GPUs with nvidia-smi"))
+    agent_cli.add_parser(sub)
+    replay_cli.add_parser(sub)
     plugin = sub.add_parser("plugin", help="run a reference plugin (NVSentinel plugin contracts)")
     plugins = plugin.add_subparsers(dest="plugin", metavar="PLUGIN", required=True)
     from gpuremediate.plugins import drain_window
@@ -183,6 +180,14 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
         from gpuremediate import check
 
         return check.main(args)
+    if args.command == "agent":
+        from gpuremediate.agent import cli as agent_cli
+
+        return agent_cli.main(args, shutdown)
+    if args.command == "replay":
+        from gpuremediate.replay import cli as replay_cli
+
+        return replay_cli.main(args)
     if args.command == "run":
         return _run(args, shutdown or Shutdown().install())
     if args.command == "plugin":

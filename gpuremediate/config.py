@@ -133,7 +133,7 @@ class Settings:
 def parse_addr(addr: str) -> tuple[str, int]:
     """``:8080`` / ``127.0.0.1:8080`` / ``[::1]:8080`` → (host, port)."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise SettingsError(f"--metrics-addr: expected [HOST]:PORT, got {addr!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
@@ -206,7 +206,7 @@ def check_host(host: str, what: str) -> None:
         return
     except ValueError:
         pass
-    if ":" in host or all(part.isdigit() for part in host.split(".")) or not all(
+    if ":" in host or all(part.isascii() and part.isdigit() for part in host.split(".")) or not all(
             HOST_LABEL.fullmatch(part) for part in host.split(".")) or len(host) > 253:
         raise SettingsError(f"{what}: {host!r} is not an IP address or a host name")
 

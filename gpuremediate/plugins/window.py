@@ -39,7 +39,8 @@ def parse_days(text: str) -> frozenset[int]:
 
 def _minutes(text: str, flag: str) -> int:
     hours, sep, minutes = text.strip().partition(":")
-    if not sep or not hours.isdigit() or not minutes.isdigit() or len(minutes) != 2:
+    if not sep or not (hours + minutes).isascii() or not hours.isdigit() or not minutes.isdigit() \
+            or len(minutes) != 2:
         raise WindowError(f"{flag}: {text!r} is not HH:MM")
     value = int(hours) * 60 + int(minutes)
     if int(minutes) > 59 or value > _MINUTES_PER_DAY:

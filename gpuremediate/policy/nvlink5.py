@@ -69,7 +69,7 @@ def parse_decode_table(text: str) -> list[DecodeRow]:
     rows = list(csv.reader(io.StringIO(text)))
     found: list[DecodeRow] = []
     for raw in rows[1:]:
-        if len(raw) < 11 or not raw[0].strip().isdigit():
+        if len(raw) < 11 or not (raw[0].strip().isascii() and raw[0].strip().isdigit()):
             continue
         xid, unit, statuses, severity = int(raw[0]), raw[1].strip(), _statuses(raw[4]), raw[10].strip()
         for first, second, bucket in ((raw[2], raw[3], raw[5]), (raw[6], raw[7], raw[8])):

@@ -62,7 +62,7 @@ DEFAULT_REPEAT_COUNT = 3
 DEFAULT_REPEAT_WINDOW_S = 7 * 24 * 3600.0
 REPAIR_OUTCOMES = frozenset({OUTCOME_REPAIRED, OUTCOME_REPAIR_FAILED})
 
-_PERCENT = re.compile(r"(\d{1,3})%")
+_PERCENT = re.compile(r"(\d{1,3})%", re.ASCII)
 
 
 # ---- budget ---------------------------------------------------------------------------------

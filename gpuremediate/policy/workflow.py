@@ -28,7 +28,7 @@ from gpuremediate.policy.schema import (
 DRAIN_MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 DRAIN_SCOPES = ("all", "gpu", "impacted")
 DRAIN_TIMEOUT_ACTIONS = ("quarantine", "delete")
-_PERCENT = re.compile(r"\d{1,3}%")
+_PERCENT = re.compile(r"\d{1,3}%", re.ASCII)
 
 DCGM_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 MAX_LEAD_S = 366 * 86400.0
@@ -111,13 +111,14 @@ class BudgetPolicy:
 
     def validate(self, path: str) -> None:
         value = self.max_unavailable.strip()
-        if not (value.isdigit() or _PERCENT.fullmatch(value)) or (value.endswith("%") and int(value[:-1]) > 100):
+        counted = value.isascii() and value.isdigit()
+        if not (counted or _PERCENT.fullmatch(value)) or (value.endswith("%") and int(value[:-1]) > 100):
             raise PolicyError(f"{path}.max_unavailable: expected a count like \"2\" or a percentage like \"25%\", "
                               f"got {self.max_unavailable!r}")
 
     def as_budget_value(self) -> int | str:
         value = self.max_unavailable.strip()
-        return int(value) if value.isdigit() else value
+        return int(value) if value.isascii() and value.isdigit() else value
 
 
 @dataclass(frozen=True)
