@@ -14,11 +14,12 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import threading
 import time
 import urllib.parse
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -559,15 +560,18 @@ class PrometheusSource:
             asked = pool.submit(self._query, freshness_query(self.node_labels), "freshness")
             values, eval_time = self._query(policy_query(self.node_labels), "readings")
             stamps, _ = asked.result()
-        keyed = [(node, s) for s in vector_samples(values) if (node := self._node_of(s.label))]
-        self._refresh_identity({node for node, s in keyed if s.name not in DENSE_METRICS})
-        by_node: dict[str, list[Sample]] = {}
-        for node, sample in keyed:
-            by_node.setdefault(node, []).extend(self._with_identity(node, sample))
+        raw: dict[str, list[Sample]] = {}
+        for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
+            if node := self._node_of(sample.label):
+                raw.setdefault(node, []).append(sample)
+        self._refresh_identity({node for node, got in raw.items() if any(s.name not in DENSE_METRICS for s in got)})
         newest = self._newest(stamps)
-        readings = [self._node_readings(node, by_node.get(node, []), newest.get(node), eval_time)
-                    for node in sorted(set(by_node) | set(newest))]
-        readings += self._missing(set(by_node) | set(newest), eval_time)
+        nodes = sorted(set(raw) | set(newest))
+        readings = []
+        for node in nodes:
+            samples = [merged for sample in raw.pop(node, ()) for merged in self._with_identity(node, sample)]
+            readings.append(self._node_readings(node, samples, newest.get(node), eval_time))
+        readings += self._missing(set(nodes), eval_time)
         self.nodes_seen = len(readings)
         self.reads += 1
         return readings
@@ -590,7 +594,8 @@ class PrometheusSource:
             if point is not None and (node := self._node_of(point[0].get)):
                 labels = point[0]
                 key = (node, labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
-                fresh.setdefault(key, []).append({k: labels[k] for k in IDENTITY_LABELS if labels.get(k)})
+                # interned: a fleet's GPUs share a few models, drivers and namespaces
+                fresh.setdefault(key, []).append({k: sys.intern(labels[k]) for k in IDENTITY_LABELS if labels.get(k)})
         if full:
             self._identity = fresh
         else:
@@ -599,8 +604,7 @@ class PrometheusSource:
     def _with_identity(self, node: str, sample: Sample) -> list[Sample]:
         """The sample once per identity known for its GPU (several workload pods may share one GPU)."""
         identities = self._identity.get((node, sample.label("gpu") or "", sample.label("GPU_I_ID") or "")) or [{}]
-        return [_workload_labels(dataclasses.replace(sample, labels=tuple(sorted({**dict(sample.labels), **extra}
-                                                                                 .items()))))
+        return [dataclasses.replace(sample, labels=_workload_labels({**dict(sample.labels), **extra}))
                 for extra in identities]
 
     def _node_readings(self, node: str, samples: list[Sample], newest: float | None, eval_time: float) -> NodeReadings:
@@ -649,16 +653,15 @@ class PrometheusSource:
         return parse_query_response(body, self.clock())
 
 
-def _workload_labels(sample: Sample) -> Sample:
-    """The workload's pod as the exporter saw it: exported_pod/exported_namespace where Prometheus renamed
-    them (honor_labels false), else pod/namespace."""
-    labels = dict(sample.labels)
+def _workload_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """Sorted labels with the workload's pod as the exporter saw it: exported_pod/exported_namespace where
+    Prometheus renamed them (honor_labels false), else pod/namespace."""
     if labels.get("exported_pod"):
         labels["pod"] = labels["exported_pod"]
         labels["namespace"] = labels.get("exported_namespace", "")
-    for key in ("exported_pod", "exported_namespace"):
-        labels.pop(key, None)
-    return dataclasses.replace(sample, labels=tuple(sorted(labels.items())))
+    labels.pop("exported_pod", None)
+    labels.pop("exported_namespace", None)
+    return tuple(sorted(labels.items()))
 
 
 def parse_query_response(body: bytes, now: float) -> tuple[list[Any], float]:
@@ -690,6 +693,13 @@ def _point(item: Any) -> tuple[dict[str, str], float] | None:
         return {str(k): str(v) for k, v in item["metric"].items()}, float(value[1])
     except (TypeError, ValueError):
         return None
+
+
+def _drain_samples(result: list[Any]) -> Iterator[Sample]:
+    """vector_samples, emptying ``result`` as it goes (each decoded element is dropped once read)."""
+    result.reverse()
+    while result:
+        yield from vector_samples((result.pop(),))
 
 
 def vector_samples(result: Sequence[Any]) -> list[Sample]:
