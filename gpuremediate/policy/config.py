@@ -12,14 +12,14 @@ Errors name the key path: ``groups[1].thermal.gpu_cordon_c: expected a number, g
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import Field, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar, get_type_hints
+from typing import Any
 
+from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
@@ -33,6 +33,8 @@ from gpuremediate.policy.schema import (
     at_least,
     between,
     check_action,
+    coerce,
+    merge_section,
     setting,
 )
 from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
@@ -42,12 +44,16 @@ from gpuremediate.policy.workflow import (
     CustomAction,
     CustomDrainPolicy,
     DrainPolicy,
+    GatesPolicy,
     MaintenancePolicy,
+    NotificationsPolicy,
+    PausePolicy,
     RemediationPolicy,
     RepeatOffenderPolicy,
     ValidationPolicy,
 )
 from gpuremediate.policy.xid import XidOverride
+from gpuremediate.signals.conditions import ConditionsPolicy
 
 
 def _parse_xid_code(key: str, path: str) -> int:
@@ -63,9 +69,9 @@ def _parse_xid_override(raw: Any, path: str) -> XidOverride:
             raise PolicyError(f"{_join(path, unknown[0])}: unknown key (known: action, reason)")
         if "action" not in raw:
             raise PolicyError(f"{path}.action: required")
-        action = _coerce(str, raw["action"], f"{path}.action")
+        action = coerce(str, raw["action"], f"{path}.action")
         check_action(action, f"{path}.action")
-        return XidOverride(action=action, reason=_coerce(str, raw.get("reason", ""), f"{path}.reason"))
+        return XidOverride(action=action, reason=coerce(str, raw.get("reason", ""), f"{path}.reason"))
     if isinstance(raw, str):
         check_action(raw, path)
         return XidOverride(action=raw)
@@ -85,8 +91,6 @@ def parse_xid_overrides(raw: Any, path: str, current: Mapping[int, XidOverride])
 # --- sections --------------------------------------------------------------------------------------
 
 GROUP_KEYS = ("name", "selector")
-MAX_INTEGER = 2**53  # every integer setting ends up in JSON (a Job, a record): keep it exact there
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,9 @@ class Policy:
     customDrain: CustomDrainPolicy = field(
         default_factory=CustomDrainPolicy, metadata={"doc": "hand the drain to a drain plugin (DrainRequest)"}
     )
+    conditions: ConditionsPolicy = field(
+        default_factory=ConditionsPolicy, metadata={"doc": "NodeConditions (the agent's, other tools') as findings"}
+    )
 
 
 def parse_actions(raw: Any, path: str, current: Mapping[str, CustomAction]) -> Mapping[str, CustomAction]:
@@ -173,7 +180,7 @@ def parse_actions(raw: Any, path: str, current: Mapping[str, CustomAction]) -> M
         if name in BUILTIN_ACTIONS:
             raise PolicyError(f"{sub}: {_show(name)} is a built-in action; a custom action needs another name")
         check_action(name, sub)
-        merged[name] = _merge(merged.get(name, CustomAction()), table, sub)
+        merged[name] = merge_section(merged.get(name, CustomAction()), table, sub)
     node_wide = {a.group_of(n) for n, a in merged.items() if not a.impactedEntityScope}
     for name, action in merged.items():
         for group in action.supersedingEquivalenceGroups:
@@ -198,6 +205,14 @@ class ClusterSettings:
     )
     maintenance: MaintenancePolicy = field(
         default_factory=MaintenancePolicy, metadata={"doc": "inbound MaintenanceRequests"}
+    )
+    pause: PausePolicy = field(default_factory=PausePolicy, metadata={"doc": "what `gpuremediate pause` holds"})
+    gates: GatesPolicy = field(default_factory=GatesPolicy, metadata={"doc": "what must hold before a drain starts"})
+    notifications: NotificationsPolicy = field(
+        default_factory=NotificationsPolicy, metadata={"doc": "a webhook for what needs a person"}
+    )
+    taint: TaintPolicy = field(
+        default_factory=TaintPolicy, metadata={"doc": "a taint on held nodes, beside or instead of the cordon"}
     )
 
 
@@ -240,59 +255,6 @@ class PolicyFile:
 # --- the generic walker ----------------------------------------------------------------------------
 
 
-def _coerce(hint: Any, raw: Any, path: str) -> Any:
-    if hint is bool:
-        if isinstance(raw, bool):
-            return raw
-        raise PolicyError(f"{path}: expected true or false, got {_show(raw)}")
-    if hint is int:
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            if abs(raw) > MAX_INTEGER:
-                raise PolicyError(f"{path}: out of range, got {_show(raw)}")
-            return raw
-        raise PolicyError(f"{path}: expected an integer, got {_show(raw)}")
-    if hint is float:
-        if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
-            return float(raw)
-        raise PolicyError(f"{path}: expected a number, got {_show(raw)}")
-    if hint is str:
-        if isinstance(raw, str):
-            return raw
-        raise PolicyError(f"{path}: expected a string, got {_show(raw)}")
-    raise TypeError(f"{path}: the schema has no rule for type {hint!r}")
-
-
-def _field_value(spec: Field[Any], hint: Any, current: Any, raw: Any, path: str) -> Any:
-    parse = spec.metadata.get("parse")
-    if parse is not None:
-        return parse(raw, path, current)
-    if is_dataclass(current):
-        return _merge(current, raw, path)
-    value = _coerce(hint, raw, path)
-    check = spec.metadata.get("check")
-    if check is not None:
-        check(value, path)
-    return value
-
-
-def _merge(base: T, raw: Any, path: str) -> T:
-    """``base`` with the keys of the TOML table ``raw`` applied; unknown keys and bad values raise."""
-    if not isinstance(raw, Mapping):
-        raise PolicyError(f"{path}: expected a table, got {_show(raw)}")
-    specs = {spec.name: spec for spec in fields(base)}  # type: ignore[arg-type]
-    hints = get_type_hints(type(base))
-    changes: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in specs:
-            raise PolicyError(f"{_join(path, key)}: unknown key (known: {', '.join(specs)})")
-        changes[key] = _field_value(specs[key], hints[key], getattr(base, key), value, _join(path, key))
-    merged = replace(base, **changes)  # type: ignore[type-var]
-    validate = getattr(merged, "validate", None)
-    if callable(validate):
-        validate(path)
-    return merged
-
-
 def _action_refs(obj: Any, path: str) -> Iterator[tuple[str, str]]:
     for spec in fields(obj):
         value = getattr(obj, spec.name)
@@ -328,7 +290,7 @@ def _parse_group(index: int, raw: Any, defaults: Policy) -> NodeGroup:
     if not isinstance(name, str):
         raise PolicyError(f"{path}.name: expected a string, got {_show(name)}")
     rest = {key: value for key, value in raw.items() if key not in GROUP_KEYS}
-    return NodeGroup(name=name, selector=selector, policy=_merge(defaults, rest, path))
+    return NodeGroup(name=name, selector=selector, policy=merge_section(defaults, rest, path))
 
 
 def parse_policy(data: Mapping[str, Any], source: str = "<data>") -> PolicyFile:
@@ -338,8 +300,8 @@ def parse_policy(data: Mapping[str, Any], source: str = "<data>") -> PolicyFile:
         if key not in policy_keys | cluster_keys | {"groups"}:
             known = ", ".join(sorted(policy_keys | cluster_keys | {"groups"}))
             raise PolicyError(f"{key}: unknown key (known: {known})")
-    defaults = _merge(Policy(), {k: v for k, v in data.items() if k in policy_keys}, "")
-    cluster = _merge(ClusterSettings(), {k: v for k, v in data.items() if k in cluster_keys}, "")
+    defaults = merge_section(Policy(), {k: v for k, v in data.items() if k in policy_keys}, "")
+    cluster = merge_section(ClusterSettings(), {k: v for k, v in data.items() if k in cluster_keys}, "")
     raw_groups = data.get("groups", [])
     if not isinstance(raw_groups, list):
         raise PolicyError(f"groups: expected an array of tables ([[groups]]), got {_show(raw_groups)}")

@@ -16,7 +16,7 @@ import math
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import Field, fields, is_dataclass
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 from gpuremediate.policy.config import ClusterSettings, Policy
 
@@ -78,6 +78,13 @@ def _is_table(value: Any) -> bool:
     return is_dataclass(value) and not isinstance(value, type)
 
 
+def _table_type(owner: Any, spec: Field[Any]) -> type | None:
+    """The element type of an array-of-tables field (``tuple[SomeSection, ...]``), else None."""
+    hint = get_type_hints(type(owner)).get(spec.name)
+    args = get_args(hint) if get_origin(hint) is tuple else ()
+    return args[0] if args and is_dataclass(args[0]) and isinstance(args[0], type) else None
+
+
 def _section(obj: Any, path: str, doc: str) -> Iterator[str]:
     """``[path]`` with its scalar settings, then its sub-tables (TOML needs that order)."""
     yield ""
@@ -87,7 +94,7 @@ def _section(obj: Any, path: str, doc: str) -> Iterator[str]:
     for spec in fields(obj):
         value = getattr(obj, spec.name)
         key = f"{path}.{spec.name}"
-        if _is_table(value) or isinstance(value, Mapping):
+        if _is_table(value) or isinstance(value, Mapping) or _table_type(obj, spec) is not None:
             tables.append((spec, value))
         elif value is None:
             yield from _comment(_doc(spec))
@@ -95,12 +102,32 @@ def _section(obj: Any, path: str, doc: str) -> Iterator[str]:
         else:
             yield from _comment(_doc(spec))
             yield f"{spec.name} = {toml_value(value, key)}"
+            if "example" in spec.metadata and not value:
+                yield f"# e.g. {spec.name} = {toml_value(spec.metadata['example'], key)}"
     for spec, value in tables:
         key = f"{path}.{spec.name}"
-        if _is_table(value):
+        element = _table_type(obj, spec)
+        if element is not None:
+            yield from _array_of_tables(value, element, key, _doc(spec), spec.metadata.get("example"))
+        elif _is_table(value):
             yield from _section(value, key, _doc(spec))
         else:
             yield from _mapping(value, key, _doc(spec))
+
+
+def _array_of_tables(items: Sequence[Any], element: type, path: str, doc: str,
+                     example: Mapping[str, Any] | None) -> Iterator[str]:
+    """``[[path]]`` entries, commented: the built-in ones (they apply after the file's own), or one example."""
+    yield ""
+    yield from _comment(doc)
+    if items:
+        yield "# built in (they apply after the file's own entries):"
+    else:
+        yield "# none by default; an entry looks like:"
+    for item in items or [element(**(example or {}))]:
+        yield f"# [[{path}]]"
+        for spec in fields(item):
+            yield f"# {spec.name} = {toml_value(getattr(item, spec.name), f'{path}[].{spec.name}')}"
 
 
 def _mapping(value: Mapping[Any, Any], path: str, doc: str) -> Iterator[str]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import field
-from typing import Any
+from dataclasses import Field, field, fields, is_dataclass, replace
+from typing import Any, TypeVar, get_type_hints
 
 from gpuremediate.policy.findings import BUILTIN_ACTIONS
 
@@ -107,3 +108,62 @@ def setting(default: Any, doc: str, *, check: Check | None = None, action: bool 
     """A scalar setting. ``action=True`` marks an action name (checked, and reported to hooks)."""
     checks = check_action if action else check
     return field(default=default, metadata={"doc": doc, "check": checks, "action": action})
+
+
+# --- the generic walker: a TOML table onto a section dataclass ----------------------------------------
+
+MAX_INTEGER = 2**53  # every integer setting ends up in JSON (a Job, a record): keep it exact there
+T = TypeVar("T")
+
+
+def coerce(hint: Any, raw: Any, path: str) -> Any:
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        raise PolicyError(f"{path}: expected true or false, got {_show(raw)}")
+    if hint is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            if abs(raw) > MAX_INTEGER:
+                raise PolicyError(f"{path}: out of range, got {_show(raw)}")
+            return raw
+        raise PolicyError(f"{path}: expected an integer, got {_show(raw)}")
+    if hint is float:
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
+            return float(raw)
+        raise PolicyError(f"{path}: expected a number, got {_show(raw)}")
+    if hint is str:
+        if isinstance(raw, str):
+            return raw
+        raise PolicyError(f"{path}: expected a string, got {_show(raw)}")
+    raise TypeError(f"{path}: the schema has no rule for type {hint!r}")
+
+
+def _field_value(spec: Field[Any], hint: Any, current: Any, raw: Any, path: str) -> Any:
+    parse = spec.metadata.get("parse")
+    if parse is not None:
+        return parse(raw, path, current)
+    if is_dataclass(current):
+        return merge_section(current, raw, path)
+    value = coerce(hint, raw, path)
+    check = spec.metadata.get("check")
+    if check is not None:
+        check(value, path)
+    return value
+
+
+def merge_section(base: T, raw: Any, path: str) -> T:
+    """``base`` with the keys of the TOML table ``raw`` applied; unknown keys and bad values raise."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table, got {_show(raw)}")
+    specs = {spec.name: spec for spec in fields(base)}  # type: ignore[arg-type]
+    hints = get_type_hints(type(base))
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in specs:
+            raise PolicyError(f"{_join(path, key)}: unknown key (known: {', '.join(specs)})")
+        changes[key] = _field_value(specs[key], hints[key], getattr(base, key), value, _join(path, key))
+    merged = replace(base, **changes)  # type: ignore[type-var]
+    validate = getattr(merged, "validate", None)
+    if callable(validate):
+        validate(path)
+    return merged

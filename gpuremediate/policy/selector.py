@@ -74,7 +74,7 @@ def _split_top_level(text: str) -> list[str]:
     return [part.strip() for part in parts]
 
 
-def _check_key(key: str) -> str:
+def check_label_key(key: str) -> str:
     name = key.rsplit("/", 1)[-1]
     if not _KEY_RE.fullmatch(key) or len(name) > 63 or len(key) - len(name) > 254:
         raise SelectorError(f"invalid label key {key!r}")
@@ -93,13 +93,13 @@ def _parse_requirement(part: str) -> Requirement:
         if values == [""]:
             raise SelectorError(f"{part!r}: a set needs at least one value")
         op = OP_IN if match["op"] == "in" else OP_NOT_IN
-        return Requirement(_check_key(match["key"]), op, frozenset(_check_value(v) for v in values))
+        return Requirement(check_label_key(match["key"]), op, frozenset(_check_value(v) for v in values))
     if match := _EQ_RE.match(part):
         op = OP_NOT_IN if match["op"] == "!=" else OP_IN
-        return Requirement(_check_key(match["key"]), op, frozenset({_check_value(match["value"])}))
+        return Requirement(check_label_key(match["key"]), op, frozenset({_check_value(match["value"])}))
     if match := _EXISTS_RE.match(part):
         op = OP_NOT_EXISTS if match["neg"] else OP_EXISTS
-        return Requirement(_check_key(match["key"]), op)
+        return Requirement(check_label_key(match["key"]), op)
     raise SelectorError(f"cannot parse requirement {part!r}")
 
 

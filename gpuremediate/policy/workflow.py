@@ -9,21 +9,24 @@ sit on ``ClusterSettings``. Durations are seconds.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.policy.schema import (
     PolicyError,
+    _show,
     at_least,
     between,
     dns_label,
     dns_subdomain,
     duration,
     image_reference,
+    merge_section,
     setting,
     shell_words,
 )
+from gpuremediate.policy.selector import SelectorError, check_label_key, parse_selector
 
 DRAIN_MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 DRAIN_SCOPES = ("all", "gpu", "impacted")
@@ -44,6 +47,40 @@ def one_of(*allowed: str) -> Any:
     return check
 
 
+def label_key(value: Any, path: str) -> None:
+    try:
+        check_label_key(value)
+    except SelectorError as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+
+
+def selector_text(value: Any, path: str) -> None:
+    try:
+        parse_selector(value)
+    except SelectorError as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+
+
+def string_list(check_item: Callable[[Any, str], None]) -> Callable[[Any, str, Any], tuple[str, ...]]:
+    """A ``parse`` for an array of strings, each checked (errors name the index)."""
+
+    def parse(raw: Any, path: str, _current: Any) -> tuple[str, ...]:
+        if not isinstance(raw, list):
+            raise PolicyError(f"{path}: expected an array of strings, got {_show(raw)}")
+        for index, item in enumerate(raw):
+            if not isinstance(item, str):
+                raise PolicyError(f"{path}[{index}]: expected a string, got {_show(item)}")
+            check_item(item, f"{path}[{index}]")
+        return tuple(raw)
+
+    return parse
+
+
+def _any_text(value: Any, path: str) -> None:
+    if not value.strip():
+        raise PolicyError(f"{path}: must not be empty")
+
+
 @dataclass(frozen=True)
 class DrainPolicy:
     mode: str = setting("Immediate", "Immediate (evict, honour PDBs) | AllowCompletion (wait for pods to finish) | "
@@ -60,6 +97,10 @@ class DrainPolicy:
                                   check=between(-1, MAX_GRACE_S))
     retry_s: float = setting(5.0, "seconds between drain steps (a PDB refusal is retried after this)",
                              check=duration(0.1))
+    skip_namespaces: tuple[str, ...] = field(default=(), metadata={
+        "doc": 'namespaces whose pods are never evicted nor waited for, e.g. ["kube-system", "gpu-operator"] '
+               "(NVSentinel's system namespaces)",
+        "parse": string_list(dns_label), "example": ["kube-system", "gpu-operator"]})
 
 
 @dataclass(frozen=True)
@@ -104,21 +145,60 @@ class ValidationPolicy:
     job: JobPolicy = field(default_factory=_validation_job, metadata={"doc": "the validation Job (all GPUs)"})
 
 
+def check_budget_value(text: str, path: str) -> None:
+    value = text.strip()
+    counted = value.isascii() and value.isdigit()
+    if not (counted or _PERCENT.fullmatch(value)) or (value.endswith("%") and int(value[:-1]) > 100):
+        raise PolicyError(f"{path}: expected a count like \"2\" or a percentage like \"25%\", got {text!r}")
+
+
+def budget_value(text: str) -> int | str:
+    value = text.strip()
+    return int(value) if value.isascii() and value.isdigit() else value
+
+
+@dataclass(frozen=True)
+class DomainBudgetPolicy:
+    """``[[budget.domains]]``: a budget within each value of one node label (a failure domain)."""
+
+    label: str = setting("", "node label whose values are the domains, e.g. topology.kubernetes.io/rack",
+                         check=label_key)
+    max_unavailable: str = setting("1", "most nodes out of service at once within one domain: a count or a "
+                                   "percentage of that domain's nodes")
+
+    def validate(self, path: str) -> None:
+        if not self.label:
+            raise PolicyError(f"{path}.label: required (the node label that names the domain)")
+        check_budget_value(self.max_unavailable, f"{path}.max_unavailable")
+
+
+def parse_domain_budgets(raw: Any, path: str, _current: Any) -> tuple[DomainBudgetPolicy, ...]:
+    if not isinstance(raw, list):
+        raise PolicyError(f"{path}: expected an array of tables ([[budget.domains]]), got {_show(raw)}")
+    domains = []
+    for index, table in enumerate(raw):
+        domains.append(merge_section(DomainBudgetPolicy(), table, f"{path}[{index}]"))
+    labels = [d.label for d in domains]
+    for index, label in enumerate(labels):
+        if label in labels[:index]:
+            raise PolicyError(f"{path}[{index}].label: {label!r} has a budget already")
+    return tuple(domains)
+
+
 @dataclass(frozen=True)
 class BudgetPolicy:
     max_unavailable: str = setting("25%", "most GPU nodes out of service at once: a count (\"2\") or a percentage "
                                    "(\"25%\"); nodes unschedulable for any reason count")
+    domains: tuple[DomainBudgetPolicy, ...] = field(default=(), metadata={
+        "doc": "[[budget.domains]] {label, max_unavailable}: also at most this many nodes out per value of the "
+               "label (a rack, an NVLink domain, a node pool)",
+        "parse": parse_domain_budgets, "example": {"label": "topology.kubernetes.io/rack", "max_unavailable": "1"}})
 
     def validate(self, path: str) -> None:
-        value = self.max_unavailable.strip()
-        counted = value.isascii() and value.isdigit()
-        if not (counted or _PERCENT.fullmatch(value)) or (value.endswith("%") and int(value[:-1]) > 100):
-            raise PolicyError(f"{path}.max_unavailable: expected a count like \"2\" or a percentage like \"25%\", "
-                              f"got {self.max_unavailable!r}")
+        check_budget_value(self.max_unavailable, f"{path}.max_unavailable")
 
     def as_budget_value(self) -> int | str:
-        value = self.max_unavailable.strip()
-        return int(value) if value.isascii() and value.isdigit() else value
+        return budget_value(self.max_unavailable)
 
 
 @dataclass(frozen=True)
@@ -128,6 +208,63 @@ class BreakerPolicy:
                                        check=between(0, 100))
     window_s: float = setting(600.0, "the window, seconds", check=duration(1))
     min_nodes: int = setting(3, "and at least this many nodes faulted", check=at_least(1))
+    domain_labels: tuple[str, ...] = field(default=(), metadata={
+        "doc": "node labels whose values are failure domains (rack, NVLink domain, driver version): when faults "
+               "cluster on one value, work stops in that domain only",
+        "parse": string_list(label_key),
+        "example": ["topology.kubernetes.io/rack", "nvidia.com/cuda.driver-version.full"]})
+    domain_threshold_percent: float = setting(50.0, "a domain opens when more than this % of its nodes fault "
+                                              "within the window", check=between(0, 100))
+    domain_min_nodes: int = setting(2, "and at least this many of its nodes faulted", check=at_least(1))
+
+
+PAUSE_IN_FLIGHT = ("finish", "hold")
+
+
+@dataclass(frozen=True)
+class PausePolicy:
+    in_flight: str = setting("finish", "while paused (`gpuremediate pause`): finish (repairs and validations under "
+                             "way go on) | hold (nothing moves until resumed)", check=one_of(*PAUSE_IN_FLIGHT))
+
+
+@dataclass(frozen=True)
+class GatesPolicy:
+    """``[gates]``: what must hold before a new drain starts, beyond the budget and the breaker (kured's)."""
+
+    blocking_alerts: tuple[str, ...] = field(default=(), metadata={
+        "doc": "no drain starts while one of these Prometheus alerts fires (an unreadable alerts API blocks too)",
+        "parse": string_list(_any_text), "example": ["KubeNodeNotReady", "GPUFleetDegraded"]})
+    prometheus_url: str = setting("", "the Prometheus for blocking_alerts (empty: --prometheus-url)")
+    alerts_ttl_s: float = setting(30.0, "seconds an alerts answer is reused", check=duration(1))
+    blocking_pod_selectors: tuple[str, ...] = field(default=(), metadata={
+        "doc": "no drain of a node running a pod that matches one of these label selectors",
+        "parse": string_list(selector_text), "example": ["app=checkpoint-writer"]})
+    settle_s: float = setting(0.0, "seconds after a node returned to service before the next drain starts "
+                              "(0: off)", check=between(0, 366 * 86400.0))
+
+    def validate(self, path: str) -> None:
+        url = self.prometheus_url
+        if url and not url.startswith(("http://", "https://")):
+            raise PolicyError(f"{path}.prometheus_url: must start with http:// or https://, got {url!r}")
+
+
+NOTIFY_FORMATS = ("json", "slack")
+
+
+@dataclass(frozen=True)
+class NotificationsPolicy:
+    """``[notifications]``: a webhook for what needs a person; its URL lives in a Secret."""
+
+    enabled: bool = setting(False, "post quarantines, an open breaker, long-blocked drains and failed repairs")
+    secret: str = setting("gpuremediate-notifications", "Secret (in the controller's namespace) holding the URL",
+                          check=dns_subdomain)
+    secret_key: str = setting("url", "the Secret's key holding the webhook URL", check=_any_text)
+    format: str = setting("json", "json (generic) | slack (Slack-compatible {text})", check=one_of(*NOTIFY_FORMATS))
+    cluster: str = setting("", "a cluster name put in every notification")
+    drain_blocked_after_s: float = setting(1800.0, "notify once when a drain stays blocked this long",
+                                           check=duration(1))
+    timeout_s: float = setting(5.0, "seconds per delivery attempt", check=between(0.1, 600))
+    retries: int = setting(3, "retries after a failed delivery (with backoff)", check=between(0, 10))
 
 
 @dataclass(frozen=True)

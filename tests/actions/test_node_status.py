@@ -14,8 +14,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NODES
-from gpuremediate.policy.config import _merge
-from gpuremediate.policy.schema import PolicyError
+from gpuremediate.policy.schema import PolicyError, merge_section
 from gpuremediate.state import states
 from gpuremediate.state.record import NodeRecord
 from sim.kubeapi import KubeAPIServer
@@ -124,7 +123,7 @@ def test_remediation_taint_follows_the_record_and_the_policy() -> None:
 
 
 def taint_policy(text: str) -> ns.TaintPolicy:
-    return _merge(ns.TaintPolicy(), tomllib.loads(text)["taint"], "taint")
+    return merge_section(ns.TaintPolicy(), tomllib.loads(text)["taint"], "taint")
 
 
 def test_taint_policy_parses_and_names_bad_keys() -> None:

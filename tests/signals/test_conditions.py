@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuremediate.policy.config import _action_refs, _merge
+from gpuremediate.policy.config import _action_refs
 from gpuremediate.policy.findings import (
     ACTION_CORDON,
     ACTION_NONE,
@@ -18,7 +18,7 @@ from gpuremediate.policy.findings import (
     KIND_XID,
     Finding,
 )
-from gpuremediate.policy.schema import PolicyError
+from gpuremediate.policy.schema import PolicyError, merge_section
 from gpuremediate.signals import conditions as c
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
@@ -41,7 +41,7 @@ def node(*conds: dict[str, Any], name: str = "gpu-node-1") -> dict[str, Any]:
 
 
 def policy_from(text: str) -> c.ConditionsPolicy:
-    return _merge(c.ConditionsPolicy(), tomllib.loads(text)["conditions"], "conditions")
+    return merge_section(c.ConditionsPolicy(), tomllib.loads(text)["conditions"], "conditions")
 
 
 def metric_finding(action: str = ACTION_RESET_GPU, node_name: str = "gpu-node-1") -> Finding:
