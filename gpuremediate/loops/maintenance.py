@@ -187,7 +187,7 @@ class MaintenanceLoop:
         if is_excluded(node):
             return mr.waiting("Blocked", f"node {request.node} is labelled gpuremediate.io/exclude=true"), resync
         holder = claim_of(node)
-        if holder != request.claim:
+        if holder != request.claim and not _finished(record_from_node(node), request):
             if holder and self._request_alive(holder):
                 other = mr.parse_claim(holder)
                 who = f"MaintenanceRequest {other[0]} (uid {other[1]})" if other else f"claim {holder!r}"
@@ -369,6 +369,14 @@ def _knows(record: NodeRecord, request: mr.Request) -> bool:
     """The record carries this request's fault, or has finished it."""
     ours = record.fault is not None and record.fault.fingerprint == request.fingerprint
     return ours or request.fingerprint in record.handled
+
+
+def _finished(record: NodeRecord | RecordError | None, request: mr.Request) -> bool:
+    """The node's record has finished this request's fault: it never claims the node again (the request cache
+    may not show the Completed status written a moment ago; a re-claim would hold a node nobody releases)."""
+    if not isinstance(record, NodeRecord) or request.fingerprint not in record.handled:
+        return False
+    return record.fault is None or record.fault.fingerprint != request.fingerprint
 
 
 def _request_refs(node: Mapping[str, Any]) -> set[tuple[str, str]]:

@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -17,7 +18,7 @@ from gpuremediate.controller import Controller
 from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.kube.resources import CRDS, NAMESPACES, NODES, Resource
+from gpuremediate.kube.resources import CRDS, EVENTS, NAMESPACES, NODES, Resource
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.state import decide, states
@@ -25,7 +26,9 @@ from gpuremediate.state import maintenance as mr
 from gpuremediate.state.record import NodeRecord, node_patch, record_from_node
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
+from tests.loops.test_conflicts import ConflictingClient
 
+_C = TypeVar("_C", bound=KubeClient)
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crds" / "gpuremediate.io_maintenancerequests.yaml"
 NODE = "gpu-1"
@@ -33,6 +36,8 @@ POD_NS = "gpuremediate-system"
 POLICY = """
 [maintenance]
 respect_budget = false
+[validation]
+enabled = false
 [breaker]
 enabled = false
 """
@@ -61,9 +66,18 @@ class Healthy:
 
 @pytest.fixture
 def world() -> Iterator[tuple[KubeAPIServer, LosesOneRelease, Resource]]:
+    yield from _world(LosesOneRelease)
+
+
+@pytest.fixture
+def busy_world() -> Iterator[tuple[KubeAPIServer, ConflictingClient, Resource]]:
+    yield from _world(ConflictingClient)
+
+
+def _world(client_type: type[_C]) -> Iterator[tuple[KubeAPIServer, _C, Resource]]:
     srv = KubeAPIServer().start()
-    client = LosesOneRelease(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500,
-                             burst=500)
+    client = client_type(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500,
+                         burst=500)
     client.create(NAMESPACES, {"metadata": {"name": POD_NS}})
     client.create(CRDS, miniyaml.loads(CRD.read_text()))
     wait_for(lambda: _served(client), 10, "the MaintenanceRequest kind served")
@@ -161,3 +175,21 @@ def test_the_completed_phase_never_runs_ahead_of_the_claim_release(
     assert ahead == [], f"Completed while the node still held the claim: {ahead}"
     assert _claim(client) == ""
     assert not client.armed, "the claim release never met its 409"
+
+
+def test_a_maintenance_flow_repeats_nothing_when_every_other_node_write_conflicts(
+    busy_world: tuple[KubeAPIServer, ConflictingClient, Resource]
+) -> None:
+    _, client, res = busy_world
+    _request(client, res)
+    wait_for(lambda: _state(client) == states.MAINTENANCE and _phase(client, res) == mr.PREPARED, 15,
+             f"the node held for maintenance (state {_state(client)}, phase {_phase(client, res)})")
+    client.delete(res, "mr-1")
+    wait_for(lambda: _state(client) == states.HEALTHY and _claim(client) == "", 15,
+             f"the node back (state {_state(client)}, claim {_claim(client)!r})")
+    wait_for(lambda: not client.list(res)["items"], 10, "the finalizer removed")
+    assert client.conflicts >= 3, "the test did not make the controller's node writes conflict"
+    events = [e for e in client.list(EVENTS, None)["items"] if (e.get("source") or {}).get("component")
+              == "gpuremediate"]
+    seen = Counter((e["reason"], e["message"]) for e in events for _ in range(int(e.get("count") or 1)))
+    assert [k for k, n in seen.items() if n > 1] == []
