@@ -150,9 +150,12 @@ def _value(op: dict[str, Any]) -> Any:
 
 # --- strategic merge patch ------------------------------------------------------------------------
 
+# NodeSpec.Taints has no patchStrategy/patchMergeKey tags (k8s.io/api core/v1 types.go: only
+# `json:"taints,omitempty" protobuf:"bytes,5,opt,name=taints"`): a strategic merge patch replaces the whole
+# list, which is why the node lifecycle controller's PatchNodeTaints sends the full list with a resourceVersion.
 MERGE_KEYS: dict[str, str] = {
     "conditions": "type", "containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-    "env": "name", "volumes": "name", "volumeMounts": "mountPath", "taints": "key", "addresses": "type",
+    "env": "name", "volumes": "name", "volumeMounts": "mountPath", "addresses": "type",
     "ownerReferences": "uid", "imagePullSecrets": "name", "containerStatuses": "name",
     "initContainerStatuses": "name", "volumeDevices": "devicePath", "envFrom": "",
 }
