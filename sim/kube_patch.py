@@ -2,7 +2,7 @@
 bookkeeping behind the simplified server-side apply (managedFields as sets of leaf paths).
 
 Simplifications: lists are atomic leaves for field ownership; strategic merge knows the upstream merge
-keys a GPU controller meets (conditions, containers, env, ports, volumes, taints, addresses, ...);
+keys a GPU controller meets (conditions, containers, env, ports, volumes, addresses, ...; taints have none);
 `$patch` and `$retainKeys` directives are not supported.
 """
 
