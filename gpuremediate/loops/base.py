@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.actions.breaker import BreakerStore
-from gpuremediate.actions.custom import PermissionBackoff, PermissionDenied
-from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.custom import PermissionBackoff, PermissionDenied, conditions_problem
+from gpuremediate.actions.events import WARNING, EventRecorder
 from gpuremediate.actions.nodes import (
     Node,
     NodeView,
@@ -68,6 +68,7 @@ class NodeLoop:
         self.ctx = ctx
         self.queue = WorkQueue(base_delay=0.5, max_delay=60.0)
         self._thread: threading.Thread | None = None
+        self._reported_shapes: set[tuple[str, str]] = set()  # (plugin resource, problem) evented once
 
     # ---- wiring ---------------------------------------------------------------------------------------
 
@@ -151,6 +152,19 @@ class NodeLoop:
         if node is not None and isinstance(record, NodeRecord) and record.blocked is not None \
                 and record.blocked.reason == BLOCK_PERMISSION:
             self.ctx.writer.write(node, unblock(record))  # a 409 is simply noted again on the next step
+
+    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
+        """A plugin resource whose ``status.conditions`` has the wrong shape (a permissive CRD): reported once
+        (a log line and a Warning Event), and its bad entries ignored."""
+        problem = conditions_problem(obj)
+        key = (f"{kind}/{name_of(obj)}", problem or "")
+        if problem is None or key in self._reported_shapes:
+            return
+        self._reported_shapes.add(key)
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        text = f"{kind} {namespace + '/' if namespace else ''}{name_of(obj)}: {problem}; such entries are ignored"
+        log.warning("malformed plugin resource", extra={"node": name_of(node), "detail": text})
+        self.ctx.events.node_event(name_of(node), "GPUPluginResourceMalformed", text, WARNING)
 
     def guarded_step(self, node: Node, record: NodeRecord, step: Callable[[], float | None]) -> float | None:
         """Run a step that calls a plugin's kind: a 403 is ``permission_denied``, never an error."""

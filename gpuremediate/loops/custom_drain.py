@@ -34,7 +34,6 @@ from gpuremediate.actions.custom import (
     base_body,
     condition,
     condition_is,
-    conditions_problem,
     created_at,
     dns_name,
     event_id,
@@ -143,7 +142,7 @@ class CustomDrain:
         name = request_name(name_of(node), record)
         existing = self._find(name_of(node), name)
         if existing is not None:
-            self._check_shape(node, existing)
+            self.loop.check_shape(node, self.ref.kind, existing)
         if existing is not None and condition_is(existing, self.policy.statusConditionType,
                                                  self.policy.statusConditionStatus):
             return self._complete(node, record, name, now)
@@ -171,18 +170,6 @@ class CustomDrain:
         if action.created and action.deadline is not None:
             return action.deadline
         return action.started + self.policy.timeout
-
-    def _check_shape(self, node: Node, request: Mapping[str, Any]) -> None:
-        problem = conditions_problem(request)
-        if problem is None:
-            return
-        key = (name_of(request), problem)
-        if key in self.loop.reported_shapes:
-            return
-        self.loop.reported_shapes.add(key)
-        text = f"{self.ref.kind} {self.ref.namespace}/{name_of(request)}: {problem}; such entries are ignored"
-        log.warning("malformed plugin resource", extra={"node": name_of(node), "detail": text})
-        self.ctx.events.node_event(name_of(node), "GPUPluginResourceMalformed", text, WARNING)
 
     def _note_deferral(self, node: Node, record: NodeRecord, request: Mapping[str, Any], now: float) -> None:
         """A plugin that holds the drain back (the drain-window plugin's ``DrainDeferred=True``) shows as

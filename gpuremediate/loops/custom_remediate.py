@@ -207,6 +207,7 @@ class CustomRemediation:
         obj = self.api.get(ref, current.name)
         if obj is None:
             return self._missing(node, record, name, action, current)
+        self.loop.check_shape(node, ref.kind, obj)
         if not current.created and not self.api.dry_run:  # the write after the create was lost, or adopted
             self.ctx.writer.write(node, mark_created(record, created_at(obj, self.ctx.clock()), action.timeout))
             return POLL_S

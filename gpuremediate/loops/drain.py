@@ -59,7 +59,6 @@ class DrainLoop(NodeLoop):
     def __init__(self, ctx: LoopContext) -> None:
         super().__init__(ctx)
         self._next_attempt: dict[str, float] = {}  # pod uid -> monotonic time of its next eviction attempt
-        self.reported_shapes: set[tuple[str, str]] = set()  # (plugin resource, problem) already evented once
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node).drain
