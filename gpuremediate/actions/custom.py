@@ -162,6 +162,7 @@ class PermissionDenied(errors.Forbidden):
     def __init__(self, verb: str, ref: Ref, plural: str, cause: errors.ApiError, *, fresh: bool,
                  retry_in: float) -> None:
         self.verb, self.ref, self.plural, self.fresh, self.retry_in = verb, ref, plural, fresh, retry_in
+        self.first = fresh  # the first refusal of this kind since it was last allowed (refused() says)
         super().__init__(403, cause.status)
 
     @property
@@ -196,6 +197,7 @@ class PermissionBackoff:
             held = self._until.get(ref)
             delay = self.first_s if held is None else min(self.max_s, held[1] * 2)
             denied = PermissionDenied(verb, ref, plural, cause, fresh=True, retry_in=delay)
+            denied.first = held is None
             self._until[ref] = (self.clock() + delay, delay, denied)
         return denied
 

@@ -138,8 +138,8 @@ class NodeLoop:
         if denied.fresh:
             self.ctx.metrics.permission_denied.inc(verb=denied.verb, group=denied.group, resource=denied.plural,
                                                    namespace=denied.ref.namespace)
-            log.warning("permission denied", extra={"node": name_of(node), "detail": denied.describe(),
-                                                    "error": denied.message})
+            log.log(logging.WARNING if denied.first else logging.DEBUG, "permission denied",
+                    extra={"node": name_of(node), "detail": denied.describe(), "error": denied.message})
         after = block(record, BLOCK_PERMISSION, denied.describe().rsplit("; retrying", 1)[0], self.ctx.clock())
         if after != record:
             self.ctx.writer.write(node, after)  # a 409 is simply noted again on the next step

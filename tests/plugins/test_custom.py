@@ -13,6 +13,8 @@ from gpuremediate.actions.custom import (
     FAILED,
     IN_PROGRESS,
     SUCCEEDED,
+    PermissionBackoff,
+    PermissionDenied,
     Ref,
     dns_name,
     event_id,
@@ -20,6 +22,7 @@ from gpuremediate.actions.custom import (
     outcome,
     render,
 )
+from gpuremediate.kube import errors
 from gpuremediate.loops.custom_drain import entities, pods_by_namespace, request_body, request_name
 from gpuremediate.loops.custom_remediate import build_resource, resource_name
 from gpuremediate.policy.config import loads_policy
@@ -174,3 +177,25 @@ def test_custom_drain_can_differ_per_group() -> None:
                       '[[groups]]\nselector = "pool=slurm"\ncustomDrain.enabled = false\n')
     assert pf.for_node({}).customDrain.enabled
     assert not pf.for_node({"pool": "slurm"}).customDrain.enabled
+
+
+def test_permission_backoff_doubles_and_answers_for_the_server_meanwhile() -> None:
+    now = [1000.0]
+    backoff = PermissionBackoff(lambda: now[0], first_s=30.0, max_s=100.0)
+    ref = Ref("remediation.example.com/v1alpha1", "RemediationRequest", "ns")
+    cause = errors.Forbidden(403, {"reason": "Forbidden", "message": "cannot list"})
+    denied = backoff.refused("list", ref, "remediationrequests", cause)
+    assert denied.fresh and denied.first and denied.retry_in == 30.0
+    assert "list on remediationrequests.remediation.example.com in namespace ns" in denied.describe()
+    now[0] += 29.0
+    with pytest.raises(PermissionDenied) as held:
+        backoff.check(ref)  # no request is sent: the last refusal answers
+    assert not held.value.fresh and held.value.verb == "list"
+    now[0] += 2.0
+    backoff.check(ref)  # due again: the next call asks the server
+    again = backoff.refused("list", ref, "remediationrequests", cause)
+    assert again.retry_in == 60.0 and not again.first
+    assert backoff.refused("list", ref, "remediationrequests", cause).retry_in == 100.0  # capped
+    backoff.allowed(ref)
+    assert not backoff.known(ref)
+    backoff.check(ref)
