@@ -61,7 +61,8 @@ def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[KubeAPIServer, Cont
     for name in names:
         client.create(NODES, {"metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}}})
     src = ScriptedSource(names)
-    controller = Controller(Settings(namespace=POD_NS, scrape_interval_s=0.05), loads_policy(""), client=client, source=src)
+    settings = Settings(namespace=POD_NS, scrape_interval_s=0.05)
+    controller = Controller(settings, loads_policy(""), client=client, source=src)
     assert controller.start_caches(timeout=20)
     yield srv, controller, src
     controller.stop()
@@ -102,8 +103,9 @@ def test_source_failure_is_one_controller_event_not_one_per_node(
     for _ in range(3):
         cycle(controller)
     events = controller.client.list(EVENTS, None)["items"]
-    assert [e["reason"] for e in events if e["involvedObject"]["kind"] == "Node"] == []
-    (fleet,) = [e for e in events if e["reason"] == "GPUHealthUnknownFleet"]
+    ours = [e for e in events if e.get("reportingComponent") == "gpuremediate"]
+    assert [e["reason"] for e in ours if e["involvedObject"]["kind"] == "Node"] == []
+    (fleet,) = [e for e in ours if e["reason"] == "GPUHealthUnknownFleet"]
     assert fleet["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": POD_NS,
                                        "name": "gpuremediate-abc"}
     assert f"on {NODES_N} of {NODES_N} GPU nodes" in fleet["message"] and "timed out after 10 s" in fleet["message"]
