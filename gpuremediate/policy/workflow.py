@@ -316,7 +316,8 @@ class CustomDrainPolicy:
     statusConditionType: str = setting("DrainComplete", "condition the plugin sets when the drain is done",
                                        check=_not_empty)
     statusConditionStatus: str = setting("True", "the condition's status that means done", check=_condition_status)
-    timeout: float = setting(1800.0, "seconds to wait for the plugin (measured from the drain's start)",
+    timeout: float = setting(1800.0, "seconds to wait for the plugin, from the request's creationTimestamp (from the "
+                             "drain's start until the request exists)",
                              check=duration(1))
     onTimeout: str = setting("quarantine", "quarantine (pods stay, a person decides) | builtin (delete the "
                              "request and drain with the built-in drain)", check=one_of(*CUSTOM_DRAIN_ON_TIMEOUT))
@@ -388,7 +389,8 @@ class CustomAction:
         "parse": parse_template})
     maxAttempts: int = setting(2, "resources (attempts) before the node is quarantined",
                                check=between(1, MAX_ATTEMPTS))
-    timeout: float = setting(3600.0, "seconds one attempt may take before it counts as failed", check=duration(1))
+    timeout: float = setting(3600.0, "seconds one attempt may take before it counts as failed, from the resource's "
+                             "creationTimestamp", check=duration(1))
 
     def validate(self, path: str) -> None:
         for key in ("apiGroup", "kind"):

@@ -41,7 +41,8 @@ Invariants (``Checker``; each violation names its code):
     across controller restarts too; at most one name per (kind, node, fingerprint, attempt)); and
     at that moment the node's record names it as the action in progress (record first, then Job).
     ``job-recreated-after-own-delete`` is the ``job-twice`` case where the controller itself had
-    deleted that Job before (a timed-out attempt whose outcome write failed: a known bug).
+    deleted that Job before (a timed-out attempt re-created under its name; each validation run and
+    each attempt now has its own name, so this names a regression).
 
 ``cr-twice``
     A custom resource (a remediation CR, a DrainRequest: any kind served from a CRD) the controller
