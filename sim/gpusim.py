@@ -5,8 +5,16 @@ fields as integers, doubles with 6 decimals; the XID series absent until a first
 GPUs per node. One process can serve many nodes, each on its own loopback IP and the same
 port, or one node (DaemonSet: node name from ``NODE_NAME``).
 
-Faults come in over HTTP (``POST /inject``, ``/reset``, ``/reboot``, ``/down``), from the
-CLI (``gpu-sim inject ...`` against a running sim) or from a JSON scenario timeline.
+Faults come in over HTTP (``POST /inject``, ``/reset``, ``/reboot``, ``/down``, ``/kernel-xid``,
+``/driver-hang``, ``/gpu-lost``), from the CLI (``gpu-sim inject ...`` against a running sim) or from a
+JSON scenario timeline.
+
+For the node agent (``gpuremediate agent``) gpu-sim also plays the host, with ``files_dir`` (``--files-dir``):
+per node a kernel log ``kmsg`` in /dev/kmsg's record format (``4,SEQ,USEC,-;NVRM: Xid (PCI:…): N, …``, USEC
+on CLOCK_MONOTONIC as the kernel's), a ``boot_id`` that changes on a reboot (the log then starts again),
+and an ``nvidia-smi`` stand-in answering ``--query-gpu`` and ``-L`` from gpu-sim's state (it hangs while a
+driver hang is injected; a lost GPU is not listed). ``kernel_xid`` logs every occurrence (a repeated XID
+of the same code is a new line), ``driver_hang`` hangs nvidia-smi, ``gpu_lost`` takes a GPU off the bus.
 ``POST /validate`` (``gpu-sim validate``) plays the validation Job: it fails while a GPU of the
 node still shows a fault (the kind overlay's repair and validation Jobs use these commands).
 This file is copied alone into the gpu-sim image: it imports nothing outside the stdlib.
@@ -17,15 +25,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -179,6 +190,7 @@ class GpuState:
     dram_active: float = 0.0
     booted_at: float = field(default_factory=time.monotonic)
     pod: tuple[str, str, str] | None = None  # (namespace, pod, container) using this GPU
+    lost: bool = False  # fell off the bus: gone from the exporter and nvidia-smi until a reboot
 
     @property
     def fb_free(self) -> int:
@@ -208,6 +220,14 @@ class NodeState:
     delay_s: float = 0.0  # slow exporter: answer /metrics after this long
     padding_bytes: int = 0  # oversized scrape: this many bytes of comment lines appended
     hostname_label: str = "Hostname"  # newest exporters write "hostname"
+    driver_hung: bool = False  # nvidia-smi (the agent's view) does not answer
+    kmsg_seq: int = -1  # the last kernel-log record's SEQ this boot
+    kmsg: list[str] = field(default_factory=list)  # this boot's kernel-log records
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    @property
+    def present(self) -> list[GpuState]:
+        return [g for g in self.gpus if not g.lost]
 
     def gpu(self, index: int) -> GpuState:
         if not 0 <= index < len(self.gpus):
@@ -268,7 +288,7 @@ def _value(f: Field, gpu: GpuState) -> str:
 
 def _series_lines(f: Field, node: NodeState) -> list[str]:
     lines = []
-    for gpu in node.gpus:
+    for gpu in node.present:
         labels = _labels(node, gpu)
         if f.attr == "xid":
             if gpu.xid is None:
@@ -341,7 +361,12 @@ class _NodeServer(ThreadingHTTPServer):
 class GpuSim:
     """Many simulated nodes in one process, each served on its own IP and the same port."""
 
-    def __init__(self, port: int = 0, host: str | None = None, control_port: int | None = None) -> None:
+    def __init__(self, port: int = 0, host: str | None = None, control_port: int | None = None,
+                 files_dir: str | None = None, flat_files: bool = False) -> None:
+        """``files_dir``: write each node's kmsg, boot_id and nvidia-smi stand-in under ``files_dir/<node>/``
+        (``flat_files``: directly in ``files_dir``, for one node: the DaemonSet)."""
+        self.files_dir = files_dir
+        self.flat_files = flat_files
         self._requested_port = port
         self.port = port
         self._host = host  # bind every node on this address (DaemonSet mode: "0.0.0.0")
@@ -373,6 +398,7 @@ class GpuSim:
                 raise SimError(f"IP {ip} already serves another node")
             node = new_node(name, gpus, ip, model, driver)
             self._nodes[name] = node
+            self._write_host_files(node, new_boot=True)
             if self._started:
                 self._serve(node)
             return node
@@ -412,6 +438,7 @@ class GpuSim:
             raise SimError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
         with self._lock:
             appliers[fault](self.node(node).gpu(gpu), value)
+            self._write_smi_state(self.node(node))
 
     def inject_xid(self, node: str, gpu: int, xid: int) -> None:
         self.inject(node, gpu, "xid", xid)
@@ -439,6 +466,7 @@ class GpuSim:
     def reset_gpu(self, node: str, gpu: int) -> None:
         with self._lock:
             self.node(node).gpu(gpu).reset()
+            self._write_smi_state(self.node(node))
 
     def restart_exporter(self, node: str) -> None:
         """The exporter restarts: its sticky XID gauge is forgotten; the GPUs are untouched."""
@@ -452,17 +480,116 @@ class GpuSim:
             state = self.node(node)
             for g in [state.gpu(i) for i in gpus] if gpus else state.gpus:
                 g.reset()
+            self._write_smi_state(state)
 
     def problems(self, node: str) -> list[str]:
         """What a validation (dcgmi diag) would fail on: every GPU fault still visible."""
         with self._lock:
-            return [p for g in self.node(node).gpus for p in _gpu_problems(g)]
+            state = self.node(node)
+            hung = ["the driver does not answer (nvidia-smi hangs)"] if state.driver_hung else []
+            return hung + [p for g in state.gpus for p in _gpu_problems(g)]
 
     def reboot(self, node: str) -> None:
-        """The node reboots: every GPU is reset and the exporter restarts."""
+        """The node reboots: every GPU is reset (a lost one is back on the bus), the driver answers again,
+        the exporter restarts, and the kernel log starts again under a new boot id."""
         with self._lock:
-            for g in self.node(node).gpus:
+            state = self.node(node)
+            for g in state.gpus:
                 g.reset()
+                g.lost = False
+            state.driver_hung = False
+            state.kmsg, state.kmsg_seq, state.boot_id = [], -1, str(uuid.uuid4())
+            self._unhang.notify_all()
+            self._write_host_files(state, new_boot=True)
+
+    # --- the host, as the node agent sees it: the kernel log and nvidia-smi
+
+    def kernel_xid(self, node: str, gpu: int, xid: int) -> str:
+        """An XID as the driver reports it: one kernel-log line per occurrence (the same code again is a new
+        line) and, as dcgm-exporter shows only the last one, the XID gauge. Returns the record written."""
+        if isinstance(xid, bool) or not isinstance(xid, int) or xid < 1:
+            raise SimError(f"kernel_xid needs a positive XID code, got {xid!r}")
+        with self._lock:
+            state = self.node(node)
+            target = state.gpu(gpu)
+            target.xid = xid
+            self._write_smi_state(state)
+            return self._log(state, xid_line(target, xid))
+
+    def driver_hang(self, node: str, hung: bool = True) -> None:
+        """nvidia-smi stops answering (``hung``), or answers again. The exporter is separate: a real hang
+        usually takes it down too (``set_down(node, "hang")``)."""
+        with self._lock:
+            state = self.node(node)
+            state.driver_hung = hung
+            self._unhang.notify_all()
+            self._write_smi_state(state)
+
+    def gpu_lost(self, node: str, gpu: int, log_xid: bool = True) -> None:
+        """The GPU falls off the bus: gone from the exporter and from nvidia-smi until a reboot; the kernel
+        logs XID 79 (``log_xid``)."""
+        with self._lock:
+            state = self.node(node)
+            target = state.gpu(gpu)
+            target.lost = True
+            self._write_smi_state(state)
+            if log_xid:
+                self._log(state, xid_line(target, 79))
+
+    def kmsg_lines(self, node: str) -> list[str]:
+        with self._lock:
+            return list(self.node(node).kmsg)
+
+    def host_dir(self, node: str) -> str:
+        """Where the node's kmsg, boot_id and nvidia-smi are (needs ``files_dir``)."""
+        if self.files_dir is None:
+            raise SimError("gpu-sim writes no host files: start it with files_dir (--files-dir)")
+        self.node(node)
+        return self.files_dir if self.flat_files else os.path.join(self.files_dir, node)
+
+    def nvidia_smi_runner(self, node: str) -> Callable[[Sequence[str], float], subprocess.CompletedProcess[str]]:
+        """An in-process nvidia-smi for ``signals.nvidiasmi`` (its ``runner``): the stand-in's answers without
+        a process per call; during a driver hang it waits out the timeout and raises TimeoutExpired."""
+
+        def run(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+            deadline = time.monotonic() + timeout_s
+            with self._lock:
+                while self.node(node).driver_hung and not self._stopping.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise subprocess.TimeoutExpired(list(argv), timeout_s)
+                    self._unhang.wait(timeout=min(left, 0.5))
+                rc, out, err = smi_answer(smi_state(self.node(node)), list(argv[1:]))
+            return subprocess.CompletedProcess(list(argv), rc, out, err)
+
+        return run
+
+    def _log(self, state: NodeState, message: str) -> str:
+        state.kmsg_seq += 1
+        record = kmsg_record(state.kmsg_seq, monotonic_us(), message)
+        state.kmsg.append(record)
+        if self.files_dir is not None:
+            with open(os.path.join(self.host_dir(state.name), KMSG_FILE), "a", encoding="utf-8") as fh:
+                fh.write(record)  # one write per record: a reader never sees half of one line it then skips
+        return record
+
+    def _write_host_files(self, state: NodeState, new_boot: bool) -> None:
+        if self.files_dir is None:
+            return
+        where = self.host_dir(state.name)
+        os.makedirs(where, exist_ok=True)
+        if new_boot:
+            _write_atomic(os.path.join(where, KMSG_FILE), "")
+            _write_atomic(os.path.join(where, BOOT_ID_FILE), state.boot_id + "\n")
+        script = os.path.join(where, SMI_FILE)
+        if not os.path.exists(script):
+            _write_atomic(script, smi_script())
+            os.chmod(script, 0o755)
+        self._write_smi_state(state)
+
+    def _write_smi_state(self, state: NodeState) -> None:
+        if self.files_dir is not None:
+            _write_atomic(os.path.join(self.host_dir(state.name), SMI_STATE_FILE), json.dumps(smi_state(state)))
 
     # --- exporter health
 
@@ -607,6 +734,8 @@ class GpuSim:
 
 
 def _gpu_problems(g: GpuState) -> list[str]:
+    if g.lost:
+        return [f"GPU {g.index}: fell off the bus"]
     checks = ((g.xid is not None, f"XID {g.xid}"), (g.dbe_vol > 0, f"{g.dbe_vol} volatile DBE"),
               (g.remap_failure > 0, "row remap failure"), (g.remap_pending > 0, "row remap pending"))
     return [f"GPU {g.index}: {what}" for failed, what in checks if failed]
@@ -661,6 +790,107 @@ def _set_gpu_temp(g: GpuState, value: float | None) -> None:
 
 def _set_memory_temp(g: GpuState, value: float | None) -> None:
     g.memory_temp = _celsius(value, "memory-temp")
+
+
+# ---------------------------------------------------------------- the host: kernel log, nvidia-smi
+
+KMSG_FILE = "kmsg"
+BOOT_ID_FILE = "boot_id"
+SMI_FILE = "nvidia-smi"
+SMI_STATE_FILE = "nvidia-smi.json"
+KERN_WARNING = 4  # PRI of the driver's Xid lines: facility kern (0) * 8 + level warning (4)
+
+
+def monotonic_us() -> int:
+    """The kernel log's clock: CLOCK_MONOTONIC in microseconds (the agent's window is on it)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+def kmsg_record(seq: int, usec: int, message: str) -> str:
+    """One /dev/kmsg record (Documentation/ABI/testing/dev-kmsg): ``PRI,SEQ,USEC,FLAGS;MESSAGE``."""
+    return f"{KERN_WARNING},{seq},{usec},-;{message}\n"
+
+
+def xid_line(gpu: GpuState, xid: int) -> str:
+    """The driver's line: the bus id as the kernel prints it (domain:bus:device), pid and name unknown."""
+    domain, bus, device = gpu.pci_bus_id.split(".", 1)[0].split(":")
+    what = XID_MESSAGES.get(xid, "Unknown Error")
+    return f"NVRM: Xid (PCI:{domain[-4:]}:{bus}:{device}): {xid}, pid='<unknown>', name=<unknown>, {what}"
+
+
+def _yes_no(value: int) -> str:
+    return "Yes" if value else "No"
+
+
+def smi_state(node: NodeState) -> dict[str, Any]:
+    """What the nvidia-smi stand-in answers from: the GPUs on the bus, as nvidia-smi's query fields."""
+    gpus = [{
+        "index": str(g.index), "uuid": g.uuid, "name": node.model, "pci.bus_id": g.pci_bus_id,
+        "driver_version": node.driver, "temperature.gpu": str(g.gpu_temp), "temperature.memory": str(g.memory_temp),
+        "ecc.errors.uncorrected.volatile.total": str(g.dbe_vol),
+        "ecc.errors.uncorrected.aggregate.total": str(g.dbe_agg),
+        "retired_pages.double_bit.count": "[N/A]", "retired_pages.pending": "[N/A]", "mig.mode.current": "Disabled",
+        "remapped_rows.correctable": str(g.remap_correctable),
+        "remapped_rows.uncorrectable": str(g.remap_uncorrectable),
+        "remapped_rows.pending": _yes_no(g.remap_pending), "remapped_rows.failure": _yes_no(g.remap_failure),
+    } for g in node.present]
+    return {"hung": node.driver_hung, "gpus": gpus}
+
+
+def smi_answer(state: dict[str, Any], args: list[str]) -> tuple[int, str, str]:
+    """nvidia-smi's exit code, stdout and stderr for ``args`` over ``state`` (``smi_state``): ``--query-gpu``
+    with ``--format=csv,noheader,nounits``, and ``-L``. Exit 6 when no GPU is on the bus, as nvidia-smi's
+    "No devices were found"; 2 for anything else."""
+    gpus = state["gpus"]
+    query = [a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")]
+    if query and "--format=csv,noheader,nounits" in args:
+        fields = query[0].split(",")
+        unknown = [f for f in fields if gpus and f not in gpus[0]]
+        if unknown:
+            return 2, "", f'Field "{unknown[0]}" is not a valid field to query.\n'
+        if not gpus:
+            return 6, "No devices were found\n", ""
+        return 0, "".join(", ".join(g[f] for f in fields) + "\n" for g in gpus), ""
+    if args == ["-L"]:
+        if not gpus:
+            return 6, "No devices were found\n", ""
+        return 0, "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in gpus), ""
+    return 2, "", f"gpu-sim's nvidia-smi stand-in answers --query-gpu (csv,noheader,nounits) and -L only: {args}\n"
+
+
+def smi_script_main(state_path: str, args: list[str]) -> int:
+    """The stand-in's body: wait while the driver hangs (as nvidia-smi stuck in the driver does), answer."""
+    while True:
+        try:
+            with open(state_path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"gpu-sim's nvidia-smi: cannot read {state_path}: {exc}\n")
+            return 9  # nvidia-smi's "the NVIDIA driver is not loaded"
+        if not state.get("hung"):
+            break
+        time.sleep(0.2)
+    code, out, err = smi_answer(state, args)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return int(code)
+
+
+def smi_script() -> str:
+    """The nvidia-smi stand-in, a stdlib-only Python script reading ``nvidia-smi.json`` next to it (the
+    agent's container has Python, not gpu-sim): the two functions above, so its answers are the runner's."""
+    body = inspect.getsource(smi_answer) + "\n\n" + inspect.getsource(smi_script_main)
+    return ("#!/usr/bin/env python3\n# gpu-sim's nvidia-smi stand-in (written by sim/gpusim.py)\n"
+            "from __future__ import annotations\n\nimport json\nimport os\nimport sys\nimport time\n\n\n" + body +
+            "\n\nsys.exit(smi_script_main(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
+            f"{SMI_STATE_FILE!r}), sys.argv[1:]))\n")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- scenarios
@@ -759,12 +989,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, CONTENT_TYPE, sim.metrics(node).encode())
 
     def do_POST(self) -> None:
-        routes: dict[str, Callable[[dict[str, Any]], None]] = {
+        routes: dict[str, Callable[[dict[str, Any]], object]] = {
             "/inject": self._post_inject,
             "/reset": self._post_reset,
             "/reboot": lambda b: self.server.sim.reboot(_str(b, "node")),
             "/restart-exporter": lambda b: self.server.sim.restart_exporter(_str(b, "node")),
             "/down": lambda b: self.server.sim.set_down(_str(b, "node"), b.get("mode")),
+            "/kernel-xid": lambda b: self.server.sim.kernel_xid(_str(b, "node"), _int(b, "gpu"), _int(b, "xid")),
+            "/driver-hang": lambda b: self.server.sim.driver_hang(_str(b, "node"), _bool(b, "hung", True)),
+            "/gpu-lost": lambda b: self.server.sim.gpu_lost(_str(b, "node"), _int(b, "gpu"),
+                                                            _bool(b, "log_xid", True)),
         }
         path = self.path.split("?", 1)[0]
         if path == "/validate":
@@ -837,6 +1071,13 @@ def _str(body: dict[str, Any], key: str) -> str:
     return v
 
 
+def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if not isinstance(v, bool):
+        raise SimError(f"{key!r} must be true or false, got {v!r}")
+    return v
+
+
 def _int(body: dict[str, Any], key: str) -> int:
     v = body.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
@@ -858,6 +1099,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--driver", default=DEFAULT_DRIVER)
     p.add_argument("--control-port", type=int, help="also serve the fault API on 127.0.0.1:PORT")
     p.add_argument("--scenario", help="JSON timeline of faults to play once serving")
+    p.add_argument("--files-dir", help="write the host's files for the node agent here (kmsg, boot_id, nvidia-smi; "
+                                       "one directory per node with --nodes)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _client_parser(sub, "inject", "inject a fault into a running sim", with_gpu=True, with_fault=True)
     reset = _client_parser(sub, "reset", "reset GPUs (XID cleared, volatile ECC zeroed)")
@@ -869,6 +1112,14 @@ def build_parser() -> argparse.ArgumentParser:
     _client_parser(sub, "validate", "exit 0 when no GPU of the node shows a fault, else 1 (the validation Job)")
     down = _client_parser(sub, "down", "take a node's exporter down")
     down.add_argument("--mode", choices=(*DOWN_MODES, "up"), default="refuse")
+    xid = _client_parser(sub, "kernel-xid", "log an XID in the node's kernel log (and the exporter's gauge)",
+                         with_gpu=True)
+    xid.add_argument("--xid", type=int, required=True)
+    hang = _client_parser(sub, "driver-hang", "make nvidia-smi hang (--off: answer again)")
+    hang.add_argument("--off", action="store_true")
+    lost = _client_parser(sub, "gpu-lost", "a GPU falls off the bus (gone until a reboot; XID 79 logged)",
+                          with_gpu=True)
+    lost.add_argument("--no-xid", action="store_true", help="log no XID 79")
     return p
 
 
@@ -898,6 +1149,12 @@ def _client_request(args: argparse.Namespace) -> int:
             body["value"] = int(args.value) if args.value.is_integer() else args.value
     if args.command == "down":
         body["mode"] = None if args.mode == "up" else args.mode
+    if args.command == "kernel-xid":
+        body["xid"] = args.xid
+    if args.command == "driver-hang":
+        body["hung"] = not args.off
+    if args.command == "gpu-lost":
+        body["log_xid"] = not args.no_xid
     req = urllib.request.Request(
         args.url.rstrip("/") + "/" + args.command,
         data=json.dumps(body).encode(),
@@ -926,13 +1183,14 @@ def _gpu_list(text: str) -> list[int]:
 
 def sim_from_args(args: argparse.Namespace) -> GpuSim:
     if args.nodes > 0:
-        sim = GpuSim(port=args.port, control_port=args.control_port)
+        sim = GpuSim(port=args.port, control_port=args.control_port, files_dir=args.files_dir)
         for i in range(1, args.nodes + 1):
             sim.add_node(f"gpu-node-{i}", gpus=args.gpus, model=args.model, driver=args.driver)
         return sim
     if not args.node:
         raise SimError("no node name: pass --node, set NODE_NAME, or use --nodes N")
-    sim = GpuSim(port=args.port, host=args.host or "0.0.0.0", control_port=args.control_port)
+    sim = GpuSim(port=args.port, host=args.host or "0.0.0.0", control_port=args.control_port,
+                 files_dir=args.files_dir, flat_files=True)
     sim.add_node(args.node, gpus=args.gpus, model=args.model, driver=args.driver)
     return sim
 
