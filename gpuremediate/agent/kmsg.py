@@ -202,6 +202,7 @@ class KmsgReader:
         self.path = path
         self.last_seq = after_seq
         self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # OSError (EPERM: CAP_SYSLOG) to the caller
+        self._partial = ""  # a plain file's last line while it is still being written (no newline yet)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -213,7 +214,9 @@ class KmsgReader:
         for chunk in self._chunks(max_records):
             if chunk is None:
                 continue  # EPIPE: records were overwritten; the SEQ gap below counts them
-            for raw in split_records(chunk):
+            # /dev/kmsg returns whole records; a plain file's read may end inside one: keep it for next time
+            complete, _, self._partial = (self._partial + chunk).rpartition("\n")
+            for raw in split_records(complete):
                 record = parse_record(raw)
                 if record is None or record.seq <= self.last_seq:
                     continue

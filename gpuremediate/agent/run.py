@@ -136,7 +136,21 @@ class Agent:
             log.error(self.kmsg_note)
         self.metrics.kmsg_readable.set(1.0 if self.reader is not None else 0.0)
 
+    def _follow_reboot(self) -> None:
+        """A new boot id while running (a node that rebooted without the pod being recreated, as under
+        gpu-sim): the old boot's window is dropped and the new boot's log is read from its start."""
+        boot_id = read_boot_id(self.settings.boot_id_path)
+        if not boot_id or boot_id == self.point.boot_id:
+            return
+        log.info("the node rebooted (new boot id): reading the new boot's kernel log from its start",
+                 extra={"node": self.settings.node_name})
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        self.open_kernel_log()
+
     def _kernel_events(self) -> tuple[KernelEvent, ...]:
+        self._follow_reboot()
         if self.reader is None:
             return self.point.recent
         try:

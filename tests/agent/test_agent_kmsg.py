@@ -73,6 +73,19 @@ def test_every_occurrence_is_an_event_even_the_same_code_twice(tmp_path: Path) -
     reader.close()
 
 
+def test_a_record_caught_half_written_in_a_plain_file_is_read_whole_next_time(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    line = rec(0, XID_79)
+    write(log, line[:20])
+    reader = KmsgReader(str(log))
+    assert reader.poll().records == 0
+    write(log, line[20:])
+    polled = reader.poll()
+    assert [(e.seq, e.code) for e in polled.events] == [(0, 79)]
+    assert polled.events[0].text == "pid=1234, name=python3, GPU has fallen off the bus."
+    reader.close()
+
+
 def test_a_gap_in_seq_counts_the_records_we_never_saw(tmp_path: Path) -> None:
     log = tmp_path / "kmsg"
     write(log, rec(10, "oldest still in the buffer"), rec(11, "x"), rec(15, XID_79))

@@ -174,6 +174,21 @@ def test_a_new_boot_reads_its_log_from_the_start(world: World) -> None:
     assert rebooted.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="79") == 1.0
 
 
+def test_a_reboot_seen_while_running_drops_the_old_boots_window(world: World) -> None:
+    agent = world.agent()
+    world.log(1, XID_79)
+    agent.cycle()
+    assert world.condition(c.GPU_HEALTHY)["status"] == "False"
+    (world.tmp / "boot_id").write_text("boot-b\n")
+    world.kmsg.write_text("6,0,1,-;Linux version 6.8.0\n")  # the new boot's buffer, SEQ from 0 again
+    agent.cycle()
+    assert world.condition(c.GPU_HEALTHY)["status"] == "True"
+    world.log(1, XID_79)  # SEQ 1 again, in the new boot: a new occurrence, not one already read
+    agent.cycle()
+    assert world.condition(c.GPU_HEALTHY)["status"] == "False"
+    assert agent.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="79") == 2.0
+
+
 def test_an_xid_counts_for_the_window_then_clears_and_a_repeat_is_a_new_occurrence(world: World) -> None:
     agent = world.agent(window_s=300.0)
     world.log(1, XID_79)
