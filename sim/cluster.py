@@ -6,6 +6,11 @@ the real one would: ``reset-gpu`` resets the GPUs named in its ``GPU_IDS``; ``re
 node NotReady, then Ready with a new bootID, with its GPUs reset and its exporter restarted. A
 validation Job succeeds or fails as ``set_validation(node, ok)`` says.
 
+With ``agents=True`` every node also runs the node agent (``gpuremediate agent``, a thread per node in this
+process): it reads the node's kernel log and nvidia-smi stand-in that gpu-sim writes (``GpuSim.kernel_xid``,
+``driver_hang``, ``gpu_lost``) and publishes its NodeConditions, as the DaemonSet does. A reboot gives the
+node a new boot id, so its agent reads the new boot's log from the start, as a restarted agent pod would.
+
 With ``kubeconfig=`` it uses that API server instead of starting the emulator (a bare control plane:
 kube-apiserver + kube-controller-manager without kubelets, the envtest/KWOK way): the node simulator plays
 the kubelets and what the cluster needs is made if absent (namespaces, ServiceAccounts, the exporters'
@@ -23,14 +28,19 @@ from __future__ import annotations
 import contextlib
 import secrets
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuremediate.agent.run import Agent, AgentSettings
 from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, PDBS, PODS, SERVICEACCOUNTS
+from gpuremediate.policy.config import default_policy
+from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
 from sim.gpusim import GpuSim
 from sim.kubeapi import KubeAPIServer
@@ -44,7 +54,26 @@ JOB_LABEL = "gpuremediate.io/job"
 SERVICEACCOUNTS_FILE = Path(__file__).resolve().parent.parent / "manifests" / "base" / "serviceaccounts.yaml"
 NODESIM_USER = "system:node-sim"
 BUSY_USER = "system:busy-writer"
-BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER})
+AGENT_USER = "system:serviceaccount:gpuremediate-agent:gpuremediate-agent"
+BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER, AGENT_USER})
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """The simulated nodes' agents: faster than the DaemonSet's defaults, so scenarios stay short."""
+
+    interval_s: float = 0.5
+    smi_timeout_s: float = 0.5
+    hang_after: int = 2
+    window_s: float = 300.0
+    heartbeat_s: float = 30.0
+
+
+@dataclass
+class RunningAgent:
+    agent: Agent
+    stop: threading.Event
+    thread: threading.Thread
 
 
 def node_name(index: int) -> str:
@@ -83,6 +112,7 @@ class SimCluster:
         ip_base: int = 11,
         busy_writes_per_s: float | None = None,
         kubeconfig: str | None = None,
+        agents: bool | AgentOptions = False,
     ) -> None:
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         self.gpus = gpus
@@ -91,8 +121,10 @@ class SimCluster:
         self.ip_base = ip_base
         self.busy_writes_per_s = writes_from_env() if busy_writes_per_s is None else busy_writes_per_s
         self.api = KubeAPIServer() if kubeconfig is None else None  # None: someone else's API server
-        self.gpusim = GpuSim(port=0)
         self._dir = tempfile.TemporaryDirectory(prefix="gpuremediate-sim-")
+        self.gpusim = GpuSim(port=0, files_dir=str(Path(self._dir.name) / "hosts"))
+        self.agent_options = agents if isinstance(agents, AgentOptions) else AgentOptions() if agents else None
+        self.agents: dict[str, RunningAgent] = {}
         self.kubeconfig = kubeconfig or str(Path(self._dir.name) / "kubeconfig")
         self.client: KubeClient | None = None
         self.nodesim: NodeSim | None = None
@@ -127,6 +159,10 @@ class SimCluster:
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
         self.nodesim.start()
         self._wait_for_exporters()
+        if self.agent_options is not None:
+            agent_client = self._client_as(AGENT_USER)
+            for name in self.node_names:
+                self.agents[name] = self._start_agent(name, agent_client, self.agent_options)
         if self.busy_writes_per_s > 0:
             self.busy = BusyWriter(self._client_as(BUSY_USER), self.node_names, writes_per_s=self.busy_writes_per_s,
                                    taints=self.api is not None and not _emulator_taints_nodes(self.api)).start()
@@ -166,7 +202,30 @@ class SimCluster:
                 raise TimeoutError(f"{len(running)} of {len(self.node_names)} exporter pods Running after {timeout}s")
             time.sleep(0.05)
 
+    def _start_agent(self, node: str, client: KubeClient, options: AgentOptions) -> RunningAgent:
+        host = Path(self.gpusim.host_dir(node))
+        settings = AgentSettings(
+            node_name=node, kmsg_path=str(host / "kmsg"), state_path=str(host / "agent-state.json"),
+            boot_id_path=str(host / "boot_id"), nvidia_smi=str(host / "nvidia-smi"),
+            interval_s=options.interval_s, smi_timeout_s=options.smi_timeout_s, hang_after=options.hang_after,
+            window_s=options.window_s, heartbeat_s=options.heartbeat_s)
+        smi = NvidiaSmiSource(settings.nvidia_smi, node, options.smi_timeout_s,
+                              runner=self.gpusim.nvidia_smi_runner(node))
+        agent = Agent(settings, client, default_policy().for_node({}), smi=smi)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}", daemon=True)
+        thread.start()
+        return RunningAgent(agent, stop, thread)
+
+    def _stop_agents(self) -> None:
+        for running in self.agents.values():
+            running.stop.set()
+        for running in self.agents.values():
+            running.thread.join(timeout=5.0)
+        self.agents.clear()
+
     def stop(self) -> None:
+        self._stop_agents()
         if self.busy is not None:
             self.busy.stop()
         if self.nodesim is not None:
