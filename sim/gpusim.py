@@ -491,7 +491,7 @@ class GpuSim:
 
     def reboot(self, node: str) -> None:
         """The node reboots: every GPU is reset (a lost one is back on the bus), the driver answers again,
-        the exporter restarts, and the kernel log starts again under a new boot id."""
+        the exporter restarts (up again if it was down), and the kernel log starts again under a new boot id."""
         with self._lock:
             state = self.node(node)
             for g in state.gpus:
@@ -501,6 +501,8 @@ class GpuSim:
             state.kmsg, state.kmsg_seq, state.boot_id = [], -1, str(uuid.uuid4())
             self._unhang.notify_all()
             self._write_host_files(state, new_boot=True)
+            if state.down is not None:
+                self.set_down(node, None)  # a new exporter process: whatever took the old one down is gone
 
     # --- the host, as the node agent sees it: the kernel log and nvidia-smi
 

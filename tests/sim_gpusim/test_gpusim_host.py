@@ -86,6 +86,14 @@ def test_a_driver_hang_times_nvidia_smi_out_and_a_release_answers_again(sim: Gpu
     assert len(_in_process(sim).read_node().gpus) == 4
 
 
+def test_a_reboot_ends_a_driver_hang_and_brings_a_hung_exporter_back(sim: GpuSim) -> None:
+    sim.driver_hang(NODE)
+    sim.set_down(NODE, "hang")
+    sim.reboot(NODE)
+    assert sim.node(NODE).down is None and not sim.node(NODE).driver_hung
+    assert len(_in_process(sim, timeout_s=0.5).read_node().gpus) == 4
+
+
 def test_a_reboot_starts_a_new_kernel_log_under_a_new_boot_id(sim: GpuSim) -> None:
     boot_id = Path(sim.host_dir(NODE), "boot_id").read_text()
     sim.kernel_xid(NODE, 0, 79)
