@@ -53,6 +53,8 @@ class Settings:
     prometheus_token_file: str = ""
     prometheus_ca_file: str = ""
     prometheus_node_label: str = "Hostname"
+    prometheus_query_timeout_s: float = 0.0  # 0: scales with the fleet (the source's own default)
+    prometheus_max_bytes: int = 64 * 1024 * 1024
     scrape_interval_s: float = 15.0
     resync_s: float = 10.0
     gpu_node_selector: str = ""  # empty: any node with nvidia.com/gpu capacity
@@ -97,6 +99,8 @@ class Settings:
     def _durations(self) -> list[tuple[str, float, float]]:
         return [
             ("--scrape-timeout", self.scrape_timeout_s, MAX_SCRAPE_TIMEOUT_S),
+            *([("--prometheus-query-timeout", self.prometheus_query_timeout_s, MAX_SCRAPE_TIMEOUT_S)]
+              if self.prometheus_query_timeout_s else []),
             ("--scrape-interval", self.scrape_interval_s, MAX_INTERVAL_S),
             ("--resync", self.resync_s, MAX_INTERVAL_S),
             ("--leader-elect-lease-duration", self.lease_duration_s, MAX_LEASE_S),
@@ -105,6 +109,8 @@ class Settings:
         ]
 
     def _validate_prometheus(self) -> None:
+        if not 1024 <= self.prometheus_max_bytes <= 4 * 1024**3:
+            raise SettingsError(f"--prometheus-max-bytes: expected 1024 to 4 GiB, got {self.prometheus_max_bytes}")
         url = urlsplit(self.prometheus_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise SettingsError(f"--prometheus-url: expected an http:// or https:// URL with a host, got "

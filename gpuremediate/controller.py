@@ -71,8 +71,12 @@ def node_filter(settings: Settings) -> Callable[[Mapping[str, Any]], bool]:
 def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetrics, view: NodeView) -> Source:
     if settings.source == "prometheus":
         token = Path(settings.prometheus_token_file).read_text().strip() if settings.prometheus_token_file else None
-        return PrometheusSource(settings.prometheus_url, token=token, ca_file=settings.prometheus_ca_file or None,
-                                node_label=settings.prometheus_node_label, timeout_s=settings.scrape_timeout_s)
+        return PrometheusSource(
+            settings.prometheus_url, token=token, ca_file=settings.prometheus_ca_file or None,
+            node_label=settings.prometheus_node_label, timeout_s=settings.prometheus_query_timeout_s or None,
+            max_bytes=settings.prometheus_max_bytes,
+            expected_nodes=lambda: [name_of(n) for n in view.gpu_nodes() if not is_excluded(n)],
+        )
     return ExporterSource(
         client,
         namespace=settings.exporter_namespace,

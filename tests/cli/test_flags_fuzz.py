@@ -174,3 +174,39 @@ def test_a_start_error_through_main_is_exit_2_not_a_traceback(capsys: pytest.Cap
 
 def test_parse_args_namespace_type() -> None:
     assert isinstance(cli.build_parser().parse_args(["run"]), argparse.Namespace)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--prometheus-query-timeout", "0"], "--prometheus-query-timeout"),
+    (["--prometheus-query-timeout", "nan"], "--prometheus-query-timeout"),
+    (["--prometheus-max-bytes", "10"], "--prometheus-max-bytes: expected 1024 to 4 GiB"),
+])
+def test_prometheus_limits_are_checked(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--source", "prometheus", "--prometheus-url", "http://prom:9090", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_prometheus_limits_reach_the_settings() -> None:
+    args = cli.build_parser().parse_args(["run", "--source", "prometheus", "--prometheus-url", "http://prom:9090",
+                                          "--prometheus-query-timeout", "40s", "--prometheus-max-bytes", "2048"])
+    settings = cli.settings_from_args(args)
+    assert settings.prometheus_query_timeout_s == 40.0 and settings.prometheus_max_bytes == 2048
+    default = cli.settings_from_args(cli.build_parser().parse_args(
+        ["run", "--source", "prometheus", "--prometheus-url", "http://prom:9090"]))
+    assert default.prometheus_query_timeout_s == 0.0  # the source scales its own with the fleet
+
+
+def test_the_prometheus_source_gets_its_own_query_timeout_not_the_scrape_timeout() -> None:
+    from gpuremediate.controller import build_source
+    from gpuremediate.signals.sources import PrometheusSource
+
+    settings = Settings(source="prometheus", prometheus_url="http://prom:9090", scrape_timeout_s=5.0,
+                        prometheus_max_bytes=4096)
+    view = type("View", (), {"gpu_nodes": lambda self: []})()
+    source = build_source(settings, None, None, view)  # type: ignore[arg-type]
+    assert isinstance(source, PrometheusSource)
+    assert source.query_timeout_s is None and source.max_bytes == 4096  # None: it scales with the fleet
+    timed = build_source(Settings(source="prometheus", prometheus_url="http://prom:9090",
+                                  prometheus_query_timeout_s=40.0), None, None, view)  # type: ignore[arg-type]
+    assert isinstance(timed, PrometheusSource) and timed.query_timeout_s == 40.0
