@@ -25,6 +25,7 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
 from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.obs.notify import WebhookNotifier, for_transition
 from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
 from gpuremediate.state.record import NodeRecord, node_patch
@@ -174,6 +175,7 @@ class NodeWriter:
         self.events = events
         self.metrics = metrics
         self.dry_run = dry_run
+        self.notifier: WebhookNotifier | None = None  # set by the controller when [notifications] is enabled
 
     def apply(self, node: Node, decision: Decision) -> Node | None:
         """Write the decision; returns the node as written, or None on a 409 (re-read and re-decide).
@@ -237,6 +239,9 @@ class NodeWriter:
         )
         uid = str((node.get("metadata") or {}).get("uid", ""))
         self.events.node_event(name, EVENT_REASONS[move.to_state], text, WARNING if bad else NORMAL, uid=uid)
+        note = for_transition(name, move.from_state, move.to_state, move.reason, move.message, decision.record.since)
+        if self.notifier is not None and note is not None and not self.dry_run:
+            self.notifier.notify(note)  # queued: never waits for the receiver
 
     def _report_blocked(self, name: str, before: str, record: NodeRecord) -> None:
         after = "" if record.blocked is None else f"{record.blocked.reason}: {record.blocked.detail}"
