@@ -1,5 +1,6 @@
 """``gpuremediate demo``: the embedded default. A simulated GPU cluster (API emulator, gpu-sim as
-the dcgm-exporter of every node, a kubelet stand-in) and the real controller, in one process.
+the dcgm-exporter of every node, a kubelet stand-in, the node agent on every node reading gpu-sim's
+kernel log and nvidia-smi) and the real controller, in one process.
 Faults are injected on a timeline and each node is shown walking through its states."""
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class Step:
 
 def timeline() -> list[Step]:
     return [
-        Step(1.0, "gpu-node-1 GPU 3: XID 79 (GPU fallen off the bus)",
-             lambda c: c.gpusim.inject_xid("gpu-node-1", 3, 79)),
+        Step(1.0, "gpu-node-1 GPU 3: XID 79 (GPU fallen off the bus) in the kernel log and the exporter",
+             lambda c: c.gpusim.kernel_xid("gpu-node-1", 3, 79)),
         Step(2.0, "gpu-node-2 GPU 1: volatile double-bit ECC error",
              lambda c: c.gpusim.inject_dbe("gpu-node-2", 1, 1)),
         Step(3.0, "gpu-node-3 GPU 0: 93 °C", lambda c: c.gpusim.set_temp("gpu-node-3", 0, 93.0)),
@@ -67,7 +68,7 @@ class Demo:
         self.speed = max(0.1, speed)
         self.color = color
         self.out = out or sys.stdout
-        self.cluster = SimCluster(nodes=max(4, nodes))
+        self.cluster = SimCluster(nodes=max(4, nodes), agents=True)
         self.seen: dict[str, tuple[str, str]] = {}
         self.started = 0.0
         self.repeat_faults = 1
