@@ -11,7 +11,7 @@ from types import ModuleType
 from manifests_support import ROOT, controller_metrics
 
 README = ROOT / "README.md"
-DOCS = ("architecture", "operations", "metrics", "troubleshooting")
+DOCS = ("architecture", "operations", "metrics", "troubleshooting", "agent")
 
 
 def _count_module() -> ModuleType:

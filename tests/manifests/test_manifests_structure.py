@@ -332,7 +332,7 @@ def test_alerts_cover_the_failure_modes_with_known_metrics() -> None:
 
 # -- kustomize, when kubectl is here --------------------------------------------------------------
 
-KUSTOMIZE_ROOTS = ["base", "overlays/dry-run", "overlays/kind", "overlays/nvsentinel-compat",
+KUSTOMIZE_ROOTS = ["base", "agent", "overlays/dry-run", "overlays/kind", "overlays/nvsentinel-compat",
                    "plugins/drain-window", "dcgm-exporter", "monitoring", "crds"]
 
 
