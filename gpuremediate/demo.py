@@ -47,7 +47,7 @@ COLORS = {
 class Step:
     at: float
     what: str
-    act: Callable[[SimCluster], None]
+    act: Callable[[SimCluster], object]
 
 
 def timeline() -> list[Step]:
