@@ -7,10 +7,11 @@ import getpass
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from gpuremediate import __version__, fleet
-from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, PAUSE_ANNOTATION, BreakerStore
 from gpuremediate.config import (
     MAX_INTERVAL_S,
     MAX_LEASE_S,
@@ -27,12 +28,18 @@ from gpuremediate.kube.config import ClusterConfig, load_config
 from gpuremediate.kube.errors import KubeError
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
+from gpuremediate.policy.safety import Pause
 from gpuremediate.shutdown import Shutdown
 
 
 def _add_kube_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG, else ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context to use")
+
+
+def _add_namespace_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "gpuremediate-system"),
+                   help="the controller's namespace, where ConfigMap gpuremediate-breaker lives")
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -130,10 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a table of the GPU nodes: state, since, fault, action, blocked")
     _add_kube_flags(status)
     status.add_argument("--json", action="store_true")
+    _add_namespace_flag(status)
 
     explain = sub.add_parser("explain", help="why a node is where it is: its record and history in words")
     _add_kube_flags(explain)
     explain.add_argument("node")
+    explain.add_argument("--policy", help="the controller's policy file (to count the pods a drain skips)")
 
     release = sub.add_parser("release", help="a person clears a quarantined node: it goes back through validation")
     _add_kube_flags(release)
@@ -143,7 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     breaker = sub.add_parser("breaker", help="the circuit breaker")
     _add_kube_flags(breaker)
     breaker.add_argument("action", choices=("status", "reset"))
-    breaker.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "gpuremediate-system"))
+    _add_namespace_flag(breaker)
+
+    pause = sub.add_parser("pause", help="start no new work anywhere until `gpuremediate resume`")
+    _add_kube_flags(pause)
+    _add_namespace_flag(pause)
+    pause.add_argument("--reason", required=True, help="why (shown in status, explain and the node's blocked)")
+    pause.add_argument("--by", default="", help="who pauses (default: the local user)")
+
+    resume = sub.add_parser("resume", help="undo `gpuremediate pause`: new work starts again")
+    _add_kube_flags(resume)
+    _add_namespace_flag(resume)
 
     demo = sub.add_parser("demo", help="the embedded default: a simulated GPU cluster healing itself")
     demo.add_argument("--nodes", type=int, default=6)
@@ -213,11 +232,17 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
     client = KubeClient(load_config(args.kubeconfig, args.context))
     if args.command == "status":
         rows = fleet.status_rows(client)
-        print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else fleet.render_status(rows), end="")
+        if args.json:
+            print(json.dumps([r.as_dict() for r in rows], indent=2))
+        else:
+            print(fleet.render_status(rows, header_lines=_safety_lines(client, args.namespace)), end="")
         return 0
     if args.command == "explain":
-        print(fleet.explain_node(client, args.node), end="")
+        policy = load_policy(args.policy) if args.policy else None
+        print(fleet.explain_node(client, args.node, policy), end="")
         return 0
+    if args.command in ("pause", "resume"):
+        return _pause(client, args)
     if args.command == "release":
         record = fleet.release(client, args.node, args.by or getpass.getuser())
         print(f"{args.node}: {record.state} ({record.message}); validation decides whether it returns to service")
@@ -251,7 +276,34 @@ def _breaker(client: KubeClient, args: argparse.Namespace) -> int:
     state = "open" if breaker.is_open else "closed"
     detail = breaker.reason if breaker.is_open else (f"reset by {breaker.reset_by}" if breaker.reset_by else "")
     print(f"circuit breaker: {state}" + (f" ({detail})" if detail else ""))
+    for trip in breaker.domains:
+        print(f"domain breaker open for {trip.label}={trip.value}: {trip.reason}")
     return 0
+
+
+def _pause(client: KubeClient, args: argparse.Namespace) -> int:
+    store = BreakerStore(client, args.namespace)
+    if args.command == "pause":
+        pause = store.set_pause(Pause(paused=True, by=args.by or getpass.getuser(), reason=args.reason,
+                                      at=time.time()))
+    else:
+        pause = store.set_pause(Pause())
+    if pause.paused:
+        print(f"paused by {pause.by}: {pause.reason}" + ("" if args.command == "pause" else
+              f" (the annotation {PAUSE_ANNOTATION} on ConfigMap {BREAKER_CONFIGMAP} still pauses: remove it)"))
+    else:
+        print("resumed: new work starts again")
+    return 0
+
+
+def _safety_lines(client: KubeClient, namespace: str) -> list[str]:
+    """The pause and breaker lines for status; a reader without access to the ConfigMap gets a line saying so."""
+    store = BreakerStore(client, namespace)
+    try:
+        breaker = store.load()
+    except KubeError as exc:
+        return [f"pause and breaker unknown: ConfigMap {namespace}/{BREAKER_CONFIGMAP} unreadable ({exc})"]
+    return fleet.safety_lines(store.latest_pause(), breaker)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuremediate.actions.breaker import BreakerStore
-from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.events import WARNING, EventRecorder
 from gpuremediate.actions.nodes import NodeView, NodeWriter, is_excluded, is_gpu_node, labels_of, name_of
 from gpuremediate.config import Settings
 from gpuremediate.kube import errors
@@ -21,7 +21,7 @@ from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient, WriteFence
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.leader import LeaderElector
-from gpuremediate.kube.resources import NODES
+from gpuremediate.kube.resources import EVENTS, NODES, SECRETS
 from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
@@ -30,11 +30,14 @@ from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.obs.event_queue import own_pod, pod_event_body
 from gpuremediate.obs.metrics import Counter
+from gpuremediate.obs.notify import NotifyError, WebhookNotifier, url_from_secret
 from gpuremediate.obs.server import ObservabilityServer
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.shutdown import Shutdown
+from gpuremediate.signals.alerts import AlertsError, AlertsReader
 from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Source
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,43 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
     )
 
 
+def build_alerts(settings: Settings, policy: PolicyFile) -> tuple[AlertsReader | None, str]:
+    """The blocking-alerts reader (built once), or None and why drains with blocking alerts must wait."""
+    gates = policy.cluster.gates
+    if not gates.blocking_alerts:
+        return None, ""
+    url = gates.prometheus_url or settings.prometheus_url
+    if not url:
+        return None, "no Prometheus to ask: set [gates].prometheus_url or --prometheus-url"
+    try:
+        token = Path(settings.prometheus_token_file).read_text().strip() if settings.prometheus_token_file else None
+        return AlertsReader(url, token=token, ca_file=settings.prometheus_ca_file or None,
+                            ttl_s=gates.alerts_ttl_s), ""
+    except (AlertsError, OSError) as exc:
+        return None, str(exc)
+
+
+def read_notifier(client: KubeClient, settings: Settings, policy: PolicyFile,
+                  metrics: ControllerMetrics) -> tuple[WebhookNotifier | None, str]:
+    """The webhook notifier from its Secret (read once, at start), or None and why there is none."""
+    cfg = policy.cluster.notifications
+    if not cfg.enabled:
+        return None, ""
+    what = f"Secret {settings.namespace}/{cfg.secret}"
+    try:
+        url = url_from_secret(client.get(SECRETS, cfg.secret, settings.namespace), cfg.secret_key)
+        notifier = WebhookNotifier(url, fmt=cfg.format, cluster=cfg.cluster, timeout_s=cfg.timeout_s,
+                                   retries=cfg.retries,
+                                   on_result=lambda kind, result: metrics.notifications.inc(kind=kind, result=result))
+    except errors.NotFound:
+        return None, f"{what} not found"
+    except (errors.ApiError, errors.TransportError) as exc:
+        return None, f"{what} unreadable: {exc}"
+    except NotifyError as exc:
+        return None, str(exc)
+    return notifier, ""
+
+
 class Controller:
     def __init__(
         self,
@@ -113,8 +153,13 @@ class Controller:
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,
                                events=events, nodes=view, writer=writer, breakers=breakers, clock=clock)
         self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view))
+        alerts, alerts_problem = build_alerts(settings, policy)
+        if alerts_problem:
+            log.error("blocking alerts cannot be read: drains wait while this lasts",
+                      extra={"error": alerts_problem})
         self.node_loops: list[NodeLoop] = [
-            DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx), QuarantineLoop(self.ctx)
+            DrainLoop(self.ctx, alerts, alerts_problem), RemediateLoop(self.ctx), ValidateLoop(self.ctx),
+            QuarantineLoop(self.ctx),
         ]
         self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new))
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
@@ -144,12 +189,15 @@ class Controller:
 
     def start_loops(self) -> None:
         """Start acting (the leader elector's thread calls this); nothing starts once stop() has begun."""
+        notifier = self._read_notifier()  # an API call: outside the lock
         with self._lifecycle:
             if self.ctx.stop.is_set():
                 return
             log.info("starting loops", extra={"dry_run": self.settings.dry_run})
             self.acting = True
             self.metrics.leader.set(1.0)
+            if notifier is not None:
+                self.ctx.writer.notifier = notifier.start()
             self.detect.start()
             for loop in self.node_loops:
                 loop.start()
@@ -160,6 +208,27 @@ class Controller:
                 self.maintenance = maintenance
                 maintenance.start()
 
+    def _read_notifier(self) -> WebhookNotifier | None:
+        """Read the notifications Secret once; without it the controller runs on, and says so."""
+        notifier, problem = read_notifier(self.client, self.settings, self.ctx.policy, self.metrics)
+        if problem:
+            message = f"notifications are off: {problem}"
+            log.error(message)
+            self._controller_event("GPURemediationNotifyOff", message, WARNING)
+        return notifier
+
+    def _controller_event(self, reason: str, message: str, type_: str) -> None:
+        """An Event on the controller's own Pod (none outside a Pod: the log says it)."""
+        pod = own_pod()
+        if pod is None or self.settings.dry_run:
+            return
+        namespace, name = pod
+        try:
+            self.client.create(EVENTS, pod_event_body(namespace, name, reason, message, type_, self.ctx.clock()),
+                               namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("could not record event", extra={"reason": reason, "error": str(exc)})
+
     def stop(self, timeout: float = STOP_BOUND_S) -> None:
         """Stop every loop and the caches, all at once, waiting at most ``timeout`` for them together."""
         with self._lifecycle:
@@ -168,6 +237,8 @@ class Controller:
             parts: list[Stoppable] = [self.detect, *self.node_loops, self.informer]
             if self.maintenance is not None:
                 parts.append(self.maintenance)
+            if self.ctx.writer.notifier is not None:
+                parts.append(self.ctx.writer.notifier)
         stoppers = [threading.Thread(target=part.stop, name=f"stop-{type(part).__name__}", daemon=True)
                     for part in parts]
         for stopper in stoppers:

@@ -13,12 +13,16 @@ from gpuremediate.actions.nodes import (
     is_excluded,
     is_gpu_node,
     keeps_cordoned,
+    labels_of,
     name_of,
     node_unschedulable_of,
 )
+from gpuremediate.actions.pods import list_node_pods, skipped_by_namespace
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
+from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
 
@@ -73,7 +77,20 @@ def status_rows(client: KubeClient) -> list[StatusRow]:
     return [row_for(n) for n in sorted(nodes, key=name_of) if is_gpu_node(n)]
 
 
-def render_status(rows: Iterable[StatusRow], now: float | None = None) -> str:
+def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None) -> list[str]:
+    """What stops new work fleet-wide or per domain, one line each (none when nothing does)."""
+    now = time.time() if now is None else now
+    lines = []
+    if pause.paused:
+        since = f" {_ago(pause.at, now)} ago" if pause.at else ""
+        lines.append(f"PAUSED by {pause.by or '?'}{since}: {pause.reason or '-'} (no new work; `gpuremediate resume`)")
+    if breaker.is_open:
+        lines.append(f"CIRCUIT BREAKER OPEN: {breaker.reason} (`gpuremediate breaker reset`)")
+    lines += [f"DOMAIN BREAKER OPEN for {t.label}={t.value}: {t.reason}" for t in breaker.domains]
+    return lines
+
+
+def render_status(rows: Iterable[StatusRow], now: float | None = None, header_lines: Iterable[str] = ()) -> str:
     now = time.time() if now is None else now
     header = ("NODE", "STATE", "SINCE", "FAULT", "ACTION", "BLOCKED")
     table = [header]
@@ -82,11 +99,11 @@ def render_status(rows: Iterable[StatusRow], now: float | None = None) -> str:
         table.append((r.node, state, _ago(r.since, now), r.fault, r.action, r.blocked))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
-    return "\n".join(lines) + "\n* unschedulable\n"
+    return "".join(line + "\n" for line in header_lines) + "\n".join(lines) + "\n* unschedulable\n"
 
 
 def explain(record: NodeRecord | RecordError | None, node: str, now: float | None = None, *,
-            keep_cordoned: bool = False) -> str:
+            keep_cordoned: bool = False, skipped: Mapping[str, int] | None = None) -> str:
     now = time.time() if now is None else now
     if record is None:
         return f"{node}: healthy. gpuremediate has never acted on this node.\n"
@@ -111,6 +128,9 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
     if record.blocked:
         lines.append(f"  Waiting: {record.blocked.reason} ({record.blocked.detail}) "
                      f"since {_ago(record.blocked.since, now)} ago.")
+    if skipped:
+        counts = ", ".join(f"{n} pods in {ns}" for ns, n in sorted(skipped.items()))
+        lines.append(f"  Drain skipped: {counts} (drain.skip_namespaces: neither evicted nor waited for).")
     if keep_cordoned:
         lines.append(f"  A person set {KEEP_CORDONED_ANNOTATION}: gpuremediate will not uncordon this node.")
     elif record.was_unschedulable:
@@ -127,12 +147,18 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
     return "\n".join(lines) + "\n"
 
 
-def explain_node(client: KubeClient, node: str) -> str:
+def explain_node(client: KubeClient, node: str, policy: PolicyFile | None = None) -> str:
+    """With the ``policy``, a draining node's pods in its drain.skip_namespaces are counted."""
     try:
         obj = client.get(NODES, node)
     except errors.NotFound:
         raise FleetError(f"node {node!r} not found") from None
-    return explain(record_from_node(obj), node, keep_cordoned=keeps_cordoned(obj))
+    record = record_from_node(obj)
+    skipped: dict[str, int] = {}
+    skip = policy.for_node(labels_of(obj)).drain.skip_namespaces if policy is not None else ()
+    if skip and isinstance(record, NodeRecord) and record.state == states.DRAINING:
+        skipped = skipped_by_namespace(list_node_pods(client, node), skip)
+    return explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped)
 
 
 RELEASE_ATTEMPTS = 5

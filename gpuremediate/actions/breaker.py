@@ -3,6 +3,10 @@
 It survives controller restarts and leader changes. A person closes it with
 ``gpuremediate breaker reset`` or by annotating the ConfigMap ``gpuremediate.io/breaker-reset=<anything>``
 (the controller sees the annotation, resets, and removes it).
+
+The same ConfigMap holds the pause switch (data key ``pause`` beside ``state``): ``gpuremediate pause
+--reason TEXT`` / ``gpuremediate resume``, or the annotation ``gpuremediate.io/pause=<reason>`` that a tool
+(an upgrade pipeline) can set and remove; while either says paused, no new work starts.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import CONFIGMAPS
-from gpuremediate.policy.safety import CircuitBreaker
+from gpuremediate.policy.safety import CircuitBreaker, Pause
 
 log = logging.getLogger(__name__)
 
 BREAKER_CONFIGMAP = "gpuremediate-breaker"
 RESET_ANNOTATION = "gpuremediate.io/breaker-reset"
+PAUSE_ANNOTATION = "gpuremediate.io/pause"
+PAUSE_KEY = "pause"
 
 
 class BreakerStore:
@@ -36,12 +42,21 @@ class BreakerStore:
         self._rv: str | None = None
         self._kept: dict[str, Any] = {}  # labels and annotations of the ConfigMap as read (a PUT replaces them)
         self._latest: CircuitBreaker | None = None  # as last loaded or saved
+        self._pause = Pause()  # the data key, as last loaded or saved
+        self._annotation_pause: Pause | None = None  # the tool's annotation, as last loaded
         self._lock = threading.RLock()  # _rv and _kept belong to one read-modify-write at a time
 
     def latest(self) -> CircuitBreaker:
         """The breaker as last loaded or saved (the detect loop reloads it every cycle); loads it once if never."""
         with self._lock:
             return self._latest if self._latest is not None else self.load()
+
+    def latest_pause(self) -> Pause:
+        """The pause as last loaded (every detect cycle): the annotation's when a tool set one, else the key's."""
+        with self._lock:
+            if self._latest is None:
+                self.load()
+            return self._annotation_pause or self._pause
 
     def load(self) -> CircuitBreaker:
         with self._lock:
@@ -56,9 +71,12 @@ class BreakerStore:
         except errors.NotFound:
             self._rv = None
             self._kept = {}
+            self._pause, self._annotation_pause = Pause(), None
             return CircuitBreaker()
         self._rv = str(cm["metadata"].get("resourceVersion", ""))
         self._kept = _kept_metadata(cm)
+        self._pause = _parse_pause(cm)
+        self._annotation_pause = _annotation_pause(cm)
         breaker = self._parse(cm)
         requested = (cm["metadata"].get("annotations") or {}).get(RESET_ANNOTATION)
         if requested is not None:
@@ -88,7 +106,8 @@ class BreakerStore:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": BREAKER_CONFIGMAP, "namespace": self.namespace, **self._kept},
-            "data": {"state": json.dumps(breaker.to_dict(), sort_keys=True)},
+            "data": {"state": json.dumps(breaker.to_dict(), sort_keys=True),
+                     PAUSE_KEY: json.dumps(self._pause.to_dict(), sort_keys=True)},
         }
         if self._rv:
             body["metadata"]["resourceVersion"] = self._rv
@@ -108,6 +127,33 @@ class BreakerStore:
             breaker = CircuitBreaker().reset(by=by or getpass.getuser(), now=time.time())
             self.save(breaker)
             return breaker
+
+    def set_pause(self, pause: Pause) -> Pause:
+        """A person pauses or resumes (the CLI); the breaker's state is written back as read."""
+        with self._lock:
+            breaker = self.load()
+            self._pause = pause
+            self.save(breaker)
+            return self.latest_pause()
+
+
+def _parse_pause(cm: dict[str, Any]) -> Pause:
+    text = (cm.get("data") or {}).get(PAUSE_KEY)
+    if text is None:
+        return Pause()
+    try:
+        return Pause.from_dict(json.loads(text))
+    except (ValueError, TypeError, AttributeError) as exc:
+        # Unreadable: the safe side is paused, until a person resumes (which writes a good value).
+        log.error("pause state unreadable; treating it as paused", extra={"error": str(exc)})
+        return Pause(paused=True, by="?", reason=f"pause state unreadable: {exc}")
+
+
+def _annotation_pause(cm: dict[str, Any]) -> Pause | None:
+    reason = ((cm.get("metadata") or {}).get("annotations") or {}).get(PAUSE_ANNOTATION)
+    if reason is None:
+        return None
+    return Pause(paused=True, by=f"annotation {PAUSE_ANNOTATION}", reason=str(reason) or "-")
 
 
 def _kept_metadata(cm: dict[str, Any]) -> dict[str, Any]:

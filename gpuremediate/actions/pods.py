@@ -2,7 +2,8 @@
 
 A pod is never evicted because of what it is not: mirror pods (the kubelet owns them), DaemonSet
 pods (they would come straight back and tolerate the cordon), finished pods, and gpuremediate's own
-repair and validation pods are skipped whatever the scope.
+repair and validation pods are skipped whatever the scope. Pods in the policy's
+``drain.skip_namespaces`` (system namespaces) are neither evicted nor waited for.
 """
 
 from __future__ import annotations
@@ -83,11 +84,27 @@ def scope_filter(scope: str, impacted: Iterable[tuple[str, str]] = ()) -> PodFil
     raise ValueError(f"drain scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
 
 
-def pods_to_drain(pods: Iterable[Pod], scope: str, impacted: Iterable[tuple[str, str]] = ()) -> list[Pod]:
+def in_namespaces(namespaces: Iterable[str]) -> PodFilter:
+    skipped = frozenset(namespaces)
+    return lambda pod: pod_key(pod)[0] in skipped
+
+
+def pods_to_drain(pods: Iterable[Pod], scope: str, impacted: Iterable[tuple[str, str]] = (),
+                  skip_namespaces: Iterable[str] = ()) -> list[Pod]:
     """The pods a drain of this scope must see gone, in a stable order."""
-    wanted = scope_filter(scope, impacted)
-    chosen = [p for p in pods if not never_drained(p) and wanted(p)]
+    wanted, skipped = scope_filter(scope, impacted), in_namespaces(skip_namespaces)
+    chosen = [p for p in pods if not never_drained(p) and not skipped(p) and wanted(p)]
     return sorted(chosen, key=pod_key)
+
+
+def skipped_by_namespace(pods: Iterable[Pod], skip_namespaces: Iterable[str]) -> dict[str, int]:
+    """How many pods a drain leaves alone because of their namespace, per namespace (finished ones aside)."""
+    skipped = in_namespaces(skip_namespaces)
+    counts: dict[str, int] = {}
+    for pod in pods:
+        if skipped(pod) and not is_finished(pod):
+            counts[pod_key(pod)[0]] = counts.get(pod_key(pod)[0], 0) + 1
+    return counts
 
 
 def list_node_pods(client: KubeClient, node: str) -> list[dict[str, Any]]:

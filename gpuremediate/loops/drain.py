@@ -1,6 +1,9 @@
 """The drain loop: owns ``draining``. A resumable step per reconcile, never one blocking call.
 
-First the node waits for the budget (and a closed circuit breaker); once admitted, the drain
+First the node waits until no new work is stopped (a pause, the circuit breaker, its failure domain's
+breaker), for the budget (fleet-wide and per failure domain) and for the gates (blocking alerts, blocking
+pods, the settle delay after a node returned); each wait is the record's ``blocked``, checked again on the
+next retry. Once admitted, the drain
 is recorded as the action in progress (so it holds a budget slot across restarts), and each
 step lists the node's pods, evicts (or waits for, or deletes) what the mode says, records the
 outcome — a PDB's refusal names the PDB in ``blocked`` — and requeues. When no pod of the
@@ -23,13 +26,17 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.resources import PODS
 from gpuremediate.loops import custom_drain
 from gpuremediate.loops.base import LoopContext, NodeLoop
-from gpuremediate.policy import safety
-from gpuremediate.policy.workflow import DrainPolicy
+from gpuremediate.obs import notify
+from gpuremediate.policy import gates, safety
+from gpuremediate.policy.selector import parse_selector
+from gpuremediate.policy.workflow import DrainPolicy, budget_value
+from gpuremediate.signals.alerts import AlertsReader
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
     BLOCK_PDB,
+    BLOCK_REASONS,
     NodeRecord,
     block,
     record_from_node,
@@ -42,29 +49,70 @@ log = logging.getLogger(__name__)
 DRAIN_ACTION = "drain"
 
 
+def _reason(wanted: str, fallback: str) -> str:
+    """A blocked reason issue 15 adds to record.BLOCK_REASONS; until the record knows it, the closest one
+    it does (an unknown reason would make the record unreadable)."""
+    return wanted if wanted in BLOCK_REASONS else fallback
+
+
+BLOCK_PAUSED = _reason("paused", BLOCK_BREAKER)
+BLOCK_GATE = _reason("gate", BLOCK_BUDGET)  # blocking alerts, blocking pods, the settle delay
+
+
 def waiting_for_budget(nodes: Sequence[Node]) -> list[str]:
-    """The nodes cordoned for a fault whose drain has not started: they are admitted oldest fault first."""
+    """The nodes cordoned for a fault whose drain has not started: they are admitted oldest fault first.
+    One held by its own blocking pods is left out: it would keep every younger fault waiting."""
     waiting = []
     for node in nodes:
         record = record_from_node(node)
-        if isinstance(record, NodeRecord) and safety.is_waiting(record):
+        if isinstance(record, NodeRecord) and safety.is_waiting(record) and not _held_by_own_pods(record):
             waiting.append(name_of(node))
     return waiting
+
+
+def _held_by_own_pods(record: NodeRecord) -> bool:
+    return record.blocked is not None and record.blocked.detail.startswith(gates.BLOCKING_PODS)
 
 
 class DrainLoop(NodeLoop):
     name = "drain"
     owned = frozenset({states.DRAINING})
 
-    def __init__(self, ctx: LoopContext) -> None:
+    def __init__(self, ctx: LoopContext, alerts: AlertsReader | None = None, alerts_problem: str = "") -> None:
+        """``alerts``: the blocking-alerts reader the controller built once (None with ``alerts_problem`` saying
+        why when ``[gates].blocking_alerts`` is set but no reader could be built: those drains wait)."""
         super().__init__(ctx)
+        self.alerts = alerts
+        self.alerts_problem = alerts_problem
         self._next_attempt: dict[str, float] = {}  # pod uid -> monotonic time of its next eviction attempt
+        self._notified_blocked: set[tuple[str, str, float]] = set()  # (node, fingerprint, first seen) told once
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node).drain
+        self._notify_if_blocked_long(node, record)
         if record.action is None or record.action.kind != DRAIN_ACTION:
             return self._admit(node, record, policy)
         return self._step(node, record, policy)
+
+    def resync(self) -> None:
+        pause = self.ctx.breakers.latest_pause()  # the detect loop reloads it every cycle
+        self.ctx.metrics.paused.set(1.0 if pause.paused else 0.0)
+        self.ctx.metrics.domains_tripped.set(float(len(self.ctx.breakers.latest().domains)))
+        super().resync()
+
+    def _notify_if_blocked_long(self, node: Node, record: NodeRecord) -> None:
+        """One notification per fault whose drain stays blocked longer than ``drain_blocked_after_s``."""
+        notifier, cfg = self.ctx.writer.notifier, self.ctx.policy.cluster.notifications
+        blocked, now = record.blocked, self.ctx.clock()
+        if notifier is None or blocked is None or now - blocked.since < cfg.drain_blocked_after_s:
+            return
+        key = (name_of(node), record.fault.fingerprint if record.fault else "", record.fault.first_seen
+               if record.fault else 0.0)
+        if key in self._notified_blocked:
+            return
+        self._notified_blocked.add(key)
+        message = f"drain blocked for {now - blocked.since:.0f}s: {blocked.reason}: {blocked.detail}"
+        notifier.notify(notify.Notification(notify.KIND_DRAIN_BLOCKED, name_of(node), blocked.reason, message, now))
 
     # ---- admission ---------------------------------------------------------------------------------
 
@@ -72,26 +120,64 @@ class DrainLoop(NodeLoop):
         now = self.ctx.clock()
         cluster = self.ctx.policy.cluster
         name = name_of(node)
-        if cluster.breaker.enabled and self._breaker_open():
-            return self._wait(node, block(record, BLOCK_BREAKER, "circuit breaker open: no new work", now))
         nodes = self.ctx.nodes.gpu_nodes()
         views = [safety.node_view(n) for n in nodes]
+        view = next((v for v in views if v.name == name), None) or safety.node_view(node)
+        held = self._stopped(view) or self._fleet_gate(nodes, now)
+        if held:
+            return self._wait(node, block(record, *held, now))
         budget = safety.Budget(cluster.budget.as_budget_value())
-        result = safety.budget_check(views, name, budget)
+        domains = [safety.DomainBudget(d.label, budget_value(d.max_unavailable)) for d in cluster.budget.domains]
+        result = safety.budget_check(views, name, budget, domains)
         self.ctx.metrics.budget_in_use.set(float(result.in_use))
         self.ctx.metrics.budget_limit.set(float(result.limit))
         if not result.allowed:
             return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
-        if name not in safety.admit(views, [*waiting_for_budget(nodes), name], budget):
+        if name not in safety.admit(views, [*waiting_for_budget(nodes), name], budget, domains):
             return self._wait(node, block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now))
+        pods = self._blocking_pods(name)
+        if pods:
+            return self._wait(node, block(record, BLOCK_GATE, pods, now))
         started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s)
         if self.ctx.writer.write(node, started) is None:
             return self.retry_after_conflict()
         log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": policy.scope})
         return 0.0
 
-    def _breaker_open(self) -> bool:
-        return self.ctx.breakers.latest().is_open  # the detect loop reloads it every cycle
+    def _stopped(self, view: safety.NodeView) -> tuple[str, str] | None:
+        """A pause, the circuit breaker or the node's failure-domain breaker: no new drain (the detect loop
+        reloads both every cycle)."""
+        pause = self.ctx.breakers.latest_pause()
+        if pause.paused:
+            return BLOCK_PAUSED, f"paused by {pause.by or '?'}: {pause.reason or '-'}"
+        if not self.ctx.policy.cluster.breaker.enabled:
+            return None
+        why = self.ctx.breakers.latest().blocks(view)
+        return (BLOCK_BREAKER, why) if why else None
+
+    def _fleet_gate(self, nodes: Sequence[Node], now: float) -> tuple[str, str] | None:
+        """The gates that hold every drain alike: blocking alerts firing, the settle delay."""
+        cfg = self.ctx.policy.cluster.gates
+        if cfg.blocking_alerts:
+            firing, problem = self.alerts.firing() if self.alerts is not None else (None, self.alerts_problem)
+            why = gates.blocking_alerts(firing, cfg.blocking_alerts, problem)
+            if why:
+                return BLOCK_GATE, why
+        if cfg.settle_s > 0:
+            histories = [r.history for n in nodes if isinstance(r := record_from_node(n), NodeRecord)]
+            why = gates.settle_reason(gates.settle_remaining(gates.last_return(histories), now, cfg.settle_s),
+                                      cfg.settle_s)
+            if why:
+                return BLOCK_GATE, why
+        return None
+
+    def _blocking_pods(self, name: str) -> str:
+        """Pods matching ``[gates].blocking_pod_selectors`` on the node (its one field-selected pod list)."""
+        texts = self.ctx.policy.cluster.gates.blocking_pod_selectors
+        if not texts:
+            return ""
+        selectors = [(text, parse_selector(text)) for text in texts]
+        return gates.blocking_pods(list_node_pods(self.ctx.client, name), selectors)
 
     def _wait(self, node: Node, record: NodeRecord) -> float:
         if self.ctx.writer.write(node, record) is None:
@@ -126,7 +212,7 @@ class DrainLoop(NodeLoop):
         scope, impacted = policy.scope, self._impacted(name_of(node), record)
         if scope == SCOPE_IMPACTED and impacted is None:
             scope = SCOPE_GPU  # the exporter maps no pods to GPUs here: every GPU pod may be on the faulty GPU
-        return pods_to_drain(pods, scope, impacted or ())
+        return pods_to_drain(pods, scope, impacted or (), policy.skip_namespaces)
 
     def _impacted(self, node: str, record: NodeRecord) -> set[tuple[str, str]] | None:
         readings = self.ctx.readings.get(node)

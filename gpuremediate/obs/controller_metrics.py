@@ -29,6 +29,14 @@ class ControllerMetrics:
         self.budget_in_use = Gauge(PREFIX + "budget_in_use", "GPU nodes out of service, counted against the budget.")
         self.budget_limit = Gauge(PREFIX + "budget_limit", "Most GPU nodes allowed out of service at once.")
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
+        self.paused = Gauge(PREFIX + "paused", "1 while new work is paused (`gpuremediate pause` or the annotation).")
+        self.domains_tripped = Gauge(
+            PREFIX + "domain_breakers_open", "Failure domains (label values) whose breaker is open: no new work there."
+        )
+        self.notifications = Counter(
+            PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
+            ["kind", "result"],
+        )
         self.scrape_seconds = Histogram(
             PREFIX + "scrape_seconds",
             "Time to read one node's GPU metrics.",
@@ -66,6 +74,9 @@ class ControllerMetrics:
             self.budget_in_use,
             self.budget_limit,
             self.circuit_breaker_open,
+            self.paused,
+            self.domains_tripped,
+            self.notifications,
             self.scrape_seconds,
             self.scrape_errors,
             self.unknown_nodes,

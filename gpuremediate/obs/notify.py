@@ -112,14 +112,15 @@ class WebhookNotifier:
     def __init__(
         self, url: str, *, fmt: str = "json", cluster: str = "", timeout_s: float = 5.0, retries: int = 3,
         backoff_s: float = 1.0, queue_size: int = 1000, sender: Post = post,
-        sleep: Callable[[float], object] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep, on_result: Callable[[str, str], object] | None = None,
     ) -> None:
+        """``on_result(kind, result)``: told of each notification's fate (sent, failed, dropped), e.g. a metric."""
         if fmt not in FORMATS:
             raise NotifyError(f"notification format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
         check_url(url, "notification webhook")
         self.url, self.fmt, self.cluster = url, fmt, cluster
         self.timeout_s, self.retries, self.backoff_s = timeout_s, max(0, retries), backoff_s
-        self.sender, self.sleep = sender, sleep
+        self.sender, self.sleep, self.on_result = sender, sleep, on_result
         self._queue: queue.Queue[Notification | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self.sent = self.failed = self.dropped = 0
@@ -143,6 +144,7 @@ class WebhookNotifier:
             return True
         except queue.Full:
             self.dropped += 1
+            self._told(note, "dropped")
             log.warning("notification dropped: the queue is full", extra={"kind": note.kind, "node": note.node})
             return False
 
@@ -150,8 +152,14 @@ class WebhookNotifier:
         while (note := self._queue.get()) is not None:
             if self.deliver(note):
                 self.sent += 1
+                self._told(note, "sent")
             else:
                 self.failed += 1
+                self._told(note, "failed")
+
+    def _told(self, note: Notification, result: str) -> None:
+        if self.on_result is not None:
+            self.on_result(note.kind, result)
 
     def deliver(self, note: Notification) -> bool:
         """Post one notification with retries; True when the receiver took it (2xx)."""

@@ -18,6 +18,8 @@ from typing import Any
 from gpuremediate.policy.selector import Selector
 from gpuremediate.state.record import OUTCOME_REPAIRED, HistoryEntry
 
+BLOCKING_PODS = "blocking pods running"  # how blocking_pods' reason starts
+
 
 def blocking_alerts(firing: Collection[str] | None, names: Collection[str], problem: str = "") -> str:
     """Why the alerts gate holds: one of ``names`` fires, or the alerts could not be read."""
@@ -41,7 +43,7 @@ def blocking_pods(pods: Iterable[Mapping[str, Any]], selectors: Sequence[tuple[s
             if selector.matches(labels):
                 found.append(f"{meta.get('namespace', '')}/{meta.get('name', '')} ({text})")
                 break
-    return f"blocking pods running: {', '.join(sorted(found))}" if found else ""
+    return f"{BLOCKING_PODS}: {', '.join(sorted(found))}" if found else ""
 
 
 def last_return(histories: Iterable[Sequence[HistoryEntry]]) -> float | None:
