@@ -1,9 +1,14 @@
 """The detect loop: every scrape interval, readings → findings → transitions for healthy and
 cordoned nodes. It owns those two states; the other loops own the rest.
 
+Two sources per node: the metrics (exporter or Prometheus) and the node's NodeConditions (the agent's and
+other tools', through the policy's ``[conditions]`` table); ``signals.conditions.merge_node`` puts their
+findings in one list, worst first.
+
 Unknown is not unhealthy: a node whose exporter is down, stale or missing is reported (metric,
-Event on change, log) and left alone — its handled fingerprints are not pruned either, so a stale
-XID does not come back as "new" when the exporter does.
+Event on change, log) and left alone — unless a condition gives an actionable finding (the agent says the
+driver hangs): then it is acted on. Either way the metrics' handled fingerprints are not pruned while the
+metrics are unknown, so a stale XID does not come back as "new" when the exporter does.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, KIND_THERMAL, Finding
+from gpuremediate.signals.conditions import condition_view, merge_node
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import Source
 from gpuremediate.state import decide, states
@@ -131,27 +137,37 @@ class DetectLoop:
 
     def check_node(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
         name = name_of(node)
-        if readings is None or readings.status != SOURCE_OK:
-            reason = readings.reason if readings is not None else self._why_no_readings()
-            self._report_unknown(name, reason or "unknown")
-            return
-        self._known_again(name)
-        self.ctx.readings[name] = readings
         now = self.ctx.clock()
+        policy = self.ctx.policy_for(node)
+        view = condition_view(node, policy.conditions, now)
+        if readings is None or readings.status != SOURCE_OK:
+            reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
+            verdict = merge_node((), False, reason, view)
+            if verdict.unknown:
+                self._report_unknown(name, verdict.unknown)
+                return
+            self._acted_on_while_unknown(name)
+            readings = None
+        else:
+            self._known_again(name)
+            self.ctx.readings[name] = readings
         record = record_from_node(node)
         if isinstance(record, RecordError):
             self._apply(node, decide.on_malformed(record, node_unschedulable_of(node), now))
             return
-        policy = self.ctx.policy_for(node)
         memory = self._memory_for(name, record)
-        result = evaluate(readings, policy, memory, now)
-        self.memory[name] = result.memory
+        metric_findings: Sequence[Finding] = ()
+        if readings is not None:
+            result = evaluate(readings, policy, memory, now)
+            self.memory[name] = memory = result.memory
+            metric_findings = result.findings
+        verdict = merge_node(metric_findings, readings is not None, "", view)
         if is_excluded(node):
-            self._report_excluded(name, result.findings)
+            self._report_excluded(name, verdict.findings)
             return
         if record is not None and record.state not in self.owned:
             return  # another loop owns it; its findings wait until it is back
-        self._decide(node, record, result.findings, result.memory, total_nodes, now)
+        self._decide(node, record, verdict.findings, memory, total_nodes, now, metrics_known=verdict.metrics_known)
 
     def _decide(
         self,
@@ -161,12 +177,15 @@ class DetectLoop:
         memory: PolicyMemory,
         total_nodes: int,
         now: float,
+        metrics_known: bool = True,
     ) -> None:
         unschedulable = node_unschedulable_of(node)
         if record is not None and decide.person_uncordoned(record, unschedulable):
             self._apply(node, decide.on_person_uncordoned(record, now))
             return
-        pruned = decide.prune_handled(record, findings) if record is not None else None
+        # Metrics unknown: only the conditions are current, so only their fingerprints may be forgotten.
+        keep = None if metrics_known else decide.keep_metric_fingerprints
+        pruned = decide.prune_handled(record, findings, keep) if record is not None else None
         if pruned is not None and _thermal_cleared(pruned, findings):
             decision = decide.thermal_cleared(pruned, now)
         else:
@@ -242,6 +261,12 @@ class DetectLoop:
                     name, "GPUHealthUnknown", f"GPU health unknown: {reason}", WARNING, limited=True):
                 self.evented_unknown.add(name)
         self.unknown[name] = reason
+
+    def _acted_on_while_unknown(self, name: str) -> None:
+        """Metrics still unknown, but a condition is actionable: no longer reported unknown (no "readable
+        again" Event either: they are not)."""
+        self.unknown.pop(name, None)
+        self.evented_unknown.discard(name)
 
     def _known_again(self, name: str) -> None:
         if self.unknown.pop(name, None) is not None and name in self.evented_unknown:

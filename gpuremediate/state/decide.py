@@ -31,7 +31,7 @@ fingerprint once its finding disappears (the exporter restarted), so the same XI
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuremediate.policy import safety
@@ -42,6 +42,7 @@ from gpuremediate.policy.findings import (
     Finding,
 )
 from gpuremediate.policy.findings import worst as worst_finding
+from gpuremediate.signals.conditions import KIND_CONDITION
 from gpuremediate.state import states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
@@ -128,16 +129,25 @@ def new_findings(record: NodeRecord | None, findings: Sequence[Finding]) -> list
     return fresh
 
 
-def prune_handled(record: NodeRecord, findings: Sequence[Finding]) -> NodeRecord:
+def keep_metric_fingerprints(fingerprint: str) -> bool:
+    """``prune_handled``'s ``keep`` while the metrics are unknown: every fingerprint but a condition's."""
+    return not fingerprint.startswith(f"{KIND_CONDITION}:")
+
+
+def prune_handled(
+    record: NodeRecord, findings: Sequence[Finding], keep: Callable[[str], bool] | None = None
+) -> NodeRecord:
     """Forget handled fingerprints no longer reported, so the same fault later counts as new.
 
-    Call it only with the findings of a successful read (status ok): an unreachable exporter
-    reports nothing, and pruning then would turn the stale value into a new fault when it returns.
+    Call it only with the findings of a successful read: an unreachable exporter reports nothing, and
+    pruning then would turn the stale value into a new fault when it returns. When only some sources
+    are current (the conditions, with the metrics unknown), ``keep`` keeps the other sources' ones.
     A MaintenanceRequest's fingerprint is never a finding: it stays (the maintenance loop reads it to
     report the request Completed and release the claim; the request's uid makes it unique).
     """
     present = {f.fingerprint for f in findings}
-    kept = tuple(fp for fp in record.handled if fp in present or fp.startswith(f"{MAINTENANCE_KIND}/"))
+    kept = tuple(fp for fp in record.handled if fp in present or fp.startswith(f"{MAINTENANCE_KIND}/")
+                 or (keep is not None and keep(fp)))
     return record if kept == record.handled else dataclasses.replace(record, handled=kept)
 
 
