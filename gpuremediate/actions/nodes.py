@@ -5,6 +5,12 @@ when the decision says so, ``spec.unschedulable`` — the cordon (or uncordon) a
 explains it land together or not at all. The patch carries the node's resourceVersion, so a
 node changed since it was read gives 409 Conflict: the loop re-reads and decides again.
 
+With ``[taint]`` enabled the same patch also carries ``spec.taints`` (our taint added while the node is
+held, taken off when it is healthy again, only if the record says we added it; every other taint as read):
+taints have no merge key, so the list is whole and the resourceVersion guards it. After a write the
+``GPURemediation`` NodeCondition is set on ``nodes/<name>/status`` (strategic merge: only our condition);
+a failure there is logged and retried with the next write, never undoes or blocks the record.
+
 In dry-run mode nothing is sent: the patch is kept in an in-memory overlay so the loops see the
 world as if it had been written (and do not decide the same thing again every cycle).
 """
@@ -15,10 +21,18 @@ import copy
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
+from gpuremediate.actions.node_status import (
+    STATUS_PATCH_TYPE,
+    TaintPolicy,
+    conditions_patch,
+    remediation_condition,
+    remediation_taint,
+)
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
@@ -28,7 +42,7 @@ from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.notify import WebhookNotifier, for_transition
 from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
-from gpuremediate.state.record import NodeRecord, node_patch
+from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +190,8 @@ class NodeWriter:
         self.metrics = metrics
         self.dry_run = dry_run
         self.notifier: WebhookNotifier | None = None  # set by the controller when [notifications] is enabled
+        self.taint = TaintPolicy()  # [taint]: set by the controller from the policy (default: no taint)
+        self.clock: Callable[[], float] = time.time
 
     def apply(self, node: Node, decision: Decision) -> Node | None:
         """Write the decision; returns the node as written, or None on a 409 (re-read and re-decide).
@@ -199,8 +215,14 @@ class NodeWriter:
     def write(self, node: Node, record: NodeRecord, *, cordon: bool = False, uncordon: bool = False) -> Node | None:
         """Write ``record`` (and the cordon / uncordon) guarded by the node's resourceVersion."""
         name, rv = name_of(node), _rv(node)
+        record, taints = self._with_taint(node, record)
+        if self.taint.enabled and self.taint.instead_of_cordon:
+            cordon = uncordon = False  # the taint keeps pods off; spec.unschedulable stays as it is
+            record = dataclasses.replace(record, cordoned_by_us=False)
         unschedulable = True if cordon else (False if uncordon else None)
         patch = node_patch(record, unschedulable=unschedulable, resource_version=rv or None)
+        if taints is not None:
+            patch.setdefault("spec", {}).update(taints["spec"])
         before = _blocked_text(node)
         if self.dry_run:
             self.view.overlay(name, patch)
@@ -212,8 +234,34 @@ class NodeWriter:
                 log.info("node changed since read; deciding again", extra={"node": name})
                 return None
             self.view.remember_write(rv, result)
+            self._publish_condition(result, record)
         self._report_blocked(name, before, record)
         return result
+
+    def _with_taint(self, node: Node, record: NodeRecord) -> tuple[NodeRecord, dict[str, Any] | None]:
+        """The record with ``tainted_by_us`` as it will be after this write, and the taints patch (None: no
+        change). Whether the taint on the node is ours comes from the record on the node, as read."""
+        previous = record_from_node(node)
+        ours = isinstance(previous, NodeRecord) and previous.tainted_by_us
+        if not self.taint.enabled and not ours:
+            return (dataclasses.replace(record, tainted_by_us=False) if record.tainted_by_us else record), None
+        if not _rv(node):
+            log.warning("node read without a resourceVersion: taint unchanged", extra={"node": name_of(node)})
+            return dataclasses.replace(record, tainted_by_us=ours), None
+        change = remediation_taint(node, record, self.taint, ours)
+        return dataclasses.replace(record, tainted_by_us=change.tainted_by_us), change.patch
+
+    def _publish_condition(self, node: Node, record: NodeRecord) -> None:
+        """``GPURemediation`` on the node as written; a failure waits for the next write (logged)."""
+        condition = remediation_condition(node, record, self.clock())
+        if condition is None:
+            return
+        try:
+            self.client.patch(NODES, name_of(node), conditions_patch([condition]), patch_type=STATUS_PATCH_TYPE,
+                              subresource="status")
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("cannot set the GPURemediation condition; the next write retries",
+                        extra={"node": name_of(node), "error": str(exc)})
 
     def _report_transition(self, node: Node, decision: Decision) -> None:
         move = decision.transition
@@ -250,8 +298,6 @@ class NodeWriter:
 
 
 def _blocked_text(node: Node) -> str:
-    from gpuremediate.state.record import RecordError, record_from_node
-
     record = record_from_node(node)
     if record is None or isinstance(record, RecordError) or record.blocked is None:
         return ""

@@ -60,11 +60,13 @@ class JobLoop(NodeLoop):
         return occurrence(record)
 
     def gpu_ids(self, node: Node, record: NodeRecord) -> tuple[list[str], list[str]]:
-        """(indexes, UUIDs) of the faulty GPUs, from the latest readings; all GPUs when unknown."""
+        """(indexes, UUIDs) of the faulty GPUs, from the latest readings. A fault naming no GPU (a node-wide
+        NodeCondition) means every GPU: both lists empty. Without readings (the exporter is down while a
+        condition is acted on) only the UUIDs the fault names are known."""
         readings = self.ctx.readings.get(name_of(node))
         faulty = set(record.fault.gpus) if record.fault else set()
         if readings is None:
-            return [], []
+            return [], sorted(g for g in faulty if g.startswith("GPU-"))
         gpus = [g for g in readings.gpus if not faulty or g.key in faulty]
         return sorted({g.gpu for g in gpus}), sorted({g.uuid for g in gpus if g.uuid})
 

@@ -32,6 +32,7 @@ comes back (a new transition) is a new occurrence, one that stays is the same on
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,8 @@ ANY_REASON = "*"
 STATUSES = ("True", "False", "Unknown")
 DEFERRED_SUFFIX = "Deferred"
 RULE_KEYS = ("type", "status", "reason", "action", "urgent")
+# NVML's GPU UUID, as the agent names the GPUs of a finding in its messages (other tools' messages rarely do).
+GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 
 
 def reason_for_action(action: str, urgent: bool = True) -> str:
@@ -204,7 +207,10 @@ def _finding(node: str, condition: Mapping[str, Any], rule: ConditionRule) -> Fi
     since = str(condition.get("lastTransitionTime") or "")
     said = f" ({reason})" if reason else ""
     text = f"NodeCondition {ctype}={status}{said}: {message or 'no message'} → {rule.action}"
-    return Finding(node, KIND_CONDITION, ctype, (), rule.action,
+    # The GPUs the message names (the agent names each by UUID); none named: the finding is node-wide and
+    # a reset-gpu repair resets every GPU of the node.
+    gpus = tuple(sorted(set(GPU_UUID.findall(message))))
+    return Finding(node, KIND_CONDITION, ctype, gpus, rule.action,
                    f"condition:{ctype}:{status}:{reason}:{since}", text, rule.urgent)
 
 

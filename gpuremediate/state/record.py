@@ -128,6 +128,7 @@ class NodeRecord:
     action: ActionInProgress | None = None
     cordoned_by_us: bool = False  # we set spec.unschedulable (so we may undo it)
     was_unschedulable: bool = False  # unschedulable before we touched it: never uncordon
+    tainted_by_us: bool = False  # we added the [taint] taint (so we may remove it; never one someone else set)
     history: tuple[HistoryEntry, ...] = ()
     handled: tuple[str, ...] = ()  # fingerprints of faults already dealt with
     blocked: Blocked | None = None
@@ -267,6 +268,7 @@ def from_dict(data: object) -> NodeRecord:
         action=obj.nested("action", _action),
         cordoned_by_us=obj.opt("cordoned_by_us", bool, False),
         was_unschedulable=obj.opt("was_unschedulable", bool, False),
+        tainted_by_us=obj.opt("tainted_by_us", bool, False),
         history=tuple(obj.items("history", _history))[-HISTORY_LIMIT:],
         handled=tuple(obj.strings("handled"))[-HANDLED_LIMIT:],
         blocked=obj.nested("blocked", _blocked),

@@ -227,3 +227,17 @@ def test_merge_fleet_treats_a_node_missing_from_the_metrics_as_unknown_to_them()
     assert verdicts["b"].unknown and not verdicts["b"].metrics_known
     assert verdicts["c"].unknown == "" and verdicts["c"].findings[0].action == ACTION_REBOOT
     assert verdicts["d"].unknown == "exporter down"
+
+
+def test_a_finding_names_the_gpus_the_agents_message_names_by_uuid() -> None:
+    message = ("GPU GPU-81d866e6-cfe1-3385-cd90-d92fc9604041 reported 1 time(s) recently: XID 48; "
+               "GPU GPU-0aa1b2c3-0000-1111-2222-333344445555 reported 2 time(s) recently: XID 48")
+    view = c.condition_view(node(cond(c.GPU_HEALTHY, "False", "NeedsResetGpu", message)), c.ConditionsPolicy(), NOW)
+    (finding,) = view.findings
+    assert finding.gpus == ("GPU-0aa1b2c3-0000-1111-2222-333344445555", "GPU-81d866e6-cfe1-3385-cd90-d92fc9604041")
+
+
+def test_a_condition_naming_no_gpu_is_node_wide() -> None:
+    view = c.condition_view(node(cond(c.GPU_DRIVER_RESPONSIVE, "False", "NvidiaSmiTimeout", "nvidia-smi hung")),
+                            c.ConditionsPolicy(), NOW)
+    assert [f.gpus for f in view.findings] == [()]

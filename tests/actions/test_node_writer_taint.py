@@ -1,0 +1,124 @@
+"""The NodeWriter's view on the Node (issue 12): the [taint] taint in the record's own patch (atomic, guarded
+by the resourceVersion, every other taint kept), never removing a taint it did not add; and the GPURemediation
+condition after the write, whose failure never blocks the record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuremediate.actions.node_status import DEFAULT_TAINT_KEY, REMEDIATION_CONDITION, TaintPolicy, find_condition
+from gpuremediate.actions.nodes import NodeWriter
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.state import states
+from gpuremediate.state.record import NodeRecord, record_from_node
+from sim.kubeapi import KubeAPIServer
+
+OURS = {"key": DEFAULT_TAINT_KEY, "effect": "NoSchedule"}
+OTHERS = {"key": "example.com/maintenance", "value": "rack-7", "effect": "NoSchedule"}
+HELD = NodeRecord(state=states.DRAINING, reason="xid-79", message="XID 79 on GPU 3")
+HEALTHY = NodeRecord(state=states.HEALTHY, reason="validated", message="validation passed")
+
+
+class Rig:
+    def __init__(self, client: KubeClient, writer: NodeWriter) -> None:
+        self.client = client
+        self.writer = writer
+
+    def node(self, name: str = "gpu-1") -> dict[str, Any]:
+        return self.client.get(NODES, name)
+
+    def write(self, record: NodeRecord, *, cordon: bool = False, name: str = "gpu-1") -> dict[str, Any]:
+        written = self.writer.write(self.node(name), record, cordon=cordon)
+        assert written is not None
+        return self.node(name)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    srv = KubeAPIServer().start()
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+    client.create(NAMESPACES, {"metadata": {"name": "gpuremediate-system"}})
+    for name, taints in (("gpu-1", [OTHERS]), ("gpu-2", [])):
+        client.create(NODES, {"metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                              "spec": {"taints": taints}})
+    controller = Controller(Settings(namespace="gpuremediate-system"), loads_policy(""), client=client,
+                            source=None)
+    writer = controller.ctx.writer
+    writer.taint = TaintPolicy(enabled=True)
+    try:
+        yield Rig(client, writer)
+    finally:
+        controller.stop()
+        srv.stop()
+
+
+def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every taint but the node lifecycle's (these nodes have no kubelet: the emulator marks them not-ready)."""
+    return [t for t in (node.get("spec") or {}).get("taints") or [] if not t["key"].startswith("node.kubernetes.io/")]
+
+
+def test_the_taint_lands_with_the_record_and_others_taints_stay(rig: Rig) -> None:
+    node = rig.write(HELD, cordon=True)
+    assert _taints(node) == [OTHERS, OURS]
+    record = record_from_node(node)
+    assert isinstance(record, NodeRecord) and record.tainted_by_us and record.state == states.DRAINING
+    assert node["spec"]["unschedulable"] is True
+    node = rig.write(HEALTHY)
+    assert _taints(node) == [OTHERS]
+    record = record_from_node(node)
+    assert isinstance(record, NodeRecord) and not record.tainted_by_us
+
+
+def test_a_taint_someone_else_set_with_our_key_is_never_removed(rig: Rig) -> None:
+    rig.client.patch(NODES, "gpu-2", {"spec": {"taints": [OURS]}})
+    node = rig.write(HELD, name="gpu-2")
+    record = record_from_node(node)
+    assert isinstance(record, NodeRecord) and not record.tainted_by_us
+    assert _taints(rig.write(HEALTHY, name="gpu-2")) == [OURS]
+
+
+def test_instead_of_cordon_taints_and_leaves_spec_unschedulable_alone(rig: Rig) -> None:
+    rig.writer.taint = TaintPolicy(enabled=True, instead_of_cordon=True)
+    node = rig.write(HELD, cordon=True, name="gpu-2")
+    assert _taints(node) == [OURS] and not node["spec"].get("unschedulable")
+    record = record_from_node(node)
+    assert isinstance(record, NodeRecord) and not record.cordoned_by_us  # nothing for a person to "uncordon"
+
+
+def test_the_remediation_condition_follows_the_record(rig: Rig) -> None:
+    held = find_condition(rig.write(HELD), REMEDIATION_CONDITION)
+    assert held is not None and (held["status"], held["reason"], held["message"]) == \
+        ("True", "Draining", "XID 79 on GPU 3")
+    healthy = find_condition(rig.write(HEALTHY), REMEDIATION_CONDITION)
+    assert healthy is not None and (healthy["status"], healthy["reason"]) == ("False", "Healthy")
+
+
+def test_a_failed_condition_write_does_not_block_the_record_and_the_next_write_retries(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = rig.client.patch
+
+    def refusing_status(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("subresource") == "status":
+            raise errors.TransportError("connection reset")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rig.client, "patch", refusing_status)
+    node = rig.write(HELD)
+    assert isinstance(record_from_node(node), NodeRecord) and find_condition(node, REMEDIATION_CONDITION) is None
+    monkeypatch.setattr(rig.client, "patch", original)
+    again = rig.write(NodeRecord(state=states.DRAINING, reason="xid-79", message="XID 79 on GPU 3 (again)"))
+    assert find_condition(again, REMEDIATION_CONDITION) is not None
+
+
+def test_with_the_taint_disabled_nothing_is_tainted(rig: Rig) -> None:
+    rig.writer.taint = TaintPolicy()
+    assert _taints(rig.write(HELD, name="gpu-2")) == []
