@@ -25,6 +25,7 @@ from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedu
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import EVENTS
 from gpuremediate.loops.base import LoopContext, state_of
+from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
@@ -33,12 +34,13 @@ from gpuremediate.signals.conditions import condition_view, merge_node
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import Source
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, block, record_from_node
 
 log = logging.getLogger(__name__)
 
 FLEET_MIN_NODES = 5  # below this, every node's unknown is evented on its own
 FLEET_UNKNOWN_FRACTION = 0.5  # more than this share unknown at once: one fleet Event instead of per node
+BREAKER_DETAIL = "circuit breaker open: no new work"  # decide.on_findings' words for the open breaker
 
 
 class DetectLoop:
@@ -189,8 +191,9 @@ class DetectLoop:
         if pruned is not None and _thermal_cleared(pruned, findings):
             decision = decide.thermal_cleared(pruned, now)
         else:
-            opts = self._options(name_of(node), pruned, findings, total_nodes, now)
-            decision = decide.on_findings(pruned, findings, unschedulable, now, opts)
+            opts = self._options(node, pruned, findings, total_nodes, now)
+            held = self._held(node)
+            decision = _name_hold(record, decide.on_findings(pruned, findings, unschedulable, now, opts), held, now)
         if decision.transition is not None or (pruned is not None and pruned != record):
             stored = dataclasses.replace(decision.record, policy_memory=memory.to_dict())
             decision = dataclasses.replace(decision, record=stored, changed=True)
@@ -198,25 +201,43 @@ class DetectLoop:
         self._apply(node, decision)
 
     def _options(
-        self, name: str, record: NodeRecord | None, findings: Sequence[Finding], total_nodes: int, now: float
+        self, node: Node, record: NodeRecord | None, findings: Sequence[Finding], total_nodes: int, now: float
     ) -> decide.DecideOptions:
         cluster = self.ctx.policy.cluster
         actionable = [f for f in decide.new_findings(record, findings) if f.action != ACTION_NONE]
         if record is not None and record.state == states.CORDONED:
             actionable = [f for f in actionable if f.action != ACTION_CORDON]
-        if actionable and cluster.breaker.enabled and not self.breakers.latest().is_open:
-            self._trip_breaker(name, total_nodes, now)
+        if actionable and cluster.breaker.enabled and self._held(node) is None:  # a held fault counts once let go
+            self._trip_breaker(name_of(node), total_nodes, now)
         return decide.DecideOptions(
             repeat_count=cluster.repeat_offender.count,
             repeat_window_s=cluster.repeat_offender.window_s,
-            breaker_open=cluster.breaker.enabled and self.breakers.latest().is_open,
+            breaker_open=self._held(node) is not None,
         )
+
+    def _held(self, node: Node) -> tuple[str, str] | None:
+        """Why no new work may start on this node (blocked reason, detail): a pause, the open breaker, or the
+        breaker of one of its failure domains."""
+        pause = self.breakers.latest_pause()
+        if pause.paused:
+            return safety.BLOCK_PAUSED, f"paused by {pause.by or '?'}: {pause.reason or '-'}"
+        if not self.ctx.policy.cluster.breaker.enabled:
+            return None
+        breaker = self.breakers.latest()
+        if breaker.is_open:
+            return BLOCK_BREAKER, BREAKER_DETAIL
+        why = breaker.blocks(safety.node_view(node)) if breaker.domains else ""
+        return (BLOCK_BREAKER, why) if why else None
 
     def _trip_breaker(self, name: str, total_nodes: int, now: float) -> None:
         cfg = self.ctx.policy.cluster.breaker
         before = self.breakers.latest()
         after = before.record_fault(name, now).evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s,
                                                         cfg.min_nodes)
+        if cfg.domain_labels:
+            views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()]
+            after = after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent, cfg.window_s,
+                                           cfg.domain_min_nodes)
         self.breakers.save(after)
         if after.is_open:
             log.error("circuit breaker opened: no new remediation until a person resets it",
@@ -224,6 +245,17 @@ class DetectLoop:
             self.events.node_event(name, "GPURemediationBreakerOpen",
                                        f"circuit breaker opened: {after.reason}; run `gpuremediate breaker reset`",
                                        WARNING)
+            self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", "breaker-open", after.reason, now))
+        for trip in after.domains[len(before.domains):]:
+            text = (f"domain breaker opened for {trip.label}={trip.value} (the faults' common label): {trip.reason}; "
+                    f"no new work there until `gpuremediate breaker reset`")
+            log.error("domain breaker opened", extra={"label": trip.label, "value": trip.value, "reason": trip.reason})
+            self.events.node_event(name, "GPURemediationDomainBreakerOpen", text, WARNING)
+            self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", f"{trip.label}={trip.value}", text, now))
+
+    def _notify(self, note: notify.Notification) -> None:
+        if self.ctx.writer.notifier is not None and not self.ctx.settings.dry_run:
+            self.ctx.writer.notifier.notify(note)  # queued: never waits for the receiver
 
     def _apply(self, node: Node, decision: decide.Decision) -> None:
         self.ctx.writer.apply(node, decision)  # a 409 is simply decided again next cycle
@@ -332,6 +364,18 @@ class DetectLoop:
         self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if v.out_of_service)))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
         self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
+
+
+def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple[str, str] | None,
+               now: float) -> decide.Decision:
+    """The decision's generic breaker block said as what holds this node (a pause, a domain breaker)."""
+    blocked = decision.record.blocked
+    if held is None or decision.transition is not None or blocked is None or blocked.reason != BLOCK_BREAKER:
+        return decision
+    before = dataclasses.replace(decision.record, blocked=stored.blocked if stored is not None else None)
+    after = block(before, *held, now)
+    return dataclasses.replace(decision, record=after,
+                               changed=after != (stored if stored is not None else decide.fresh_record(after.since)))
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
