@@ -36,7 +36,6 @@ from gpuremediate.state.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
     BLOCK_PDB,
-    BLOCK_REASONS,
     NodeRecord,
     block,
     record_from_node,
@@ -48,15 +47,7 @@ log = logging.getLogger(__name__)
 
 DRAIN_ACTION = "drain"
 
-
-def _reason(wanted: str, fallback: str) -> str:
-    """A blocked reason issue 15 adds to record.BLOCK_REASONS; until the record knows it, the closest one
-    it does (an unknown reason would make the record unreadable)."""
-    return wanted if wanted in BLOCK_REASONS else fallback
-
-
-BLOCK_PAUSED = _reason("paused", BLOCK_BREAKER)
-BLOCK_GATE = _reason("gate", BLOCK_BUDGET)  # blocking alerts, blocking pods, the settle delay
+BLOCK_PAUSED, BLOCK_GATE = safety.BLOCK_PAUSED, safety.BLOCK_GATE
 
 
 def waiting_for_budget(nodes: Sequence[Node]) -> list[str]:

@@ -49,6 +49,9 @@ from typing import Any
 
 from gpuremediate.state import states
 from gpuremediate.state.record import (
+    BLOCK_BREAKER,
+    BLOCK_BUDGET,
+    BLOCK_REASONS,
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
     HistoryEntry,
@@ -63,6 +66,16 @@ DEFAULT_REPEAT_WINDOW_S = 7 * 24 * 3600.0
 REPAIR_OUTCOMES = frozenset({OUTCOME_REPAIRED, OUTCOME_REPAIR_FAILED})
 
 _PERCENT = re.compile(r"(\d{1,3})%", re.ASCII)
+
+
+def _reason(wanted: str, fallback: str) -> str:
+    """A blocked reason issue 15 adds to record.BLOCK_REASONS; until the record knows it, the closest one
+    it does (an unknown reason would make the record unreadable)."""
+    return wanted if wanted in BLOCK_REASONS else fallback
+
+
+BLOCK_PAUSED = _reason("paused", BLOCK_BREAKER)  # gpuremediate pause: no new work anywhere
+BLOCK_GATE = _reason("gate", BLOCK_BUDGET)  # blocking alerts, blocking pods, the settle delay
 
 
 # ---- budget ---------------------------------------------------------------------------------

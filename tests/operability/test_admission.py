@@ -97,7 +97,8 @@ class World:
         return record.state != states.DRAINING or record.action is not None
 
     def blocked(self, name: str) -> str:
-        blocked = self.record(name).blocked
+        record = record_from_node(self.kube.get(NODES, name))
+        blocked = record.blocked if isinstance(record, NodeRecord) else None
         return f"{blocked.reason}: {blocked.detail}" if blocked else ""
 
 

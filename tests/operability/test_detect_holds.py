@@ -1,0 +1,170 @@
+"""Issue 15 in the detect loop: a pause holds new faults (no cordon, blocked naming who and why), the domain
+breaker opens on faults clustered on one label value and holds only that domain; breaker-open and quarantine
+notifications reach a webhook receiver. A bare emulator, scripted readings, the controller in process."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.kube.resources import EVENTS, NODES, SECRETS
+from gpuremediate.loops import drain
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.policy.safety import Pause
+from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
+from gpuremediate.state import states
+from sim.waiting import wait_for
+
+from .test_admission import BASE, NS, RACK, World, world  # noqa: F401 (the fixture)
+
+NO_FLEET_BREAKER = BASE + "[breaker]\nthreshold_percent = 100\nwindow_s = 600\n"
+
+
+class XidSource:
+    """Each node's one GPU reports the XID in ``xids`` (absent: healthy); tests change it as they go."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.xids: dict[str, int] = {}
+
+    def read(self) -> list[NodeReadings]:
+        return [NodeReadings(node=n, source="exporter", status=SOURCE_OK,
+                             gpus=(GpuReading(node=n, gpu="0", uuid=f"GPU-{n}", xid=self.xids.get(n)),))
+                for n in self.nodes]
+
+
+def start(made: World, policy: str) -> tuple[Controller, XidSource]:
+    source = XidSource(made.nodes)
+    settings = Settings(namespace=NS, scrape_interval_s=0.1, resync_s=0.3)
+    controller = Controller(settings, loads_policy(policy, "test-policy"), client=made.kube, source=source)
+    assert controller.start_caches(timeout=20)
+    controller.start_loops()
+    made.controllers.append(controller)
+    return controller, source
+
+
+def state(made: World, name: str) -> str:
+    try:
+        return made.record(name).state
+    except AssertionError:
+        return states.HEALTHY  # no record yet
+
+
+def test_a_pause_holds_a_new_fault_without_a_cordon_and_resume_lets_it_drain(world: World) -> None:  # noqa: F811
+    world.node("gpu-1")
+    store = BreakerStore(world.kube, NS)
+    store.set_pause(Pause(paused=True, by="alice", reason="driver upgrade"))
+    _, source = start(world, BASE)
+    source.xids["gpu-1"] = 79
+    wait_for(lambda: world.blocked("gpu-1") == f"{drain.BLOCK_PAUSED}: paused by alice: driver upgrade", 10,
+             "the new fault held by the pause")
+    assert state(world, "gpu-1") == states.HEALTHY
+    assert not world.kube.get(NODES, "gpu-1")["spec"].get("unschedulable"), "cordoned while paused"
+    store.set_pause(Pause())
+    wait_for(lambda: state(world, "gpu-1") != states.HEALTHY, 10, "the fault acted on once resumed")
+
+
+def test_a_domain_breaker_opens_on_clustered_faults_and_leaves_another_domain_working(
+        world: World) -> None:  # noqa: F811
+    for name, rack in (("r1-a", "r1"), ("r1-b", "r1"), ("r2-a", "r2"), ("r2-b", "r2")):
+        world.node(name, {RACK: rack})
+    policy = NO_FLEET_BREAKER + (f'domain_labels = ["{RACK}"]\ndomain_threshold_percent = 50\n'
+                                 "domain_min_nodes = 2\n")
+    _, source = start(world, policy)
+    source.xids.update({"r1-a": 79, "r1-b": 79})
+    wait_for(lambda: BreakerStore(world.kube, NS).load().domains, 10, "a domain breaker")
+    trips = BreakerStore(world.kube, NS).load().domains
+    assert [(t.label, t.value) for t in trips] == [(RACK, "r1")]
+    opened = [e["message"] for e in world.kube.list(EVENTS, "default")["items"]
+              if e["reason"] == "GPURemediationDomainBreakerOpen"]
+    assert opened and f"{RACK}=r1 (the faults' common label)" in opened[0], opened
+    source.xids["r2-a"] = 79
+    wait_for(lambda: state(world, "r2-a") != states.HEALTHY, 10, "rack r2 keeps working")
+    assert not BreakerStore(world.kube, NS).load().is_open
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    got: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    got: list[dict[str, Any]] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("R", (Receiver,), {"got": got}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook", got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+NOTIFY = NO_FLEET_BREAKER + """
+[notifications]
+enabled = true
+cluster = "lab"
+drain_blocked_after_s = 1
+[xid.overrides]
+"79" = "quarantine"
+"""
+
+
+def _secret(made: World, url: str) -> None:
+    made.kube.create(SECRETS, {"metadata": {"name": "gpuremediate-notifications", "namespace": NS},
+                               "data": {"url": base64.b64encode(url.encode()).decode()}}, NS)
+
+
+def test_a_quarantine_reaches_the_webhook(world: World, receiver: tuple[str, list[dict[str, Any]]]) -> None:  # noqa: F811
+    url, got = receiver
+    _secret(world, url)
+    world.node("gpu-1")
+    _, source = start(world, NOTIFY)
+    source.xids["gpu-1"] = 79
+    wait_for(lambda: any(n["kind"] == "quarantined" for n in got), 15, "the quarantine notification",
+             seen=lambda: (got, state(world, "gpu-1")))
+    note = next(n for n in got if n["kind"] == "quarantined")
+    assert (note["node"], note["cluster"]) == ("gpu-1", "lab")
+
+
+def test_a_long_blocked_drain_is_notified_once(world: World, receiver: tuple[str, list[dict[str, Any]]]) -> None:  # noqa: F811
+    url, got = receiver
+    _secret(world, url)
+    world.node("gpu-1")
+    _, source = start(world, NOTIFY.replace('"79" = "quarantine"', '"79" = "reset-gpu"')
+                      .replace('"100%"', '"0"'))
+    source.xids["gpu-1"] = 79
+    wait_for(lambda: any(n["kind"] == "drain-blocked" for n in got), 15, "the drain-blocked notification",
+             seen=lambda: (got, world.blocked("gpu-1")))
+    wait_for(lambda: len(world.controllers[0].node_loops[0]._notified_blocked) == 1, 5, "noted")
+    world.controllers[0].node_loops[0].resync()
+    wait_for(lambda: world.controllers[0].metrics.notifications.value(kind="drain-blocked", result="sent") == 1.0,
+             5, "sent, counted")
+    assert [n["kind"] for n in got].count("drain-blocked") == 1
+
+
+def test_without_the_secret_the_controller_runs_on_without_notifications(world: World,  # noqa: F811
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    world.node("gpu-1")
+    controller, source = start(world, NOTIFY)
+    assert controller.ctx.writer.notifier is None
+    assert any("notifications are off: Secret gpuremediate-system/gpuremediate-notifications not found"
+               in r.getMessage() for r in caplog.records)
+    source.xids["gpu-1"] = 79
+    wait_for(lambda: state(world, "gpu-1") == states.QUARANTINED, 15, "the controller works on")
