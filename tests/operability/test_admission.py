@@ -214,7 +214,7 @@ def test_a_node_held_by_its_own_blocking_pod_does_not_hold_younger_faults(world:
 class Alerts(http.server.BaseHTTPRequestHandler):
     firing: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         alerts = [{"labels": {"alertname": n}, "state": "firing"} for n in self.firing]
         data = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
         self.send_response(200)

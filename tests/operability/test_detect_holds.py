@@ -95,7 +95,7 @@ def test_a_domain_breaker_opens_on_clustered_faults_and_leaves_another_domain_wo
 class Receiver(http.server.BaseHTTPRequestHandler):
     got: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         self.got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         self.send_response(204)
         self.end_headers()
