@@ -31,7 +31,7 @@ class ControllerMetrics:
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
         self.paused = Gauge(PREFIX + "paused", "1 while new work is paused (`gpuremediate pause` or the annotation).")
         self.domains_tripped = Gauge(
-            PREFIX + "domain_breakers_open", "Failure domains (label values) whose breaker is open: no new work there."
+            PREFIX + "domain_breaker_open", "Failure domains (label values) whose breaker is open: no new work there."
         )
         self.notifications = Counter(
             PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
