@@ -31,7 +31,7 @@ clear_hold_s = 3.0  # seconds cool before it clears (production default: 300)
 max_unavailable = "2"
 
 [breaker]
-threshold_percent = 70.0  # four of six nodes fault within minutes in this demo; the default is 30
+threshold_percent = 90.0  # five of six nodes fault within minutes in this demo; the default is 30
 
 [repeat_offender]
 count = 3           # the 4th fault needing repair within the window quarantines the node
@@ -50,7 +50,15 @@ class Step:
     act: Callable[[SimCluster], object]
 
 
-def timeline() -> list[Step]:
+def _driver_hang(cluster: SimCluster, node: str) -> None:
+    """A hung driver takes the exporter down with it: only the agent's nvidia-smi timeouts tell."""
+    cluster.gpusim.set_down(node, "refuse")
+    cluster.gpusim.driver_hang(node)
+
+
+def timeline(nodes: int = 6) -> list[Step]:
+    hang = [Step(5.0, "gpu-node-5: the GPU driver hangs (nvidia-smi and the exporter stop answering)",
+                 lambda c: _driver_hang(c, "gpu-node-5"))] if nodes >= 5 else []
     return [
         Step(1.0, "gpu-node-1 GPU 3: XID 79 (GPU fallen off the bus) in the kernel log and the exporter",
              lambda c: c.gpusim.kernel_xid("gpu-node-1", 3, 79)),
@@ -59,6 +67,7 @@ def timeline() -> list[Step]:
         Step(3.0, "gpu-node-3 GPU 0: 93 °C", lambda c: c.gpusim.set_temp("gpu-node-3", 0, 93.0)),
         Step(4.0, "gpu-node-4 GPU 2: XID 48 (double-bit ECC), 1st time",
              lambda c: c.gpusim.inject_xid("gpu-node-4", 2, 48)),
+        *hang,
         Step(9.0, "gpu-node-3 GPU 0: back to 60 °C", lambda c: c.gpusim.set_temp("gpu-node-3", 0, 60.0)),
     ]
 
@@ -110,7 +119,7 @@ class Demo:
 
     def _play(self, cluster: SimCluster) -> None:
         self.started = time.monotonic()
-        steps = timeline()
+        steps = timeline(len(cluster.node_names))
         deadline = self.started + 90.0 / self.speed
         while time.monotonic() < deadline:
             elapsed = (time.monotonic() - self.started) * self.speed
@@ -170,8 +179,10 @@ class Demo:
 
     def _summary(self, controller: Controller) -> None:
         m = controller.metrics
+        hung = ("gpu-node-5's exporter went down with its driver: its agent's GPUDriverResponsive=False got it\n"
+                "rebooted instead of left unknown;\n") if len(self.cluster.node_names) >= 5 else ""
         print("What happened: gpu-node-1 rebooted, gpu-node-2 had its GPU reset, both validated and returned;\n"
-              "gpu-node-3 was cordoned while hot and uncordoned once cool (its pods stayed);\n"
+              "gpu-node-3 was cordoned while hot and uncordoned once cool (its pods stayed);\n" + hung +
               "gpu-node-4 was repaired three times, then quarantined as a repeat offender: it needs a person\n"
               "(`gpuremediate explain gpu-node-4`, then `gpuremediate release gpu-node-4`).\n"
               f"Evictions: {int(m.evictions.value(result='evicted', dry_run='false'))}; "
