@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 
-from gpuremediate.agent.kmsg import KMSG_PATH
+from gpuremediate.agent.kmsg import BOOT_ID_PATH, KMSG_PATH
 from gpuremediate.agent.publish import DEFAULT_HEARTBEAT_S
 from gpuremediate.agent.run import DEFAULT_STATE_PATH, Agent, AgentSettings
 from gpuremediate.config import SettingsError, parse_addr, parse_duration
@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "MIG or time-slicing makes the capacity differ from the physical count)")
     p.add_argument("--kmsg", default=KMSG_PATH, help="the kernel log device")
     p.add_argument("--state-file", default=DEFAULT_STATE_PATH, help="where the kernel-log resume point is kept")
+    p.add_argument("--boot-id", default=BOOT_ID_PATH,
+                   help="the file naming this boot (a new value: the kernel log starts again)")
     p.add_argument("--metrics-addr", default=":9500", help="[HOST]:PORT for /metrics /healthz /readyz")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
@@ -62,6 +64,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         node_name=args.node_name or socket.gethostname(),
         kmsg_path=args.kmsg,
         state_path=args.state_file,
+        boot_id_path=args.boot_id,
         nvidia_smi=args.nvidia_smi,
         interval_s=parse_duration(args.interval, "--interval"),
         smi_timeout_s=parse_duration(args.nvidia_smi_timeout, "--nvidia-smi-timeout"),

@@ -41,6 +41,12 @@ def test_add_parser_registers_the_agent_command_with_its_defaults() -> None:
                                                                                    None)
 
 
+def test_the_boot_id_file_is_a_flag_for_gpu_sim_hosts() -> None:
+    assert cli.settings_from_args(parse("--node-name", "n1")).boot_id_path == "/proc/sys/kernel/random/boot_id"
+    settings = cli.settings_from_args(parse("--node-name", "n1", "--boot-id", "/var/run/gpu-sim/boot_id"))
+    assert settings.boot_id_path == "/var/run/gpu-sim/boot_id"
+
+
 @pytest.mark.parametrize(("argv", "error"), [
     (("--hang-after", "0"), "--hang-after: must be at least 1"),
     (("--expected-gpus", "-1"), "--expected-gpus: must not be negative"),
