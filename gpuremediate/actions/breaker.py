@@ -58,6 +58,13 @@ class BreakerStore:
                 self.load()
             return self._annotation_pause or self._pause
 
+    def holds_in_flight(self, in_flight: str) -> str:
+        """Why a step under way waits ("" when it goes on): paused with ``[pause] in_flight = "hold"``."""
+        pause = self.latest_pause()
+        if not pause.paused or in_flight != "hold":
+            return ""
+        return f"paused by {pause.by or '?'}: {pause.reason or '-'} (in_flight = hold)"
+
     def load(self) -> CircuitBreaker:
         with self._lock:
             self._latest = self._load()

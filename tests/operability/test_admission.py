@@ -36,6 +36,7 @@ from gpuremediate.state.record import (
     NodeRecord,
     node_patch,
     record_from_node,
+    start_action,
 )
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
@@ -281,3 +282,23 @@ def test_pods_in_skipped_namespaces_are_neither_evicted_nor_waited_for(world: Wo
     wait_for(lambda: world.record("gpu-1").state != states.DRAINING, 10,
              f"the drain done without the kube-system pod (blocked {world.blocked('gpu-1')!r})")
     assert world.kube.get(PODS, "coredns", "kube-system")["metadata"].get("deletionTimestamp") is None
+
+
+def test_in_flight_hold_stops_a_started_drain_until_resumed(world: World) -> None:
+    world.node("gpu-1", record=start_action(waiting("gpu-1"), "drain", "", 1, 1000.0, 1e6))
+    world.kube.create(PODS, pod("train", "gpu-1"), "default")
+    store = BreakerStore(world.kube, NS)
+    store.set_pause(Pause(paused=True, by="alice", reason="upgrade"))
+    world.start(BASE + '[pause]\nin_flight = "hold"\n')
+    wait_for(lambda: "paused by alice: upgrade (in_flight = hold)" in world.blocked("gpu-1"), 10,
+             f"the started drain held (blocked {world.blocked('gpu-1')!r})")
+    assert world.kube.get(PODS, "train", "default")["metadata"].get("deletionTimestamp") is None, "evicted"
+    store.set_pause(Pause())
+    wait_for(lambda: world.record("gpu-1").state != states.DRAINING, 10, "the drain finished once resumed")
+
+
+def test_in_flight_finish_lets_a_started_drain_go_on_while_paused(world: World) -> None:
+    world.node("gpu-1", record=start_action(waiting("gpu-1"), "drain", "", 1, 1000.0, 1e6))
+    BreakerStore(world.kube, NS).set_pause(Pause(paused=True, by="alice", reason="upgrade"))
+    world.start()
+    wait_for(lambda: world.record("gpu-1").state != states.DRAINING, 10, "the started drain finished")
