@@ -146,9 +146,11 @@ class ReplayCluster:
         return [pod]
 
     def patch(self, res: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None,
-              **_: Any) -> dict[str, Any]:
+              *, patch_type: str = "merge", subresource: str | None = None, **_: Any) -> dict[str, Any]:
         if res != NODES or name not in self.nodes:
             raise _not_found(f"{res.plural} {name!r}")
+        if subresource == "status" and patch_type == "strategic":
+            return self._patch_conditions(name, patch)
         before = self.nodes[name]
         wanted = (patch.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != before["metadata"]["resourceVersion"]:
@@ -157,6 +159,16 @@ class ReplayCluster:
         self._back_in_service(after)
         self.on_write(before, after)
         return copy.deepcopy(after)
+
+    def _patch_conditions(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """The controller's GPURemediation condition: a strategic merge keyed by condition type (a JSON
+        merge patch would replace the whole list, Ready with it)."""
+        node = copy.deepcopy(self.nodes[name])
+        conditions = node.setdefault("status", {}).setdefault("conditions", [])
+        for wanted in (patch.get("status") or {}).get("conditions") or []:
+            kept = [c for c in conditions if c.get("type") != wanted.get("type")]
+            conditions[:] = [*kept, dict(wanted)]
+        return copy.deepcopy(self._store(node))
 
     def _back_in_service(self, node: Node) -> None:
         """A node back in healthy runs a workload again (the next drain evicts it anew)."""
