@@ -210,6 +210,8 @@ def _finding(node: str, condition: Mapping[str, Any], rule: ConditionRule) -> Fi
     # The GPUs the message names (the agent names each by UUID); none named: the finding is node-wide and
     # a reset-gpu repair resets every GPU of the node.
     gpus = tuple(sorted(set(GPU_UUID.findall(message))))
+    if not gpus and rule.action == ACTION_RESET_GPU:
+        text += " (the condition names no GPU: every GPU of the node is reset)"
     return Finding(node, KIND_CONDITION, ctype, gpus, rule.action,
                    f"condition:{ctype}:{status}:{reason}:{since}", text, rule.urgent)
 

@@ -241,3 +241,9 @@ def test_a_condition_naming_no_gpu_is_node_wide() -> None:
     view = c.condition_view(node(cond(c.GPU_DRIVER_RESPONSIVE, "False", "NvidiaSmiTimeout", "nvidia-smi hung")),
                             c.ConditionsPolicy(), NOW)
     assert [f.gpus for f in view.findings] == [()]
+
+
+def test_a_node_wide_reset_says_every_gpu_is_reset() -> None:
+    policy = policy_from('[[conditions.rules]]\ntype = "GpuFault"\nstatus = "True"\naction = "reset-gpu"\n')
+    (finding,) = c.condition_view(node(cond("GpuFault", "True", "Bad", "the GPU is bad")), policy, NOW).findings
+    assert finding.gpus == () and finding.message.endswith("every GPU of the node is reset)")
