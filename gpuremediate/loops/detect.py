@@ -370,6 +370,9 @@ def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple
                now: float) -> decide.Decision:
     """The decision's generic breaker block said as what holds this node (a pause, a domain breaker)."""
     blocked = decision.record.blocked
+    if held is None and decision.transition is None and blocked is not None and blocked.reason == safety.BLOCK_PAUSED:
+        after = dataclasses.replace(decision.record, blocked=None)  # resumed, and the fault is gone
+        return dataclasses.replace(decision, record=after, changed=after != stored)
     if held is None or decision.transition is not None or blocked is None or blocked.reason != BLOCK_BREAKER:
         return decision
     before = dataclasses.replace(decision.record, blocked=stored.blocked if stored is not None else None)
