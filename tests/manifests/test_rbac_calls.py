@@ -38,6 +38,8 @@ ALLOWED_UNUSED_IN: dict[tuple[str, str, str, str], str] = {
     ("gpuremediate-system", "", "events", "create"): "the fleet-unknown Event on the controller's own Pod "
                                                      "(most nodes unknown; tests/loops/test_detect_unknown.py)",
     ("gpuremediate-system", "", "events", "patch"): "a repeat of that Event",
+    ("gpuremediate-system", "", "secrets", "get"): "the notifications Secret: [notifications] is off in this flow "
+                                                   "(tests/notify and e2e/test_operability.py read it)",
 }
 
 # Granted on purpose, but this flow cannot reach the code that uses it (each says why).
