@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuremediate import fleet
 from gpuremediate.actions.nodes import KEEP_CORDONED_ANNOTATION
 from gpuremediate.kube.resources import EVENTS, NODES
@@ -59,6 +61,10 @@ def test_a_hand_edited_record_with_an_absurd_time_is_replaced_and_said_so(world:
                                                 "labels": {"gpuremediate.io/state": "repairing"}}})
     world.start(NO_VALIDATION, xid=None)
     wait_for(lambda: _state(world.kube) == states.HEALTHY, 10, f"the record replaced (it is {_state(world.kube)})")
-    events = [e for e in world.kube.list(EVENTS, "default")["items"] if "record-malformed" in e["message"]]
+
+    def malformed_events() -> list[dict[str, Any]]:
+        return [e for e in world.kube.list(EVENTS, "default")["items"] if "record-malformed" in e["message"]]
+
+    events = wait_for(malformed_events, 10, "the record-malformed Event (written just after the record)")
     assert len(events) == 1 and events[0]["type"] == "Warning", events
     assert "first_seen = 1e+308 is not a plausible time" in events[0]["message"]
