@@ -223,9 +223,13 @@ def test_a_person_deleting_the_running_repair_job_fails_that_attempt(slow_rig: R
     time.sleep(0.5)  # a wrong controller would now create the deleted Job again
     assert rig.jobs_named().count(first.name) == 1, "the deleted Job was created again"
     assert rig.violations("job-twice") == []
-    events = rig.kube.list(EVENTS, "default")["items"]
-    messages = [e["message"] for e in events if e["reason"] == "GPURemediationFailed"]
-    assert any("was deleted before it finished" in m for m in messages), messages
+
+    def deleted_failures() -> list[str]:  # the Event follows the record write of attempt 2
+        events = rig.kube.list(EVENTS, "default")["items"]
+        messages = [e["message"] for e in events if e["reason"] == "GPURemediationFailed"]
+        return [m for m in messages if "was deleted before it finished" in m]
+
+    wait_for(deleted_failures, 10, "a GPURemediationFailed Event saying the Job was deleted")
 
 
 def test_a_person_who_cordons_our_cordoned_node_keeps_it_cordoned_with_the_annotation(rig: Rig) -> None:
@@ -240,6 +244,10 @@ def test_a_person_who_cordons_our_cordoned_node_keeps_it_cordoned_with_the_annot
     fleet.release(rig.person, NODE, by=PERSON_USER)
     wait_for(lambda: _state(rig.kube, NODE) == states.HEALTHY, 10, f"{NODE} validated and healthy")
     assert rig.kube.get(NODES, NODE)["spec"].get("unschedulable") is True, "the person's cordon was removed"
-    healthy = [e["message"] for e in rig.kube.list(EVENTS, "default")["items"] if e["reason"] == "GPUNodeHealthy"]
-    assert any("kept cordoned" in m for m in healthy), healthy
+
+    def kept_cordoned() -> list[str]:  # the transition's Event follows its record write
+        healthy = [e["message"] for e in rig.kube.list(EVENTS, "default")["items"] if e["reason"] == "GPUNodeHealthy"]
+        return [m for m in healthy if "kept cordoned" in m]
+
+    wait_for(kept_cordoned, 10, "a GPUNodeHealthy Event saying 'kept cordoned'")
     assert "will not uncordon" in fleet.explain_node(rig.person, NODE)
