@@ -583,10 +583,7 @@ class GpuSim:
         if new_boot:
             _write_atomic(os.path.join(where, KMSG_FILE), "")
             _write_atomic(os.path.join(where, BOOT_ID_FILE), state.boot_id + "\n")
-        script = os.path.join(where, SMI_FILE)
-        if not os.path.exists(script):
-            _write_atomic(script, smi_script())
-            os.chmod(script, 0o755)
+        _write_atomic(os.path.join(where, SMI_FILE), smi_script(), mode=0o755)  # this gpu-sim's, never an old one
         self._write_smi_state(state)
 
     def _write_smi_state(self, state: NodeState) -> None:
@@ -888,10 +885,12 @@ def smi_script() -> str:
             f"{SMI_STATE_FILE!r}), sys.argv[1:]))\n")
 
 
-def _write_atomic(path: str, text: str) -> None:
+def _write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    """A reader sees the old file or the new one, never half of one (nor a script without its exec bit)."""
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
+    os.chmod(tmp, mode)
     os.replace(tmp, path)
 
 
