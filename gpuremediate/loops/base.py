@@ -29,7 +29,15 @@ from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy, PolicyFile
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide
-from gpuremediate.state.record import BLOCK_PERMISSION, NodeRecord, RecordError, block, record_from_node, unblock
+from gpuremediate.state.record import (
+    BLOCK_PAUSED,
+    BLOCK_PERMISSION,
+    NodeRecord,
+    RecordError,
+    block,
+    record_from_node,
+    unblock,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +127,20 @@ class NodeLoop:
 
     def retry_after_conflict(self) -> float:
         return 0.2
+
+    def held_by_pause(self, node: Node, record: NodeRecord) -> float | None:
+        """``[pause] in_flight = "hold"``: while paused, a step under way waits (``blocked: paused`` says who
+        and why); once resumed, that block goes and the step goes on. None: go on now."""
+        held = self.ctx.breakers.holds_in_flight(self.ctx.policy.cluster.pause.in_flight)
+        if held:
+            after = block(record, BLOCK_PAUSED, held, self.ctx.clock())
+            if after != record and self.ctx.writer.write(node, after) is None:
+                return self.retry_after_conflict()
+            return self.ctx.settings.resync_s
+        if record.blocked is not None and record.blocked.reason == BLOCK_PAUSED:
+            self.ctx.writer.write(node, unblock(record))  # a 409 is simply noted again on the next step
+            return self.retry_after_conflict()  # the next step reads the node as written
+        return None
 
     # ---- shared steps ----------------------------------------------------------------------------------
 

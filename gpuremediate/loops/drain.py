@@ -83,9 +83,9 @@ class DrainLoop(NodeLoop):
         self._notify_if_blocked_long(node, record)
         if record.action is None or record.action.kind != DRAIN_ACTION:
             return self._admit(node, record, policy)
-        held = self.ctx.breakers.holds_in_flight(self.ctx.policy.cluster.pause.in_flight)
-        if held:
-            return self._wait(node, block(record, BLOCK_PAUSED, held, self.ctx.clock()))
+        held = self.held_by_pause(node, record)
+        if held is not None:
+            return held
         return self._step(node, record, policy)
 
     def resync(self) -> None:

@@ -34,6 +34,9 @@ class RemediateLoop(JobLoop):
     owned = frozenset({states.REPAIRING})
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
+        held = self.held_by_pause(node, record)
+        if held is not None:
+            return held
         policy = self.ctx.policy_for(node).remediation
         kind = record.fault.action if record.fault else ""
         if kind not in BUILTIN_REPAIRS:

@@ -22,6 +22,9 @@ class ValidateLoop(JobLoop):
     owned = frozenset({states.VALIDATING})
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
+        held = self.held_by_pause(node, record)
+        if held is not None:
+            return held
         policy = self.ctx.policy_for(node).validation
         if not policy.enabled:
             return self._finish(node, record, True, "validation disabled by policy")

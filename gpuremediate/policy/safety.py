@@ -48,10 +48,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuremediate.state import states
-from gpuremediate.state.record import (
-    BLOCK_BREAKER,
-    BLOCK_BUDGET,
-    BLOCK_REASONS,
+from gpuremediate.state.record import (  # BLOCK_*: the admission reasons, re-exported for the loops
+    BLOCK_GATE,  # noqa: F401
+    BLOCK_PAUSED,  # noqa: F401
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
     HistoryEntry,
@@ -67,15 +66,6 @@ REPAIR_OUTCOMES = frozenset({OUTCOME_REPAIRED, OUTCOME_REPAIR_FAILED})
 
 _PERCENT = re.compile(r"(\d{1,3})%", re.ASCII)
 
-
-def _reason(wanted: str, fallback: str) -> str:
-    """A blocked reason issue 15 adds to record.BLOCK_REASONS; until the record knows it, the closest one
-    it does (an unknown reason would make the record unreadable)."""
-    return wanted if wanted in BLOCK_REASONS else fallback
-
-
-BLOCK_PAUSED = _reason("paused", BLOCK_BREAKER)  # gpuremediate pause: no new work anywhere
-BLOCK_GATE = _reason("gate", BLOCK_BUDGET)  # blocking alerts, blocking pods, the settle delay
 
 
 # ---- budget ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ admitted drain finishes at once."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.server
 import json
 import threading
@@ -22,7 +23,7 @@ from gpuremediate.controller import Controller
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES, PODS
+from gpuremediate.kube.resources import CONFIGMAPS, JOBS, NAMESPACES, NODES, PODS
 from gpuremediate.loops import drain
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.findings import ACTION_RESET_GPU, KIND_XID
@@ -302,3 +303,23 @@ def test_in_flight_finish_lets_a_started_drain_go_on_while_paused(world: World) 
     BreakerStore(world.kube, NS).set_pause(Pause(paused=True, by="alice", reason="upgrade"))
     world.start()
     wait_for(lambda: world.record("gpu-1").state != states.DRAINING, 10, "the started drain finished")
+
+
+def test_in_flight_hold_stops_a_repair_and_a_validation_until_resumed(world: World) -> None:
+    repairing = dataclasses.replace(start_action(waiting("gpu-1"), "drain", "", 1, 1000.0, 1e6),
+                                    state=states.REPAIRING, action=None)
+    validating = dataclasses.replace(repairing, state=states.VALIDATING)
+    world.node("gpu-1", record=repairing)
+    world.node("gpu-2", record=validating)
+    store = BreakerStore(world.kube, NS)
+    store.set_pause(Pause(paused=True, by="alice", reason="upgrade"))
+    world.start(BASE + '[pause]\nin_flight = "hold"\n')
+    for name in ("gpu-1", "gpu-2"):
+        wait_for(lambda n=name: "paused by alice: upgrade (in_flight = hold)" in world.blocked(n), 10,
+                 f"{name}'s step held (blocked {world.blocked(name)!r})")
+    assert world.kube.list(JOBS, "gpuremediate-jobs")["items"] == [], "a Job started while held"
+    assert world.record("gpu-2").state == states.VALIDATING
+    store.set_pause(Pause())
+    wait_for(lambda: len(world.kube.list(JOBS, "gpuremediate-jobs")["items"]) == 1, 10, "the repair Job once resumed")
+    wait_for(lambda: world.record("gpu-2").state != states.VALIDATING, 10, "the validation step once resumed")
+    assert world.blocked("gpu-1") == ""
