@@ -95,7 +95,6 @@ def world() -> Iterator[World]:
         settings = Settings(kubeconfig=cluster.kubeconfig, exporter_port=cluster.exporter_port,
                             scrape_interval_s=0.3, resync_s=0.3, metrics_port=0)
         controller = Controller(settings, policy, client=cluster.kube)
-        controller.ctx.writer.taint = policy.cluster.taint  # until the controller hands [taint] to its writer
         assert controller.start_caches(30), "the node cache did not sync"
         controller.start_loops()
         world = World(cluster, controller)

@@ -149,6 +149,7 @@ class Controller:
         events = EventRecorder(self.client, namespace=settings.event_namespace, host=settings.who,
                                dry_run=settings.dry_run)
         writer = NodeWriter(self.client, view, events, self.metrics, dry_run=settings.dry_run)
+        writer.taint = policy.cluster.taint
         breakers = BreakerStore(self.client, settings.namespace, dry_run=settings.dry_run)
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,
                                events=events, nodes=view, writer=writer, breakers=breakers, clock=clock)
