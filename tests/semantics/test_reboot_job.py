@@ -9,6 +9,7 @@ from typing import Any
 from gpuremediate.actions.jobs import FAILED
 from gpuremediate.loops.jobs import TIMED_OUT
 from gpuremediate.loops.remediate import RemediateLoop
+from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.findings import ACTION_REBOOT
 from gpuremediate.policy.workflow import RemediationPolicy
 from gpuremediate.state import states
@@ -42,7 +43,8 @@ def _loop(written: list[Decision], outcome: str = FAILED) -> RemediateLoop:
     metrics = SimpleNamespace(remediation_seconds=SimpleNamespace(observe=lambda *a, **k: None))
     loop.ctx = SimpleNamespace(  # type: ignore[assignment]
         clock=lambda: NOW, writer=writer, metrics=metrics, events=SimpleNamespace(node_event=lambda *a, **k: None),
-        policy_for=lambda node: SimpleNamespace(remediation=RemediationPolicy()))
+        policy_for=lambda node: SimpleNamespace(remediation=RemediationPolicy()), policy=PolicyFile(),
+        breakers=SimpleNamespace(holds_in_flight=lambda in_flight: ""))  # never paused here
     loop.attempt_outcome = lambda action, recreate, note_created=None: outcome  # type: ignore[method-assign]
     return loop
 
