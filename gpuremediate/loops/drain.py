@@ -189,16 +189,25 @@ class DrainLoop(NodeLoop):
         if not pods:
             return self._complete(node, record, now)
         assert record.action is not None
-        timed_out = record.action.deadline is not None and now >= record.action.deadline
-        if policy.mode == "DeleteAfterTimeout" or (timed_out and policy.timeout_action == "delete"):
-            if timed_out:
-                self._delete(pods, policy)
-            return self._note_waiting(node, record, pods, now, policy)
-        if timed_out:
-            return self._failed(node, record, pods, now)
-        if policy.mode == "AllowCompletion":
-            return self._note_waiting(node, record, pods, now, policy)
-        return self._evict(node, record, pods, now, policy)
+        if record.action.deadline is not None and now >= record.action.deadline:
+            return self._timed_out(node, record, pods, now, policy)
+        immediate = [p for p in pods if policy.mode_of(pod_key(p)[0]) == "Immediate"]
+        if immediate:  # the others (AllowCompletion, DeleteAfterTimeout) are waited for meanwhile
+            return self._evict(node, record, immediate, now, policy)
+        return self._note_waiting(node, record, pods, now, policy)
+
+    def _timed_out(
+        self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
+    ) -> float | None:
+        """At the drain's timeout: pods whose mode is DeleteAfterTimeout (all of them with ``timeout_action =
+        delete``) are deleted and waited for; any other pod left fails the drain (quarantine: a person decides)."""
+        deletable = [p for p in pods if policy.timeout_action == "delete"
+                     or policy.mode_of(pod_key(p)[0]) == "DeleteAfterTimeout"]
+        self._delete(deletable, policy)
+        left = [p for p in pods if p not in deletable]
+        if left:
+            return self._failed(node, record, left, now)
+        return self._note_waiting(node, record, pods, now, policy)
 
     def targets(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> list[Mapping[str, Any]]:
         """The pods this drain must see gone (the same set a custom drain hands to its plugin)."""

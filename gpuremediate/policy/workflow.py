@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.policy.schema import (
@@ -81,6 +82,21 @@ def _any_text(value: Any, path: str) -> None:
         raise PolicyError(f"{path}: must not be empty")
 
 
+def parse_namespace_modes(raw: Any, path: str, current: Mapping[str, str]) -> Mapping[str, str]:
+    """``[drain.namespace_modes]``: namespace = one of the drain modes (a group's table adds to its base's)."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table of namespace = mode, got {_show(raw)}")
+    merged = dict(current)
+    for namespace, mode in raw.items():
+        sub = f"{path}.{namespace}"
+        dns_label(namespace, sub)
+        if not isinstance(mode, str):
+            raise PolicyError(f"{sub}: expected a drain mode string, got {_show(mode)}")
+        one_of(*DRAIN_MODES)(mode, sub)
+        merged[namespace] = mode
+    return MappingProxyType(dict(sorted(merged.items())))
+
+
 @dataclass(frozen=True)
 class DrainPolicy:
     mode: str = setting("Immediate", "Immediate (evict, honour PDBs) | AllowCompletion (wait for pods to finish) | "
@@ -97,10 +113,18 @@ class DrainPolicy:
                                   check=between(-1, MAX_GRACE_S))
     retry_s: float = setting(5.0, "seconds between drain steps (a PDB refusal is retried after this)",
                              check=duration(0.1))
+    namespace_modes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), metadata={
+        "doc": 'a drain mode per namespace, e.g. {"batch" = "AllowCompletion", "inference" = "Immediate"} '
+               "(the others: mode)",
+        "parse": parse_namespace_modes})
     skip_namespaces: tuple[str, ...] = field(default=(), metadata={
         "doc": 'namespaces whose pods are never evicted nor waited for, e.g. ["kube-system", "gpu-operator"] '
                "(NVSentinel's system namespaces)",
         "parse": string_list(dns_label), "example": ["kube-system", "gpu-operator"]})
+
+    def mode_of(self, namespace: str) -> str:
+        """The drain mode for a pod of ``namespace``."""
+        return self.namespace_modes.get(namespace, self.mode)
 
 
 @dataclass(frozen=True)

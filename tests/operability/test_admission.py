@@ -10,6 +10,7 @@ import dataclasses
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,3 +324,31 @@ def test_in_flight_hold_stops_a_repair_and_a_validation_until_resumed(world: Wor
     wait_for(lambda: len(world.kube.list(JOBS, "gpuremediate-jobs")["items"]) == 1, 10, "the repair Job once resumed")
     wait_for(lambda: world.record("gpu-2").state != states.VALIDATING, 10, "the validation step once resumed")
     assert world.blocked("gpu-1") == ""
+
+
+def test_namespace_modes_evict_one_namespace_and_wait_for_another(world: World) -> None:
+    world.kube.create(NAMESPACES, {"metadata": {"name": "batch"}})
+    world.node("gpu-1", record=start_action(waiting("gpu-1"), "drain", "", 1, time.time(), 3600.0))
+    world.kube.create(PODS, pod("serve", "gpu-1"), "default")
+    world.kube.create(PODS, pod("train", "gpu-1", namespace="batch"), "batch")
+    world.start(BASE.replace("[drain]\n", '[drain]\nnamespace_modes = { batch = "AllowCompletion" }\n'))
+    wait_for(lambda: world.kube.get(PODS, "serve", "default")["metadata"].get("deletionTimestamp"), 10,
+             "the default namespace's pod evicted (mode Immediate)", seen=lambda: world.record("gpu-1"))
+    world.kube.delete(PODS, "serve", "default", grace_period_seconds=0)  # no kubelet here finishes it
+    assert world.kube.get(PODS, "train", "batch")["metadata"].get("deletionTimestamp") is None, "batch evicted"
+    assert world.record("gpu-1").state == states.DRAINING  # the batch pod is waited for
+    world.kube.patch(PODS, "train", {"status": {"phase": "Succeeded"}}, "batch", subresource="status")
+    wait_for(lambda: world.record("gpu-1").state != states.DRAINING, 10, "the drain done once the batch pod finished")
+    assert world.kube.get(PODS, "train", "batch")["metadata"].get("deletionTimestamp") is None
+
+
+def test_at_the_timeout_only_delete_after_timeout_namespaces_are_deleted(world: World) -> None:
+    world.kube.create(NAMESPACES, {"metadata": {"name": "batch"}})
+    world.node("gpu-1", record=start_action(waiting("gpu-1"), "drain", "", 1, 1000.0, 1.0))  # timed out long ago
+    world.kube.create(PODS, pod("scratch", "gpu-1", namespace="batch"), "batch")
+    world.kube.create(PODS, pod("train", "gpu-1"), "default")
+    modes = '[drain]\nmode = "AllowCompletion"\nnamespace_modes = { batch = "DeleteAfterTimeout" }\n'
+    world.start(BASE.replace("[drain]\n", modes))
+    wait_for(lambda: world.record("gpu-1").state == states.QUARANTINED, 10, "the drain failed on the default pod")
+    assert world.kube.get(PODS, "scratch", "batch")["metadata"].get("deletionTimestamp"), "batch not deleted"
+    assert world.kube.get(PODS, "train", "default")["metadata"].get("deletionTimestamp") is None

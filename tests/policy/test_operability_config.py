@@ -95,3 +95,24 @@ def test_a_group_may_skip_its_own_namespaces() -> None:
     policy = loads_policy('[[groups]]\nselector = "pool=batch"\n[groups.drain]\nskip_namespaces = ["batch-system"]\n')
     assert policy.for_node({"pool": "batch"}).drain.skip_namespaces == ("batch-system",)
     assert policy.for_node({}).drain.skip_namespaces == ()
+
+
+def test_namespace_modes() -> None:
+    policy = loads_policy('[drain]\nnamespace_modes = { batch = "AllowCompletion", scratch = "DeleteAfterTimeout" }\n'
+                          '[[groups]]\nselector = "pool=x"\n[groups.drain.namespace_modes]\nserve = "Immediate"\n')
+    drain = policy.defaults.drain
+    assert drain.mode_of("batch") == "AllowCompletion" and drain.mode_of("other") == "Immediate"
+    assert dict(policy.for_node({"pool": "x"}).drain.namespace_modes) == {
+        "batch": "AllowCompletion", "scratch": "DeleteAfterTimeout", "serve": "Immediate"}
+    assert dict(loads_policy("").defaults.drain.namespace_modes) == {}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[drain]\nnamespace_modes = { batch = "Later" }', "drain.namespace_modes.batch: expected one of Immediate"),
+    ('[drain]\nnamespace_modes = { "Bad NS" = "Immediate" }', "drain.namespace_modes.Bad NS"),
+    ('[drain]\nnamespace_modes = { batch = 3 }', "drain.namespace_modes.batch: expected a drain mode string"),
+    ('[drain]\nnamespace_modes = "batch"', "drain.namespace_modes: expected a table"),
+])
+def test_bad_namespace_modes(text: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        loads_policy(text)
