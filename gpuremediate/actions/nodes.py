@@ -217,8 +217,14 @@ class NodeWriter:
         name, rv = name_of(node), _rv(node)
         record, taints = self._with_taint(node, record)
         if self.taint.enabled and self.taint.instead_of_cordon:
-            cordon = uncordon = False  # the taint keeps pods off; spec.unschedulable stays as it is
-            record = dataclasses.replace(record, cordoned_by_us=False)
+            # The taint keeps pods off: no new cordon. A cordon of ours from before the setting (the record as
+            # read says so) stays ours, and is still lifted when the flow ends.
+            previous = record_from_node(node)
+            ours_before = isinstance(previous, NodeRecord) and previous.cordoned_by_us
+            cordon = False
+            uncordon = uncordon and ours_before
+            if not ours_before:
+                record = dataclasses.replace(record, cordoned_by_us=False)
         unschedulable = True if cordon else (False if uncordon else None)
         patch = node_patch(record, unschedulable=unschedulable, resource_version=rv or None)
         if taints is not None:
@@ -234,7 +240,10 @@ class NodeWriter:
                 log.info("node changed since read; deciding again", extra={"node": name})
                 return None
             self.view.remember_write(rv, result)
-            self._publish_condition(result, record)
+            published = self._publish_condition(result, record)
+            if published is not None:  # the status patch moved the resourceVersion again: that is the truth now
+                self.view.remember_write(rv, published)
+                result = published
         self._report_blocked(name, before, record)
         return result
 
@@ -251,17 +260,19 @@ class NodeWriter:
         change = remediation_taint(node, record, self.taint, ours)
         return dataclasses.replace(record, tainted_by_us=change.tainted_by_us), change.patch
 
-    def _publish_condition(self, node: Node, record: NodeRecord) -> None:
-        """``GPURemediation`` on the node as written; a failure waits for the next write (logged)."""
+    def _publish_condition(self, node: Node, record: NodeRecord) -> Node | None:
+        """``GPURemediation`` on the node as written: the node as the server returned it, or None (nothing to
+        change, or a failure, which waits for the next write and is logged)."""
         condition = remediation_condition(node, record, self.clock())
         if condition is None:
-            return
+            return None
         try:
-            self.client.patch(NODES, name_of(node), conditions_patch([condition]), patch_type=STATUS_PATCH_TYPE,
-                              subresource="status")
+            return self.client.patch(NODES, name_of(node), conditions_patch([condition]),
+                                     patch_type=STATUS_PATCH_TYPE, subresource="status")
         except (errors.ApiError, errors.TransportError) as exc:
             log.warning("cannot set the GPURemediation condition; the next write retries",
                         extra={"node": name_of(node), "error": str(exc)})
+            return None
 
     def _report_transition(self, node: Node, decision: Decision) -> None:
         move = decision.transition

@@ -4,6 +4,7 @@ condition after the write, whose failure never blocks the record."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,3 +123,27 @@ def test_a_failed_condition_write_does_not_block_the_record_and_the_next_write_r
 def test_with_the_taint_disabled_nothing_is_tainted(rig: Rig) -> None:
     rig.writer.taint = TaintPolicy()
     assert _taints(rig.write(HELD, name="gpu-2")) == []
+
+
+def test_the_write_returns_the_node_after_the_condition_patch(rig: Rig) -> None:
+    """The GPURemediation status patch moves the resourceVersion again: the writer hands back (and its view
+    remembers) that node, so the next guarded write does not meet a needless 409."""
+    written = rig.writer.write(rig.node(), HELD, cordon=True)
+    assert written is not None
+    assert written["metadata"]["resourceVersion"] == rig.node()["metadata"]["resourceVersion"]
+    assert find_condition(written, REMEDIATION_CONDITION) is not None
+    assert rig.writer.write(written, HEALTHY) is not None  # guarded by that resourceVersion: no 409
+
+
+def test_switching_to_instead_of_cordon_still_lifts_our_earlier_cordon(rig: Rig) -> None:
+    ours = dataclasses.replace(HELD, cordoned_by_us=True)  # as decide writes a cordon of ours
+    node = rig.write(ours, cordon=True)  # cordoned by us before the setting changed
+    assert node["spec"]["unschedulable"] is True
+    rig.writer.taint = TaintPolicy(enabled=True, instead_of_cordon=True)
+    node = rig.write(ours)
+    record = record_from_node(node)
+    assert isinstance(record, NodeRecord) and record.cordoned_by_us, "our cordon is no longer recorded as ours"
+    written = rig.writer.write(rig.node(), HEALTHY, uncordon=True)
+    assert written is not None and not rig.node()["spec"].get("unschedulable"), "our old cordon stayed"
+    rig.write(ours, cordon=True)  # with the setting on, a new flow does not cordon
+    assert not rig.node()["spec"].get("unschedulable")
