@@ -39,7 +39,10 @@ from gpuremediate.policy.findings import (
     ACTION_CORDON,
     ACTION_NONE,
     ACTION_QUARANTINE,
+    ACTION_REBOOT,
+    ACTION_RESET_GPU,
     Finding,
+    severity,
 )
 from gpuremediate.policy.findings import worst as worst_finding
 from gpuremediate.signals.conditions import KIND_CONDITION
@@ -208,7 +211,21 @@ def on_findings(
     if opts.breaker_open:
         after = block(after, BLOCK_BREAKER, "circuit breaker open: no new work", now)
         return _decide(record, after, notices=notices)
-    return _open_fault(record, after, worst(actionable), node_unschedulable, now, opts, notices)
+    chosen = worst(actionable)
+    covered = (f.fingerprint for f in actionable if f is not chosen and covers(chosen, f))
+    return _open_fault(record, add_handled(after, *covered), chosen, node_unschedulable, now, opts, notices)
+
+
+def covers(chosen: Finding, other: Finding) -> bool:
+    """Whether the flow ``chosen`` opens repairs ``other`` too, so ``other`` is handled with it (as the fault's
+    own fingerprint is): the agent's NodeCondition restating the same XID, or a second XID a reboot clears.
+    A sticky value of such a finding after the repair is then not a second repair. A finding on a GPU the
+    repair does not touch, or one needing more than the chosen action, stays new: its own flow."""
+    if severity(other)[0] > severity(chosen)[0] or chosen.action not in (ACTION_REBOOT, ACTION_RESET_GPU):
+        return False
+    if chosen.action == ACTION_REBOOT or not chosen.gpus:  # a reboot, or a reset of every GPU
+        return True
+    return bool(other.gpus) and set(other.gpus) <= set(chosen.gpus)
 
 
 def _open_fault(

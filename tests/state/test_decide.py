@@ -455,3 +455,35 @@ def test_prune_keeps_a_maintenance_requests_fingerprint() -> None:
     request from the maintenance loop (never Completed, the claim never released)."""
     rec = r.add_handled(r.NodeRecord(), "maintenance/mr-1/uid-1", "xid/gpu0/79")
     assert d.prune_handled(rec, []).handled == ("maintenance/mr-1/uid-1",)
+
+
+def _through(opened: r.NodeRecord, now: float) -> r.NodeRecord:
+    rec = d.complete_drain(opened, now + 10).record
+    rec = d.complete_repair(rec, True, now + 20, max_attempts=3).record
+    return d.complete_validation(rec, True, now + 30).record
+
+
+def test_findings_the_repair_covers_are_handled_with_it_not_a_second_repair_after_it() -> None:
+    """The agent's GPUHealthy=False for the same XID keeps its fingerprint while it stays False, and a second
+    XID stays in the gauge: whichever finding opens the reboot, the others it repairs are handled with it, so
+    the returned node does not drain again for them."""
+    xid = finding("reboot", fp="xid/GPU-aaa/79")
+    condition = Finding("gpu-1", "condition", "GPUHealthy", ("GPU-aaa",), "reboot",
+                        "condition:GPUHealthy:False:NeedsReboot:2026-12-01T07:00:00Z", "GPUHealthy=False")
+    other_gpu = Finding("gpu-1", "xid", "48", ("GPU-bbb",), "reset-gpu", "xid/GPU-bbb/48", "XID 48")
+    found = [xid, condition, other_gpu]
+    opened = d.on_findings(None, found, False, 100.0).record
+    assert opened.fault is not None and opened.fault.action == "reboot"
+    healthy = _through(opened, 100.0)
+    assert d.new_findings(d.prune_handled(healthy, found), found) == []
+
+
+def test_a_reset_of_one_gpu_leaves_another_gpus_fault_new() -> None:
+    this_gpu = Finding("gpu-1", "xid", "48", ("GPU-aaa",), "reset-gpu", "xid/GPU-aaa/48", "XID 48")
+    same_gpu = Finding("gpu-1", "ecc-dbe", "ecc_dbe_volatile", ("GPU-aaa",), "reset-gpu", "ecc/GPU-aaa", "DBE")
+    other_gpu = Finding("gpu-1", "xid", "48", ("GPU-bbb",), "reset-gpu", "xid/GPU-bbb/48", "XID 48")
+    worse = Finding("gpu-1", "row-remap-failure", "x", ("GPU-aaa",), "quarantine", "rr/GPU-aaa", "remap failed")
+    found = [this_gpu, same_gpu, other_gpu]
+    healthy = _through(d.on_findings(None, found, False, 100.0).record, 100.0)
+    assert d.new_findings(d.prune_handled(healthy, found), found) == [other_gpu]
+    assert not d.covers(this_gpu, worse)  # needing more than a reset: never handled by one
