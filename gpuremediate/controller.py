@@ -210,7 +210,12 @@ class Controller:
                 maintenance.start()
 
     def _read_notifier(self) -> WebhookNotifier | None:
-        """Read the notifications Secret once; without it the controller runs on, and says so."""
+        """Read the notifications Secret once; without it the controller runs on, and says so. A dry run posts
+        nothing anywhere (its Events say what would happen)."""
+        if self.settings.dry_run:
+            if self.ctx.policy.cluster.notifications.enabled:
+                log.info("notifications are off in dry-run mode")
+            return None
         notifier, problem = read_notifier(self.client, self.settings, self.ctx.policy, self.metrics)
         if problem:
             message = f"notifications are off: {problem}"

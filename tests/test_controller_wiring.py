@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from gpuremediate import controller as controller_module
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
@@ -16,3 +19,15 @@ def test_the_node_writer_gets_the_policy_taint() -> None:
     assert controller.ctx.writer.taint.enabled and controller.ctx.writer.taint.key == "example.com/gpu-broken"
     plain = Controller(Settings(), loads_policy(""), client=client, source=object())  # type: ignore[arg-type]
     assert not plain.ctx.writer.taint.enabled
+
+
+def test_a_dry_run_posts_no_notification_and_reads_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[bool] = []
+    monkeypatch.setattr(controller_module, "read_notifier", lambda *a, **k: read.append(True) or (None, ""))
+    client = KubeClient(ClusterConfig(server="http://127.0.0.1:1", token_source=StaticToken("t")))
+    policy = loads_policy("[notifications]\nenabled = true\n")
+    dry = Controller(Settings(dry_run=True), policy, client=client, source=object())  # type: ignore[arg-type]
+    assert dry._read_notifier() is None and read == []
+    acting = Controller(Settings(), policy, client=client, source=object())  # type: ignore[arg-type]
+    acting._read_notifier()
+    assert read == [True]  # the check above could fail

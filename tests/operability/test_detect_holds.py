@@ -152,10 +152,18 @@ def test_a_long_blocked_drain_is_notified_once(world: World, receiver: tuple[str
     source.xids["gpu-1"] = 79
     wait_for(lambda: any(n["kind"] == "drain-blocked" for n in got), 15, "the drain-blocked notification",
              seen=lambda: (got, world.blocked("gpu-1")))
-    wait_for(lambda: len(world.controllers[0].node_loops[0]._notified_blocked) == 1, 5, "noted")
-    world.controllers[0].node_loops[0].resync()
-    wait_for(lambda: world.controllers[0].metrics.notifications.value(kind="drain-blocked", result="sent") == 1.0,
+    controller = world.controllers[0]
+    wait_for(lambda: controller.metrics.notifications.value(kind="drain-blocked", result="sent") == 1.0,
              5, "sent, counted")
+    notifier = controller.ctx.writer.notifier
+    assert notifier is not None
+    queued: list[str] = []
+    original = notifier.notify
+    notifier.notify = lambda note: queued.append(note.kind) or original(note)  # type: ignore[method-assign]
+    drain = controller.node_loops[0]
+    for _ in range(3):
+        drain.reconcile_name("gpu-1")  # steps of a drain still blocked past the threshold
+    assert "drain-blocked" not in queued, "the same blocked drain was notified again"
     assert [n["kind"] for n in got].count("drain-blocked") == 1
 
 
