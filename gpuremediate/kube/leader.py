@@ -1,14 +1,17 @@
 """Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection package does it.
 
 A leader considers itself leader only while its last successful renewal is younger than the renew deadline,
-by its own monotonic clock. client-go gives up when a renewal round (started RetryPeriod after the last
+by its own clock (CLOCK_BOOTTIME, else monotonic). client-go gives up when a renewal round (started RetryPeriod after the last
 success, its request cancelled by the round's context) exceeds RenewDeadline; it does no fencing (its doc.go
 says so). Here the deadline counts from the send time of the last success, which also holds when the
 renewal thread is stuck inside a request, and the same rule fences every write. Other
 replicas wait the whole lease duration (> renew deadline) after the last change they saw, so the gap between
 the two is the safety margin. ``fence`` applies that rule to every write: installed as the client's
 ``write_fence``, it refuses any request but the elector's own Lease calls once the deadline has passed — a
-process paused (SIGSTOP, a long GC, a frozen VM) past it sends nothing when it resumes.
+process paused (SIGSTOP, a long GC, a suspended machine) past it sends nothing when it resumes. The clock is
+CLOCK_BOOTTIME where the OS has one (Linux): unlike CLOCK_MONOTONIC it keeps counting while the machine is
+suspended, so a resumed machine sees its deadline passed. A VM frozen by its hypervisor without the guest
+knowing may not advance either clock: the fence cannot see that pause.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def _duration_of(spec: dict[str, Any]) -> float:
         return 0.0
 
 
+def lease_clock() -> float:
+    """Seconds on CLOCK_BOOTTIME (counts through a suspend), else the monotonic clock."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -58,7 +67,7 @@ class LeaderElector:
         on_started_leading: Callable[[], None] | None = None,
         on_stopped_leading: Callable[[], None] | None = None,
         on_new_leader: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
@@ -79,10 +88,10 @@ class LeaderElector:
         self._leading = threading.Event()
         self._observed: dict[str, Any] | None = None  # the last Lease read or written
         self._observed_spec: dict[str, Any] = {}
-        self._observed_at = 0.0  # monotonic time the holder's record last changed
-        self._renewed_at: float | None = None  # monotonic time a successful acquire/renew was sent
+        self._observed_at = 0.0  # lease_clock time the holder's record last changed
+        self._renewed_at: float | None = None  # lease_clock time a successful acquire/renew was sent
         self._reported_leader = ""
-        self._clock = clock  # monotonic: it keeps counting while the process is stopped
+        self._clock = clock or lease_clock  # it keeps counting while the process is stopped
         self.refused_writes = 0
         self._refused_lock = threading.Lock()
         self._lease_paths = (LEASES.path(namespace), LEASES.path(namespace, name))

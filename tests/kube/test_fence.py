@@ -111,3 +111,15 @@ def test_a_leader_that_cannot_renew_long_past_its_lease_turns_unhealthy(
     assert elector.check() == ""
     clock.now += 2
     assert elector.check() == f"leader lease {elector.namespace}/{LEASE} not renewed for 81s"
+
+
+def test_the_lease_clock_counts_through_a_suspend_where_the_os_can() -> None:
+    import sys
+    import time
+
+    from gpuremediate.kube.leader import lease_clock
+
+    if sys.platform.startswith("linux"):
+        boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert abs(lease_clock() - boot) < 1.0  # CLOCK_BOOTTIME, not CLOCK_MONOTONIC (stops while suspended)
+        assert lease_clock() >= time.monotonic() - 1.0
