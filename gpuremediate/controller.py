@@ -31,7 +31,6 @@ from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.event_queue import own_pod, pod_event_body
-from gpuremediate.obs.metrics import Counter
 from gpuremediate.obs.notify import NotifyError, WebhookNotifier, url_from_secret
 from gpuremediate.obs.server import ObservabilityServer
 from gpuremediate.policy.config import PolicyFile
@@ -169,11 +168,6 @@ class Controller:
         self.elector: LeaderElector | None = None  # set by run() with --leader-elect
         self._lifecycle = threading.Lock()  # start_loops (elector thread) against stop (main thread)
         self._shutdown = Shutdown()
-        self.fenced_writes = Counter(
-            "gpuremediate_fenced_writes_total",
-            "Writes refused before they were sent: this replica's leader lease was past its renew deadline.",
-        )
-        self.metrics.registry.register(self.fenced_writes)
 
     def _on_node(self, node: dict[str, Any]) -> None:
         if self.acting and self.ctx.nodes.node_filter(node):
@@ -331,7 +325,7 @@ class Controller:
             try:
                 elector.fence(method, path)
             except errors.NotLeader as exc:
-                self.fenced_writes.inc()
+                self.metrics.fenced_writes.inc()
                 if not fenced[0]:
                     fenced[0] = True
                     log.warning("refusing writes: %s", exc.message)

@@ -83,7 +83,7 @@ def test_a_stalled_leader_sends_no_write_after_its_renew_deadline(cluster: SimCl
 
         wait_for(acted, timeout=20, describe=f"a replica to write {node} (its cordon and record)")
         assert _writes_after(cluster, leader.user, mark) == [], "the stalled leader wrote past its renew deadline"
-        wait_for(lambda: leader.controller.fenced_writes.value() > 0, timeout=20,
+        wait_for(lambda: leader.controller.metrics.fenced_writes.value() > 0, timeout=20,
                  describe="the stalled leader to have tried to act on the fault (refused in the process)")
 
         leader.client.resume()  # its renewal thread runs again: it sees the new holder and stops

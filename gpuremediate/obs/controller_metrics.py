@@ -64,6 +64,10 @@ class ControllerMetrics:
         self.events_dropped = Counter(
             PREFIX + "events_dropped_total", "Events not written (queue full or rate-limited).", ["reason"]
         )
+        self.fenced_writes = Counter(
+            PREFIX + "fenced_writes_total",
+            "Writes refused before they were sent: this replica's leader lease was past its renew deadline.",
+        )
         for metric in (
             self.nodes,
             self.transitions,
@@ -88,6 +92,7 @@ class ControllerMetrics:
             self.fleet_unknown,
             self.events_dropped,
             self.permission_denied,
+            self.fenced_writes,
         ):
             r.register(metric)
 
