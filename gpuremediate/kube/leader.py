@@ -3,10 +3,10 @@
 A leader considers itself leader only while its last successful renewal is younger than the renew deadline,
 by its own clock (CLOCK_BOOTTIME, else monotonic). client-go gives up when a renewal round (started
 RetryPeriod after the last success, its request cancelled by the round's context) exceeds RenewDeadline;
-it does no fencing (its doc.go says so). Here the deadline counts from the send time of the last success, which also holds when the
-renewal thread is stuck inside a request, and the same rule fences every write. Other
-replicas wait the whole lease duration (> renew deadline) after the last change they saw, so the gap between
-the two is the safety margin. ``fence`` applies that rule to every write: installed as the client's
+it does no fencing (its doc.go says so). Here the deadline counts from the send time of the last success,
+which also holds when the renewal thread is stuck inside a request, and the same rule fences every write.
+Other replicas wait the whole lease duration (> renew deadline) after the last change they saw, so the gap
+between the two is the safety margin. ``fence`` applies that rule to every write: installed as the client's
 ``write_fence``, it refuses any request but the elector's own Lease calls once the deadline has passed — a
 process paused (SIGSTOP, a long GC, a suspended machine) past it sends nothing when it resumes. The clock is
 CLOCK_BOOTTIME where the OS has one (Linux): unlike CLOCK_MONOTONIC it keeps counting while the machine is
