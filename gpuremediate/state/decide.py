@@ -220,8 +220,10 @@ def covers(chosen: Finding, other: Finding) -> bool:
     """Whether the flow ``chosen`` opens repairs ``other`` too, so ``other`` is handled with it (as the fault's
     own fingerprint is): the agent's NodeCondition restating the same XID, or a second XID a reboot clears.
     A sticky value of such a finding after the repair is then not a second repair. A finding on a GPU the
-    repair does not touch, or one needing more than the chosen action, stays new: its own flow."""
-    if severity(other)[0] > severity(chosen)[0] or chosen.action not in (ACTION_REBOOT, ACTION_RESET_GPU):
+    repair does not touch, one needing more than the chosen action, or one a repair does not cure (a hot GPU's
+    cordon) stays new: its own flow."""
+    repairs = (ACTION_REBOOT, ACTION_RESET_GPU)
+    if chosen.action not in repairs or other.action not in repairs or severity(other)[0] > severity(chosen)[0]:
         return False
     if chosen.action == ACTION_REBOOT or not chosen.gpus:  # a reboot, or a reset of every GPU
         return True

@@ -487,3 +487,6 @@ def test_a_reset_of_one_gpu_leaves_another_gpus_fault_new() -> None:
     healthy = _through(d.on_findings(None, found, False, 100.0).record, 100.0)
     assert d.new_findings(d.prune_handled(healthy, found), found) == [other_gpu]
     assert not d.covers(this_gpu, worse)  # needing more than a reset: never handled by one
+    hot = Finding("gpu-1", "thermal", "gpu_temp", ("GPU-aaa",), "cordon", "thermal/GPU-aaa", "too hot")
+    reboot = Finding("gpu-1", "xid", "79", ("GPU-aaa",), "reboot", "xid/GPU-aaa/79", "XID 79")
+    assert not d.covers(reboot, hot)  # a reboot does not cool a GPU: still hot after it, it is cordoned
