@@ -9,7 +9,6 @@ series that appears or goes missing). A node's readings are rebuilt, with the co
 
 from __future__ import annotations
 
-import json
 import ssl
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 from gpuremediate.replay.history import History, HistoryError, unknown_readings
 from gpuremediate.signals import dcgm
 from gpuremediate.signals.exposition import Sample
+from gpuremediate.signals.promapi import api_data
 from gpuremediate.signals.sources import MIB, POLICY_METRICS, FetchError, fetch
 
 MAX_POINTS = 10_000
@@ -156,14 +156,7 @@ class PrometheusHistory:
 
 def parse_matrix(body: bytes) -> list[dict[str, Any]]:
     """The matrix result of a range query; HistoryError naming what Prometheus said otherwise."""
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise HistoryError(f"Prometheus answered with something that is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        detail = doc.get("error") if isinstance(doc, dict) else None
-        raise HistoryError(f"Prometheus range query failed: {detail or 'status is not success'}")
-    data = doc.get("data") or {}
+    data = api_data(body, HistoryError, "Prometheus range query")
     if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
         raise HistoryError(f"expected a matrix result, got {data.get('resultType')!r}")
     return [item for item in data["result"]

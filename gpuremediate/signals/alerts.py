@@ -6,7 +6,6 @@ remembered for the same time, with its reason (the gate then holds: the safe sid
 
 from __future__ import annotations
 
-import json
 import ssl
 import threading
 import time
@@ -14,6 +13,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+from gpuremediate.signals.promapi import api_data
 
 MAX_BODY = 8 * 1024 * 1024
 
@@ -24,14 +25,7 @@ class AlertsError(ValueError):
 
 def firing_names(body: bytes) -> set[str]:
     """The ``alertname`` of every firing alert in an ``/api/v1/alerts`` response."""
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise AlertsError(f"alerts response is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        error = doc.get("error") if isinstance(doc, dict) else None
-        raise AlertsError(f"alerts query failed: {error or 'status is not success'}")
-    alerts = (doc.get("data") or {}).get("alerts") if isinstance(doc.get("data"), dict) else None
+    alerts = api_data(body, AlertsError, "alerts query").get("alerts")
     if not isinstance(alerts, list):
         raise AlertsError("alerts response has no data.alerts list")
     names = set()

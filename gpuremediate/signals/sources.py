@@ -30,6 +30,7 @@ from gpuremediate.kube.resources import PODS
 from gpuremediate.signals import dcgm, exposition
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+from gpuremediate.signals.promapi import api_data
 
 log = logging.getLogger(__name__)
 
@@ -666,15 +667,7 @@ def _workload_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def parse_query_response(body: bytes, now: float) -> tuple[list[Any], float]:
     """The vector result of an instant query, and its evaluation time; PrometheusError otherwise."""
-    try:
-        doc = json.loads(body)
-    except ValueError as e:
-        raise PrometheusError(f"Prometheus answered with something that is not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        detail = doc.get("error") if isinstance(doc, dict) else None
-        kind = doc.get("errorType") if isinstance(doc, dict) else None
-        raise PrometheusError(f"Prometheus query failed: {kind or 'error'}: {detail or 'status is not success'}")
-    data = doc.get("data") or {}
+    data = api_data(body, PrometheusError, "Prometheus query")
     if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
     result = data["result"]

@@ -38,7 +38,7 @@ def test_firing_alerts_only_and_pending_ignored() -> None:
     ("body", "message"),
     [
         (b"<html>", "not JSON"),
-        (b'{"status":"error","errorType":"bad_data","error":"nope"}', "alerts query failed: nope"),
+        (b'{"status":"error","errorType":"bad_data","error":"nope"}', "alerts query failed: bad_data: nope"),
         (b'{"status":"success","data":{}}', "no data.alerts list"),
     ],
 )
