@@ -10,12 +10,13 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gpuremediate.policy.schema import DNS_LABEL_WANTED, DNS_SUBDOMAIN_WANTED, is_dns_label, is_dns_subdomain
+
 SOURCES = ("exporter", "prometheus")
 MAX_DURATION_S = 30 * 86400.0  # far below threading's TIMEOUT_MAX; no wait of this controller is longer
 MAX_SCRAPE_TIMEOUT_S = 600.0
 MAX_INTERVAL_S = 86400.0
 MAX_LEASE_S = 3600.0
-DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -183,17 +184,13 @@ def _human(seconds: float) -> str:
 
 
 def check_dns_label(name: str, what: str) -> None:
-    """An RFC 1123 label, as Kubernetes wants a namespace name."""
-    if len(name) > 63 or not DNS_LABEL.fullmatch(name):
-        raise SettingsError(f"{what}: expected a DNS label (lower-case letters, digits, '-', at most 63), "
-                            f"got {name!r}")
+    if not is_dns_label(name):
+        raise SettingsError(f"{what}: {DNS_LABEL_WANTED}, got {name!r}")
 
 
 def check_dns_subdomain(name: str, what: str) -> None:
-    """An RFC 1123 subdomain, as Kubernetes wants most object names and API groups."""
-    if len(name) > 253 or not all(DNS_LABEL.fullmatch(part) for part in name.split(".")):
-        raise SettingsError(f"{what}: expected a DNS subdomain (lower-case letters, digits, '-' and '.', at "
-                            f"most 253), got {name!r}")
+    if not is_dns_subdomain(name):
+        raise SettingsError(f"{what}: {DNS_SUBDOMAIN_WANTED}, got {name!r}")
 
 
 def check_selector(text: str, what: str) -> None:

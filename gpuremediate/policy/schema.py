@@ -72,18 +72,30 @@ def duration(minimum: float) -> Check:
     return between(minimum, MAX_DURATION_S)
 
 
+DNS_LABEL_WANTED = "expected a DNS label (lower-case letters, digits, '-', at most 63)"
+DNS_SUBDOMAIN_WANTED = "expected a DNS subdomain (lower-case letters, digits, '-' and '.', at most 253)"
+
+
+def is_dns_label(name: str) -> bool:
+    """An RFC 1123 label, as Kubernetes wants a namespace name."""
+    return len(name) <= 63 and DNS_LABEL_RE.fullmatch(name) is not None
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """An RFC 1123 subdomain, as Kubernetes wants most object names and API groups."""
+    return len(name) <= 253 and all(DNS_LABEL_RE.fullmatch(part) for part in name.split("."))
+
+
 def dns_label(value: Any, path: str) -> None:
-    """An RFC 1123 label: a namespace name."""
-    if len(value) > 63 or not DNS_LABEL_RE.fullmatch(value):
-        raise PolicyError(f"{path}: expected a DNS label (lower-case letters, digits, '-', at most 63), "
-                          f"got {_show(value)}")
+    """A namespace name."""
+    if not is_dns_label(value):
+        raise PolicyError(f"{path}: {DNS_LABEL_WANTED}, got {_show(value)}")
 
 
 def dns_subdomain(value: Any, path: str) -> None:
-    """An RFC 1123 subdomain: a ServiceAccount or other object name, an API group."""
-    if len(value) > 253 or not all(DNS_LABEL_RE.fullmatch(part) for part in value.split(".")):
-        raise PolicyError(f"{path}: expected a DNS subdomain (lower-case letters, digits, '-' and '.', at most "
-                          f"253), got {_show(value)}")
+    """A ServiceAccount or other object name, an API group."""
+    if not is_dns_subdomain(value):
+        raise PolicyError(f"{path}: {DNS_SUBDOMAIN_WANTED}, got {_show(value)}")
 
 
 def image_reference(value: Any, path: str) -> None:

@@ -23,6 +23,7 @@ from gpuremediate.policy.schema import (
     dns_subdomain,
     duration,
     image_reference,
+    is_dns_label,
     merge_section,
     setting,
     shell_words,
@@ -316,7 +317,6 @@ PLACEHOLDERS = ("nodeName", "healthEventID", "action", "gpuUUIDs", "attempt", "n
 ENTITY_SCOPES = ("", "GPU", "GPU_UUID")
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _RESERVED_TEMPLATE_KEYS = ("apiVersion", "kind", "status")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def _not_empty(value: Any, path: str) -> None:
@@ -420,7 +420,7 @@ class CustomAction:
         for key in ("apiGroup", "kind"):
             if not getattr(self, key).strip():
                 raise PolicyError(f"{path}.{key}: required (the custom resource's {key})")
-        if self.scope == "Namespaced" and (len(self.namespace) > 63 or not _DNS_LABEL.fullmatch(self.namespace)):
+        if self.scope == "Namespaced" and not is_dns_label(self.namespace):
             raise PolicyError(f"{path}.namespace: a Namespaced action needs a namespace name, got {self.namespace!r}")
 
     @property
