@@ -54,6 +54,151 @@ def lease_clock() -> float:
     return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
+class LeaseLock:
+    """One coordination.k8s.io/v1 Lease held by ``identity``: one acquire-or-renew attempt at a time, the
+    holder's expiry judged on our own clock, and a clean release. The leader elector and the shard set both
+    hold their Leases through it (client-go's resourcelock plus tryAcquireOrRenew)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float,
+        renew_deadline: float,
+        clock: Callable[[], float] | None = None,
+        on_new_holder: Callable[[str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.on_new_holder = on_new_holder
+        self.observed: dict[str, Any] | None = None  # the last Lease read or written
+        self.observed_spec: dict[str, Any] = {}
+        self.observed_at = 0.0  # clock time the holder's record last changed
+        self.renewed_at: float | None = None  # clock time a successful acquire/renew was sent
+        self.reported_holder = ""
+        self.clock = clock or lease_clock  # it keeps counting while the process is stopped
+        self.path = LEASES.path(namespace, name)
+
+    def valid_for_me(self) -> bool:
+        """The last successful acquire/renew of ours is younger than the renew deadline by the local clock."""
+        renewed = self.renewed_at
+        return renewed is not None and self.clock() - renewed < self.renew_deadline
+
+    def holder(self) -> str:
+        """Who held the Lease when we last read it ("" when free or released)."""
+        return str(self.observed_spec.get("holderIdentity") or "")
+
+    def held_by_other(self) -> bool:
+        """Another identity holds it and its promise (leaseDurationSeconds since we saw it change) still runs."""
+        holder = self.holder()
+        return bool(holder) and holder != self.identity and \
+            self.observed_at + _duration_of(self.observed_spec) > self.clock()
+
+    def read(self) -> bool:
+        """GET the Lease and note who holds it; False when it does not exist or cannot be read."""
+        try:
+            lease = self.client.get(LEASES, self.name, self.namespace)
+        except errors.NotFound:
+            self._observe(None, {})
+            return False
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("reading lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        self._observe(lease, dict(lease.get("spec") or {}))
+        return True
+
+    def try_acquire_or_renew(self) -> bool:
+        sent_at = self.clock()  # the lease is valid from when the write was sent, not when it returned
+        now = datetime.now(UTC)
+        try:
+            lease = self.client.get(LEASES, self.name, self.namespace)
+        except errors.NotFound:
+            return self._renewed(sent_at, self._create(now))
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("reading lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        spec = dict(lease.get("spec") or {})
+        self._observe(lease, spec)
+        if self.held_by_other():
+            return False
+        i_held_it = self.holder() == self.identity
+        new_spec = self._spec(now, acquired=spec.get("acquireTime") if i_held_it else None)
+        new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (0 if i_held_it else 1)
+        body = {**lease, "spec": new_spec}
+        try:
+            updated = self.client.replace(LEASES, self.name, body, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.debug("updating lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        self._observe(updated, new_spec)
+        return self._renewed(sent_at, True)
+
+    def release(self) -> None:
+        """Hand the lease back at once: empty holder and a 1 s duration, as client-go's ReleaseOnCancel does."""
+        self.renewed_at = None
+        if self.observed is None or self.holder() != self.identity:
+            return
+        now = micro_time()
+        spec = {
+            "holderIdentity": "",
+            "leaseDurationSeconds": 1,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": int(self.observed_spec.get("leaseTransitions") or 0),
+        }
+        try:
+            released = self.client.replace(LEASES, self.name, {**self.observed, "spec": spec}, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("releasing lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return
+        self._observe(released, spec)
+
+    def _renewed(self, sent_at: float, ok: bool) -> bool:
+        if ok:
+            self.renewed_at = sent_at
+        return ok
+
+    def _create(self, now: datetime) -> bool:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {**self._spec(now, acquired=None), "leaseTransitions": 0},
+        }
+        try:
+            created = self.client.create(LEASES, body, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.debug("creating lease %s/%s failed: %s", self.namespace, self.name, exc)
+            return False
+        self._observe(created, dict(created.get("spec") or {}))
+        return True
+
+    def _spec(self, now: datetime, acquired: str | None) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
+            "acquireTime": acquired or micro_time(now),
+            "renewTime": micro_time(now),
+        }
+
+    def _observe(self, lease: dict[str, Any] | None, spec: dict[str, Any]) -> None:
+        record = {k: spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions")}
+        if record != {k: self.observed_spec.get(k) for k in record}:
+            self.observed_at = self.clock()
+        self.observed, self.observed_spec = lease, spec
+        holder = self.holder()
+        if holder and holder != self.reported_holder:
+            self.reported_holder = holder
+            if self.on_new_holder:
+                self.on_new_holder(holder)
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -86,12 +231,9 @@ class LeaderElector:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._leading = threading.Event()
-        self._observed: dict[str, Any] | None = None  # the last Lease read or written
-        self._observed_spec: dict[str, Any] = {}
-        self._observed_at = 0.0  # lease_clock time the holder's record last changed
-        self._renewed_at: float | None = None  # lease_clock time a successful acquire/renew was sent
-        self._reported_leader = ""
         self._clock = clock or lease_clock  # it keeps counting while the process is stopped
+        self.lock = LeaseLock(client, namespace, name, identity, lease_duration, renew_deadline, self._clock,
+                              on_new_holder=on_new_leader)
         self.refused_writes = 0
         self._refused_lock = threading.Lock()
         self._lease_paths = (LEASES.path(namespace), LEASES.path(namespace, name))
@@ -102,13 +244,12 @@ class LeaderElector:
 
     def holds_valid_lease(self) -> bool:
         """Leading, and the last successful renewal is younger than the renew deadline by the local clock."""
-        renewed = self._renewed_at
-        return self._leading.is_set() and renewed is not None and self._clock() - renewed < self.renew_deadline
+        return self._leading.is_set() and self.lock.valid_for_me()
 
     def check(self, max_tolerable_expired: float = MAX_TOLERABLE_EXPIRED_S) -> str:
         """client-go's HealthzAdaptor Check: "" when healthy; a reason when we lead but have not renewed
         for longer than the lease duration plus ``max_tolerable_expired`` (the process should be restarted)."""
-        renewed = self._renewed_at
+        renewed = self.lock.renewed_at
         if not self._leading.is_set() or renewed is None:
             return ""
         age = self._clock() - renewed
@@ -122,10 +263,11 @@ class LeaderElector:
             return
         with self._refused_lock:
             self.refused_writes += 1
-        if self._renewed_at is None or not self._leading.is_set():
+        renewed = self.lock.renewed_at
+        if renewed is None or not self._leading.is_set():
             why = f"{self.identity} does not hold lease {self.namespace}/{self.name}"
         else:
-            age = self._clock() - self._renewed_at
+            age = self._clock() - renewed
             why = (f"{self.identity}'s lease {self.namespace}/{self.name} was last renewed {age:.1f}s ago, "
                    f"past the {self.renew_deadline:g}s renew deadline: another replica may lead")
         raise errors.NotLeader(method, path, why)
@@ -143,7 +285,7 @@ class LeaderElector:
         finally:
             was_leading = self._leading.is_set()
             if was_leading and self._stop.is_set():
-                self._release()
+                self.lock.release()
             self._leading.clear()
             self._done.set()
             if was_leading and self.on_stopped_leading:
@@ -170,7 +312,7 @@ class LeaderElector:
                 if self._stop.is_set():
                     return
                 # Counted from the last success, as the fence counts: past it we are no leader any more.
-                deadline = (self._renewed_at or 0.0) + self.renew_deadline
+                deadline = (self.lock.renewed_at or 0.0) + self.renew_deadline
                 if self._clock() + self.retry_period > deadline:
                     log.warning("%s failed to renew lease %s/%s: leadership lost", self.identity,
                                 self.namespace, self.name)
@@ -178,87 +320,5 @@ class LeaderElector:
                 self._stop.wait(self.retry_period)
             self._stop.wait(self.retry_period)
 
-    # ---- one attempt -------------------------------------------------------------------------------------
-
     def _try_acquire_or_renew(self) -> bool:
-        sent_at = self._clock()  # the lease is valid from when the write was sent, not when it returned
-        now = datetime.now(UTC)
-        try:
-            lease = self.client.get(LEASES, self.name, self.namespace)
-        except errors.NotFound:
-            return self._renewed(sent_at, self._create(now))
-        except (errors.ApiError, errors.TransportError) as exc:
-            log.warning("reading lease %s/%s failed: %s", self.namespace, self.name, exc)
-            return False
-        spec = dict(lease.get("spec") or {})
-        self._observe(lease, spec)
-        holder = spec.get("holderIdentity") or ""
-        if holder and holder != self.identity and self._observed_at + _duration_of(spec) > self._clock():
-            return False
-        i_held_it = holder == self.identity
-        new_spec = self._spec(now, acquired=spec.get("acquireTime") if i_held_it else None)
-        new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (0 if i_held_it else 1)
-        body = {**lease, "spec": new_spec}
-        try:
-            updated = self.client.replace(LEASES, self.name, body, self.namespace)
-        except (errors.ApiError, errors.TransportError) as exc:
-            log.debug("updating lease %s/%s failed: %s", self.namespace, self.name, exc)
-            return False
-        self._observe(updated, new_spec)
-        return self._renewed(sent_at, True)
-
-    def _renewed(self, sent_at: float, ok: bool) -> bool:
-        if ok:
-            self._renewed_at = sent_at
-        return ok
-
-    def _create(self, now: datetime) -> bool:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {**self._spec(now, acquired=None), "leaseTransitions": 0},
-        }
-        try:
-            created = self.client.create(LEASES, body, self.namespace)
-        except (errors.ApiError, errors.TransportError) as exc:
-            log.debug("creating lease %s/%s failed: %s", self.namespace, self.name, exc)
-            return False
-        self._observe(created, dict(created.get("spec") or {}))
-        return True
-
-    def _spec(self, now: datetime, acquired: str | None) -> dict[str, Any]:
-        return {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
-            "acquireTime": acquired or micro_time(now),
-            "renewTime": micro_time(now),
-        }
-
-    def _observe(self, lease: dict[str, Any], spec: dict[str, Any]) -> None:
-        record = {k: spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions")}
-        if record != {k: self._observed_spec.get(k) for k in record}:
-            self._observed_at = self._clock()
-        self._observed, self._observed_spec = lease, spec
-        holder = str(spec.get("holderIdentity") or "")
-        if holder and holder != self._reported_leader:
-            self._reported_leader = holder
-            if self.on_new_leader:
-                self.on_new_leader(holder)
-
-    def _release(self) -> None:
-        """Hand the lease back at once: empty holder and a 1 s duration, as client-go's ReleaseOnCancel does."""
-        if self._observed is None or self._observed_spec.get("holderIdentity") != self.identity:
-            return
-        now = micro_time()
-        spec = {
-            "holderIdentity": "",
-            "leaseDurationSeconds": 1,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseTransitions": int(self._observed_spec.get("leaseTransitions") or 0),
-        }
-        try:
-            self.client.replace(LEASES, self.name, {**self._observed, "spec": spec}, self.namespace)
-        except (errors.ApiError, errors.TransportError) as exc:
-            log.warning("releasing lease %s/%s failed: %s", self.namespace, self.name, exc)
+        return self.lock.try_acquire_or_renew()
