@@ -90,6 +90,10 @@ class ActionInProgress:
     # someone else deleted it — that attempt failed — whereas missing before means a kill between the record
     # write and the create. Plugin deadlines count from it (a first create can take seconds on a real server).
     created_at: float | None = None
+    # A multi-step action's current step (the GPU-operator reset sequence: operands-gone, reset, operands-back,
+    # failed) and since when; the step's own deadline is ``deadline``.
+    step: str = ""
+    step_since: float | None = None
 
     @property
     def created(self) -> bool:
@@ -305,6 +309,8 @@ def _action(obj: _Obj) -> ActionInProgress:
         deadline=obj.timestamp("deadline", None),
         detail=obj.opt("detail", str, ""),
         created_at=obj.timestamp("created_at", None),
+        step=obj.opt("step", str, ""),
+        step_since=obj.timestamp("step_since", None),
     )
 
 
