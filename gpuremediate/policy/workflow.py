@@ -9,16 +9,19 @@ sit on ``ClusterSettings``. Durations are seconds.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE
 from gpuremediate.policy.schema import (
     PolicyError,
+    _join,
     _show,
     at_least,
     between,
+    check_action,
     dns_label,
     dns_subdomain,
     duration,
@@ -149,6 +152,120 @@ def _reboot_job() -> JobPolicy:
     )
 
 
+# --- escalation ladders ([remediation.ladders]) -----------------------------------------------------
+
+RUNG_KEYS = ("action", "attempts", "timeout")
+NOT_REPAIRS = (ACTION_NONE, ACTION_CORDON, ACTION_QUARANTINE)  # actions that are no rung of their own
+_DURATION_TEXT = re.compile(r"(\d+(?:\.\d+)?)([smh])", re.ASCII)
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of an escalation ladder: a repair action, its attempts and its timeout per attempt."""
+
+    action: str
+    attempts: int = 0  # 0: the action's own count (remediation.max_attempts, actions.<name>.maxAttempts)
+    timeout_s: float = 0.0  # 0: the action's own timeout (remediation.<job>.timeout_s, actions.<name>.timeout)
+
+
+def parse_duration_value(raw: Any, path: str) -> float:
+    """Seconds, as a number (600) or a text with one unit (\"90s\", \"10m\", \"2h\")."""
+    seconds: float | None = None
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        seconds = float(raw)
+    elif isinstance(raw, str) and (match := _DURATION_TEXT.fullmatch(raw.strip())):
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds is None:
+        raise PolicyError(f"{path}: expected seconds (a number) or a duration like \"10m\", got {_show(raw)}")
+    duration(1)(seconds, path)
+    return seconds
+
+
+def _parse_rung(raw: Any, path: str, last: bool) -> Rung:
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table {{action, attempts, timeout}}, got {_show(raw)}")
+    unknown = sorted(set(raw) - set(RUNG_KEYS))
+    if unknown:
+        raise PolicyError(f"{_join(path, unknown[0])}: unknown key (known: {', '.join(RUNG_KEYS)})")
+    action = raw.get("action")
+    if not isinstance(action, str):
+        raise PolicyError(f"{path}.action: required (a repair action: reset-gpu, reboot or an [actions.<name>])")
+    check_action(action, f"{path}.action")
+    if action in (ACTION_NONE, ACTION_CORDON):
+        raise PolicyError(f"{path}.action: {_show(action)} repairs nothing; a rung is reset-gpu, reboot, a custom "
+                          "action or (last) quarantine")
+    if action == ACTION_QUARANTINE:
+        if not last:
+            raise PolicyError(f"{path}.action: quarantine ends the ladder; it may only be the last rung")
+        if set(raw) != {"action"}:
+            raise PolicyError(f"{path}: the quarantine rung takes no attempts or timeout")
+    attempts = raw.get("attempts", 0)
+    if "attempts" in raw:
+        if not isinstance(attempts, int) or isinstance(attempts, bool):
+            raise PolicyError(f"{path}.attempts: expected an integer, got {_show(attempts)}")
+        between(1, MAX_ATTEMPTS)(attempts, f"{path}.attempts")
+    timeout = parse_duration_value(raw["timeout"], f"{path}.timeout") if "timeout" in raw else 0.0
+    return Rung(action=action, attempts=attempts, timeout_s=timeout)
+
+
+def _parse_ladder(key: str, raw: Any, path: str) -> tuple[Rung, ...]:
+    check_action(key, path)
+    if key in NOT_REPAIRS:
+        raise PolicyError(f"{path}: a ladder is keyed by the repair action a finding recommends (reset-gpu, reboot "
+                          f"or a custom action), not {_show(key)}")
+    if not isinstance(raw, list) or not raw:
+        got = "an empty array" if raw == [] else _show(raw)
+        raise PolicyError(f"{path}: expected a non-empty array of rungs [{{action = ...}}, ...], got {got}")
+    rungs = tuple(_parse_rung(item, f"{path}[{i}]", i == len(raw) - 1) for i, item in enumerate(raw))
+    if rungs[0].action != key:
+        raise PolicyError(f"{path}[0].action: the first rung is the recommended action itself ({_show(key)}), got "
+                          f"{_show(rungs[0].action)}")
+    seen = [r.action for r in rungs]
+    for i, action in enumerate(seen):
+        if action in seen[:i]:
+            raise PolicyError(f"{path}[{i}].action: {_show(action)} is already rung {seen.index(action) + 1}; give "
+                              "that rung more attempts instead")
+    return rungs
+
+
+def parse_ladders(raw: Any, path: str, current: Mapping[str, tuple[Rung, ...]]) -> Mapping[str, tuple[Rung, ...]]:
+    """``[remediation.ladders]``: action = [rungs]; a group's table replaces the ladders it names."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{path}: expected a table of action = [rungs], got {_show(raw)}")
+    merged = dict(current)
+    for key, ladder in raw.items():
+        merged[key] = _parse_ladder(key, ladder, _join(path, key))
+    return MappingProxyType(dict(sorted(merged.items())))
+
+
+# --- diagnostics before the first repair ([remediation.diagnostics]) ---------------------------------
+
+DIAGNOSTICS_DIR = "/var/log/gpuremediate/diagnostics"
+
+
+def _absolute_dir(value: Any, path: str) -> None:
+    if not value.startswith("/") or any(c.isspace() or ord(c) < 32 for c in value) or "/../" in f"{value}/":
+        raise PolicyError(f"{path}: expected an absolute directory on the node, got {_show(value)}")
+
+
+def _diagnostics_job() -> JobPolicy:
+    # nvidia-bug-report.sh ships with the driver on the host: run it there (its output lands on the host too).
+    return JobPolicy(image="busybox:1.36", host_pid=True, timeout_s=900.0,
+                     command="nsenter -t 1 -m -u -i -n -p -- sh -c \"mkdir -p $(DIAGNOSTICS_DIR) && "
+                             "nvidia-bug-report.sh --output-file $(DIAGNOSTICS_OUTPUT)\"")
+
+
+@dataclass(frozen=True)
+class DiagnosticsPolicy:
+    enabled: bool = setting(False, "run a diagnostics Job once per fault before its first repair (the evidence is "
+                            "gone after a reset); its outcome never blocks the repair")
+    output_dir: str = setting(DIAGNOSTICS_DIR, "directory on the node for the output; the Job gets "
+                              "$(DIAGNOSTICS_DIR) and $(DIAGNOSTICS_OUTPUT) = <output_dir>/<job name>.log "
+                              "(nvidia-bug-report.sh appends .gz)", check=_absolute_dir)
+    job: JobPolicy = field(default_factory=_diagnostics_job, metadata={"doc": "the diagnostics Job"})
+
+
 @dataclass(frozen=True)
 class RemediationPolicy:
     max_attempts: int = setting(2, "repair attempts before the node is quarantined", check=between(1, MAX_ATTEMPTS))
@@ -158,6 +275,25 @@ class RemediationPolicy:
                                             check=duration(1))
     reboot_wait_for_boot_id: bool = setting(True, "a reboot is done when the node's bootID changed and it is Ready "
                                             "(false: when the reboot Job succeeded; for simulated nodes)")
+    ladders: Mapping[str, tuple[Rung, ...]] = field(default_factory=lambda: MappingProxyType({}), metadata={
+        "doc": "escalation per recommended action: reset-gpu = [{action = \"reset-gpu\", attempts = 2, timeout = "
+               "\"10m\"}, {action = \"reboot\", attempts = 1}, {action = \"rma\"}]; the next rung when a rung's "
+               "attempts fail, quarantine after the last (without a ladder: max_attempts, then quarantine)",
+        "parse": parse_ladders})
+    diagnostics: DiagnosticsPolicy = field(default_factory=DiagnosticsPolicy, metadata={
+        "doc": "diagnostics (nvidia-bug-report.sh) before the first repair of a fault"})
+
+    def ladder_for(self, action: str) -> tuple[Rung, ...]:
+        """The repair rungs for a fault recommending ``action`` (a trailing quarantine rung is the implicit end)."""
+        rungs = self.ladders.get(action) or (Rung(action),)
+        return tuple(r for r in rungs if r.action != ACTION_QUARANTINE) or (Rung(action),)
+
+    def action_refs(self, path: str) -> Iterator[tuple[str, str]]:
+        """Every action a ladder names, for the ``actions.<name>`` check (built-ins are filtered there)."""
+        for key, rungs in self.ladders.items():
+            yield _join(path, f"ladders.{key}"), key
+            for index, rung in enumerate(rungs):
+                yield _join(path, f"ladders.{key}[{index}].action"), rung.action
 
 
 def _validation_job() -> JobPolicy:
