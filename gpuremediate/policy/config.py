@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.actions.node_status import TaintPolicy
+from gpuremediate.gpu_resources import GpuResourcesPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
@@ -167,6 +168,9 @@ class Policy:
     )
     conditions: ConditionsPolicy = field(
         default_factory=ConditionsPolicy, metadata={"doc": "NodeConditions (the agent's, other tools') as findings"}
+    )
+    gpu_resources: GpuResourcesPolicy = field(
+        default_factory=GpuResourcesPolicy, metadata={"doc": "which extended resources are GPUs (MIG slices too)"}
     )
 
 
