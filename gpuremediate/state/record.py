@@ -54,10 +54,26 @@ BLOCK_REASONS = (BLOCK_BUDGET, BLOCK_PDB, BLOCK_BREAKER, BLOCK_WINDOW, BLOCK_MAI
 OUTCOME_REPAIRED = "repaired"
 OUTCOME_REPAIR_FAILED = "repair-failed"
 OUTCOME_STOPPED = "stopped"  # a person took the node back mid-flow
+OUTCOME_ESCALATED = "escalated"  # a ladder rung's attempts failed: the next rung runs (the flow goes on)
+
+# Diagnostics outcomes (Fault.diagnostics.outcome).
+DIAGNOSTICS_OK = "ok"
+DIAGNOSTICS_FAILED = "failed"
+DIAGNOSTICS_TIMED_OUT = "timed-out"
 
 
 class RecordError(ValueError):
     """A record that cannot be read: malformed JSON, unknown version, wrong type, unknown state."""
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """The diagnostics Job run once for the open fault before its first repair (never blocks the repair)."""
+
+    outcome: str  # DIAGNOSTICS_*
+    job: str  # the Job's name
+    location: str  # where the output lands on the node (the path the Job was told to write)
+    at: float  # when it ended
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,7 @@ class Fault:
     last_seen: float
     message: str
     urgent: bool = True
+    diagnostics: Diagnostics | None = None  # set once the fault's diagnostics Job ended
 
 
 @dataclass(frozen=True)
@@ -81,7 +98,7 @@ class ActionInProgress:
 
     kind: str  # e.g. "drain", "reset-gpu", "reboot", "validate", or a custom action name
     name: str  # the object's name; "" while not created yet (e.g. the next repair attempt)
-    attempt: int  # 1-based
+    attempt: int  # 1-based, within the ladder rung
     started: float
     deadline: float | None = None
     # What the action needs to recognise its own completion, e.g. the bootID before a reboot.
@@ -94,6 +111,8 @@ class ActionInProgress:
     # failed) and since when; the step's own deadline is ``deadline``.
     step: str = ""
     step_since: float | None = None
+    # The escalation ladder rung (0-based) this repair attempt belongs to; a record from before ladders has 0.
+    rung: int = 0
 
     @property
     def created(self) -> bool:
@@ -294,7 +313,13 @@ def _fault(obj: _Obj) -> Fault:
         last_seen=obj.timestamp("last_seen", 0.0),
         message=obj.opt("message", str, ""),
         urgent=obj.opt("urgent", bool, True),
+        diagnostics=obj.nested("diagnostics", _diagnostics),
     )
+
+
+def _diagnostics(obj: _Obj) -> Diagnostics:
+    return Diagnostics(outcome=obj.get("outcome", str), job=obj.opt("job", str, ""),
+                       location=obj.opt("location", str, ""), at=obj.timestamp("at", 0.0))
 
 
 def _action(obj: _Obj) -> ActionInProgress:
@@ -311,7 +336,15 @@ def _action(obj: _Obj) -> ActionInProgress:
         created_at=obj.timestamp("created_at", None),
         step=obj.opt("step", str, ""),
         step_since=obj.timestamp("step_since", None),
+        rung=_rung(obj),
     )
+
+
+def _rung(obj: _Obj) -> int:
+    rung = obj.opt("rung", int, 0)
+    if rung < 0:
+        raise RecordError(f"{obj.where}.rung must be >= 0, got {rung}")
+    return int(rung)
 
 
 def _history(obj: _Obj) -> HistoryEntry:

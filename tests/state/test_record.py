@@ -33,6 +33,7 @@ faults = st.builds(
     last_seen=times,
     message=words,
     urgent=st.booleans(),
+    diagnostics=st.none() | st.builds(r.Diagnostics, outcome=words, job=words, location=words, at=times),
 )
 actions = st.builds(
     r.ActionInProgress,
@@ -41,6 +42,7 @@ actions = st.builds(
     attempt=st.integers(1, 10),
     started=times,
     deadline=st.none() | times,
+    rung=st.integers(0, 5),
 )
 history = st.builds(r.HistoryEntry, at=times, kind=words, code=words, action=words, outcome=words)
 blocked = st.builds(r.Blocked, reason=st.sampled_from(r.BLOCK_REASONS), detail=words, since=times)
@@ -271,3 +273,27 @@ def test_created_at_round_trips_and_marks_the_action_created() -> None:
     assert action.deadline == 1032.0  # from the object's creation, not from the start
     assert r.decode(r.encode(created)) == created
     assert r.mark_created(created, 2000.0, 30.0) == created  # the first creation time stays
+
+
+def test_a_record_from_before_ladders_reads_with_rung_0_and_no_diagnostics() -> None:
+    """The previous version wrote no ``rung`` and no ``diagnostics``: such a record still reads."""
+    old = ('{"v":1,"state":"repairing","since":5,"fault":{"kind":"xid","code":"79","fingerprint":"f","action":'
+           '"reset-gpu","first_seen":1,"last_seen":1},"action":{"kind":"reset-gpu","name":"j","attempt":2,'
+           '"started":4}}')
+    record = r.decode(old)
+    assert record.action is not None and record.action.rung == 0 and record.action.attempt == 2
+    assert record.fault is not None and record.fault.diagnostics is None
+
+
+def test_rung_and_diagnostics_round_trip_and_bad_values_are_named() -> None:
+    fault = r.Fault("xid", "79", (), "f", "reset-gpu", 1.0, 1.0, "",
+                    diagnostics=r.Diagnostics(r.DIAGNOSTICS_TIMED_OUT, "gpur-diagnostics-n1", "/var/log/x.log", 3.0))
+    action = r.ActionInProgress("reboot", "", 1, 4.0, rung=1)
+    record = r.NodeRecord(state=states.REPAIRING, since=5.0, fault=fault, action=action)
+    assert r.decode(r.encode(record)) == record
+    bad = r.encode(record).replace('"rung":1', '"rung":-1')
+    with pytest.raises(r.RecordError, match=r"record\.action\.rung must be >= 0"):
+        r.decode(bad)
+    no_outcome = r.encode(record).replace(',"outcome":"timed-out"', "")
+    with pytest.raises(r.RecordError, match=r"record\.fault\.diagnostics\.outcome is missing"):
+        r.decode(no_outcome)
