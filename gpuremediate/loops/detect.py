@@ -106,7 +106,7 @@ class DetectLoop:
         readings = self._read()
         by_node = {r.node: r for r in readings}
         nodes = self.ctx.nodes.gpu_nodes()
-        self.breakers.load()  # once a cycle: a person's reset (CLI or annotation) is seen here
+        self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         self._fleet_state(nodes, by_node)
         for node in nodes:
             try:
@@ -231,14 +231,14 @@ class DetectLoop:
 
     def _trip_breaker(self, name: str, total_nodes: int, now: float) -> None:
         cfg = self.ctx.policy.cluster.breaker
-        before = self.breakers.latest()
-        after = before.record_fault(name, now).evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s,
-                                                        cfg.min_nodes)
-        if cfg.domain_labels:
-            views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()]
-            after = after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent, cfg.window_s,
-                                           cfg.domain_min_nodes)
-        self.breakers.save(after)
+        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if cfg.domain_labels else []
+
+        def with_fault(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
+            after = breaker.record_fault(name, now).evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s,
+                                                             cfg.min_nodes)
+            return after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent,
+                                          cfg.window_s, cfg.domain_min_nodes) if cfg.domain_labels else after
+        before, after = self.breakers.update(with_fault)
         if after.is_open:
             log.error("circuit breaker opened: no new remediation until a person resets it",
                       extra={"reason": after.reason})
