@@ -193,6 +193,7 @@ class Controller:
             self.metrics.leader.set(1.0)
             if notifier is not None:
                 self.ctx.writer.notifier = notifier.start()
+            self.ctx.breakers.start()  # the breaker ConfigMap through a watch: no GET per cycle
             self.detect.start()
             for loop in self.node_loops:
                 loop.start()
@@ -234,7 +235,7 @@ class Controller:
         with self._lifecycle:
             self.acting = False
             self.ctx.stop.set()
-            parts: list[Stoppable] = [self.detect, *self.node_loops, self.informer]
+            parts: list[Stoppable] = [self.detect, *self.node_loops, self.informer, self.ctx.breakers]
             if self.maintenance is not None:
                 parts.append(self.maintenance)
             if self.ctx.writer.notifier is not None:
