@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from gpuremediate import __version__, fleet
-from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, PAUSE_ANNOTATION, BreakerStore
+from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, PAUSE_ANNOTATION, RESET_ANNOTATION, BreakerStore
 from gpuremediate.config import (
     MAX_INTERVAL_S,
     MAX_LEASE_S,
@@ -271,13 +271,15 @@ def _run(args: argparse.Namespace, shutdown: Shutdown) -> int:
 
 
 def _breaker(client: KubeClient, args: argparse.Namespace) -> int:
-    store = BreakerStore(client, args.namespace)
+    store = BreakerStore(client, args.namespace, read_only=args.action == "status")  # status writes nothing
     breaker = store.reset() if args.action == "reset" else store.load()
     state = "open" if breaker.is_open else "closed"
     detail = breaker.reason if breaker.is_open else (f"reset by {breaker.reset_by}" if breaker.reset_by else "")
     print(f"circuit breaker: {state}" + (f" ({detail})" if detail else ""))
     for trip in breaker.domains:
         print(f"domain breaker open for {trip.label}={trip.value}: {trip.reason}")
+    if store.reset_requested is not None:
+        print(f"reset requested (annotation {RESET_ANNOTATION}={store.reset_requested}): the controller applies it")
     return 0
 
 
@@ -298,7 +300,7 @@ def _pause(client: KubeClient, args: argparse.Namespace) -> int:
 
 def _safety_lines(client: KubeClient, namespace: str) -> list[str]:
     """The pause and breaker lines for status; a reader without access to the ConfigMap gets a line saying so."""
-    store = BreakerStore(client, namespace)
+    store = BreakerStore(client, namespace, read_only=True)  # a reset annotation is the controller's to apply
     try:
         breaker = store.load()
     except KubeError as exc:
