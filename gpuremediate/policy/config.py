@@ -26,6 +26,7 @@ from gpuremediate.policy.findings import (
     ACTION_RESET_GPU,
     BUILTIN_ACTIONS,
 )
+from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.schema import (
     MAX_DURATION_S,
     PolicyError,
@@ -168,6 +169,9 @@ class Policy:
     )
     conditions: ConditionsPolicy = field(
         default_factory=ConditionsPolicy, metadata={"doc": "NodeConditions (the agent's, other tools') as findings"}
+    )
+    gpu_operator: GpuOperatorPolicy = field(
+        default_factory=GpuOperatorPolicy, metadata={"doc": "reset-gpu on GPU Operator nodes: operands off, then back"}
     )
     gpu_resources: GpuResourcesPolicy = field(
         default_factory=GpuResourcesPolicy, metadata={"doc": "which extended resources are GPUs (MIG slices too)"}
