@@ -54,6 +54,13 @@ def lease_clock() -> float:
     return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
+def _without_annotations(obj: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    metadata = dict(obj.get("metadata") or {})
+    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k not in names}
+    metadata["annotations"] = annotations
+    return metadata
+
+
 class LeaseLock:
     """One coordination.k8s.io/v1 Lease held by ``identity``: one acquire-or-renew attempt at a time, the
     holder's expiry judged on our own clock, and a clean release. The leader elector and the shard set both
@@ -69,7 +76,9 @@ class LeaseLock:
         renew_deadline: float,
         clock: Callable[[], float] | None = None,
         on_new_holder: Callable[[str], None] | None = None,
+        takeover_drops: tuple[str, ...] = (),
     ) -> None:
+        """``takeover_drops``: annotations removed when we take the Lease from another holder (or a free one)."""
         self.client = client
         self.namespace = namespace
         self.name = name
@@ -77,6 +86,7 @@ class LeaseLock:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.on_new_holder = on_new_holder
+        self.takeover_drops = takeover_drops
         self.observed: dict[str, Any] | None = None  # the last Lease read or written
         self.observed_spec: dict[str, Any] = {}
         self.observed_at = 0.0  # clock time the holder's record last changed
@@ -131,6 +141,8 @@ class LeaseLock:
         new_spec = self._spec(now, acquired=spec.get("acquireTime") if i_held_it else None)
         new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (0 if i_held_it else 1)
         body = {**lease, "spec": new_spec}
+        if not i_held_it and self.takeover_drops:
+            body["metadata"] = _without_annotations(lease, self.takeover_drops)
         try:
             updated = self.client.replace(LEASES, self.name, body, self.namespace)
         except (errors.ApiError, errors.TransportError) as exc:

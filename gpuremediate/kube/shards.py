@@ -1,0 +1,336 @@
+"""Sharding on Kubernetes itself: ``--shards S`` replicas, each owning the GPU nodes of the shards whose
+``coordination.k8s.io/v1`` Lease (``gpuremediate-shard-<i>``) it holds.
+
+A node's shard is ``sha256(name) mod S`` (stable across processes and restarts; Python's ``hash()`` is salted).
+Each shard Lease is held with the leader Lease's rules (``leader.LeaseLock``: acquire/renew by our clock, the
+holder's promise judged by its ``leaseDurationSeconds``, release on shutdown as client-go's ReleaseOnCancel).
+
+Every retry period one round: renew what we hold (a shard not renewed within the renew deadline is lost),
+read the others, and take free ones up to a fair cap, ``ceil(S / live)``, live being the distinct holders of
+unexpired shard Leases plus us; our preferred shard (``sha256(identity) mod S``) first. A dead replica's
+shards are free once its promise has run out, so live replicas take them over: no consensus of our own.
+
+A replica holding fewer than ``floor(S / live)`` shards while another holds more than the cap (a replica that
+came back finds its shards taken over) says so on one of that holder's Leases (annotation
+``gpuremediate.io/shard-wanted-by``, rewritten while it wants); the holder, over its cap, releases that
+shard, and the waiting replica takes it. The API server decides every change (resourceVersion).
+
+``fence`` is the per-shard write fence: a write to a Node (its path names it), or any write made while
+reconciling a node (``acting_for``), passes only while that node's shard Lease is ours within its renew
+deadline; other writes pass while we hold at least one shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, lease_clock, micro_time
+from gpuremediate.kube.resources import LEASES, NODES
+
+log = logging.getLogger(__name__)
+
+SHARD_LEASE_PREFIX = "gpuremediate-shard-"
+WANTED_ANNOTATION = "gpuremediate.io/shard-wanted-by"
+MAX_SHARDS = 256
+
+_acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpuremediate_acting_for", default=None)
+
+
+def _hash_mod(text: str, modulus: int) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % modulus
+
+
+def shard_of(node: str, shards: int) -> int:
+    """The shard of a node: ``sha256(name) mod shards`` (the same in every process, unlike ``hash()``)."""
+    return _hash_mod(node, shards)
+
+
+def preferred_shard(identity: str, shards: int) -> int:
+    return _hash_mod(identity, shards)
+
+
+def shard_lease_name(index: int) -> str:
+    return f"{SHARD_LEASE_PREFIX}{index}"
+
+
+def fair_cap(shards: int, live: int) -> int:
+    """The most shards one replica takes while ``live`` replicas (itself included) hold Leases."""
+    return math.ceil(shards / max(1, live))
+
+
+def fair_floor(shards: int, live: int) -> int:
+    """Fewer shards than this and a replica asks a holder over its cap for one."""
+    return shards // max(1, live)
+
+
+@contextlib.contextmanager
+def acting_for(node: str) -> Iterator[None]:
+    """Every write of this thread inside the block is for ``node``: the shard fence checks its shard."""
+    token = _acting_for.set(node)
+    try:
+        yield
+    finally:
+        _acting_for.reset(token)
+
+
+def node_of_path(path: str) -> str | None:
+    """The Node a request path addresses (``/api/v1/nodes/<name>[/status]``), else None."""
+    prefix = NODES.path() + "/"
+    if not path.startswith(prefix):
+        return None
+    return path[len(prefix):].split("/", 1)[0] or None
+
+
+class ShardSet:
+    """The shard Leases this replica holds, kept by one thread (``run``) until ``stop``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        identity: str,
+        shards: int,
+        lease_duration: float = 15,
+        renew_deadline: float = 10,
+        retry_period: float = 2,
+        clock: Callable[[], float] | None = None,
+        on_change: Callable[[frozenset[int]], None] | None = None,
+    ) -> None:
+        if not identity:
+            raise ValueError("shard leases need a non-empty identity")
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ValueError(f"shards: expected 1 to {MAX_SHARDS}, got {shards}")
+        if not lease_duration > renew_deadline > retry_period * JITTER_FACTOR > 0:
+            raise ValueError("need lease_duration > renew_deadline > retry_period * 1.2 > 0 (client-go's rule)")
+        self.client = client
+        self.namespace = namespace
+        self.identity = identity
+        self.shards = shards
+        self.retry_period = retry_period
+        self.renew_deadline = renew_deadline
+        self.lease_duration = lease_duration
+        self.on_change = on_change
+        self._clock = clock or lease_clock
+        self.locks = [LeaseLock(client, namespace, shard_lease_name(i), identity, lease_duration, renew_deadline,
+                                self._clock, takeover_drops=(WANTED_ANNOTATION,)) for i in range(shards)]
+        self.preferred = preferred_shard(identity, shards)
+        self._held: set[int] = set()  # acquired and not yet given up or lost
+        self._wishes: dict[int, tuple[str, float]] = {}  # shard -> (wanted-by value, clock time it changed)
+        self._wished_at: dict[int, float] = {}  # shard -> when we last wrote our own wish on it
+        self._lease_paths = {LEASES.path(namespace)} | {lock.path for lock in self.locks}
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self.refused_writes = 0
+        self.rounds = 0
+
+    # ---- what we own now ---------------------------------------------------------------------------------
+
+    def owned(self) -> frozenset[int]:
+        """Shards held now: acquired, and renewed within the renew deadline by our clock."""
+        with self._lock:
+            held = set(self._held)
+        return frozenset(i for i in held if self.locks[i].valid_for_me())
+
+    def owns(self, node: str) -> bool:
+        return shard_of(node, self.shards) in self.owned()
+
+    def holders(self) -> dict[int, str]:
+        """Who holds each shard as last read ("" when free or expired)."""
+        return {i: lock.holder() if lock.holder() == self.identity or lock.held_by_other() else ""
+                for i, lock in enumerate(self.locks)}
+
+    def fence(self, method: str, path: str) -> None:
+        """A KubeClient write fence: refuse (errors.NotLeader) a write for a node whose shard is not ours now."""
+        if path in self._lease_paths:
+            return
+        node = node_of_path(path) or _acting_for.get()
+        owned = self.owned()
+        if node is None and owned:
+            return
+        if node is not None and shard_of(node, self.shards) in owned:
+            return
+        with self._lock:
+            self.refused_writes += 1
+        if node is None:
+            why = f"{self.identity} holds no shard lease (of {self.shards}) within its renew deadline"
+        else:
+            index = shard_of(node, self.shards)
+            why = (f"node {node} is in shard {index}: {self.identity} does not hold lease "
+                   f"{self.namespace}/{shard_lease_name(index)} within its {self.renew_deadline:g}s renew deadline")
+        raise errors.NotLeader(method, path, why)
+
+    # ---- the thread ----------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Block: a round every retry period until stop(); then release every shard held."""
+        self._done.clear()
+        try:
+            while not self._stop.is_set():
+                self.round()
+                self._stop.wait(self.retry_period)
+        finally:
+            self._release_all()
+            self._done.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self._done.wait(self.renew_deadline if timeout is None else timeout)
+
+    def round(self) -> None:
+        """Renew, read the others, hand back what a waiting replica wants, take free shards up to the cap."""
+        before = self.owned()
+        self._renew_held()
+        self._read_others()
+        live = self._live()
+        self._hand_back(live)
+        self._acquire_free(live)
+        self._ask_if_short(live)
+        self.rounds += 1
+        after = self.owned()
+        if after != before:
+            log.info("shards held", extra={"identity": self.identity, "shards": sorted(after)})
+            if self.on_change is not None:
+                self.on_change(after)
+
+    # ---- one round's parts ---------------------------------------------------------------------------------
+
+    def _renew_held(self) -> None:
+        for index in sorted(self._held):
+            lock = self.locks[index]
+            if lock.try_acquire_or_renew():
+                self._note_wish(index)
+                continue
+            deadline = (lock.renewed_at or 0.0) + self.renew_deadline
+            if self._clock() + self.retry_period > deadline:  # as the leader elector gives up
+                log.warning("%s failed to renew lease %s/%s: shard %d lost", self.identity, self.namespace,
+                            lock.name, index)
+                with self._lock:
+                    self._held.discard(index)
+                lock.renewed_at = None
+
+    def _read_others(self) -> None:
+        for index, lock in enumerate(self.locks):
+            if index not in self._held:
+                lock.read()
+                self._note_wish(index)
+
+    def _live(self) -> set[str]:
+        return {lock.holder() for lock in self.locks if lock.held_by_other()} | {self.identity} | {
+            who for who, _ in self._fresh_wishes().values()}
+
+    def _acquire_free(self, live: set[str]) -> None:
+        # The first round takes only the preferred shard: replicas started together each get theirs first.
+        cap = fair_cap(self.shards, len(live)) if self.rounds else 1
+        for index in self._preference():
+            if len(self._held) >= cap or self._stop.is_set():
+                return
+            lock = self.locks[index]
+            if index in self._held or lock.held_by_other() or self._wanted_by_other(index):
+                continue
+            if lock.try_acquire_or_renew():
+                log.info("%s acquired lease %s/%s", self.identity, self.namespace, lock.name)
+                with self._lock:
+                    self._held.add(index)
+
+    def _hand_back(self, live: set[str]) -> None:
+        """Over the cap with a live replica asking for one of ours: release that shard (it takes it next)."""
+        cap = fair_cap(self.shards, len(live))
+        for index, (who, _) in sorted(self._fresh_wishes().items()):
+            if len(self._held) <= cap:
+                return
+            if index in self._held and who != self.identity:
+                log.info("%s hands shard %d to %s", self.identity, index, who)
+                with self._lock:
+                    self._held.discard(index)
+                self.locks[index].release()
+
+    def _ask_if_short(self, live: set[str]) -> None:
+        """Fewer than our share while another holder has more than the cap: ask for one of its shards."""
+        if len(self._held) >= fair_floor(self.shards, len(live)):
+            return
+        counts: dict[str, int] = {}
+        for lock in self.locks:
+            if lock.held_by_other():
+                counts[lock.holder()] = counts.get(lock.holder(), 0) + 1
+        cap = fair_cap(self.shards, len(live))
+        for index in self._preference():
+            lock = self.locks[index]
+            if lock.held_by_other() and counts.get(lock.holder(), 0) > cap:
+                self._wish(index)
+                return
+
+    # ---- wishes (the hand-back annotation) -----------------------------------------------------------------
+
+    def _note_wish(self, index: int) -> None:
+        annotations = ((self.locks[index].observed or {}).get("metadata") or {}).get("annotations") or {}
+        value = str(annotations.get(WANTED_ANNOTATION) or "")
+        seen = self._wishes.get(index)
+        if not value:
+            self._wishes.pop(index, None)
+        elif seen is None or seen[0] != value:
+            self._wishes[index] = (value, self._clock())
+
+    def _fresh_wishes(self) -> dict[int, tuple[str, float]]:
+        """Wishes rewritten within one lease duration, as (who, when we saw it change)."""
+        now = self._clock()
+        return {i: (value.split(" ", 1)[0], at) for i, (value, at) in self._wishes.items()
+                if now - at < self.lease_duration}
+
+    def _wanted_by_other(self, index: int) -> bool:
+        wish = self._fresh_wishes().get(index)
+        return wish is not None and wish[0] != self.identity and self.locks[index].holder() == ""
+
+    def _wish(self, index: int) -> None:
+        """Write our wish on the Lease (rewritten every third of a lease duration while we want it)."""
+        now = self._clock()
+        if now - self._wished_at.get(index, -math.inf) < self.lease_duration / 3:
+            return
+        lock = self.locks[index]
+        lease = lock.observed
+        if lease is None:
+            return
+        metadata = dict(lease.get("metadata") or {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}),
+                                   WANTED_ANNOTATION: f"{self.identity} {micro_time()}"}
+        try:
+            updated = self.client.replace(LEASES, lock.name, {**lease, "metadata": metadata}, self.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.debug("asking for shard lease %s/%s failed: %s", self.namespace, lock.name, exc)
+            return
+        self._wished_at[index] = now
+        lock.observed = updated
+
+    def _preference(self) -> list[int]:
+        return [(self.preferred + step) % self.shards for step in range(self.shards)]
+
+    def _release_all(self) -> None:
+        with self._lock:
+            held, self._held = sorted(self._held), set()
+        for index in held:
+            self.locks[index].release()
+
+
+def read_shard_holders(client: KubeClient, namespace: str, shards: int) -> list[dict[str, Any]]:
+    """For ``status``: each shard's Lease as stored (holder, renewTime, leaseDurationSeconds, transitions)."""
+    rows = []
+    for index in range(shards):
+        name = shard_lease_name(index)
+        try:
+            spec = dict(client.get(LEASES, name, namespace).get("spec") or {})
+        except errors.NotFound:
+            spec = {}
+        rows.append({"shard": index, "lease": name, "holder": str(spec.get("holderIdentity") or ""),
+                     "renewTime": str(spec.get("renewTime") or ""),
+                     "leaseDurationSeconds": spec.get("leaseDurationSeconds"),
+                     "leaseTransitions": spec.get("leaseTransitions")})
+    return rows

@@ -1,0 +1,198 @@
+"""Shard Leases (kube.shards): the node → shard hash, fair split, takeover of a dead replica's shards after
+its lease duration, hand-back to a replica that returns, release on shutdown, and the per-shard write fence.
+
+Rounds are driven by the test on a clock it moves, so nothing depends on the machine's speed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import CONFIGMAPS, LEASES, NODES
+from gpuremediate.kube.shards import (
+    WANTED_ANNOTATION,
+    ShardSet,
+    acting_for,
+    fair_cap,
+    node_of_path,
+    read_shard_holders,
+    shard_lease_name,
+    shard_of,
+)
+from sim.waiting import wait_for
+from tests.kube.conftest import KubeTarget
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def _shard_set(target: KubeTarget, identity: str, clock: FakeClock, shards: int = 4) -> tuple[ShardSet, KubeClient]:
+    client = target.client()
+    return ShardSet(client, target.namespace, identity, shards, lease_duration=15, renew_deadline=10,
+                    retry_period=2, clock=clock), client
+
+
+def _rounds(*sets: ShardSet, count: int = 3, clock: FakeClock | None = None) -> None:
+    for _ in range(count):
+        for shard_set in sets:
+            shard_set.round()
+        if clock is not None:
+            clock.now += 2.0
+
+
+def _holders(target: KubeTarget, shards: int = 4) -> list[str]:
+    return [row["holder"] for row in read_shard_holders(target.client(), target.namespace, shards)]
+
+
+def test_a_node_s_shard_is_sha256_of_its_name_the_same_in_every_process() -> None:
+    # `printf %s gpu-node-1 | sha256sum`: 4e7f7f2ddaabf1b1..., its first 8 bytes big-endian mod 4 and mod 3
+    assert (shard_of("gpu-node-1", 4), shard_of("gpu-node-1", 3)) == (1, 2)
+    assert (shard_of("gpu-node-2", 4), shard_of("gpu-node-2", 3)) == (2, 0)
+    assert shard_of("gpu-node-0", 1) == 0
+    counts = [0] * 4
+    for index in range(2000):
+        counts[shard_of(f"gpu-node-{index}", 4)] += 1
+    assert all(400 < count < 600 for count in counts), counts
+
+
+def test_the_fair_cap_is_the_ceiling_of_shards_over_live_replicas() -> None:
+    assert [fair_cap(4, live) for live in (1, 2, 3, 4, 5)] == [4, 2, 2, 1, 1]
+
+
+def test_node_paths_name_their_node() -> None:
+    assert node_of_path(NODES.path(None, "gpu-a")) == "gpu-a"
+    assert node_of_path(NODES.path(None, "gpu-a", "status")) == "gpu-a"
+    assert node_of_path(NODES.path()) is None
+    assert node_of_path(CONFIGMAPS.path("ns", "x")) is None
+
+
+def test_two_replicas_split_four_shards_two_each(kube_target: KubeTarget, clock: FakeClock) -> None:
+    first, _ = _shard_set(kube_target, "replica-a", clock)
+    second, _ = _shard_set(kube_target, "replica-b", clock)
+    _rounds(first, second, count=6, clock=clock)
+    assert len(first.owned()) == 2 and len(second.owned()) == 2
+    assert first.owned().isdisjoint(second.owned())
+    assert sorted(_holders(kube_target)) == ["replica-a", "replica-a", "replica-b", "replica-b"]
+
+
+def test_a_lone_replica_holds_every_shard(kube_target: KubeTarget, clock: FakeClock) -> None:
+    alone, _ = _shard_set(kube_target, "replica-a", clock)
+    _rounds(alone, count=3, clock=clock)
+    assert alone.owned() == frozenset(range(4))
+
+
+def test_a_dead_replica_s_shards_are_taken_over_after_its_lease_duration_and_not_before(
+        kube_target: KubeTarget, clock: FakeClock) -> None:
+    survivor, _ = _shard_set(kube_target, "replica-a", clock)
+    dead, _ = _shard_set(kube_target, "replica-b", clock)
+    _rounds(survivor, dead, count=6, clock=clock)
+    orphaned = dead.owned()
+    assert len(orphaned) == 2
+    # replica-b stops renewing (killed: no release). Within its lease duration nothing is taken.
+    for _ in range(6):  # 12 s < 15 s since its last renewal
+        survivor.round()
+        clock.now += 2.0
+    assert survivor.owned().isdisjoint(orphaned)
+    assert dead.owned() == frozenset()  # by its own clock it is past its renew deadline: it may not write
+    for _ in range(3):
+        survivor.round()
+        clock.now += 2.0
+    assert survivor.owned() == frozenset(range(4))
+    leases = {i: kube_target.client().get(LEASES, shard_lease_name(i), kube_target.namespace)["spec"]
+              for i in orphaned}
+    assert all(spec["holderIdentity"] == "replica-a" and spec["leaseTransitions"] >= 1 for spec in leases.values())
+
+
+def test_a_replica_that_comes_back_is_handed_its_share(kube_target: KubeTarget, clock: FakeClock) -> None:
+    holder, _ = _shard_set(kube_target, "replica-a", clock)
+    _rounds(holder, count=3, clock=clock)
+    assert len(holder.owned()) == 4
+    returning, _ = _shard_set(kube_target, "replica-b", clock)
+    _rounds(holder, returning, count=8, clock=clock)
+    assert len(holder.owned()) == 2 and len(returning.owned()) == 2
+    assert holder.owned().isdisjoint(returning.owned())
+    annotations = [(kube_target.client().get(LEASES, shard_lease_name(i), kube_target.namespace)["metadata"]
+                    .get("annotations") or {}) for i in returning.owned()]
+    assert all(WANTED_ANNOTATION not in a for a in annotations)  # the taker drops its request
+
+
+def test_shutdown_releases_every_shard_at_once(kube_target: KubeTarget, clock: FakeClock) -> None:
+    leaving, _ = _shard_set(kube_target, "replica-a", clock)
+    staying, _ = _shard_set(kube_target, "replica-b", clock)
+    _rounds(leaving, staying, count=6, clock=clock)
+    released = leaving.owned()
+    runner = threading.Thread(target=leaving.run, daemon=True)
+    runner.start()
+    leaving.stop(timeout=5)
+    runner.join(5)
+    assert not runner.is_alive()
+    for index in released:
+        spec = kube_target.client().get(LEASES, shard_lease_name(index), kube_target.namespace)["spec"]
+        assert spec["holderIdentity"] == "" and spec["leaseDurationSeconds"] == 1
+    staying.round()  # the same clock instant: released, so free without waiting out a lease duration
+    assert staying.owned() == frozenset(range(4))
+
+
+@pytest.fixture
+def fenced(kube_target: KubeTarget, clock: FakeClock) -> Iterator[tuple[ShardSet, KubeClient]]:
+    shard_set, client = _shard_set(kube_target, "replica-a", clock, shards=2)
+    admin = kube_target.client()
+    for name in _two_nodes():
+        admin.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    shard_set.round()  # the first round takes only the preferred shard
+    client.write_fence = shard_set.fence
+    yield shard_set, client
+    for name in _two_nodes():
+        admin.delete(NODES, name)
+
+
+def _two_nodes() -> tuple[str, str]:
+    """A node of shard 0 and one of shard 1 (of 2)."""
+    names = [f"shard-fence-{i}" for i in range(20)]
+    return next(n for n in names if shard_of(n, 2) == 0), next(n for n in names if shard_of(n, 2) == 1)
+
+
+def _label(client: KubeClient, name: str) -> dict[str, Any]:
+    return client.patch(NODES, name, {"metadata": {"labels": {"touched": "yes"}}})
+
+
+def test_the_fence_refuses_writes_to_nodes_of_shards_not_held(
+        fenced: tuple[ShardSet, KubeClient], kube_target: KubeTarget) -> None:
+    shard_set, client = fenced
+    assert len(shard_set.owned()) == 1
+    mine = _two_nodes()[shard_set.preferred]
+    theirs = _two_nodes()[1 - shard_set.preferred]
+    assert _label(client, mine)["metadata"]["labels"]["touched"] == "yes"
+    with pytest.raises(errors.NotLeader, match=f"node {theirs} is in shard"):
+        _label(client, theirs)
+    with acting_for(theirs), pytest.raises(errors.NotLeader):  # any write made for that node
+        client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "for-theirs"}},
+                      kube_target.namespace)
+    client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fleet-wide"}},
+                  kube_target.namespace)  # no node: passes while a shard is held
+    assert shard_set.refused_writes == 2
+
+
+def test_past_the_renew_deadline_the_fence_refuses_even_our_own_shard(
+        fenced: tuple[ShardSet, KubeClient], clock: FakeClock) -> None:
+    shard_set, client = fenced
+    mine = _two_nodes()[shard_set.preferred]
+    clock.now += 10.0  # no renewal since: the renew deadline has passed by our clock
+    with pytest.raises(errors.NotLeader, match="renew deadline"):
+        _label(client, mine)
+    wait_for(lambda: shard_set.owned() == frozenset(), describe="nothing owned")
