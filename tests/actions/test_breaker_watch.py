@@ -69,9 +69,9 @@ def test_the_watch_sees_and_applies_an_outside_reset_annotation(api: tuple[KubeA
                                                                  watching: BreakerStore) -> None:
     _, client, _ = api
     client.patch(CONFIGMAPS, BREAKER_CONFIGMAP, {"metadata": {"annotations": {RESET_ANNOTATION: "alice"}}}, NS)
-    closed = wait_for(lambda: not watching.latest().is_open and watching.latest(), timeout=1.0,
-                      describe="the reset annotation applied", seen=watching.latest)
-    assert f"{RESET_ANNOTATION}=alice" in closed.reset_by
+    wait_for(lambda: not watching.latest().is_open, timeout=1.0, describe="the reset annotation applied",
+             seen=watching.latest)
+    assert f"{RESET_ANNOTATION}=alice" in watching.latest().reset_by
     wait_for(lambda: RESET_ANNOTATION not in (client.get(CONFIGMAPS, BREAKER_CONFIGMAP, NS)["metadata"]
                                               .get("annotations") or {}), describe="the annotation removed")
 
@@ -82,9 +82,9 @@ def test_the_watch_sees_a_cli_reset_and_a_tool_pause(api: tuple[KubeAPIServer, K
     assert cli.main(["breaker", "reset", "--kubeconfig", kubeconfig, "--namespace", NS]) == 0
     wait_for(lambda: not watching.latest().is_open, timeout=1.0, describe="the CLI's reset", seen=watching.latest)
     client.patch(CONFIGMAPS, BREAKER_CONFIGMAP, {"metadata": {"annotations": {PAUSE_ANNOTATION: "upgrade"}}}, NS)
-    pause = wait_for(lambda: watching.latest_pause().paused and watching.latest_pause(), timeout=1.0,
-                     describe="the tool's pause", seen=watching.latest_pause)
-    assert pause.reason == "upgrade"
+    wait_for(lambda: watching.latest_pause().paused, timeout=1.0, describe="the tool's pause",
+             seen=watching.latest_pause)
+    assert watching.latest_pause().reason == "upgrade"
 
 
 def test_an_own_write_is_not_undone_by_the_watch_and_stays_guarded(api: tuple[KubeAPIServer, KubeClient, str],
@@ -176,3 +176,50 @@ def test_a_dry_run_store_watches_but_never_writes(api: tuple[KubeAPIServer, Kube
         assert sum(1 for r in srv.requests if r[1] in ("update", "create") and r[3] == "configmaps") == writes
     finally:
         store.stop()
+
+
+class _Recording:
+    """A ConfigMap server in memory: every replace bumps the resourceVersion; get answers the current one."""
+
+    def __init__(self, cm: dict[str, Any]) -> None:
+        self.cm = cm
+        self.gets = 0
+
+    def get(self, *_: Any) -> dict[str, Any]:
+        self.gets += 1
+        return self.cm
+
+    def replace(self, _res: Any, _name: str, body: dict[str, Any], _ns: str) -> dict[str, Any]:
+        assert body["metadata"]["resourceVersion"] == self.cm["metadata"]["resourceVersion"]  # guarded
+        meta = {**body["metadata"], "resourceVersion": str(int(body["metadata"]["resourceVersion"]) + 1)}
+        self.cm = {**body, "metadata": meta}
+        return self.cm
+
+
+class _Synced:
+    def has_synced(self) -> bool:
+        return True
+
+
+def _faults(store: BreakerStore) -> list[str]:
+    return [n for n, _ in store.latest().faults]
+
+
+def test_events_sent_before_an_own_write_never_roll_it_back() -> None:
+    first = {"metadata": {"name": BREAKER_CONFIGMAP, "resourceVersion": "1"},
+             "data": {"state": breaker_mod.json.dumps(OPENED.to_dict())}}
+    client = _Recording(first)
+    store = BreakerStore(client, NS)  # type: ignore[arg-type]
+    store._informer = _Synced()  # type: ignore[assignment]  # as if watching: the test delivers the events
+    store._observe(first)
+    store.update(lambda b: b.record_fault("b", 2.0))
+    second = client.cm
+    store.update(lambda b: b.record_fault("c", 3.0))
+    store._observe(second)  # the echo of the first write, after the second
+    assert _faults(store) == ["a", "b", "c"] and client.gets == 0
+    store._observe(first)  # an event from before both writes: settled by one GET
+    assert _faults(store) == ["a", "b", "c"] and client.gets == 1
+    store._observe(client.cm)
+    assert _faults(store) == ["a", "b", "c"] and not store._echoes
+    store.refresh()
+    assert client.gets == 1  # synced: refresh reads nothing
