@@ -50,6 +50,7 @@ from gpuremediate.state import states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
+    OUTCOME_ESCALATED,
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
     OUTCOME_STOPPED,
@@ -87,6 +88,16 @@ class Transition:
 
 
 @dataclass(frozen=True)
+class Escalation:
+    """A ladder rung's attempts all failed: the flow goes on with the next rung's action."""
+
+    from_action: str
+    to_action: str
+    to_rung: int  # 0-based index of the rung now current
+    message: str
+
+
+@dataclass(frozen=True)
 class Decision:
     record: NodeRecord  # the record to write (equal to the input when nothing changed)
     changed: bool  # the record differs from the stored one: write it
@@ -96,6 +107,7 @@ class Decision:
     cancel: ActionInProgress | None = None  # the running action to clean up (person took over)
     notices: tuple[Finding, ...] = ()  # action-none findings: an Event each, nothing else
     kept_cordoned: bool = False  # an uncordon the writer left out: a person said keep it cordoned
+    escalation: Escalation | None = None  # complete_repair moved to the next ladder rung (an Event, a metric)
 
 
 def fresh_record(now: float) -> NodeRecord:
@@ -308,11 +320,12 @@ def release(record: NodeRecord, now: float, by: str) -> NodeRecord:
 # ---- flow steps ---------------------------------------------------------------------------------
 
 
-def _history_entry(record: NodeRecord, now: float, outcome: str) -> HistoryEntry | None:
+def _history_entry(record: NodeRecord, now: float, outcome: str, action: str = "") -> HistoryEntry | None:
+    """``action``: the repair that ended so (a ladder rung's); the fault's recommended action by default."""
     fault = record.fault
     if fault is None:
         return None
-    return HistoryEntry(at=now, kind=fault.kind, code=fault.code, action=fault.action, outcome=outcome)
+    return HistoryEntry(at=now, kind=fault.kind, code=fault.code, action=action or fault.action, outcome=outcome)
 
 
 def _close_flow(record: NodeRecord, reason: str, now: float, message: str, outcome: str | None) -> NodeRecord:
@@ -360,24 +373,41 @@ def drain_failed(record: NodeRecord, now: float, detail: str) -> Decision:
     return _moved(record, transition(record, states.QUARANTINED, states.DRAIN_FAILED, now, detail, action=None))
 
 
-def complete_repair(record: NodeRecord, ok: bool, now: float, max_attempts: int, detail: str = "") -> Decision:
-    """Repair finished: validating; or failed: retry (attempt + 1, name "" = not created yet)
-    until ``max_attempts``, then quarantined."""
+def complete_repair(record: NodeRecord, ok: bool, now: float, max_attempts: int, detail: str = "",
+                    next_action: str | None = None) -> Decision:
+    """A repair attempt finished. ``max_attempts``: the current ladder rung's attempts; ``next_action``: the
+    next rung's action (None: the rung is the ladder's last, or there is no ladder).
+
+    - ok: validating (history: the rung's action repaired);
+    - failed with attempts left on the rung: the next attempt (attempt + 1, name "" = not created yet);
+    - failed, the rung's attempts spent, a next rung: that rung's first attempt (history: ``escalated``,
+      which the repeat-offender rule does not count; ``decision.escalation`` says from what to what);
+    - failed on the last rung: quarantined (history: ``repair-failed``).
+    """
+    current = record.action
+    kind = current.kind if current else (record.fault.action if record.fault else "")
+    rung = current.rung if current else 0
     if ok:
-        after = _with_history(record, now, OUTCOME_REPAIRED)
+        after = _with_history(record, now, OUTCOME_REPAIRED, kind)
         return _moved(record, transition(after, states.VALIDATING, states.REPAIR_COMPLETE, now, detail, action=None))
-    attempt = record.action.attempt if record.action else 1
+    attempt = current.attempt if current else 1
     if attempt < max_attempts:
-        kind = record.action.kind if record.action else (record.fault.action if record.fault else "")
-        retry = ActionInProgress(kind=kind, name="", attempt=attempt + 1, started=now)
+        retry = ActionInProgress(kind=kind, name="", attempt=attempt + 1, started=now, rung=rung)
         return _decide(record, dataclasses.replace(record, action=retry, message=detail or record.message))
-    after = _with_history(record, now, OUTCOME_REPAIR_FAILED)
+    if next_action:
+        message = f"{kind} failed {attempt} time(s); escalating to {next_action} (rung {rung + 2})" + (
+            f": {detail}" if detail else "")
+        after = _with_history(record, now, OUTCOME_ESCALATED, kind)
+        escalated = ActionInProgress(kind=next_action, name="", attempt=1, started=now, rung=rung + 1)
+        move = Escalation(from_action=kind, to_action=next_action, to_rung=rung + 1, message=message)
+        return _decide(record, dataclasses.replace(after, action=escalated, message=message), escalation=move)
+    after = _with_history(record, now, OUTCOME_REPAIR_FAILED, kind)
     message = detail or f"repair failed after {attempt} attempt(s)"
     return _moved(record, transition(after, states.QUARANTINED, states.REPAIR_FAILED, now, message, action=None))
 
 
-def _with_history(record: NodeRecord, now: float, outcome: str) -> NodeRecord:
-    entry = _history_entry(record, now, outcome)
+def _with_history(record: NodeRecord, now: float, outcome: str, action: str = "") -> NodeRecord:
+    entry = _history_entry(record, now, outcome, action)
     return add_history(record, entry) if entry else record
 
 

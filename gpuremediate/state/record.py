@@ -210,9 +210,12 @@ def start_action(
     timeout_s: float | None = None,
     detail: str = "",
 ) -> NodeRecord:
-    """Record the side effect about to start (write this before creating the object)."""
+    """Record the side effect about to start (write this before creating the object). The ladder rung of the
+    action it replaces (the next attempt, not created yet) stays: only repair attempts have a rung above 0."""
     deadline = None if timeout_s is None else min(now + timeout_s, MAX_TIMESTAMP)  # a huge timeout: never
-    action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline, detail=detail)
+    rung = record.action.rung if record.action is not None else 0
+    action = ActionInProgress(kind=kind, name=name, attempt=attempt, started=now, deadline=deadline, detail=detail,
+                              rung=rung)
     return dataclasses.replace(record, action=action, blocked=None)
 
 

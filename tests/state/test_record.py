@@ -297,3 +297,11 @@ def test_rung_and_diagnostics_round_trip_and_bad_values_are_named() -> None:
     no_outcome = r.encode(record).replace(',"outcome":"timed-out"', "")
     with pytest.raises(r.RecordError, match=r"record\.fault\.diagnostics\.outcome is missing"):
         r.decode(no_outcome)
+
+
+def test_start_action_keeps_the_rung_of_the_attempt_it_starts() -> None:
+    """The next attempt is written with name "" and its rung; creating its object must not lose the rung."""
+    pending = r.NodeRecord(state=states.REPAIRING, action=r.ActionInProgress("reboot", "", 1, 4.0, rung=2))
+    started = r.start_action(pending, "reboot", "gpur-reboot-n1-1", 1, 5.0, 60.0)
+    assert started.action is not None and started.action.rung == 2 and started.action.name == "gpur-reboot-n1-1"
+    assert r.start_action(r.NodeRecord(), "drain", "", 1, 5.0).action.rung == 0  # type: ignore[union-attr]
