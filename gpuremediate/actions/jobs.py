@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.actions.custom import label_value
+from gpuremediate.gpu_resources import GPU
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import JOBS
@@ -60,9 +61,11 @@ def build_job(
     spec: JobSpec,
     *,
     namespace: str,
-    gpus: int = 0,
+    gpus: int | Mapping[str, int] = 0,
     gpu_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """The Job; with ``spec.request_all_gpus`` its container asks for ``gpus``: GPU resource → count (a plain
+    number is that many ``nvidia.com/gpu``), as limits and requests alike (an extended resource's must match)."""
     name = job_name(kind, node, fingerprint, attempt)
     labels = {JOB_LABEL: kind, NODE_LABEL: label_value(node)}  # node names may exceed a label value's 63 chars
     env = [
@@ -71,8 +74,9 @@ def build_job(
         *({"name": k, "value": v} for k, v in sorted(spec.env.items())),
     ]
     container: dict[str, Any] = {"name": kind, "image": spec.image, "command": list(spec.command), "env": env}
-    if spec.request_all_gpus and gpus > 0:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}
+    held = gpu_resources(gpus)
+    if spec.request_all_gpus and held:
+        container["resources"] = {"limits": dict(held), "requests": dict(held)}
     if spec.privileged:
         container["securityContext"] = {"privileged": True}
     pod_spec: dict[str, Any] = {
@@ -102,6 +106,12 @@ def build_job(
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def gpu_resources(gpus: int | Mapping[str, int]) -> dict[str, str]:
+    """The container resource quantities for ``gpus`` (zero counts left out)."""
+    counts = {GPU: gpus} if isinstance(gpus, int) else dict(gpus)
+    return {name: str(count) for name, count in sorted(counts.items()) if count > 0}
 
 
 def ensure_job(client: KubeClient, job: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from gpuremediate.actions.node_status import (
     remediation_condition,
     remediation_taint,
 )
+from gpuremediate.gpu_resources import GPU, count_of, mig_strategy, node_gpu_resources
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
@@ -46,8 +47,9 @@ from gpuremediate.state.record import NodeRecord, RecordError, node_patch, recor
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = GPU
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery: the physical GPUs, whatever MIG does
 EXCLUDE_LABEL = "gpuremediate.io/exclude"
 # A person's intent: "this node stays cordoned whatever gpuremediate finishes" (kubectl annotate node X
 # gpuremediate.io/keep-cordoned="<why>"). A person's cordon of a node we had already cordoned changes nothing
@@ -77,19 +79,23 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
 
 
 def gpu_count(node: Mapping[str, Any]) -> int:
+    """The node's physical GPUs: its ``nvidia.com/gpu`` capacity (allocatable leaves out the GPUs the device
+    plugin marked unhealthy; they are still there). On a MIG node that capacity counts MIG devices (single
+    strategy) or nothing (mixed): there GPU feature discovery's ``nvidia.com/gpu.count`` says, when set."""
+    labelled = count_of(labels_of(node).get(GPU_COUNT_LABEL, ""))
+    if mig_strategy(node) in ("single", "mixed") and labelled is not None:
+        return labelled
     status = node.get("status") or {}
-    for section in ("allocatable", "capacity"):
+    for section in ("capacity", "allocatable"):
         value = (status.get(section) or {}).get(GPU_RESOURCE)
         if value is not None:
-            try:
-                return int(str(value))
-            except ValueError:
-                return 0
+            return count_of(value) or 0
     return 0
 
 
 def is_gpu_node(node: Mapping[str, Any]) -> bool:
-    return gpu_count(node) > 0 or labels_of(node).get(GPU_PRESENT_LABEL) == "true"
+    """Any GPU resource in its capacity (nvidia.com/gpu or a MIG profile), or GFD's gpu.present label."""
+    return bool(node_gpu_resources(node)) or labels_of(node).get(GPU_PRESENT_LABEL) == "true"
 
 
 def is_excluded(node: Mapping[str, Any]) -> bool:

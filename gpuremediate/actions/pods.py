@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpuremediate.gpu_resources import DEFAULT_NAMES, requests_gpu
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
 
 Pod = Mapping[str, Any]
 PodFilter = Callable[[Pod], bool]
 
-GPU_RESOURCE = "nvidia.com/gpu"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 OWN_JOB_LABEL = "gpuremediate.io/job"
 
@@ -53,18 +53,6 @@ def is_terminating(pod: Pod) -> bool:
     return bool(pod.get("metadata", {}).get("deletionTimestamp"))
 
 
-def requests_gpu(pod: Pod) -> bool:
-    spec = pod.get("spec", {})
-    containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
-    for c in containers:
-        res = c.get("resources") or {}
-        for section in ("limits", "requests"):
-            value = (res.get(section) or {}).get(GPU_RESOURCE)
-            if value not in (None, "0", 0):
-                return True
-    return False
-
-
 def in_set(keys: Iterable[tuple[str, str]]) -> PodFilter:
     wanted = set(keys)
     return lambda pod: pod_key(pod) in wanted
@@ -74,11 +62,14 @@ def never_drained(pod: Pod) -> bool:
     return is_mirror(pod) or is_daemonset_owned(pod) or is_finished(pod) or is_own_job_pod(pod)
 
 
-def scope_filter(scope: str, impacted: Iterable[tuple[str, str]] = ()) -> PodFilter:
+def scope_filter(scope: str, impacted: Iterable[tuple[str, str]] = (),
+                 gpu_resources: Iterable[str] = DEFAULT_NAMES) -> PodFilter:
+    """``gpu``: pods asking for any of ``gpu_resources`` (whole GPUs and MIG slices alike)."""
     if scope == SCOPE_ALL:
         return lambda pod: True
     if scope == SCOPE_GPU:
-        return requests_gpu
+        names = tuple(gpu_resources)
+        return lambda pod: requests_gpu(pod, names)
     if scope == SCOPE_IMPACTED:
         return in_set(impacted)
     raise ValueError(f"drain scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
@@ -90,9 +81,9 @@ def in_namespaces(namespaces: Iterable[str]) -> PodFilter:
 
 
 def pods_to_drain(pods: Iterable[Pod], scope: str, impacted: Iterable[tuple[str, str]] = (),
-                  skip_namespaces: Iterable[str] = ()) -> list[Pod]:
+                  skip_namespaces: Iterable[str] = (), gpu_resources: Iterable[str] = DEFAULT_NAMES) -> list[Pod]:
     """The pods a drain of this scope must see gone, in a stable order."""
-    wanted, skipped = scope_filter(scope, impacted), in_namespaces(skip_namespaces)
+    wanted, skipped = scope_filter(scope, impacted, gpu_resources), in_namespaces(skip_namespaces)
     chosen = [p for p in pods if not never_drained(p) and not skipped(p) and wanted(p)]
     return sorted(chosen, key=pod_key)
 

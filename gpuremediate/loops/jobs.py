@@ -30,7 +30,8 @@ from gpuremediate.actions.jobs import (
     job_outcome,
     read_job,
 )
-from gpuremediate.actions.nodes import Node, gpu_count, name_of
+from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.gpu_resources import validation_hold
 from gpuremediate.loops.base import NodeLoop
 from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, occurrence, start_action
@@ -89,12 +90,14 @@ class JobLoop(NodeLoop):
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool,
     ) -> Mapping[str, Any] | None:
-        """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run)."""
+        """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run). With
+        ``request_all_gpus`` it asks for the capacity of every GPU resource of the node (every MIG slice)."""
         indexes, uuids = self.gpu_ids(node, record)
+        gpus = validation_hold(node, self.ctx.policy_for(node).gpu_resources.names).requests if request_all_gpus else {}
         spec = job_spec(policy, request_all_gpus=request_all_gpus)
         spec = JobSpec(**{**spec.__dict__, "env": {"GPU_UUIDS": ",".join(uuids)}})
         job = build_job(kind, name_of(node), self.fingerprint(record), attempt, spec,
-                        namespace=self.ctx.settings.jobs_namespace, gpus=gpu_count(node), gpu_ids=indexes)
+                        namespace=self.ctx.settings.jobs_namespace, gpus=gpus, gpu_ids=indexes)
         assert job["metadata"]["name"] == name
         if self.ctx.writer.dry_run:
             self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({kind})", NORMAL)
