@@ -26,6 +26,12 @@ class ControllerMetrics:
         self.remediation_seconds = Histogram(
             PREFIX + "remediation_seconds", "Time a remediation action took.", ["action"]
         )
+        self.escalations = Counter(
+            PREFIX + "escalations_total", "Repairs moved to the next escalation ladder rung.", ["from", "to"]
+        )
+        self.diagnostics = Counter(
+            PREFIX + "diagnostics_total", "Diagnostics Jobs before a first repair, by outcome.", ["outcome"]
+        )
         self.budget_in_use = Gauge(PREFIX + "budget_in_use", "GPU nodes out of service, counted against the budget.")
         self.budget_limit = Gauge(PREFIX + "budget_limit", "Most GPU nodes allowed out of service at once.")
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
