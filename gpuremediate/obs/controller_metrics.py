@@ -81,6 +81,8 @@ class ControllerMetrics:
             self.evictions,
             self.drain_seconds,
             self.remediation_seconds,
+            self.escalations,
+            self.diagnostics,
             self.budget_in_use,
             self.budget_limit,
             self.circuit_breaker_open,
