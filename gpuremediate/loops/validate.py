@@ -1,6 +1,13 @@
-"""The validate loop: owns ``validating``. A Job pinned to the node asks for all of its
-``nvidia.com/gpu`` and runs DCGM diagnostics (``dcgmi diag -r 2`` by default). Success → healthy
-and uncordoned (only if we cordoned it); failure or timeout → quarantined."""
+"""The validate loop: owns ``validating``. A Job pinned to the node asks for every GPU slice it has (the
+capacity of each ``[gpu_resources]`` resource: ``nvidia.com/gpu``, each ``nvidia.com/mig-<profile>``) and runs
+DCGM diagnostics (``dcgmi diag -r 2`` by default). Success → healthy and uncordoned (only if we cordoned it);
+failure or timeout → quarantined.
+
+Before the Job: pods still holding GPU resources are waited for (the kubelet would refuse the Job), and so is
+a device plugin that reports fewer devices allocatable than the node has (after a reboot it registers again;
+a device it marked unhealthy stays out). The kubelet admits no pod asking for more than allocatable, so
+"every GPU" cannot be held then: past ``[gpu_resources] allocatable_wait_s`` validation fails, its message
+naming the short resources — a GPU its device plugin calls unhealthy is not fit to return to service."""
 
 from __future__ import annotations
 
@@ -8,7 +15,8 @@ import dataclasses
 
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, name_of
-from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key, requests_gpu
+from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key
+from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu, validation_hold
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state import decide, states
@@ -30,9 +38,13 @@ class ValidateLoop(JobLoop):
             return self._finish(node, record, True, "validation disabled by policy")
         action = record.action
         if action is None or action.kind != VALIDATE or not action.name:
-            busy = self.gpu_pods(node)
+            gpus = self.ctx.policy_for(node).gpu_resources
+            busy = self.gpu_pods(node, gpus.names)
             if busy:
                 return self._wait_for_gpus(node, record, busy)
+            hold = validation_hold(node, gpus.names)
+            if hold.problem:
+                return self._wait_for_allocatable(node, record, hold, gpus)
             return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s,
                                   request_all_gpus=True)
         outcome = self.attempt_outcome(action, lambda: self._recreate(node, record, action, policy.job),
@@ -58,11 +70,11 @@ class ValidateLoop(JobLoop):
         if created is not None:
             self.note_created(node, record, created)
 
-    def gpu_pods(self, node: Node) -> list[str]:
-        """Pods that hold GPUs on the node (a node quarantined without a drain, then released, still has
-        them): the kubelet would refuse a validation Job that asks for every GPU (OutOf nvidia.com/gpu)."""
+    def gpu_pods(self, node: Node, gpu_resources: tuple[str, ...]) -> list[str]:
+        """Pods that hold GPUs or MIG slices on the node (a node quarantined without a drain, then released,
+        still has them): the kubelet would refuse a validation Job that asks for every GPU (OutOf<resource>)."""
         pods = list_node_pods(self.ctx.client, name_of(node))
-        return sorted("/".join(pod_key(p)) for p in pods if requests_gpu(p) and not never_drained(p))
+        return sorted("/".join(pod_key(p)) for p in pods if requests_gpu(p, gpu_resources) and not never_drained(p))
 
     def _wait_for_gpus(self, node: Node, record: NodeRecord, busy: list[str]) -> float | None:
         shown = ", ".join(busy[:5]) + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
@@ -71,6 +83,22 @@ class ValidateLoop(JobLoop):
         if after != record and self.ctx.writer.write(node, after) is None:
             return self.retry_after_conflict()
         return self.ctx.settings.resync_s
+
+    def _wait_for_allocatable(
+        self, node: Node, record: NodeRecord, hold: GpuHold, gpus: GpuResourcesPolicy
+    ) -> float | None:
+        """The device plugin does not offer every GPU: wait (blocked, the wait timed from ``blocked.since``, so
+        a restart resumes it) up to ``allocatable_wait_s``, then fail: no Job could hold every GPU."""
+        now = self.ctx.clock()
+        after = block(record, BLOCK_GPU_PODS, f"validation needs every GPU; {hold.problem}", now)
+        waited = now - (after.blocked.since if after.blocked is not None else now)
+        if waited >= gpus.allocatable_wait_s:
+            detail = (f"validation cannot hold every GPU: {hold.problem} (waited {waited:.0f}s); a person checks "
+                      "the device plugin's log and the GPUs before releasing the node")
+            return self._finish(node, record, False, detail)
+        if after != record and self.ctx.writer.write(node, after) is None:
+            return self.retry_after_conflict()
+        return min(self.ctx.settings.resync_s, max(0.1, gpus.allocatable_wait_s - waited))
 
     def _finish(
         self, node: Node, record: NodeRecord, ok: bool, detail: str, cancel: ActionInProgress | None = None
