@@ -1,0 +1,157 @@
+"""Drain admission across shards, decided by the API server: ConfigMap ``gpuremediate-budget``.
+
+With one replica the node informer is the whole truth: the one drain loop admits one node at a time and its
+own writes are the only admissions. With several shards it is not: two replicas can each see one free slot
+in their informers and each admit a node of its own shard — two Nodes' records never conflict, so no 409
+stops them. So a sharded replica admits a drain only by writing the node into the ConfigMap's ``admitted``
+set (data key ``admitted``: JSON ``{node: admitted-at}``) with a resourceVersion precondition, after checking
+the budget with every node already in that set counted out of service. Two replicas admitting at once
+write from the same resourceVersion: one gets 409, reads the set again (now with the other's node) and
+decides again.
+
+A node leaves the set when a fresh GET shows it back in service and in no active state; only nodes the
+informer already shows done are checked that way (one GET per finished node). A stale informer elsewhere
+can only count such a node out, never a claimed one in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import CONFIGMAPS, NODES
+from gpuremediate.policy import safety
+from gpuremediate.state import states
+
+log = logging.getLogger(__name__)
+
+BUDGET_CONFIGMAP = "gpuremediate-budget"
+ADMITTED_KEY = "admitted"
+CLAIM_ATTEMPTS = 5  # one write and four re-reads after a 409
+
+
+class ClaimError(RuntimeError):
+    """The admitted set could not be read or written; the drain waits and asks again."""
+
+
+def is_done(view: safety.NodeView) -> bool:
+    """Back in service and in no active state: its admission holds no slot any more."""
+    return not view.out_of_service and view.state not in states.ACTIVE_STATES
+
+
+def with_claimed(views: Collection[safety.NodeView], claimed: Collection[str], candidate: str
+                 ) -> list[safety.NodeView]:
+    """The informer's views with every claimed node but the candidate counted out of service."""
+    return [safety.NodeView(v.name, unschedulable=True, ready=v.ready, state=v.state, first_seen=v.first_seen,
+                            labels=v.labels) if v.name in claimed and v.name != candidate else v for v in views]
+
+
+def budget_refusal(views: Collection[safety.NodeView], candidate: str, waiting: Collection[str], budget: safety.Budget,
+                   domains: Collection[safety.DomainBudget], claimed: Collection[str]) -> str:
+    """Why ``candidate`` may not start with the claimed nodes counted out ("" when it may)."""
+    counted = with_claimed(views, claimed, candidate)
+    result = safety.budget_check(counted, candidate, budget, list(domains))
+    if not result.allowed:
+        return f"{result.reason} (admitted across shards: {len(claimed)})"
+    candidates = [n for n in waiting if n not in claimed] + [candidate]
+    if candidate not in safety.admit(counted, candidates, budget, list(domains)):
+        return "older faults go first: " + result.reason
+    return ""
+
+
+class BudgetClaims:
+    """The admitted set in ConfigMap ``gpuremediate-budget`` (namespace: the controller's)."""
+
+    def __init__(self, client: KubeClient, namespace: str, looks_done: Callable[[str], bool],
+                 clock: Callable[[], float]) -> None:
+        """``looks_done``: whether the informer shows a node done (then a fresh GET decides)."""
+        self.client = client
+        self.namespace = namespace
+        self.looks_done = looks_done
+        self.clock = clock
+        self.requests = 0  # API calls made (the cost the docs quote)
+
+    def claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
+        """Put ``candidate`` in the admitted set when ``refusal(the others admitted)`` is ""; else that reason.
+        A candidate already in the set holds its slot (a claim whose node write failed)."""
+        for _ in range(CLAIM_ATTEMPTS):
+            current = self._read()
+            admitted = self._pruned(_admitted_of(current))
+            if candidate in admitted and admitted == _admitted_of(current):
+                return ""
+            why = "" if candidate in admitted else refusal(frozenset(admitted))
+            if not why:
+                admitted.setdefault(candidate, self.clock())
+            if self._write(current, admitted):
+                return why
+        raise ClaimError(f"ConfigMap {self.namespace}/{BUDGET_CONFIGMAP}: {CLAIM_ATTEMPTS} conflicting writes "
+                         f"in a row; admission waits")
+
+    def admitted(self) -> dict[str, float]:
+        return _admitted_of(self._read())
+
+    # ---- the ConfigMap ---------------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, Any] | None:
+        self.requests += 1
+        try:
+            return self.client.get(CONFIGMAPS, BUDGET_CONFIGMAP, self.namespace)
+        except errors.NotFound:
+            return None
+        except (errors.ApiError, errors.TransportError) as exc:
+            raise ClaimError(f"ConfigMap {self.namespace}/{BUDGET_CONFIGMAP} unreadable: {exc}") from exc
+
+    def _write(self, current: dict[str, Any] | None, admitted: Mapping[str, float]) -> bool:
+        """The set written from ``current``'s resourceVersion; False on a conflict (someone wrote first)."""
+        if current is not None and _admitted_of(current) == dict(admitted):
+            return True
+        data = {ADMITTED_KEY: json.dumps(dict(sorted(admitted.items())), separators=(",", ":"))}
+        self.requests += 1
+        try:
+            if current is None:
+                self.client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                                "metadata": {"name": BUDGET_CONFIGMAP, "namespace": self.namespace},
+                                                "data": data}, self.namespace)
+            else:
+                self.client.replace(CONFIGMAPS, BUDGET_CONFIGMAP, {**current, "data": {**(current.get("data") or {}),
+                                                                                        **data}}, self.namespace)
+        except (errors.Conflict, errors.AlreadyExists):
+            return False
+        except (errors.ApiError, errors.TransportError) as exc:
+            raise ClaimError(f"ConfigMap {self.namespace}/{BUDGET_CONFIGMAP} not written: {exc}") from exc
+        return True
+
+    def _pruned(self, admitted: dict[str, float]) -> dict[str, float]:
+        """Without the nodes a fresh GET shows done (only those the informer shows done are asked)."""
+        kept = dict(admitted)
+        for name in [n for n in admitted if self.looks_done(n)]:
+            self.requests += 1
+            try:
+                fresh = safety.node_view(self.client.get(NODES, name))
+            except errors.NotFound:
+                kept.pop(name)
+                continue
+            except (errors.ApiError, errors.TransportError) as exc:
+                log.debug("budget claims: node %s unreadable, its claim kept: %s", name, exc)
+                continue
+            if is_done(fresh):
+                kept.pop(name)
+        return kept
+
+
+def _admitted_of(configmap: Mapping[str, Any] | None) -> dict[str, float]:
+    """The admitted set as stored; an unreadable value is an empty set only if a person emptied it."""
+    raw = ((configmap or {}).get("data") or {}).get(ADMITTED_KEY) or "{}"
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        raise ClaimError(f"ConfigMap {BUDGET_CONFIGMAP} key {ADMITTED_KEY}: not JSON ({exc}); fix or delete "
+                         f"the key") from exc
+    if not isinstance(parsed, dict) or not all(isinstance(v, int | float) for v in parsed.values()):
+        raise ClaimError(f"ConfigMap {BUDGET_CONFIGMAP} key {ADMITTED_KEY}: expected {{node: seconds}}, "
+                         f"got {raw[:80]!r}")
+    return {str(k): float(v) for k, v in parsed.items()}

@@ -1,0 +1,132 @@
+"""Drain admission across shards (actions.budget_claims): the API server decides who takes the last slot.
+
+Two replicas whose informers both show one free slot must not both admit: each node's own record never
+conflicts with the other's, so the claim goes through one ConfigMap written with a resourceVersion."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import pytest
+
+from gpuremediate.actions.budget_claims import (
+    ADMITTED_KEY,
+    BUDGET_CONFIGMAP,
+    BudgetClaims,
+    ClaimError,
+    budget_refusal,
+)
+from gpuremediate.kube import errors
+from gpuremediate.kube.resources import CONFIGMAPS, NODES
+from gpuremediate.policy import safety
+from gpuremediate.state import states
+from tests.kube.conftest import KubeTarget
+
+FLEET = [safety.NodeView(f"gpu-{i}") for i in range(4)]  # all in service, as both informers see it
+BUDGET_ONE = safety.Budget(1)
+
+
+def _waiting(name: str) -> safety.NodeView:
+    return safety.NodeView(name, unschedulable=True, state=states.DRAINING, waiting=True, first_seen=100.0)
+
+
+def _views(*waiting: str) -> list[safety.NodeView]:
+    return [_waiting(v.name) if v.name in waiting else v for v in FLEET]
+
+
+def _claims(target: KubeTarget, looks_done: Any = lambda _name: False) -> BudgetClaims:
+    return BudgetClaims(target.client(), target.namespace, looks_done, clock=lambda: 1000.0)
+
+
+def _refusal(candidate: str, views: list[safety.NodeView]) -> Any:
+    return lambda claimed: budget_refusal(views, candidate, [], BUDGET_ONE, [], claimed)
+
+
+def test_a_claim_made_between_a_read_and_a_write_wins_and_the_other_is_refused(kube_target: KubeTarget) -> None:
+    _reset_configmap(kube_target)  # the set exists (empty): both write from its resourceVersion
+    first, second = _claims(kube_target), _claims(kube_target)
+    views = _views("gpu-0", "gpu-1")  # each informer: two waiting, none out, limit 1
+    calls: list[frozenset[str]] = []
+
+    def first_refusal(claimed: frozenset[str]) -> str:
+        calls.append(claimed)
+        if len(calls) == 1:  # the other shard admits after our read, before our write
+            assert second.claim("gpu-1", _refusal("gpu-1", views)) == ""
+        return _refusal("gpu-0", views)(claimed)
+
+    why = first.claim("gpu-0", first_refusal)
+    assert calls == [frozenset(), frozenset({"gpu-1"})]  # the 409 made it read and decide again
+    assert why.startswith("budget full: 1 of 1 out of service (gpu-1)")
+    assert set(first.admitted()) == {"gpu-1"}
+
+
+def test_two_replicas_racing_for_one_slot_admit_exactly_one(kube_target: KubeTarget) -> None:
+    for round_ in range(10):
+        _reset_configmap(kube_target, create=round_ % 2 == 0)  # both create it, or both update it
+        replicas = [_claims(kube_target), _claims(kube_target)]
+        candidates = [f"gpu-{2 * (round_ % 2)}", f"gpu-{2 * (round_ % 2) + 1}"]
+        results = _race(replicas, candidates, _views(*candidates))
+        admitted = [name for name, why in results.items() if why == ""]
+        assert len(results) == 2 and len(admitted) == 1, results
+        assert set(replicas[0].admitted()) == set(admitted)
+
+
+def _race(replicas: list[BudgetClaims], candidates: list[str], views: list[safety.NodeView]) -> dict[str, str]:
+    """Both replicas claim at once (released together by a barrier); each candidate's answer."""
+    start = threading.Barrier(2)
+    results: dict[str, str] = {}
+
+    def admit(claims: BudgetClaims, name: str) -> None:
+        start.wait()
+        results[name] = claims.claim(name, _refusal(name, views))
+
+    threads = [threading.Thread(target=admit, args=(c, n)) for c, n in zip(replicas, candidates, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_a_claimed_node_holds_its_slot_until_a_fresh_read_shows_it_done(kube_target: KubeTarget) -> None:
+    admin = kube_target.client()
+    admin.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0"},
+                         "spec": {"unschedulable": True},
+                         "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    try:
+        looks_done = {"gpu-0": True}  # this replica's informer already shows gpu-0 finished
+        claims = _claims(kube_target, looks_done=lambda name: looks_done.get(name, False))
+        assert _claims(kube_target).claim("gpu-0", _refusal("gpu-0", _views("gpu-0"))) == ""
+        # The API server still has gpu-0 cordoned: the claim stays and gpu-1 must wait.
+        assert claims.claim("gpu-1", _refusal("gpu-1", _views("gpu-1"))).startswith("budget full")
+        admin.patch(NODES, "gpu-0", {"spec": {"unschedulable": False}})
+        assert claims.claim("gpu-1", _refusal("gpu-1", _views("gpu-1"))) == ""
+        assert set(claims.admitted()) == {"gpu-1"}
+    finally:
+        admin.delete(NODES, "gpu-0")
+
+
+def test_a_candidate_already_claimed_keeps_its_slot(kube_target: KubeTarget) -> None:
+    claims = _claims(kube_target)
+    assert claims.claim("gpu-0", _refusal("gpu-0", _views("gpu-0"))) == ""
+    assert claims.claim("gpu-0", lambda _claimed: "must not be asked") == ""  # its node write had failed
+
+
+def test_a_mangled_admitted_set_is_an_error_naming_the_key(kube_target: KubeTarget) -> None:
+    kube_target.client().create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                             "metadata": {"name": BUDGET_CONFIGMAP}, "data": {ADMITTED_KEY: "[1"}},
+                                kube_target.namespace)
+    with pytest.raises(ClaimError, match=f"key {ADMITTED_KEY}: not JSON"):
+        _claims(kube_target).claim("gpu-0", lambda _claimed: "")
+
+
+def _reset_configmap(target: KubeTarget, create: bool = False) -> None:
+    """No admitted set (``create``: the replicas create it), or an empty one."""
+    client = target.client()
+    with contextlib.suppress(errors.NotFound):
+        client.delete(CONFIGMAPS, BUDGET_CONFIGMAP, target.namespace)
+    if not create:
+        client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": BUDGET_CONFIGMAP},
+                                   "data": {ADMITTED_KEY: "{}"}}, target.namespace)
