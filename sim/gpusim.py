@@ -224,6 +224,7 @@ class NodeState:
     kmsg_seq: int = -1  # the last kernel-log record's SEQ this boot
     kmsg: list[str] = field(default_factory=list)  # this boot's kernel-log records
     boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    holders: set[str] = field(default_factory=set)  # clients with the GPUs open (operands): a reset is refused
 
     @property
     def present(self) -> list[GpuState]:
@@ -481,6 +482,25 @@ class GpuSim:
             for g in [state.gpu(i) for i in gpus] if gpus else state.gpus:
                 g.reset()
             self._write_smi_state(state)
+
+    def hold(self, node: str, client: str, held: bool = True) -> None:
+        """A client (device plugin, DCGM, dcgm-exporter, persistence daemon) opens the node's GPUs, or closes them."""
+        with self._lock:
+            holders = self.node(node).holders
+            if held:
+                holders.add(client)
+            else:
+                holders.discard(client)
+
+    def reset_refusal(self, node: str, gpus: Sequence[int]) -> str:
+        """Why ``nvidia-smi --gpu-reset`` would refuse these GPUs now ("" : it would go on): NVML's
+        NVML_ERROR_IN_USE while any client holds them."""
+        with self._lock:
+            state = self.node(node)
+            if not state.holders:
+                return ""
+            first = state.gpu(gpus[0]) if gpus else state.gpus[0]
+            return f"GPU {first.pci_bus_id}: In use by another client ({', '.join(sorted(state.holders))})"
 
     def problems(self, node: str) -> list[str]:
         """What a validation (dcgmi diag) would fail on: every GPU fault still visible."""
