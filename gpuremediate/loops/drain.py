@@ -215,9 +215,21 @@ class DrainLoop(NodeLoop):
         scope, impacted = policy.scope, self._impacted(name_of(node), record)
         if scope == SCOPE_IMPACTED and impacted is None:
             scope = SCOPE_GPU  # the exporter maps no pods to GPUs here: every GPU pod may be on the faulty GPU
-        return pods_to_drain(pods, scope, impacted or (), policy.skip_namespaces)
+        return pods_to_drain(pods, scope, impacted or (), policy.skip_namespaces,
+                             self.ctx.policy_for(node).gpu_resources.names)
 
     def _impacted(self, node: str, record: NodeRecord) -> set[tuple[str, str]] | None:
+        """The pods the exporter attributes to the faulty GPUs (every GPU for a fault naming none); None when
+        it attributes no pod to any GPU of the node.
+
+        On a MIG GPU dcgm-exporter writes one series per GPU instance (``GPU_I_ID``, ``GPU_I_PROFILE``) that
+        keeps the parent's ``gpu`` index and ``UUID``, and puts each pod on its instance's series (the kubelet's
+        pod-resources API names the pod's MIG device; the exporter maps it to the parent and the instance ID).
+        A reading's key is the parent's UUID (else node/gpuN), so a fault on GPU 3 impacts the pods of every
+        MIG instance of GPU 3, and only those. A fault is never narrowed to one instance, even when only one
+        instance's series shows it: the XID gauge, ECC and row remapping are DCGM device fields of the whole
+        GPU (a real A30 scrape in NVIDIA/dcgm-exporter#317 has DCGM_FI_DEV_XID_ERRORS once per GPU_I_ID, each
+        with the parent's UUID), and the repair (a GPU reset, a reboot) takes every instance down anyway."""
         readings = self.ctx.readings.get(node)
         if readings is None or not any(g.pods for g in readings.gpus):
             return None
