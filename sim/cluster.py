@@ -16,6 +16,15 @@ kube-apiserver + kube-controller-manager without kubelets, the envtest/KWOK way)
 the kubelets and what the cluster needs is made if absent (namespaces, ServiceAccounts, the exporters'
 DaemonSet and pods), so a second start on the same server finds them and goes on.
 
+With ``gpu_operator=True`` the nodes are GPU Operator nodes (``OperatorSim``): they carry the operands' deploy
+labels ``nvidia.com/gpu.deploy.<operand>=true``, and the device plugin, DCGM, dcgm-exporter and GPU Feature
+Discovery run as DaemonSet-like pods there while their label is ``"true"``: set to anything else, the pod is
+deleted (graceful: the kubelet stand-in finishes the deletion), set back, it is created again after
+``OperatorOptions.start_delay_s``. While an operand's pod exists it holds the node's GPUs (``GpuSim.hold``), so
+a reset Job fails "In use by another client"; while the dcgm-exporter pod is gone, gpu-sim does not serve that
+node. ``products`` sets ``nvidia.com/gpu.product`` per node; a product whose GPUs reset only all together
+(``*SXM2*``, ``*SXM3*``: pre-Ampere NVLink) refuses a reset Job that names only some of them.
+
 The cluster is busy by default, as a real one is: ``sim.busy.BusyWriter`` writes the Nodes all the time
 (annotations, labels, heartbeats, the not-ready / unschedulable taints), so the controller's guarded node
 patches meet 409s. ``GPUREMEDIATE_SIM_BUSY=0`` (or ``busy_writes_per_s=0``) turns it off. The node
@@ -26,10 +35,12 @@ the API server's requests can tell their writes from the controller's.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +49,7 @@ from gpuremediate.agent.run import Agent, AgentSettings
 from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, PDBS, PODS, SERVICEACCOUNTS
+from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, NODES, PDBS, PODS, SERVICEACCOUNTS
 from gpuremediate.policy.config import default_policy
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
@@ -55,7 +66,19 @@ SERVICEACCOUNTS_FILE = Path(__file__).resolve().parent.parent / "manifests" / "b
 NODESIM_USER = "system:node-sim"
 BUSY_USER = "system:busy-writer"
 AGENT_USER = "system:serviceaccount:gpuremediate-agent:gpuremediate-agent"
-BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER, AGENT_USER})
+OPERATOR_USER = "system:serviceaccount:gpu-operator:gpu-operator"
+BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER, AGENT_USER, OPERATOR_USER})
+DEPLOY_LABEL = "nvidia.com/gpu.deploy."
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+# The GPU Operator's operands that hold the GPUs: deploy-label suffix -> (pod app label = DaemonSet name, the
+# GPU client it runs). The exporter's DaemonSet is EXPORTER_DAEMONSET (its pods are served by gpu-sim).
+OPERANDS: dict[str, tuple[str, str]] = {
+    "device-plugin": ("nvidia-device-plugin-daemonset", "nvidia-device-plugin"),
+    "dcgm": ("nvidia-dcgm", "nv-hostengine"),
+    "dcgm-exporter": (EXPORTER_DAEMONSET, "dcgm-exporter"),
+    "gpu-feature-discovery": ("gpu-feature-discovery", "gpu-feature-discovery"),
+}
+WHOLE_NODE_PRODUCTS = ("*SXM2*", "*SXM3*")  # pre-Ampere NVLink: every GPU of the group in one reset
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,16 @@ class AgentOptions:
     hang_after: int = 2
     window_s: float = 300.0
     heartbeat_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """The simulated GPU Operator: how long a DaemonSet takes to start an operand's pod again, and the grace
+    period of its pods (the kubelet stand-in finishes a deletion after min(grace, its cap))."""
+
+    start_delay_s: float = 0.5
+    grace_s: int = 1
+    tick_s: float = 0.1
 
 
 @dataclass
@@ -113,6 +146,8 @@ class SimCluster:
         busy_writes_per_s: float | None = None,
         kubeconfig: str | None = None,
         agents: bool | AgentOptions = False,
+        gpu_operator: bool | OperatorOptions = False,
+        products: Mapping[str, str] | None = None,
     ) -> None:
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         self.gpus = gpus
@@ -133,6 +168,11 @@ class SimCluster:
         self._background_clients: list[KubeClient] = []
         self.validation_ok: dict[str, bool] = {}
         self.job_log: list[tuple[str, str, bool]] = []  # (node, job kind, succeeded)
+        self.operator_options = gpu_operator if isinstance(gpu_operator, OperatorOptions) else \
+            OperatorOptions() if gpu_operator else None
+        self.operator: OperatorSim | None = None
+        self.products = dict(products or {})
+        self.reset_refusals: list[tuple[str, str]] = []  # (node, why the reset Job failed), as nvidia-smi says it
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -155,10 +195,13 @@ class SimCluster:
         for name in self.node_names:
             # Each exporter pod exists before its node: a real DaemonSet controller finds the node served.
             self._exporter_pod(name)
-            self.nodesim.add_node(name, gpus=self.gpus)
+            self.nodesim.add_node(name, gpus=self.gpus, labels=self._node_labels(name))
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
         self.nodesim.start()
         self._wait_for_exporters()
+        if self.operator_options is not None:
+            self.operator = OperatorSim(self, self._client_as(OPERATOR_USER), self.operator_options).start()
+            self.operator.wait_running()
         if self.agent_options is not None:
             agent_client = self._client_as(AGENT_USER)
             for name in self.node_names:
@@ -167,6 +210,12 @@ class SimCluster:
             self.busy = BusyWriter(self._client_as(BUSY_USER), self.node_names, writes_per_s=self.busy_writes_per_s,
                                    taints=self.api is not None and not _emulator_taints_nodes(self.api)).start()
         return self
+
+    def _node_labels(self, node: str) -> dict[str, str]:
+        labels = {DEPLOY_LABEL + operand: "true" for operand in OPERANDS} if self.operator_options else {}
+        if node in self.products:
+            labels[PRODUCT_LABEL] = self.products[node]
+        return labels
 
     def _exporter_daemonset(self) -> str:
         body = daemonset(EXPORTER_DAEMONSET, EXPORTER_NAMESPACE, EXPORTER_LABEL)
@@ -226,6 +275,8 @@ class SimCluster:
 
     def stop(self) -> None:
         self._stop_agents()
+        if self.operator is not None:
+            self.operator.stop()
         if self.busy is not None:
             self.busy.stop()
         if self.nodesim is not None:
@@ -312,7 +363,25 @@ class SimCluster:
 
     def job_succeeds(self, node: str, pod: dict[str, Any]) -> bool:
         kind = (pod["metadata"].get("labels") or {}).get(JOB_LABEL, "")
+        if kind == "reset-gpu":
+            refusal = self.reset_refusal(node, [int(g) for g in _gpu_ids(pod)])
+            if refusal:
+                self.reset_refusals.append((node, refusal))
+            return not refusal
         return self.validation_ok.get(node, True) if kind == "validate" else True
+
+    def reset_refusal(self, node: str, gpus: list[int]) -> str:
+        """What nvidia-smi --gpu-reset would say refusing these GPUs ("" : it resets them): a client holds them,
+        or the node's GPUs reset only all together and some are missing from the command."""
+        held = self.gpusim.reset_refusal(node, gpus)
+        if held:
+            return held
+        product = self.products.get(node, "")
+        whole = any(fnmatch.fnmatchcase(product, pattern) for pattern in WHOLE_NODE_PRODUCTS)
+        if whole and gpus and sorted(set(gpus)) != list(range(self.gpus)):
+            return (f"GPU {gpus[0]}: the GPUs of its NVLink group ({product}) must be reset in the same command "
+                    f"(asked for {','.join(map(str, gpus))} of {self.gpus})")
+        return ""
 
     def _job_finished(self, node: str, pod: dict[str, Any], succeeded: bool) -> None:
         kind = (pod["metadata"].get("labels") or {}).get(JOB_LABEL, "")
@@ -326,6 +395,141 @@ class SimCluster:
             self.gpusim.reboot(node)
             assert self.nodesim is not None
             self.nodesim.reboot(node, down_s=self.reboot_down_s)
+
+
+@dataclass
+class _Operand:
+    """One operand's pod on one node, as its DaemonSet keeps it."""
+
+    due_at: float = 0.0  # monotonic time its pod is (re)created at; 0: not scheduled
+    holding: bool = False
+
+
+class OperatorSim:
+    """The GPU Operator's DaemonSets for the operands on every node (``SimCluster(gpu_operator=True)``): a pod
+    runs on a node while the node's deploy label is "true" and holds its GPUs while it exists; the exporter's
+    absence takes gpu-sim's endpoint for that node down. ``stuck(node, operand)`` keeps a pod from leaving
+    (a pod stuck terminating), so a reset sequence's wait for the operands to go times out."""
+
+    def __init__(self, cluster: SimCluster, client: KubeClient, options: OperatorOptions) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.options = options
+        self.owners: dict[str, str] = {}  # DaemonSet name -> uid
+        self.state: dict[tuple[str, str], _Operand] = {}
+        self.stuck_pods: set[tuple[str, str]] = set()
+        self.exporter_off: set[str] = set()  # nodes whose endpoint the operator took down
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="operator-sim", daemon=True)
+
+    def start(self) -> OperatorSim:
+        for operand, (app, _) in OPERANDS.items():
+            body = daemonset(app, EXPORTER_NAMESPACE, {"app": app})
+            body["spec"]["template"]["spec"]["nodeSelector"] = {DEPLOY_LABEL + operand: "true"}
+            try:
+                self.owners[app] = str(self.client.create(DAEMONSETS, body, EXPORTER_NAMESPACE)["metadata"]["uid"])
+            except errors.AlreadyExists:
+                self.owners[app] = str(self.client.get(DAEMONSETS, app, EXPORTER_NAMESPACE)["metadata"]["uid"])
+        for node in self.cluster.node_names:  # the operands run before the scenario starts
+            for operand in OPERANDS:
+                self._create(node, operand)
+        self._thread.start()
+        return self
+
+    def wait_running(self, timeout: float = 15.0) -> None:
+        """Every operand's pod Running on every node (and holding its GPUs)."""
+        want = {(node, operand) for node in self.cluster.node_names for operand in OPERANDS}
+        deadline = time.monotonic() + timeout
+        while {key for key, state in self.state.items() if state.holding} != want:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"operand pods not all Running after {timeout}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def stuck(self, node: str, operand: str, stuck: bool = True) -> None:
+        if stuck:
+            self.stuck_pods.add((node, operand))
+        else:
+            self.stuck_pods.discard((node, operand))
+
+    @staticmethod
+    def pod_name(operand: str, node: str) -> str:
+        return f"{OPERANDS[operand][0]}-{node}"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.options.tick_s):
+            try:
+                self.tick()
+            except (errors.ApiError, errors.TransportError) as exc:
+                self.errors.append(str(exc))
+
+    def tick(self) -> None:
+        pods = {p["metadata"]["name"]: p for p in self.client.list(PODS, EXPORTER_NAMESPACE)["items"]}
+        for node in self.client.list(NODES)["items"]:
+            name = node["metadata"]["name"]
+            if name not in self.cluster.node_names:
+                continue
+            labels = node["metadata"].get("labels") or {}
+            for operand in OPERANDS:
+                pod = pods.get(self.pod_name(operand, name))
+                self._sync(name, operand, labels.get(DEPLOY_LABEL + operand) == "true", pod)
+
+    def _sync(self, node: str, operand: str, wanted: bool, pod: dict[str, Any] | None) -> None:
+        state = self.state.setdefault((node, operand), _Operand())
+        now = time.monotonic()
+        if wanted and pod is None:
+            if not state.due_at:
+                state.due_at = now + self.options.start_delay_s
+            elif now >= state.due_at:
+                self._create(node, operand)
+                state.due_at = 0.0
+        elif not wanted:
+            state.due_at = 0.0
+            deleting = pod is not None and bool(pod["metadata"].get("deletionTimestamp"))
+            if pod is not None and not deleting and (node, operand) not in self.stuck_pods:
+                with contextlib.suppress(errors.NotFound):
+                    self.client.delete(PODS, pod["metadata"]["name"], EXPORTER_NAMESPACE,
+                                       grace_period_seconds=self.options.grace_s)
+        self._hold(node, operand, pod)
+
+    def _hold(self, node: str, operand: str, pod: dict[str, Any] | None) -> None:
+        """A pod holds the GPUs from its start until it is gone (terminating included); the exporter serves
+        only while its pod runs and is not terminating."""
+        state = self.state[(node, operand)]
+        running = pod is not None and (pod.get("status") or {}).get("phase") == "Running"
+        if running != state.holding:
+            self.cluster.gpusim.hold(node, OPERANDS[operand][1], running)
+            state.holding = running
+        if operand != "dcgm-exporter":
+            return
+        serving = running and pod is not None and not pod["metadata"].get("deletionTimestamp")
+        if not serving and node not in self.exporter_off:
+            self.exporter_off.add(node)
+            self.cluster.gpusim.set_down(node, "refuse")
+        elif serving and node in self.exporter_off:
+            self.exporter_off.discard(node)
+            self.cluster.gpusim.set_down(node, None)
+            self.cluster.gpusim.restart_exporter(node)  # a new exporter process
+
+    def _create(self, node: str, operand: str) -> None:
+        app = OPERANDS[operand][0]
+        body = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": self.pod_name(operand, node), "namespace": EXPORTER_NAMESPACE,
+                         "labels": {"app": app, "app.kubernetes.io/managed-by": "gpu-operator"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": app,
+                                              "uid": self.owners[app], "controller": True}]},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": self.options.grace_s,
+                     "containers": [{"name": operand, "image": f"{operand}:sim"}],
+                     "tolerations": [{"operator": "Exists"}]},
+        }
+        with contextlib.suppress(errors.AlreadyExists):
+            self.client.create(PODS, body, EXPORTER_NAMESPACE)
 
 
 def _emulator_taints_nodes(api: KubeAPIServer) -> bool:
