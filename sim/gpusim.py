@@ -160,6 +160,16 @@ class SimError(ValueError):
 
 
 @dataclass
+class MigInstance:
+    """A MIG GPU instance: dcgm-exporter writes it as its own series (GPU_I_ID, GPU_I_PROFILE), keeping the
+    parent's gpu and UUID labels and device fields; a pod on the instance is on that series only."""
+
+    gi_id: int
+    profile: str  # e.g. "1g.10gb"
+    pod: tuple[str, str, str] | None = None  # (namespace, pod, container)
+
+
+@dataclass
 class GpuState:
     index: int
     uuid: str
@@ -190,6 +200,7 @@ class GpuState:
     dram_active: float = 0.0
     booted_at: float = field(default_factory=time.monotonic)
     pod: tuple[str, str, str] | None = None  # (namespace, pod, container) using this GPU
+    mig: list[MigInstance] = field(default_factory=list)  # MIG mode on: one series per instance, none for the GPU
     lost: bool = False  # fell off the bus: gone from the exporter and nvidia-smi until a reboot
 
     @property
@@ -266,18 +277,20 @@ def new_node(name: str, gpus: int, ip: str, model: str = DEFAULT_MODEL, driver: 
 # ---------------------------------------------------------------- exposition
 
 
-def _labels(node: NodeState, gpu: GpuState) -> str:
+def _labels(node: NodeState, gpu: GpuState, mig: MigInstance | None = None) -> str:
     parts = [
         f'gpu="{gpu.index}"',
         f'UUID="{gpu.uuid}"',
         f'pci_bus_id="{gpu.pci_bus_id}"',
         f'device="nvidia{gpu.index}"',
         f'modelName="{node.model}"',
+        *([f'GPU_I_PROFILE="{mig.profile}"', f'GPU_I_ID="{mig.gi_id}"'] if mig is not None else []),
         f'{node.hostname_label}="{node.name}"',
         f'DCGM_FI_DRIVER_VERSION="{node.driver}"',
     ]
-    if gpu.pod is not None:
-        namespace, pod, container = gpu.pod
+    user = gpu.pod if mig is None else mig.pod
+    if user is not None:
+        namespace, pod, container = user
         parts += [f'container="{container}"', f'namespace="{namespace}"', f'pod="{pod}"']
     return ",".join(parts)
 
@@ -290,13 +303,15 @@ def _value(f: Field, gpu: GpuState) -> str:
 def _series_lines(f: Field, node: NodeState) -> list[str]:
     lines = []
     for gpu in node.present:
-        labels = _labels(node, gpu)
-        if f.attr == "xid":
-            if gpu.xid is None:
-                continue
-            msg = XID_MESSAGES.get(gpu.xid, "Unknown Error")
-            labels += f',err_code="{gpu.xid}",err_msg="{msg}"'
-        lines.append(f"{f.name}{{{labels}}} {_value(f, gpu)}")
+        instances: list[MigInstance | None] = [*gpu.mig] or [None]
+        for mig in instances:
+            labels = _labels(node, gpu, mig)
+            if f.attr == "xid":
+                if gpu.xid is None:
+                    continue
+                msg = XID_MESSAGES.get(gpu.xid, "Unknown Error")
+                labels += f',err_code="{gpu.xid}",err_msg="{msg}"'
+            lines.append(f"{f.name}{{{labels}}} {_value(f, gpu)}")
     return lines
 
 
@@ -463,6 +478,19 @@ class GpuSim:
         """Attribute a GPU to a pod, as dcgm-exporter does in Kubernetes mode."""
         with self._lock:
             self.node(node).gpu(gpu).pod = (namespace, pod, container)
+
+    def set_mig(self, node: str, gpu: int, profiles: Sequence[str]) -> None:
+        """MIG mode on GPU ``gpu`` with one GPU instance per profile (GPU_I_ID 1, 2, ...); none: MIG off."""
+        with self._lock:
+            self.node(node).gpu(gpu).mig = [MigInstance(i, p) for i, p in enumerate(profiles, start=1)]
+
+    def set_mig_pod(self, node: str, gpu: int, gi_id: int, namespace: str, pod: str, container: str = "main") -> None:
+        """Attribute one MIG instance to a pod, as dcgm-exporter's pod mapper does from the MIG device ID."""
+        with self._lock:
+            found = [m for m in self.node(node).gpu(gpu).mig if m.gi_id == gi_id]
+            if not found:
+                raise SimError(f"node {node!r} GPU {gpu} has no MIG instance {gi_id}")
+            found[0].pod = (namespace, pod, container)
 
     def reset_gpu(self, node: str, gpu: int) -> None:
         with self._lock:
@@ -848,7 +876,8 @@ def smi_state(node: NodeState) -> dict[str, Any]:
         "driver_version": node.driver, "temperature.gpu": str(g.gpu_temp), "temperature.memory": str(g.memory_temp),
         "ecc.errors.uncorrected.volatile.total": str(g.dbe_vol),
         "ecc.errors.uncorrected.aggregate.total": str(g.dbe_agg),
-        "retired_pages.double_bit.count": "[N/A]", "retired_pages.pending": "[N/A]", "mig.mode.current": "Disabled",
+        "retired_pages.double_bit.count": "[N/A]", "retired_pages.pending": "[N/A]",
+        "mig.mode.current": "Enabled" if g.mig else "Disabled",
         "remapped_rows.correctable": str(g.remap_correctable),
         "remapped_rows.uncorrectable": str(g.remap_uncorrectable),
         "remapped_rows.pending": _yes_no(g.remap_pending), "remapped_rows.failure": _yes_no(g.remap_failure),
