@@ -1,0 +1,304 @@
+"""``reset-gpu`` on a GPU Operator node: the operands off, the reset, the operands back (issue 13, part 2).
+
+Why: on a node the NVIDIA GPU Operator serves, the device plugin, DCGM (nv-hostengine), dcgm-exporter and GPU
+Feature Discovery keep the GPUs open, and persistence mode counts as a client too, so a bare
+``nvidia-smi --gpu-reset`` is refused: "In use by another client". NVSentinel's janitor (GPUReset controller)
+does what the GPU Operator team advises: it sets the operands' node labels ``nvidia.com/gpu.deploy.<operand>``
+to ``"false"`` (each operand DaemonSet's nodeSelector wants ``"true"``), waits for their pods to go, runs a
+privileged reset Job on the node (persistence mode off where it is on, ``nvidia-smi --gpu-reset -i <ids>``, a
+health check, persistence back on), and then, whatever the Job's outcome, puts the labels back and waits for
+the operands to be ready again. References:
+
+- NVSentinel ADR-019 "Janitor Support for GPU Reset" and ADR-020 "NVSentinel Support for GPU Reset"
+  (github.com/NVIDIA/NVSentinel, docs/design), its registry of operands and their labels
+  (janitor/pkg/gpuservices/manager.go: device-plugin, dcgm, dcgm-exporter, gpu-feature-discovery; teardown
+  timeout 5 min, restore timeout 10 min) and its reset script (gpu-reset/gpu_reset.sh: "Persistence mode counts
+  as an attachment to the device, so nvidia-smi --gpu-reset is refused with 'In use by another client'").
+- The operand DaemonSets' ``nodeSelector: nvidia.com/gpu.deploy.<operand>: "true"`` (github.com/NVIDIA/
+  gpu-operator, assets/state-*/); the operator's own driver upgrade pauses operands the same way
+  (value ``paused-for-driver-upgrade``), which is why only labels holding ``"true"`` are ours to change.
+- nvidia-smi(1), ``-r/--gpu-reset``: no process may use the GPU; from Ampere on, NVLink-connected GPUs can be
+  reset one by one (Ampere NVSwitch systems need Fabric Manager, Hopper and later NVSwitch systems do not);
+  before Ampere every GPU of an NVLink group is reset in the same command — hence ``[gpu_operator] scope``.
+
+The steps, each written into the record (``ActionInProgress.step``, ``step_since``; the step's deadline is the
+action's ``deadline``) before anything it leads to happens, so a restart resumes where the record says:
+
+1. operands off: ONE guarded merge patch sets the deployed operands' labels to ``off_value``, saves their values
+   in ``gpuremediate.io/operand-labels`` (``actions.operands``) and writes the record (Job name, step
+   ``operands-gone``). A 409 changed nothing: the next step reads the node again and decides again.
+2. ``operands-gone``: until no pod of those operands is left on the node; past ``gone_timeout_s`` → failed.
+3. ``reset``: the record says so first, then the Job is created (lookup before create, ``loops.jobs`` order),
+   then noted as created. Its outcome as for the bare reset (failed, deleted, timed out → failed).
+4. restore: ONE patch puts back the labels that still hold our value (a label someone changed since is left
+   as it is), removes the annotation and writes the record (``operands-back``, or ``failed`` with the reason).
+5. ``operands-back``: every operand whose label is ``"true"`` has a Ready pod on the node and the exporter's
+   readings are newer than the restore; then the attempt succeeded (validation next). Past
+   ``back_timeout_s`` → the attempt failed.
+6. ``failed``: the labels are back already (the restore and ``failed`` land together): the attempt fails, then
+   the next attempt or quarantine, as ``[remediation] max_attempts`` says. A node never stays with its device
+   plugin off because an attempt failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpuremediate.actions.events import NORMAL, WARNING
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED, build_job, create_job_once, job_name
+from gpuremediate.actions.nodes import GPU_RESOURCE, Node, is_ready, labels_of, name_of
+from gpuremediate.actions.operands import (
+    OperandAnnotationError,
+    SavedLabels,
+    off_patch,
+    restore_patch,
+    saved_labels,
+    write_node,
+)
+from gpuremediate.actions.pods import list_node_pods
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT, job_spec
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.findings import ACTION_RESET_GPU
+from gpuremediate.policy.gpu_operator import SCOPE_NODE, GpuOperatorPolicy
+from gpuremediate.state.record import MAX_TIMESTAMP, ActionInProgress, NodeRecord, start_action
+
+if TYPE_CHECKING:
+    from gpuremediate.loops.remediate import RemediateLoop
+
+log = logging.getLogger(__name__)
+
+STEP_GONE = "operands-gone"
+STEP_RESET = "reset"
+STEP_BACK = "operands-back"
+STEP_FAILED = "failed"
+STEPS = (STEP_GONE, STEP_RESET, STEP_BACK, STEP_FAILED)
+POLL_S = 1.0
+
+
+def applies(policy: Policy, node: Node, record: NodeRecord) -> bool:
+    """Whether this reset-gpu step belongs to the sequence: one under way (the record has a step), or a new
+    attempt on a node with an operand deployed. A bare reset Job already under way goes on as it is."""
+    action = record.action
+    if action is not None and action.step:
+        return True
+    if action is not None and action.name:
+        return False
+    return policy.gpu_operator.applies(labels_of(node))
+
+
+def with_step(record: NodeRecord, step: str, now: float, timeout_s: float | None, detail: str | None = None
+              ) -> NodeRecord:
+    """The record with the action in ``step`` since ``now``; its deadline ``timeout_s`` from now (None: none)."""
+    action = record.action
+    assert action is not None
+    deadline = None if timeout_s is None else min(now + timeout_s, MAX_TIMESTAMP)
+    changed = dataclasses.replace(action, step=step, step_since=now, deadline=deadline,
+                                  detail=action.detail if detail is None else detail)
+    return dataclasses.replace(record, action=changed)
+
+
+def operand_pods(pods: list[dict[str, Any]], namespace: str, apps: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The pods of these operands (``apps``: deploy label → pod app label) among a node's pods."""
+    wanted = set(apps.values())
+    return [p for p in pods if (p.get("metadata") or {}).get("namespace") == namespace
+            and ((p.get("metadata") or {}).get("labels") or {}).get("app") in wanted]
+
+
+def all_gpu_indexes(node: Node, readings_gpus: list[str]) -> list[str]:
+    """Every GPU of the node: the exporter's indexes, else 0..capacity-1 (allocatable drops to 0 while the device
+    plugin is off; capacity does not)."""
+    if readings_gpus:
+        return sorted(set(readings_gpus), key=lambda g: (len(g), g))
+    capacity = str(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0"))
+    return [str(i) for i in range(int(capacity))] if capacity.isascii() and capacity.isdigit() else []
+
+
+class GpuResetSequence:
+    """One step of the sequence for one node (called from ``RemediateLoop.reconcile``)."""
+
+    def __init__(self, loop: RemediateLoop) -> None:
+        self.loop = loop
+        self.ctx = loop.ctx
+
+    def step(self, node: Node, record: NodeRecord) -> float | None:
+        policy = self.ctx.policy_for(node)
+        action = record.action
+        if action is None or not action.step:
+            return self._operands_off(node, record, policy)
+        try:
+            saved = saved_labels(node)
+        except OperandAnnotationError as exc:
+            return self._unreadable_annotation(node, record, policy, str(exc))
+        if action.step == STEP_GONE:
+            return self._wait_gone(node, record, action, policy, saved)
+        if action.step == STEP_RESET:
+            return self._reset(node, record, action, policy, saved)
+        if action.step == STEP_BACK:
+            return self._wait_back(node, record, action, policy)
+        if action.step == STEP_FAILED:
+            return self._finish(node, record, policy, ok=False, detail=action.detail or "reset sequence failed")
+        return self._fail(node, record, policy, saved, f"unknown reset step {action.step!r} in the record")
+
+    # ---- 1. operands off -------------------------------------------------------------------------------
+
+    def _operands_off(self, node: Node, record: NodeRecord, policy: Policy) -> float | None:
+        gop = policy.gpu_operator
+        now = self.ctx.clock()
+        attempt = record.action.attempt if record.action else 1
+        name = job_name(ACTION_RESET_GPU, name_of(node), self.loop.fingerprint(record), attempt)
+        started = start_action(record, ACTION_RESET_GPU, name, attempt, now)
+        started = with_step(started, STEP_GONE, now, gop.gone_timeout_s)
+        labels = gop.operands_on(labels_of(node))
+        patch, saved = off_patch(node, started, labels, gop.off_value)
+        if write_node(self.ctx.writer, node, patch) is None:
+            return self.loop.retry_after_conflict()
+        self._event(node, "GPUOperandsOff", f"set {', '.join(sorted(saved.previous))} to {gop.off_value!r} for "
+                    f"reset-gpu attempt {attempt}; waiting for their pods to leave", NORMAL)
+        return POLL_S
+
+    # ---- 2. operands gone ------------------------------------------------------------------------------
+
+    def _wait_gone(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy,
+                   saved: SavedLabels | None) -> float | None:
+        gop = policy.gpu_operator
+        apps = {label: app for label, app in gop.apps.items() if saved is None or label in saved.previous}
+        left = [] if self.ctx.writer.dry_run else \
+            operand_pods(list_node_pods(self.ctx.client, name_of(node)), gop.namespace, apps)
+        now = self.ctx.clock()
+        if not left:
+            timeout = policy.remediation.reset_gpu.timeout_s
+            at_reset = with_step(record, STEP_RESET, now, timeout)
+            written = self.ctx.writer.write(node, at_reset)
+            if written is None:
+                return self.loop.retry_after_conflict()
+            self._create_job(written, at_reset, policy)
+            return POLL_S
+        if action.deadline is not None and now >= action.deadline:
+            names = ", ".join(sorted(name_of(p) for p in left))
+            return self._fail(node, record, policy, saved,
+                              f"operand pods still on the node after {gop.gone_timeout_s:g}s: {names}")
+        return POLL_S
+
+    # ---- 3. the reset Job ------------------------------------------------------------------------------
+
+    def _create_job(self, node: Node, record: NodeRecord, policy: Policy) -> None:
+        """Create the attempt's Job unless it exists (its name is in the record), then note it created."""
+        action = record.action
+        assert action is not None
+        gop = policy.gpu_operator
+        job_policy = dataclasses.replace(policy.remediation.reset_gpu, command=gop.command)
+        indexes, uuids = self._targets(node, record, gop)
+        spec = dataclasses.replace(job_spec(job_policy), env={"GPU_UUIDS": ",".join(uuids)})
+        job = build_job(ACTION_RESET_GPU, name_of(node), self.loop.fingerprint(record), action.attempt, spec,
+                        namespace=self.ctx.settings.jobs_namespace, gpu_ids=indexes)
+        if self.ctx.writer.dry_run:
+            self._event(node, "GPURemediationJob", f"would create Job {action.name} (reset-gpu on GPUs "
+                        f"{','.join(indexes) or '-'})", NORMAL)
+            return
+        found, created = create_job_once(self.ctx.client, job)
+        if created:
+            log.info("job created", extra={"node": name_of(node), "job": action.name, "kind": ACTION_RESET_GPU,
+                                           "attempt": action.attempt})
+        self.loop.note_created(node, record, found)
+
+    def _targets(self, node: Node, record: NodeRecord, gop: GpuOperatorPolicy) -> tuple[list[str], list[str]]:
+        """(indexes, UUIDs) to reset: the faulty GPUs, or every GPU where they reset only together (or the fault
+        names none)."""
+        indexes, uuids = self.loop.gpu_ids(node, record)
+        readings = self.ctx.readings.get(name_of(node))
+        every = all_gpu_indexes(node, [g.gpu for g in readings.gpus] if readings else [])
+        if gop.reset_scope(labels_of(node)) == SCOPE_NODE or not indexes:
+            all_uuids = sorted({g.uuid for g in readings.gpus if g.uuid}) if readings else uuids
+            return every, all_uuids
+        return indexes, uuids
+
+    def _reset(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy,
+               saved: SavedLabels | None) -> float | None:
+        outcome = self.loop.attempt_outcome(action, lambda: self._create_job(node, record, policy),
+                                            lambda job: self.loop.note_created(node, record, job))
+        if outcome == SUCCEEDED:
+            return self._restore(node, record, policy, saved)
+        if outcome == FAILED:
+            return self._fail(node, record, policy, saved, f"reset-gpu Job {action.name} failed")
+        if outcome == DELETED:
+            return self._fail(node, record, policy, saved, f"reset-gpu Job {action.name} was deleted before it "
+                              "finished")
+        if outcome == TIMED_OUT:  # written (with the restore) first; the Job is deleted only after
+            return self._fail(node, record, policy, saved, f"reset-gpu attempt {action.attempt} timed out",
+                              cancel=True)
+        return POLL_S
+
+    # ---- 4. restore ------------------------------------------------------------------------------------
+
+    def _restore(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None) -> float | None:
+        after = with_step(record, STEP_BACK, self.ctx.clock(), policy.gpu_operator.back_timeout_s)
+        if self._write_restore(node, after, saved) is None:
+            return self.loop.retry_after_conflict()
+        return POLL_S
+
+    def _fail(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None, detail: str, *,
+              cancel: bool = False) -> float | None:
+        """The labels back and the failure in the record (one patch), then the attempt fails."""
+        after = with_step(record, STEP_FAILED, self.ctx.clock(), None, detail)
+        written = self._write_restore(node, after, saved)
+        if written is None:
+            return self.loop.retry_after_conflict()
+        if cancel and record.action is not None:
+            self.loop.cancel(ACTION_RESET_GPU, record.action.name)
+        return self._finish(written, after, policy, ok=False, detail=detail)
+
+    def _write_restore(self, node: Node, record: NodeRecord, saved: SavedLabels | None) -> Node | None:
+        restore = restore_patch(node, record, saved)
+        written = write_node(self.ctx.writer, node, restore.patch)
+        if written is None or saved is None:
+            return written
+        text = f"put back {', '.join(restore.restored) or 'no label'}"
+        if restore.left:
+            text += f"; left {', '.join(restore.left)} as someone changed them since"
+        self._event(node, "GPUOperandsRestored", text, WARNING if restore.left else NORMAL)
+        return written
+
+    def _unreadable_annotation(self, node: Node, record: NodeRecord, policy: Policy, problem: str) -> float | None:
+        """A person broke the annotation: which labels were ours is unknown, so none is touched (said loudly)."""
+        self._event(node, "GPUOperandsUnknown", f"{problem}; the operand labels are left as they are", WARNING)
+        return self._fail(node, record, policy, None, problem)
+
+    # ---- 5. operands back ------------------------------------------------------------------------------
+
+    def _wait_back(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy) -> float | None:
+        gop = policy.gpu_operator
+        missing = [] if self.ctx.writer.dry_run else self._not_back(node, gop, action.step_since or 0.0)
+        if not missing:
+            return self._finish(node, record, policy, ok=True,
+                                detail=f"reset-gpu done ({action.name}); operands and exporter back")
+        now = self.ctx.clock()
+        if action.deadline is not None and now >= action.deadline:
+            return self._finish(node, record, policy, ok=False,
+                                detail=f"reset-gpu done but not back after {gop.back_timeout_s:g}s: "
+                                       f"{', '.join(missing)}")
+        return POLL_S
+
+    def _not_back(self, node: Node, gop: GpuOperatorPolicy, since: float) -> list[str]:
+        """What is not back yet: operands deployed without a Ready pod, and the exporter's fresh readings."""
+        deployed = {label: gop.apps[label] for label in gop.operands_on(labels_of(node))}
+        pods = operand_pods(list_node_pods(self.ctx.client, name_of(node)), gop.namespace, deployed)
+        ready = {((p.get("metadata") or {}).get("labels") or {}).get("app") for p in pods
+                 if is_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp")}
+        missing = [f"{app} pod" for app in sorted(set(deployed.values()) - ready)]
+        readings = self.ctx.readings.get(name_of(node))
+        if readings is None or readings.observed_at < since:
+            missing.append("fresh exporter readings")
+        return missing
+
+    # ---- 6. the attempt's end --------------------------------------------------------------------------
+
+    def _finish(self, node: Node, record: NodeRecord, policy: Policy, *, ok: bool, detail: str) -> float | None:
+        return self.loop.finish_attempt(node, record, ok=ok, detail=detail,
+                                        max_attempts=policy.remediation.max_attempts)
+
+    def _event(self, node: Node, reason: str, message: str, kind: str) -> None:
+        self.ctx.events.node_event(name_of(node), reason, message, kind)  # the recorder says "(dry-run)"
+
