@@ -127,8 +127,9 @@ def test_gpu_count_is_physical_gpus() -> None:
     assert gpu_count(node({"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "7"})) == 8  # capacity, not allocatable
     labels = {"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count": "8"}
     assert gpu_count(node(MIXED, labels=labels)) == 8
-    assert gpu_count(node(SINGLE, labels={**labels, "nvidia.com/mig.strategy": "single"})) == 8
-    assert gpu_count(node(SINGLE)) == 56  # no GFD labels: what the capacity says
+    # single: GFD overrides gpu.count with the MIG devices, as the capacity counts them; nothing tells GPUs
+    assert gpu_count(node(SINGLE, labels={"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "56"})) == 56
+    assert gpu_count(node(MIXED)) == 2  # no GFD labels: the whole GPUs the capacity lists
 
 
 def test_a_mixed_mig_node_is_a_gpu_node_without_the_label() -> None:

@@ -79,11 +79,12 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
 
 
 def gpu_count(node: Mapping[str, Any]) -> int:
-    """The node's physical GPUs: its ``nvidia.com/gpu`` capacity (allocatable leaves out the GPUs the device
-    plugin marked unhealthy; they are still there). On a MIG node that capacity counts MIG devices (single
-    strategy) or nothing (mixed): there GPU feature discovery's ``nvidia.com/gpu.count`` says, when set."""
+    """The node's GPUs: its ``nvidia.com/gpu`` capacity (allocatable leaves out the GPUs the device plugin
+    marked unhealthy; they are still there). With the mixed MIG strategy that capacity counts only the GPUs
+    left whole: GPU feature discovery's ``nvidia.com/gpu.count`` (the GPUs) says, when set. With the single
+    strategy both count MIG devices (GFD overrides gpu.count there), and so does this."""
     labelled = count_of(labels_of(node).get(GPU_COUNT_LABEL, ""))
-    if mig_strategy(node) in ("single", "mixed") and labelled is not None:
+    if mig_strategy(node) == "mixed" and labelled is not None:
         return labelled
     status = node.get("status") or {}
     for section in ("capacity", "allocatable"):
