@@ -59,6 +59,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leader-elect-renew-deadline", default="10s",
                    help="the leader stops writing when its last renewal is this old")
     p.add_argument("--leader-elect-retry-period", default="2s", help="how often the lease is renewed or tried")
+    p.add_argument("--shards", type=int, default=1,
+                   help="split the GPU nodes into this many shards, one Lease gpuremediate-shard-<i> each; every "
+                        "replica acts on the shards it holds (default 1: one leader, with --leader-elect)")
     p.add_argument("--source", choices=SOURCES, default="exporter", help="where GPU health comes from")
     p.add_argument("--exporter-namespace", default="gpu-operator")
     p.add_argument("--exporter-selector", default="app=nvidia-dcgm-exporter")
@@ -102,6 +105,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         renew_deadline_s=parse_duration(args.leader_elect_renew_deadline, "--leader-elect-renew-deadline",
                                         MAX_LEASE_S),
         retry_period_s=parse_duration(args.leader_elect_retry_period, "--leader-elect-retry-period", MAX_LEASE_S),
+        shards=args.shards,
         source=args.source,
         exporter_namespace=args.exporter_namespace,
         exporter_selector=args.exporter_selector,

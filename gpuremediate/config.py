@@ -17,6 +17,7 @@ MAX_DURATION_S = 30 * 86400.0  # far below threading's TIMEOUT_MAX; no wait of t
 MAX_SCRAPE_TIMEOUT_S = 600.0
 MAX_INTERVAL_S = 86400.0
 MAX_LEASE_S = 3600.0
+MAX_SHARDS = 256  # one Lease per shard, each renewed every retry period
 HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -43,6 +44,7 @@ class Settings:
     lease_duration_s: float = 15.0  # client-go's defaults; a leader acts only within renew_deadline_s of a renewal
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
+    shards: int = 1  # >1: each replica owns the nodes of the gpuremediate-shard-<i> Leases it holds
     identity: str = ""
     source: str = "exporter"
     exporter_namespace: str = "gpu-operator"
@@ -78,6 +80,8 @@ class Settings:
                 "--leader-elect-lease-duration > --leader-elect-renew-deadline > 1.2 x --leader-elect-retry-period "
                 f"> 0 is required, got {self.lease_duration_s:g}s, {self.renew_deadline_s:g}s, "
                 f"{self.retry_period_s:g}s")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise SettingsError(f"--shards: expected 1 to {MAX_SHARDS}, got {self.shards}")
         check_host(self.metrics_host, "--metrics-addr")
         if not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"--metrics-addr: port out of range: {self.metrics_port}")
@@ -131,6 +135,10 @@ class Settings:
         if not LABEL_NAME.fullmatch(self.prometheus_node_label):
             raise SettingsError(f"--prometheus-node-label: not a Prometheus label name: "
                                 f"{self.prometheus_node_label!r}")
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards > 1
 
     @property
     def who(self) -> str:

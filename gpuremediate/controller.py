@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.actions.budget_claims import BudgetClaims, is_done
 from gpuremediate.actions.events import WARNING, EventRecorder
 from gpuremediate.actions.nodes import NodeView, NodeWriter, is_excluded, is_gpu_node, labels_of, name_of
 from gpuremediate.config import Settings
@@ -22,6 +23,7 @@ from gpuremediate.kube.client import KubeClient, WriteFence
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.leader import LeaderElector
 from gpuremediate.kube.resources import EVENTS, NODES, SECRETS
+from gpuremediate.kube.shards import ShardSet
 from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
@@ -33,6 +35,7 @@ from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.event_queue import own_pod, pod_event_body
 from gpuremediate.obs.notify import NotifyError, WebhookNotifier, url_from_secret
 from gpuremediate.obs.server import ObservabilityServer
+from gpuremediate.policy import safety
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.shutdown import Shutdown
@@ -70,16 +73,33 @@ def node_filter(settings: Settings) -> Callable[[Mapping[str, Any]], bool]:
     return lambda node: selector.matches(labels_of(node))
 
 
-def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetrics, view: NodeView) -> Source:
+class ShardExporterSource(ExporterSource):
+    """With --shards: only the exporter pods on nodes of the shards this replica holds now are scraped."""
+
+    def __init__(self, *args: Any, owns: Callable[[str], bool], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owns = owns
+
+    def _pods(self) -> list[Mapping[str, Any]]:
+        return [pod for pod in super()._pods() if self.owns(str((pod.get("spec") or {}).get("nodeName") or ""))]
+
+
+def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetrics, view: NodeView,
+                 owns: Callable[[str], bool] = lambda _node: True) -> Source:
+    """The GPU-metrics source; ``owns`` narrows it to the nodes this replica acts on (--shards)."""
+
+    def expected() -> list[str]:
+        return [name_of(n) for n in view.gpu_nodes() if not is_excluded(n) and owns(name_of(n))]
+
     if settings.source == "prometheus":
         token = Path(settings.prometheus_token_file).read_text().strip() if settings.prometheus_token_file else None
         return PrometheusSource(
             settings.prometheus_url, token=token, ca_file=settings.prometheus_ca_file or None,
             node_label=settings.prometheus_node_label, timeout_s=settings.prometheus_query_timeout_s or None,
-            max_bytes=settings.prometheus_max_bytes,
-            expected_nodes=lambda: [name_of(n) for n in view.gpu_nodes() if not is_excluded(n)],
+            max_bytes=settings.prometheus_max_bytes, expected_nodes=expected,
         )
-    return ExporterSource(
+    sharded: dict[str, Any] = {"owns": owns} if settings.sharded else {}
+    return (ShardExporterSource if settings.sharded else ExporterSource)(
         client,
         namespace=settings.exporter_namespace,
         label_selector=settings.exporter_selector,
@@ -87,7 +107,8 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
         path=settings.exporter_path,
         timeout_s=settings.scrape_timeout_s,
         observer=MetricsObserver(metrics, "exporter"),
-        expected_nodes=lambda: [name_of(n) for n in view.gpu_nodes() if not is_excluded(n)],
+        expected_nodes=expected,
+        **sharded,
     )
 
 
@@ -150,9 +171,14 @@ class Controller:
         writer = NodeWriter(self.client, view, events, self.metrics, dry_run=settings.dry_run)
         writer.taint = policy.cluster.taint
         breakers = BreakerStore(self.client, settings.namespace, dry_run=settings.dry_run)
+        self.shards = self._shard_set(settings) if settings.sharded else None
+        claims = BudgetClaims(self.client, settings.namespace, lambda name: _looks_done(view, name), clock) \
+            if self.shards is not None and not settings.dry_run else None
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,
-                               events=events, nodes=view, writer=writer, breakers=breakers, clock=clock)
-        self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view))
+                               events=events, nodes=view, writer=writer, breakers=breakers, clock=clock,
+                               shards=self.shards, claims=claims)
+        self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view,
+                                                                  self.ctx.owns))
         alerts, alerts_problem = build_alerts(settings, policy)
         if alerts_problem:
             log.error("blocking alerts cannot be read: drains wait while this lasts",
@@ -278,6 +304,7 @@ class Controller:
                                      self.settings.metrics_port, alive=self.alive).start()
         log.info("observability port open", extra={"port": server.port})
         elector: LeaderElector | None = None
+        shards = self.shards
         try:
             if not self._sync_caches(shutdown, timeout=CACHE_SYNC_S):
                 if shutdown.requested:
@@ -285,10 +312,14 @@ class Controller:
                 log.error("node cache did not sync; exiting")
                 return 1
             self.elector = elector = self._elector()
-            if elector is None:
+            if shards is not None:  # every replica acts, each on the shards it holds (none: nothing)
+                self.client.write_fence = self._fence(shards.fence)
+                threading.Thread(target=shards.run, name="shard-leases", daemon=True).start()
+                self.start_loops()
+            elif elector is None:
                 self.start_loops()
             else:
-                self.client.write_fence = self._fence(elector)
+                self.client.write_fence = self._fence(elector.fence)
                 threading.Thread(target=elector.run, name="leader-election", daemon=True).start()
             shutdown.wait()
             log.info("shutting down", extra={"signal": shutdown.signum})
@@ -297,6 +328,8 @@ class Controller:
             self.stop()  # stop acting first: nothing may be written once the lease is released
             if elector is not None:
                 elector.stop(RELEASE_BOUND_S)
+            if shards is not None:
+                shards.stop(RELEASE_BOUND_S)
             server.stop()
 
     def _sync_caches(self, shutdown: Shutdown, timeout: float) -> bool:
@@ -309,7 +342,8 @@ class Controller:
         return True
 
     def _elector(self) -> LeaderElector | None:
-        if not self.settings.leader_elect:
+        """The leader Lease (--leader-elect); with --shards S > 1 there is none: see docs/architecture.md."""
+        if not self.settings.leader_elect or self.settings.sharded:
             return None
         return LeaderElector(
             self.client, self.settings.namespace, self.settings.lease_name, self.settings.who,
@@ -318,13 +352,32 @@ class Controller:
             on_started_leading=self.start_loops, on_stopped_leading=self._lost,
         )
 
-    def _fence(self, elector: LeaderElector) -> WriteFence:
-        """The elector's fence on every write of this process, each refusal counted and the first one logged."""
+    def _shard_set(self, settings: Settings) -> ShardSet:
+        return ShardSet(self.client, settings.namespace, settings.who, settings.shards,
+                        lease_duration=settings.lease_duration_s, renew_deadline=settings.renew_deadline_s,
+                        retry_period=settings.retry_period_s, on_change=self._shards_changed)
+
+    def _shards_changed(self, owned: frozenset[int]) -> None:
+        """A shard taken (its nodes are queued at once) or lost (their steps stop: ``ctx.owns`` says no)."""
+        assert self.shards is not None
+        per_shard = dict.fromkeys(owned, 0)
+        for node in self.ctx.nodes.gpu_nodes():
+            index = self.shards.shard_index(name_of(node))
+            if index in per_shard:
+                per_shard[index] += 1
+        self.metrics.shards_held.set(float(len(owned)))
+        self.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
+        if self.acting:
+            for loop in self.node_loops:
+                loop.resync()
+
+    def _fence(self, check: WriteFence) -> WriteFence:
+        """A lease fence on every write of this process, each refusal counted and the first one logged."""
         fenced = [False]
 
         def fence(method: str, path: str) -> None:
             try:
-                elector.fence(method, path)
+                check(method, path)
             except errors.NotLeader as exc:
                 self.metrics.fenced_writes.inc()
                 if not fenced[0]:
@@ -343,3 +396,9 @@ class Controller:
             self.acting = False
             self.ctx.stop.set()
             self._shutdown.request()
+
+
+def _looks_done(view: NodeView, name: str) -> bool:
+    """The informer shows the node back in service (a budget claim's fresh GET then decides)."""
+    node = view.get(name)
+    return node is None or is_done(safety.node_view(node))

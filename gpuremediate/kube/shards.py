@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpuremediate.config import MAX_SHARDS
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, lease_clock, micro_time
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 
 SHARD_LEASE_PREFIX = "gpuremediate-shard-"
 WANTED_ANNOTATION = "gpuremediate.io/shard-wanted-by"
-MAX_SHARDS = 256
 
 _acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpuremediate_acting_for", default=None)
 
@@ -143,6 +143,9 @@ class ShardSet:
 
     def owns(self, node: str) -> bool:
         return shard_of(node, self.shards) in self.owned()
+
+    def shard_index(self, node: str) -> int:
+        return shard_of(node, self.shards)
 
     def holders(self) -> dict[int, str]:
         """Who holds each shard as last read ("" when free or expired)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.actions.breaker import BreakerStore
+from gpuremediate.actions.budget_claims import BudgetClaims
 from gpuremediate.actions.custom import PermissionBackoff, PermissionDenied, conditions_problem
 from gpuremediate.actions.events import WARNING, EventRecorder
 from gpuremediate.actions.nodes import (
@@ -24,6 +25,7 @@ from gpuremediate.actions.nodes import (
 )
 from gpuremediate.config import Settings
 from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.shards import ShardSet, acting_for
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy, PolicyFile
@@ -58,12 +60,28 @@ class LoopContext:
     readings: dict[str, NodeReadings] = field(default_factory=dict)
     # Plugin kinds RBAC refused (403): not asked again until their backoff has passed.
     permissions: PermissionBackoff = field(init=False)
+    # --shards > 1: the shard Leases this replica holds (None: one controller owns every node) and the
+    # fleet-wide admitted set drains are claimed in (None: this replica's informer is the whole truth).
+    shards: ShardSet | None = None
+    claims: BudgetClaims | None = None
 
     def __post_init__(self) -> None:
         self.permissions = PermissionBackoff(lambda: self.clock())
 
     def policy_for(self, node: Mapping[str, Any]) -> Policy:
         return self.policy.for_node(labels_of(node))
+
+    def owns(self, name: str) -> bool:
+        """This replica acts on the node now: unsharded, or its shard's Lease is held within the deadline."""
+        return self.shards is None or self.shards.owns(name)
+
+    def owned_gpu_nodes(self) -> list[Node]:
+        """The GPU nodes this replica acts on now (every one when unsharded)."""
+        nodes = self.nodes.gpu_nodes()
+        if self.shards is None:
+            return nodes
+        owned = self.shards.owned()
+        return [n for n in nodes if self.shards.shard_index(name_of(n)) in owned]
 
 
 class NodeLoop:
@@ -95,11 +113,11 @@ class NodeLoop:
 
     def on_node(self, node: Node) -> None:
         """Informer handler: queue the node when its state is one this loop owns."""
-        if state_of(node) in self.owned:
+        if state_of(node) in self.owned and self.ctx.owns(name_of(node)):
             self.queue.add(str(node["metadata"]["name"]))
 
     def resync(self) -> None:
-        for node in self.ctx.nodes.gpu_nodes():
+        for node in self.ctx.owned_gpu_nodes():
             self.on_node(node)
 
     # ---- the loop --------------------------------------------------------------------------------------
@@ -109,6 +127,12 @@ class NodeLoop:
                    resync_s=self.ctx.settings.resync_s, on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile_name(self, name: str) -> float | None:
+        if not self.ctx.owns(name):
+            return None  # another replica's shard (or ours lost): its holder reconciles it
+        with acting_for(name):  # every write of this step is fenced by the node's shard
+            return self._reconcile_owned(name)
+
+    def _reconcile_owned(self, name: str) -> float | None:
         node = self.ctx.nodes.get(name)
         if node is None or is_excluded(node):
             return None

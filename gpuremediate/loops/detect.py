@@ -24,6 +24,7 @@ from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedulable_of
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import EVENTS
+from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.base import LoopContext, state_of
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
@@ -105,18 +106,32 @@ class DetectLoop:
     def cycle(self) -> None:
         readings = self._read()
         by_node = {r.node: r for r in readings}
-        nodes = self.ctx.nodes.gpu_nodes()
+        fleet = self.ctx.nodes.gpu_nodes()
+        nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
+        self._forget_others(nodes)
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         self._fleet_state(nodes, by_node)
         for node in nodes:
             try:
-                self.check_node(node, by_node.get(name_of(node)), len(nodes))
+                with acting_for(name_of(node)):  # its writes are fenced by its shard
+                    self.check_node(node, by_node.get(name_of(node)), len(fleet))
             except (errors.ApiError, errors.TransportError) as exc:  # one node's failure is not the fleet's
                 self.ctx.metrics.count_api_error(exc)
                 log.warning("detect: node step failed; next cycle retries it",
                             extra={"node": name_of(node), "error": str(exc)})
-        self._gauges(nodes)
+        self._gauges(nodes, fleet)
         self.cycles += 1
+
+    def _forget_others(self, owned: Sequence[Node]) -> None:
+        """Nodes of shards no longer held: their holder reports and remembers them (the record keeps the policy
+        memory, read again if the shard comes back)."""
+        if self.ctx.shards is None:
+            return
+        mine = {name_of(n) for n in owned}
+        for table in (self.memory, self.unknown):
+            for name in [n for n in table if n not in mine]:
+                del table[name]
+        self.evented_unknown &= mine
 
     def _read(self) -> list[NodeReadings]:
         started = time.monotonic()
@@ -347,7 +362,8 @@ class DetectLoop:
                     f"{finding.message} (node labelled gpuremediate.io/exclude=true: not acting)", WARNING,
                 )
 
-    def _gauges(self, nodes: Sequence[Node]) -> None:
+    def _gauges(self, nodes: Sequence[Node], fleet: Sequence[Node]) -> None:
+        """Node states of the nodes this replica acts on; the budget of the whole fleet."""
         counts = dict.fromkeys(states.STATES, 0)
         blocked: dict[str, int] = {}
         for node in nodes:
@@ -359,7 +375,7 @@ class DetectLoop:
         self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
         self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())
         self.ctx.metrics.unknown_nodes.set(float(len(self.unknown)))
-        views = [safety.node_view(n) for n in nodes]
+        views = [safety.node_view(n) for n in fleet]
         budget = safety.Budget(self.ctx.policy.cluster.budget.as_budget_value())
         self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if v.out_of_service)))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
