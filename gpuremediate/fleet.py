@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,10 @@ from gpuremediate.actions.pods import list_node_pods, skipped_by_namespace
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
+from gpuremediate.loops.diagnostics import DIAGNOSTICS, describe
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.safety import CircuitBreaker, Pause
+from gpuremediate.policy.workflow import Rung
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
 
@@ -102,8 +105,22 @@ def render_status(rows: Iterable[StatusRow], now: float | None = None, header_li
     return "".join(line + "\n" for line in header_lines) + "\n".join(lines) + "\n* unschedulable\n"
 
 
+def rung_line(record: NodeRecord, ladder: Sequence[Rung] = ()) -> str | None:
+    """``rung 2/3 reboot, attempt 1/1`` for a repair attempt; ``ladder``: the fault's rungs with their attempts
+    resolved (without it, from the record alone: ``rung 2 reboot, attempt 1``)."""
+    action = record.action
+    if record.state != states.REPAIRING or action is None or action.kind == DIAGNOSTICS:
+        return None
+    if not ladder:
+        return f"rung {action.rung + 1} {action.kind}, attempt {action.attempt}"
+    index = min(action.rung, len(ladder) - 1)
+    attempts = f"/{ladder[index].attempts}" if ladder[index].attempts else ""
+    return f"rung {index + 1}/{len(ladder)} {action.kind}, attempt {action.attempt}{attempts}"
+
+
 def explain(record: NodeRecord | RecordError | None, node: str, now: float | None = None, *,
-            keep_cordoned: bool = False, skipped: Mapping[str, int] | None = None) -> str:
+            keep_cordoned: bool = False, skipped: Mapping[str, int] | None = None,
+            ladder: Sequence[Rung] = ()) -> str:
     now = time.time() if now is None else now
     if record is None:
         return f"{node}: healthy. gpuremediate has never acted on this node.\n"
@@ -125,6 +142,11 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         if a.created_at is not None:  # plugin deadlines count from the object's creation, not from the start
             lines.append(f"  Waited {_ago(a.created_at, now)} since its object was created"
                          + (f" (timeout after {_ago(a.created_at, a.deadline)})." if a.deadline else "."))
+        rung = rung_line(record, ladder)
+        if rung:
+            lines.append(f"  Escalation ladder: {rung}.")
+    if record.fault and record.fault.diagnostics:
+        lines.append(f"  Diagnostics: {describe(record.fault.diagnostics, node)}.")
     if record.blocked:
         lines.append(f"  Waiting: {record.blocked.reason} ({record.blocked.detail}) "
                      f"since {_ago(record.blocked.since, now)} ago.")
@@ -158,7 +180,18 @@ def explain_node(client: KubeClient, node: str, policy: PolicyFile | None = None
     skip = policy.for_node(labels_of(obj)).drain.skip_namespaces if policy is not None else ()
     if skip and isinstance(record, NodeRecord) and record.state == states.DRAINING:
         skipped = skipped_by_namespace(list_node_pods(client, node), skip)
-    return explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped)
+    return explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped,
+                   ladder=_ladder(policy, obj, record))
+
+
+def _ladder(policy: PolicyFile | None, node: Mapping[str, Any], record: NodeRecord | RecordError | None
+            ) -> tuple[Rung, ...]:
+    """The open fault's escalation ladder under ``policy``, each rung's attempts resolved (() without either)."""
+    if policy is None or not isinstance(record, NodeRecord) or record.fault is None:
+        return ()
+    remediation = policy.for_node(labels_of(node)).remediation
+    return tuple(dataclasses.replace(r, attempts=remediation.attempts_of(r, policy.cluster.actions))
+                 for r in remediation.ladder_for(record.fault.action))
 
 
 RELEASE_ATTEMPTS = 5

@@ -16,6 +16,7 @@ resource instead and completes with it. Resources are found by the labels put on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ from gpuremediate.actions.custom import (
 from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.loops.custom_drain import fault_event_id
-from gpuremediate.policy.workflow import CustomAction
+from gpuremediate.policy.workflow import CustomAction, Rung
 from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, start_action
 
 if TYPE_CHECKING:
@@ -108,8 +109,9 @@ def build_resource(name: str, action: CustomAction, node: str, record: NodeRecor
 class CustomRemediation:
     """One step of a custom remediation for one node (called from ``RemediateLoop.custom``)."""
 
-    def __init__(self, loop: RemediateLoop) -> None:
+    def __init__(self, loop: RemediateLoop, rung: Rung | None = None) -> None:
         self.loop = loop
+        self.rung = rung  # the escalation ladder rung running this action: its attempts and timeout win
         self.ctx = loop.ctx
         self.actions: Mapping[str, CustomAction] = self.ctx.policy.cluster.actions
         self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run, permissions=self.ctx.permissions)
@@ -118,7 +120,7 @@ class CustomRemediation:
         return self.loop.guarded_step(node, record, lambda: self._step(node, record, name))
 
     def _step(self, node: Node, record: NodeRecord, name: str) -> float | None:
-        action = self.actions.get(name)
+        action = self._for_rung(self.actions.get(name))
         if action is None:
             return self.loop.finish_attempt(node, record, ok=False, detail=f"no [actions.{name}] is configured",
                                             max_attempts=1)
@@ -126,6 +128,13 @@ class CustomRemediation:
         if current is None or not current.name:
             return self._start(node, record, name, action, current.attempt if current else 1)
         return self._progress(node, record, name, action, current)
+
+    def _for_rung(self, action: CustomAction | None) -> CustomAction | None:
+        """The action with the rung's attempts and timeout where the rung sets them."""
+        if action is None or self.rung is None:
+            return action
+        return dataclasses.replace(action, maxAttempts=self.rung.attempts or action.maxAttempts,
+                                   timeout=self.rung.timeout_s or action.timeout)
 
     # ---- starting an attempt ---------------------------------------------------------------------
 

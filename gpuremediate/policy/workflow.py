@@ -288,6 +288,13 @@ class RemediationPolicy:
         rungs = self.ladders.get(action) or (Rung(action),)
         return tuple(r for r in rungs if r.action != ACTION_QUARANTINE) or (Rung(action),)
 
+    def attempts_of(self, rung: Rung, actions: Mapping[str, CustomAction]) -> int:
+        """A rung's attempts: its own, else its action's (max_attempts, or actions.<name>.maxAttempts)."""
+        if rung.attempts:
+            return rung.attempts
+        custom = actions.get(rung.action)
+        return custom.maxAttempts if custom is not None else self.max_attempts
+
     def action_refs(self, path: str) -> Iterator[tuple[str, str]]:
         """Every action a ladder names, for the ``actions.<name>`` check (built-ins are filtered there)."""
         for key, rungs in self.ladders.items():

@@ -1,0 +1,132 @@
+"""Diagnostics before the first repair of a fault (``[remediation.diagnostics]``, off by default).
+
+A reset or a reboot wipes what the driver knows about the fault, so once per fault, before the first rung's
+first attempt, a Job collects it (``nvidia-bug-report.sh`` by default, or the configured command) on the node.
+The Job is the record's action (kind ``diagnostics``) while it runs, named from the fault's occurrence like every
+other Job (loops/jobs.py): a restarted controller finds it instead of starting a second one. The Job is told
+where to write (``$(DIAGNOSTICS_OUTPUT)`` = ``<output_dir>/<job name>.log`` on the node); that location is kept in
+the record (``fault.diagnostics``) and named on the ``GPUDiagnosticsCollected`` Event. Its outcome — ok, failed
+(or deleted), timed out — is recorded and never blocks the repair: the repair starts right after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpuremediate.actions.events import NORMAL, WARNING
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED, build_job, create_job_once, job_name
+from gpuremediate.actions.nodes import Node, gpu_count, name_of
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT, job_spec
+from gpuremediate.policy.workflow import DiagnosticsPolicy
+from gpuremediate.state.record import (
+    DIAGNOSTICS_FAILED,
+    DIAGNOSTICS_OK,
+    DIAGNOSTICS_TIMED_OUT,
+    Diagnostics,
+    NodeRecord,
+    start_action,
+)
+
+if TYPE_CHECKING:
+    from gpuremediate.loops.remediate import RemediateLoop
+
+log = logging.getLogger(__name__)
+
+DIAGNOSTICS = "diagnostics"  # the action kind and the Job's gpuremediate.io/job label
+OUTCOMES = {SUCCEEDED: DIAGNOSTICS_OK, FAILED: DIAGNOSTICS_FAILED, DELETED: DIAGNOSTICS_FAILED,
+            TIMED_OUT: DIAGNOSTICS_TIMED_OUT}
+POLL_S = 1.0
+
+
+def due(policy: DiagnosticsPolicy, record: NodeRecord) -> bool:
+    """Enabled, the fault not diagnosed yet, and no repair attempt started (after one the evidence is gone)."""
+    if not policy.enabled or record.fault is None or record.fault.diagnostics is not None:
+        return False
+    return record.action is None or record.action.kind == DIAGNOSTICS
+
+
+def output_location(policy: DiagnosticsPolicy, name: str) -> str:
+    return f"{policy.output_dir.rstrip('/')}/{name}.log"
+
+
+class DiagnosticsJob:
+    """One step of a fault's diagnostics Job for one node (called from ``RemediateLoop.reconcile``)."""
+
+    def __init__(self, loop: RemediateLoop) -> None:
+        self.loop = loop
+        self.ctx = loop.ctx
+
+    def step(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> float | None:
+        action = record.action
+        if action is None or not action.name:
+            return self._start(node, record, policy)
+        outcome = self.loop.attempt_outcome(action, lambda: self._recreate(node, record, policy, action.name),
+                                            lambda job: self.loop.note_created(node, record, job))
+        if outcome not in OUTCOMES:
+            return POLL_S
+        return self._finish(node, record, OUTCOMES[outcome])
+
+    def _start(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> float | None:
+        name = job_name(DIAGNOSTICS, name_of(node), self.loop.fingerprint(record), 1)
+        location = output_location(policy, name)
+        started = start_action(record, DIAGNOSTICS, name, 1, self.ctx.clock(), policy.job.timeout_s, location)
+        written = self.ctx.writer.write(node, started)  # the name is in the record before the create
+        if written is None:
+            return self.loop.retry_after_conflict()
+        job = self._create(written, started, policy, name)
+        if job is not None:
+            self.loop.note_created(written, started, job)
+        return POLL_S
+
+    def _recreate(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy, name: str) -> None:
+        """Killed between the record write and the create: create it now, under the recorded name."""
+        job = self._create(node, record, policy, name)
+        if job is not None:
+            self.loop.note_created(node, record, job)
+
+    def _create(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy,
+                name: str) -> Mapping[str, Any] | None:
+        """The Job unless it exists (lookup before create); None in dry-run."""
+        indexes, uuids = self.loop.gpu_ids(node, record)
+        env = {"GPU_UUIDS": ",".join(uuids), "DIAGNOSTICS_DIR": policy.output_dir,
+               "DIAGNOSTICS_OUTPUT": output_location(policy, name)}
+        spec = dataclasses.replace(job_spec(policy.job), env=env)
+        job = build_job(DIAGNOSTICS, name_of(node), self.loop.fingerprint(record), 1, spec,
+                        namespace=self.ctx.settings.jobs_namespace, gpus=gpu_count(node), gpu_ids=indexes)
+        if self.ctx.writer.dry_run:
+            self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({DIAGNOSTICS})",
+                                       NORMAL)
+            return None
+        found, created = create_job_once(self.ctx.client, job)
+        if created:
+            log.info("job created", extra={"node": name_of(node), "job": name, "kind": DIAGNOSTICS, "attempt": 1})
+        return found
+
+    def _finish(self, node: Node, record: NodeRecord, outcome: str) -> float | None:
+        """Record the outcome (the repair starts on the next step), then delete a timed-out Job and report."""
+        action = record.action
+        assert action is not None and record.fault is not None
+        result = Diagnostics(outcome=outcome, job=action.name, location=action.detail, at=self.ctx.clock())
+        after = dataclasses.replace(record, fault=dataclasses.replace(record.fault, diagnostics=result), action=None)
+        if self.ctx.writer.write(node, after) is None:
+            return self.loop.retry_after_conflict()
+        if outcome == DIAGNOSTICS_TIMED_OUT:
+            self.loop.cancel(DIAGNOSTICS, action.name)
+        self.ctx.metrics.diagnostics.inc(outcome=outcome)
+        text = describe(result, name_of(node))
+        self.ctx.events.node_event(name_of(node), "GPUDiagnosticsCollected", text,
+                                   NORMAL if outcome == DIAGNOSTICS_OK else WARNING)
+        log.info("diagnostics ended", extra={"node": name_of(node), "detail": text})
+        return 0.0
+
+
+def describe(result: Diagnostics, node: str) -> str:
+    """One line for the Event and explain: outcome, Job, where the output is on the node."""
+    if result.outcome == DIAGNOSTICS_OK:
+        return f"diagnostics collected by Job {result.job}: output on node {node} at {result.location}"
+    return (f"diagnostics Job {result.job} {result.outcome}; the repair goes on (any output is on node {node} at "
+            f"{result.location})")
+
