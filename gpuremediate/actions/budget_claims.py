@@ -77,7 +77,15 @@ class BudgetClaims:
 
     def claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
         """Put ``candidate`` in the admitted set when ``refusal(the others admitted)`` is ""; else that reason.
-        A candidate already in the set holds its slot (a claim whose node write failed)."""
+        A candidate already in the set holds its slot (a claim whose node write failed). The set unreadable or
+        unwritable: the reason says why (the drain waits, blocked on the budget, and asks again)."""
+        try:
+            return self._claim(candidate, refusal)
+        except ClaimError as exc:
+            log.warning("budget claim failed; the drain waits", extra={"node": candidate, "error": str(exc)})
+            return f"budget claim failed: {exc}"
+
+    def _claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
         for _ in range(CLAIM_ATTEMPTS):
             current = self._read()
             admitted = self._pruned(_admitted_of(current))

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuremediate.actions import budget_claims
 from gpuremediate.actions import evict as eviction
 from gpuremediate.actions.events import WARNING
 from gpuremediate.actions.nodes import Node, name_of
@@ -132,6 +133,11 @@ class DrainLoop(NodeLoop):
         pods = self._blocking_pods(name)
         if pods:
             return self._wait(node, block(record, BLOCK_GATE, pods, now))
+        if self.ctx.claims is not None:  # --shards: the API server decides who takes the last slot
+            refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
+                views, name, waiting_for_budget(nodes), budget, domains, claimed))
+            if refused:
+                return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
         started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s)
         if self.ctx.writer.write(node, started) is None:
             return self.retry_after_conflict()
