@@ -5,6 +5,11 @@ runs Job pods for a set time and ends them Succeeded or Failed, finishes gracefu
 delete after min(grace, grace_cap_s)), and can reboot a node (NotReady for a while, then Ready with a
 new bootID). Pods bound to a node it does not know stay Pending.
 
+A node can be given MIG (``set_mig``: the single or mixed strategy, as the device plugin and GPU feature
+discovery show it in capacity, allocatable and labels) and GPUs the device plugin calls unhealthy
+(``set_unhealthy``: in capacity, not in allocatable). Such a node admits pods as a kubelet does: one asking
+for more of an extended resource than allocatable leaves is Failed with reason ``OutOf<resource>``.
+
 As a kubelet does, it renews each node's Lease in ``kube-node-lease`` (holderIdentity = node name,
 leaseDurationSeconds 40, every ``lease_renew_s``: the kubelet's 0.25 x duration), and posts the Ready
 condition's lastHeartbeatTime every ``heartbeat_s``; a node that is down (rebooting) does neither, so a
@@ -29,6 +34,8 @@ from sim.kube_controllers import is_ready
 from sim.kube_store import now_time
 
 KUBELET_VERSION = "v1.28.7"
+GPU = "nvidia.com/gpu"
+PRODUCT = "NVIDIA-H100-80GB-HBM3"  # GPU feature discovery's nvidia.com/gpu.product
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40  # the kubelet's nodeLeaseDurationSeconds default
 
@@ -64,6 +71,35 @@ class SimNode:
     ready_since: str = field(default_factory=now_time)  # the Ready condition's lastTransitionTime
     lease_renewed: float = 0.0  # monotonic time of the last renewal (0: never)
     heartbeat_at: float = 0.0  # monotonic time of the last status heartbeat
+    mig_strategy: str = ""  # "" (no MIG), "single" or "mixed"
+    mig_profiles: tuple[str, ...] = ()  # the GPU instances of each MIG GPU, e.g. ("3g.40gb", "1g.10gb")
+    mig_gpus: int = 0  # how many GPUs are in MIG mode (mixed: the rest stay whole)
+    unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> devices the device plugin holds back
+    admits: bool = False  # checks extended resources at admission (nodes given MIG or unhealthy GPUs)
+
+    def gpu_capacity(self) -> dict[str, int]:
+        """The GPU resources the device plugin lists, as the kubelet puts them in capacity."""
+        if self.mig_strategy == "single":
+            return {GPU: self.mig_gpus * len(self.mig_profiles)}
+        out = {GPU: self.gpus - self.mig_gpus, **{f"nvidia.com/mig-{p}": n for p, n in _profile_counts(self).items()}}
+        return {name: count for name, count in out.items() if count > 0}
+
+    def gpu_allocatable(self) -> dict[str, int]:
+        return {name: max(0, count - self.unhealthy.get(name, 0)) for name, count in self.gpu_capacity().items()}
+
+    def gfd_labels(self) -> dict[str, str]:
+        """What GPU feature discovery labels (its README: single overrides gpu.count and gpu.product)."""
+        if not self.mig_strategy:
+            return {"nvidia.com/gpu.count": str(self.gpus), "nvidia.com/gpu.product": PRODUCT}
+        labels = {"nvidia.com/mig.strategy": self.mig_strategy, "nvidia.com/mig.config.state": "success"}
+        if self.mig_strategy == "single":
+            profile = self.mig_profiles[0]
+            return {**labels, "nvidia.com/mig.config": f"all-{profile}",
+                    "nvidia.com/gpu.count": str(self.gpu_capacity()[GPU]),
+                    "nvidia.com/gpu.product": f"{PRODUCT}-MIG-{profile}"}
+        counts = {f"nvidia.com/mig-{p}.count": str(n) for p, n in _profile_counts(self).items()}
+        return {**labels, **counts, "nvidia.com/mig.config": "custom", "nvidia.com/gpu.count": str(self.gpus),
+                "nvidia.com/gpu.product": PRODUCT}
 
     @property
     def down(self) -> bool:
@@ -106,17 +142,56 @@ class NodeSim:
         return created
 
     def _node_body(self, node: SimNode, labels: dict[str, str]) -> dict[str, Any]:
-        resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(node.gpus)}
         all_labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux",
                       "kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true",
                       "nvidia.com/gpu.count": str(node.gpus), **labels}
+        capacity, allocatable = self._resources(node)
         return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": all_labels},
                 "spec": {}, "status": {
-                    "capacity": resources, "allocatable": dict(resources),
+                    "capacity": capacity, "allocatable": allocatable,
                     "conditions": self._conditions(ready=True, since=node.ready_since),
                     "addresses": [{"type": "InternalIP", "address": f"10.0.0.{node.index}"},
                                   {"type": "Hostname", "address": node.name}],
                     "nodeInfo": self._node_info(node)}}
+
+    @staticmethod
+    def _resources(node: SimNode) -> tuple[dict[str, str], dict[str, str]]:
+        base = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+        capacity = {**base, **{k: str(v) for k, v in node.gpu_capacity().items()}}
+        return capacity, {**base, **{k: str(v) for k, v in node.gpu_allocatable().items()}}
+
+    def set_mig(self, node: str, strategy: str, profiles: tuple[str, ...], *, mig_gpus: int | None = None) -> None:
+        """MIG on ``mig_gpus`` of the node's GPUs (default all), each split into ``profiles``, shown with the
+        device plugin's ``strategy``: single (every MIG device one nvidia.com/gpu; all GPUs alike) or mixed
+        (nvidia.com/mig-<profile> per profile, whole GPUs stay nvidia.com/gpu). Capacity, allocatable and GFD's
+        labels change as the operator's MIG manager and device plugin would leave them."""
+        sim = self.nodes[node]
+        chosen = sim.gpus if mig_gpus is None else mig_gpus
+        if strategy not in ("single", "mixed") or not profiles or not 0 < chosen <= sim.gpus:
+            raise ValueError(f"set_mig: strategy single|mixed, profiles and 1..{sim.gpus} GPUs, got "
+                             f"{strategy!r}, {profiles!r}, {chosen}")
+        if strategy == "single" and (len(set(profiles)) != 1 or chosen != sim.gpus):
+            raise ValueError("set_mig: the single strategy needs every GPU split into one profile")
+        resources_before, labels_before = set(sim.gpu_capacity()), set(sim.gfd_labels())
+        sim.mig_strategy, sim.mig_profiles, sim.mig_gpus, sim.admits = strategy, tuple(profiles), chosen, True
+        labels: dict[str, str | None] = {**dict.fromkeys(sorted(labels_before - set(sim.gfd_labels()))),
+                                         **sim.gfd_labels()}
+        self._publish_resources(sim, resources_before - set(sim.gpu_capacity()))
+        self.client.patch(NODES, sim.name, {"metadata": {"labels": labels}})
+
+    def set_unhealthy(self, node: str, resource: str, count: int) -> None:
+        """The device plugin marks ``count`` devices of ``resource`` unhealthy (a critical XID): they stay in
+        capacity and leave allocatable, so the kubelet admits no pod asking for them."""
+        sim = self.nodes[node]
+        sim.unhealthy[resource], sim.admits = count, True
+        self._publish_resources(sim, set())
+
+    def _publish_resources(self, sim: SimNode, gone: set[str]) -> None:
+        """Capacity and allocatable as the kubelet posts them; resources in ``gone`` removed (merge patch null)."""
+        capacity, allocatable = self._resources(sim)
+        removed: dict[str, str | None] = dict.fromkeys(sorted(gone))
+        status = {"capacity": {**removed, **capacity}, "allocatable": {**removed, **allocatable}}
+        self.client.patch(NODES, sim.name, {"status": status}, subresource="status")
 
     @staticmethod
     def _node_info(node: SimNode) -> dict[str, str]:
@@ -238,10 +313,29 @@ class NodeSim:
             if phase == "Running" and is_ready(pod):
                 self._patch_status(pod, {"conditions": _pod_conditions(False)})
             return
+        if phase == "Pending" and node.admits:
+            refused = self._admission_refusal(node, pod)
+            if refused is not None:
+                self._patch_status(pod, {"phase": "Failed", "reason": refused[0], "message": refused[1]})
+                return
         if phase == "Pending" or (phase == "Running" and not is_ready(pod)):
             self._run_pod(node, pod)
         elif phase == "Running" and _job_owned(pod):
             self._maybe_end_job_pod(node, pod)
+
+    def _admission_refusal(self, node: SimNode, pod: dict[str, Any]) -> tuple[str, str] | None:
+        """(reason, message) when the kubelet's admission would refuse the pod: it asks for more of an
+        extended resource than allocatable leaves beside the node's running pods (lifecycle/predicate.go)."""
+        allocatable = node.gpu_allocatable()
+        listed = self.client.list(PODS, None, field_selector=f"spec.nodeName={node.name}")["items"]
+        others = [p for p in listed if (p.get("status") or {}).get("phase") == "Running"
+                  and p["metadata"]["uid"] != pod["metadata"]["uid"]]
+        for name, wanted in _extended_requests(pod).items():
+            used = sum(_extended_requests(p).get(name, 0) for p in others)
+            if wanted > allocatable.get(name, 0) - used:
+                return (f"OutOf{name}", f"Pod was rejected: Node didn't have enough resource: {name}, requested: "
+                        f"{wanted}, used: {used}, capacity: {allocatable.get(name, 0)}")
+        return None
 
     def _finish_deletion(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
@@ -292,6 +386,25 @@ class NodeSim:
     def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         self.client.patch(PODS, pod["metadata"]["name"], {"status": status}, pod["metadata"]["namespace"],
                           patch_type="strategic", subresource="status")
+
+
+def _profile_counts(node: SimNode) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for profile in node.mig_profiles:
+        counts[profile] = counts.get(profile, 0) + node.mig_gpus
+    return counts
+
+
+def _extended_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """Whole-number extended resources (``<domain>/<name>``) the pod's containers ask for (limits or requests)."""
+    out: dict[str, int] = {}
+    for container in pod.get("spec", {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            for name, value in (resources.get(section) or {}).items():
+                if "/" in name and str(value).isdigit():
+                    out[name] = max(out.get(name, 0), int(str(value)))
+    return out
 
 
 def _job_owned(pod: dict[str, Any]) -> bool:
