@@ -26,6 +26,7 @@ from gpuremediate.fleet import FleetError
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, load_config
 from gpuremediate.kube.errors import KubeError
+from gpuremediate.kube.shards import shard_status_lines
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.policy.safety import Pause
@@ -59,6 +60,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leader-elect-renew-deadline", default="10s",
                    help="the leader stops writing when its last renewal is this old")
     p.add_argument("--leader-elect-retry-period", default="2s", help="how often the lease is renewed or tried")
+    p.add_argument("--identity", default="",
+                   help="this replica's name in the Leases (default: $POD_NAME, else the host name)")
     p.add_argument("--shards", type=int, default=1,
                    help="split the GPU nodes into this many shards, one Lease gpuremediate-shard-<i> each; every "
                         "replica acts on the shards it holds (default 1: one leader, with --leader-elect)")
@@ -106,6 +109,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                                         MAX_LEASE_S),
         retry_period_s=parse_duration(args.leader_elect_retry_period, "--leader-elect-retry-period", MAX_LEASE_S),
         shards=args.shards,
+        identity=args.identity,
         source=args.source,
         exporter_namespace=args.exporter_namespace,
         exporter_selector=args.exporter_selector,
@@ -308,8 +312,10 @@ def _safety_lines(client: KubeClient, namespace: str) -> list[str]:
     try:
         breaker = store.load()
     except KubeError as exc:
-        return [f"pause and breaker unknown: ConfigMap {namespace}/{BREAKER_CONFIGMAP} unreadable ({exc})"]
-    return fleet.safety_lines(store.latest_pause(), breaker)
+        lines = [f"pause and breaker unknown: ConfigMap {namespace}/{BREAKER_CONFIGMAP} unreadable ({exc})"]
+    else:
+        lines = fleet.safety_lines(store.latest_pause(), breaker)
+    return lines + shard_status_lines(client, namespace, time.time())
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def micro_time(moment: datetime | None = None) -> str:
     return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _duration_of(spec: dict[str, Any]) -> float:
+def duration_of(spec: dict[str, Any]) -> float:
     """The holder's leaseDurationSeconds: expiry is judged by the holder's promise (client-go's isLeaseValid)."""
     try:
         return max(0.0, float(spec.get("leaseDurationSeconds") or 0))
@@ -108,7 +108,7 @@ class LeaseLock:
         """Another identity holds it and its promise (leaseDurationSeconds since we saw it change) still runs."""
         holder = self.holder()
         return bool(holder) and holder != self.identity and \
-            self.observed_at + _duration_of(self.observed_spec) > self.clock()
+            self.observed_at + duration_of(self.observed_spec) > self.clock()
 
     def read(self) -> bool:
         """GET the Lease and note who holds it; False when it does not exist or cannot be read."""

@@ -29,12 +29,13 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from gpuremediate.config import MAX_SHARDS
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, lease_clock, micro_time
+from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, duration_of, lease_clock, micro_time
 from gpuremediate.kube.resources import LEASES, NODES
 
 log = logging.getLogger(__name__)
@@ -323,17 +324,54 @@ class ShardSet:
             self.locks[index].release()
 
 
-def read_shard_holders(client: KubeClient, namespace: str, shards: int) -> list[dict[str, Any]]:
-    """For ``status``: each shard's Lease as stored (holder, renewTime, leaseDurationSeconds, transitions)."""
-    rows = []
-    for index in range(shards):
-        name = shard_lease_name(index)
-        try:
-            spec = dict(client.get(LEASES, name, namespace).get("spec") or {})
-        except errors.NotFound:
-            spec = {}
-        rows.append({"shard": index, "lease": name, "holder": str(spec.get("holderIdentity") or ""),
-                     "renewTime": str(spec.get("renewTime") or ""),
-                     "leaseDurationSeconds": spec.get("leaseDurationSeconds"),
-                     "leaseTransitions": spec.get("leaseTransitions")})
-    return rows
+@dataclass(frozen=True)
+class ShardLease:
+    """One shard Lease as stored (for ``status``)."""
+
+    index: int
+    holder: str
+    renewed_at: float | None  # renewTime, epoch seconds
+    duration_s: float
+
+    def describe(self, now: float) -> str:
+        if not self.holder:
+            return f"{self.index} free"
+        if self.renewed_at is None:
+            return f"{self.index} {self.holder}"
+        age = max(0.0, now - self.renewed_at)
+        expired = " EXPIRED" if age > self.duration_s else ""
+        return f"{self.index} {self.holder} (renewed {age:.0f}s ago{expired})"
+
+
+def list_shard_leases(client: KubeClient, namespace: str) -> list[ShardLease]:
+    """Every ``gpuremediate-shard-<i>`` Lease in the namespace, by shard (one LIST)."""
+    found = []
+    for lease in client.list(LEASES, namespace).get("items") or []:
+        name = str((lease.get("metadata") or {}).get("name") or "")
+        suffix = name[len(SHARD_LEASE_PREFIX):] if name.startswith(SHARD_LEASE_PREFIX) else ""
+        if not (suffix.isascii() and suffix.isdigit()):
+            continue
+        spec = lease.get("spec") or {}
+        found.append(ShardLease(int(suffix), str(spec.get("holderIdentity") or ""),
+                                _epoch(spec.get("renewTime")), duration_of(spec)))
+    return sorted(found, key=lambda lease: lease.index)
+
+
+def shard_status_lines(client: KubeClient, namespace: str, now: float) -> list[str]:
+    """``status``'s line naming who holds each shard ([] when the controller is not sharded)."""
+    try:
+        leases = list_shard_leases(client, namespace)
+    except errors.Forbidden:
+        return []  # a reader without access to Leases: whether the controller is sharded is not theirs to see
+    except (errors.ApiError, errors.TransportError) as exc:
+        return [f"shards unknown: Leases in {namespace} unreadable ({exc})"]
+    if not leases:
+        return []
+    return [f"shards ({len(leases)}): " + ", ".join(lease.describe(now) for lease in leases)]
+
+
+def _epoch(stamp: object) -> float | None:
+    try:
+        return datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None

@@ -6,6 +6,7 @@ Rounds are driven by the test on a clock it moves, so nothing depends on the mac
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +20,11 @@ from gpuremediate.kube.shards import (
     ShardSet,
     acting_for,
     fair_cap,
+    list_shard_leases,
     node_of_path,
-    read_shard_holders,
     shard_lease_name,
     shard_of,
+    shard_status_lines,
 )
 from sim.waiting import wait_for
 from tests.kube.conftest import KubeTarget
@@ -55,8 +57,8 @@ def _rounds(*sets: ShardSet, count: int = 3, clock: FakeClock | None = None) -> 
             clock.now += 2.0
 
 
-def _holders(target: KubeTarget, shards: int = 4) -> list[str]:
-    return [row["holder"] for row in read_shard_holders(target.client(), target.namespace, shards)]
+def _holders(target: KubeTarget) -> list[str]:
+    return [lease.holder for lease in list_shard_leases(target.client(), target.namespace)]
 
 
 def test_a_node_s_shard_is_sha256_of_its_name_the_same_in_every_process() -> None:
@@ -88,6 +90,8 @@ def test_two_replicas_split_four_shards_two_each(kube_target: KubeTarget, clock:
     assert len(first.owned()) == 2 and len(second.owned()) == 2
     assert first.owned().isdisjoint(second.owned())
     assert sorted(_holders(kube_target)) == ["replica-a", "replica-a", "replica-b", "replica-b"]
+    line, = shard_status_lines(kube_target.client(), kube_target.namespace, time.time())
+    assert line.startswith("shards (4): 0 replica-") and "renewed 0s ago" in line and "EXPIRED" not in line
 
 
 def test_a_lone_replica_holds_every_shard(kube_target: KubeTarget, clock: FakeClock) -> None:
