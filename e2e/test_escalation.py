@@ -15,8 +15,8 @@ import pytest
 
 from e2e import harness
 from e2e.harness import JOB_LABEL, Cluster
-from e2e.plugins.remediation import ExampleRemediationController
-from e2e.test_plugins import _toml_value, action, remediation, requests_for  # noqa: F401 (remediation: fixture)
+from e2e.plugins.remediation import API_VERSION, KIND, ExampleRemediationController, install_crd, remediation_crd
+from e2e.test_plugins import _toml_value, action, requests_for
 
 ESCALATED = "GPURemediationEscalated"
 RESET_THEN_REBOOT = {"remediation.ladders": {"reset-gpu": [{"action": "reset-gpu", "attempts": 2},
@@ -34,6 +34,15 @@ def clean_controller_log(cluster: Cluster) -> Iterator[None]:
     yield
     cluster.stop_controller()
     assert cluster.log_problems() == []
+
+
+@pytest.fixture
+def plugin(cluster: Cluster) -> Iterator[ExampleRemediationController]:
+    """The example remediation controller (it completes every request it sees)."""
+    install_crd(cluster.kube, remediation_crd(), API_VERSION, KIND)
+    controller = ExampleRemediationController(cluster.kube).start()
+    yield controller
+    controller.stop()
 
 
 def fail_jobs(cluster: Cluster, node: str, *kinds: str) -> None:
@@ -76,7 +85,7 @@ def test_reset_fails_twice_then_reboot_repairs(cluster: Cluster) -> None:
     assert m.value("gpuremediate_remediation_seconds_count", action="reboot") == 1
 
 
-def test_ladder_to_a_custom_remediation(cluster: Cluster, remediation: ExampleRemediationController) -> None:
+def test_ladder_to_a_custom_remediation(cluster: Cluster, plugin: ExampleRemediationController) -> None:
     node = cluster.nodes[1]
     fail_jobs(cluster, node, "reset-gpu")
     cluster.start_controller({
