@@ -27,7 +27,7 @@ import logging
 from gpuremediate.actions.events import WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
-from gpuremediate.loops import custom_remediate, diagnostics
+from gpuremediate.loops import custom_remediate, diagnostics, gpu_reset
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy, Rung
@@ -73,6 +73,8 @@ class RemediateLoop(JobLoop):
         if rung.timeout_s:
             job_policy = dataclasses.replace(job_policy, timeout_s=rung.timeout_s)
         attempts = policy.attempts_of(rung, self.ctx.policy.cluster.actions)
+        if kind == ACTION_RESET_GPU and gpu_reset.applies(self.ctx.policy_for(node), node, record):
+            return gpu_reset.GpuResetSequence(self, job_policy, attempts).step(node, record)  # GPU Operator node
         action = record.action
         if action is None or not action.name:
             attempt = action.attempt if action else 1
