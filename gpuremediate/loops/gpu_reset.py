@@ -63,6 +63,7 @@ from gpuremediate.loops.jobs import DELETED, TIMED_OUT, job_spec
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.findings import ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import SCOPE_NODE, GpuOperatorPolicy
+from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state.record import MAX_TIMESTAMP, ActionInProgress, NodeRecord, start_action
 
 if TYPE_CHECKING:
@@ -119,9 +120,11 @@ def all_gpu_indexes(node: Node, readings_gpus: list[str]) -> list[str]:
 class GpuResetSequence:
     """One step of the sequence for one node (called from ``RemediateLoop.reconcile``)."""
 
-    def __init__(self, loop: RemediateLoop) -> None:
+    def __init__(self, loop: RemediateLoop, job: JobPolicy, max_attempts: int) -> None:
         self.loop = loop
         self.ctx = loop.ctx
+        self.job = job  # [remediation.reset_gpu] with the ladder rung's timeout; the command is [gpu_operator]'s
+        self.max_attempts = max_attempts
 
     def step(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node)
@@ -169,8 +172,7 @@ class GpuResetSequence:
             operand_pods(list_node_pods(self.ctx.client, name_of(node)), gop.namespace, apps)
         now = self.ctx.clock()
         if not left:
-            timeout = policy.remediation.reset_gpu.timeout_s
-            at_reset = with_step(record, STEP_RESET, now, timeout)
+            at_reset = with_step(record, STEP_RESET, now, self.job.timeout_s)
             written = self.ctx.writer.write(node, at_reset)
             if written is None:
                 return self.loop.retry_after_conflict()
@@ -189,7 +191,7 @@ class GpuResetSequence:
         action = record.action
         assert action is not None
         gop = policy.gpu_operator
-        job_policy = dataclasses.replace(policy.remediation.reset_gpu, command=gop.command)
+        job_policy = dataclasses.replace(self.job, command=gop.command)
         indexes, uuids = self._targets(node, record, gop)
         spec = dataclasses.replace(job_spec(job_policy), env={"GPU_UUIDS": ",".join(uuids)})
         job = build_job(ACTION_RESET_GPU, name_of(node), self.loop.fingerprint(record), action.attempt, spec,
@@ -296,8 +298,7 @@ class GpuResetSequence:
     # ---- 6. the attempt's end --------------------------------------------------------------------------
 
     def _finish(self, node: Node, record: NodeRecord, policy: Policy, *, ok: bool, detail: str) -> float | None:
-        return self.loop.finish_attempt(node, record, ok=ok, detail=detail,
-                                        max_attempts=policy.remediation.max_attempts)
+        return self.loop.finish_attempt(node, record, ok=ok, detail=detail, max_attempts=self.max_attempts)
 
     def _event(self, node: Node, reason: str, message: str, kind: str) -> None:
         self.ctx.events.node_event(name_of(node), reason, message, kind)  # the recorder says "(dry-run)"
