@@ -1,0 +1,112 @@
+"""Drain admission with --shards 2 and a budget of 1: two replicas whose informers each show one free slot
+(neither has seen the other's cordon yet) must not both start a drain. The nodes' own records never conflict,
+so only the claim in ConfigMap gpuremediate-budget stops the second one (without it, both are admitted)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.kube.shards import preferred_shard, shard_of
+from gpuremediate.loops.drain import DrainLoop
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.state import states
+from gpuremediate.state.record import RECORD_ANNOTATION, Fault, NodeRecord, encode, record_from_node
+from sim.kubeapi import KubeAPIServer
+
+NAMESPACE = "gpuremediate-system"
+POLICY = loads_policy('[budget]\nmax_unavailable = "1"\n[breaker]\nenabled = false\n')
+
+
+class FrozenInformer:
+    """A node cache that stopped at a moment: what a lagging informer shows."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        self.nodes = {n["metadata"]["name"]: n for n in nodes}
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.nodes.get(name))
+
+    def list(self) -> list[dict[str, Any]]:
+        return [copy.deepcopy(n) for n in self.nodes.values()]
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _waiting(name: str, first_seen: float) -> dict[str, Any]:
+    """Cordoned by us for a fault, its drain not started (holds no budget slot yet)."""
+    fault = Fault(kind="xid", code="48", gpus=("0",), fingerprint=f"xid/48/{name}", action="reboot",
+                  first_seen=first_seen, last_seen=first_seen, message="XID 48")
+    record = NodeRecord(state=states.DRAINING, since=first_seen, reason="fault", fault=fault, cordoned_by_us=True)
+    node = _node(name)
+    node["metadata"]["annotations"] = {RECORD_ANNOTATION: encode(record)}
+    node["spec"] = {"unschedulable": True}
+    return node
+
+
+@pytest.fixture
+def server() -> Iterator[KubeAPIServer]:
+    srv = KubeAPIServer().start()
+    yield srv
+    srv.stop()
+
+
+def _client(srv: KubeAPIServer) -> KubeClient:
+    return KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+
+
+def _identity_for(shard: int) -> str:
+    return next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == shard)
+
+
+def _replica(srv: KubeAPIServer, shard: int, seen: list[dict[str, Any]]) -> DrainLoop:
+    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=_identity_for(shard)), POLICY,
+                            client=_client(srv), source=object())  # type: ignore[arg-type]
+    assert controller.shards is not None
+    controller.shards.round()  # the first round takes the preferred shard
+    assert controller.shards.owned() == frozenset({shard})
+    controller.ctx.nodes.informer = FrozenInformer(seen)  # type: ignore[assignment]
+    return next(loop for loop in controller.node_loops if isinstance(loop, DrainLoop))
+
+
+def test_two_shards_admitting_the_last_slot_at_once_start_one_drain(server: KubeAPIServer) -> None:
+    admin = _client(server)
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    names = [f"gpu-{i}" for i in range(20)]
+    node_0 = next(n for n in names if shard_of(n, 2) == 0)
+    node_1 = next(n for n in names if shard_of(n, 2) == 1)
+    quiet = [n for n in names if n not in (node_0, node_1)][:2]
+    for i, name in enumerate([node_0, node_1, *quiet]):
+        admin.create(NODES, _waiting(name, 100.0 + i) if name in (node_0, node_1) else _node(name))
+    stored = {n: admin.get(NODES, n) for n in (node_0, node_1, *quiet)}  # as stored (the unschedulable taint added)
+
+    def view_of(mine: str, theirs: str) -> list[dict[str, Any]]:
+        """Our node as stored; the other shard's as it was before its cordon (our informer lags)."""
+        before = copy.deepcopy(stored[theirs])
+        before["metadata"]["annotations"] = {}
+        before["spec"] = {}
+        return [stored[mine], before, *(stored[n] for n in quiet)]
+
+    first = _replica(server, 0, view_of(node_0, node_1))
+    second = _replica(server, 1, view_of(node_1, node_0))
+    first.reconcile_name(node_0)
+    second.reconcile_name(node_1)
+
+    records = {n: record_from_node(admin.get(NODES, n)) for n in (node_0, node_1)}
+    started = [n for n, r in records.items() if isinstance(r, NodeRecord) and r.action is not None]
+    assert started == [node_0], records
+    held = records[node_1]
+    assert isinstance(held, NodeRecord) and held.blocked is not None and held.blocked.reason == "budget"
+    assert held.blocked.detail.startswith(f"budget full: 1 of 1 out of service ({node_0})"), held.blocked
