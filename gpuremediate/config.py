@@ -82,6 +82,8 @@ class Settings:
                 f"{self.retry_period_s:g}s")
         if not 1 <= self.shards <= MAX_SHARDS:
             raise SettingsError(f"--shards: expected 1 to {MAX_SHARDS}, got {self.shards}")
+        if any(c.isspace() for c in self.identity) or len(self.identity) > 253:
+            raise SettingsError(f"--identity: no whitespace allowed, at most 253 characters, got {self.identity!r}")
         check_host(self.metrics_host, "--metrics-addr")
         if not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"--metrics-addr: port out of range: {self.metrics_port}")

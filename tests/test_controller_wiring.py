@@ -31,3 +31,16 @@ def test_a_dry_run_posts_no_notification_and_reads_no_secret(monkeypatch: pytest
     acting = Controller(Settings(), policy, client=client, source=object())  # type: ignore[arg-type]
     acting._read_notifier()
     assert read == [True]  # the check above could fail
+
+
+def test_shards_replace_the_leader_lease_and_claim_drains_fleet_wide() -> None:
+    client = KubeClient(ClusterConfig(server="http://127.0.0.1:1", token_source=StaticToken("t")))
+    policy = loads_policy("")
+    sharded = Controller(Settings(shards=3, leader_elect=True, identity="replica-a"), policy, client=client,
+                         source=object())  # type: ignore[arg-type]
+    assert sharded.shards is not None and sharded.shards.shards == 3 and sharded.shards.identity == "replica-a"
+    assert sharded._elector() is None and sharded.ctx.claims is not None
+    dry = Controller(Settings(shards=3, dry_run=True), policy, client=client, source=object())  # type: ignore[arg-type]
+    assert dry.ctx.claims is None  # a dry run admits nothing anywhere
+    single = Controller(Settings(leader_elect=True), policy, client=client, source=object())  # type: ignore[arg-type]
+    assert single.shards is None and single.ctx.claims is None and single._elector() is not None

@@ -97,6 +97,9 @@ def _one_clear_line(err: str, names: str) -> None:
     (["--exporter-port", "0"], "--exporter-port: expected 1-65535"),
     (["--exporter-path", "metrics"], "--exporter-path: expected a URL path starting with /"),
     (["--leader-elect-renew-deadline", "20s"], "--leader-elect-lease-duration > --leader-elect-renew-deadline"),
+    (["--shards", "0"], "--shards: expected 1 to 256, got 0"),
+    (["--shards", "257"], "--shards: expected 1 to 256, got 257"),
+    (["--identity", "two words"], "--identity: no whitespace allowed"),
     (["--kubeconfig", "{binary}"], "is not UTF-8 text"),
     (["--policy", "{deep_toml}"], "nested too deeply"),
 ])
