@@ -71,6 +71,8 @@ TO_REBOOT = BASE + """
 reset-gpu = [{action = "reset-gpu", attempts = 1, timeout = "45s"}, {action = "reboot", attempts = 1}]
 """
 
+TO_REBOOT_LADDER = (Rung("reset-gpu", 1, 45.0), Rung("reboot", 1))  # as explain_node resolves it
+
 TO_RMA = BASE + """
 [remediation.ladders]
 reset-gpu = [{action = "reset-gpu", attempts = 1}, {action = "rma", attempts = 1}, {action = "quarantine"}]
@@ -164,9 +166,6 @@ def test_a_failed_reset_escalates_to_a_reboot_that_repairs(world: World) -> None
     assert len(world.jobs("reset-gpu")) == 1  # the reset was not retried: its rung had one attempt
 
 
-TO_REBOOT_LADDER = (Rung("reset-gpu", 1, 45.0), Rung("reboot", 1))
-
-
 def test_a_ladder_ending_in_a_custom_action_quarantines_when_it_fails(world: World) -> None:
     res = install_crd(world.kube, remediation_crd(), API_VERSION, KIND)
     world.start(TO_RMA)
@@ -223,3 +222,18 @@ def test_a_reload_that_shortens_the_ladder_keeps_the_rung_index_clamped() -> Non
     assert current_rung(RemediationPolicy(), _mid_ladder(1)) == (0, (Rung("reset-gpu"),))
     assert current_rung(RemediationPolicy(), NodeRecord(state=states.REPAIRING, fault=_mid_ladder(0).fault)) == (
         0, (Rung("reset-gpu"),))
+
+
+def test_a_restart_on_the_second_rung_goes_on_there_without_repeating_the_first(world: World) -> None:
+    first = world.start(TO_REBOOT)
+    world.finish_job("reset-gpu", ok=False)
+    wait_for(lambda: world.jobs("reboot"), 20, f"the reboot rung's Job (state {world.state()})")
+    first.stop()
+    world.controllers.remove(first)
+    record = world.record()
+    assert record.action is not None and (record.action.kind, record.action.rung) == ("reboot", 1)
+    world.start(TO_REBOOT)
+    world.finish_job("reboot", ok=True)
+    wait_for(lambda: world.state() == states.HEALTHY, 20, f"healthy after the reboot (state {world.state()})")
+    assert len(world.jobs("reset-gpu")) == 1 and len(world.jobs("reboot")) == 1
+    assert _history(world.record()) == [("reset-gpu", OUTCOME_ESCALATED), ("reboot", OUTCOME_REPAIRED)]
