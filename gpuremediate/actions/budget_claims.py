@@ -9,9 +9,10 @@ the budget with every node already in that set counted out of service. Two repli
 write from the same resourceVersion: one gets 409, reads the set again (now with the other's node) and
 decides again.
 
-A node leaves the set when a fresh GET shows it back in service and in no active state; only nodes the
-informer already shows done are checked that way (one GET per finished node). A stale informer elsewhere
-can only count such a node out, never a claimed one in.
+A node leaves the set when a fresh read shows it back in service and in no active state: a LIST by name
+with no resourceVersion, which the API server answers consistently ("most recent", as a GET; and nodes'
+list is already granted). Only nodes the informer already shows done are read that way (one LIST per
+finished node). A stale informer elsewhere can only count such a node out, never a claimed one in.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class BudgetClaims:
 
     def __init__(self, client: KubeClient, namespace: str, looks_done: Callable[[str], bool],
                  clock: Callable[[], float]) -> None:
-        """``looks_done``: whether the informer shows a node done (then a fresh GET decides)."""
+        """``looks_done``: whether the informer shows a node done (then a fresh read decides)."""
         self.client = client
         self.namespace = namespace
         self.looks_done = looks_done
@@ -134,19 +135,17 @@ class BudgetClaims:
         return True
 
     def _pruned(self, admitted: dict[str, float]) -> dict[str, float]:
-        """Without the nodes a fresh GET shows done (only those the informer shows done are asked)."""
+        """Without the nodes a fresh read shows done (only those the informer shows done are asked)."""
         kept = dict(admitted)
         for name in [n for n in admitted if self.looks_done(n)]:
             self.requests += 1
             try:
-                fresh = safety.node_view(self.client.get(NODES, name))
-            except errors.NotFound:
-                kept.pop(name)
-                continue
+                # A LIST without resourceVersion is a quorum read, as a GET is (and nodes' list is granted).
+                found = self.client.list(NODES, field_selector=f"metadata.name={name}").get("items") or []
             except (errors.ApiError, errors.TransportError) as exc:
                 log.debug("budget claims: node %s unreadable, its claim kept: %s", name, exc)
                 continue
-            if is_done(fresh):
+            if not found or is_done(safety.node_view(found[0])):
                 kept.pop(name)
         return kept
 
