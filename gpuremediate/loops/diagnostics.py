@@ -42,10 +42,13 @@ POLL_S = 1.0
 
 
 def due(policy: DiagnosticsPolicy, record: NodeRecord) -> bool:
-    """Enabled, the fault not diagnosed yet, and no repair attempt started (after one the evidence is gone)."""
-    if not policy.enabled or record.fault is None or record.fault.diagnostics is not None:
+    """The fault not diagnosed yet and: a diagnostics Job under way (finished even if a reload turned them off),
+    or diagnostics enabled and no repair attempt started (after one the evidence is gone)."""
+    if record.fault is None or record.fault.diagnostics is not None:
         return False
-    return record.action is None or record.action.kind == DIAGNOSTICS
+    if record.action is not None and record.action.kind == DIAGNOSTICS:
+        return True
+    return policy.enabled and record.action is None
 
 
 def output_location(policy: DiagnosticsPolicy, name: str) -> str:

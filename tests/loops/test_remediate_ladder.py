@@ -5,6 +5,7 @@ kubelet (a Job pod's phase) and the remediation plugin."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +21,10 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import EVENTS, JOBS, NAMESPACES, NODES, PODS, SERVICEACCOUNTS
+from gpuremediate.loops import diagnostics
 from gpuremediate.loops.remediate import current_rung
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.policy.workflow import RemediationPolicy, Rung
+from gpuremediate.policy.workflow import DiagnosticsPolicy, RemediationPolicy, Rung
 from gpuremediate.state import states
 from gpuremediate.state.record import (
     DIAGNOSTICS_FAILED,
@@ -30,6 +32,7 @@ from gpuremediate.state.record import (
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
     ActionInProgress,
+    Diagnostics,
     Fault,
     NodeRecord,
     record_from_node,
@@ -237,3 +240,18 @@ def test_a_restart_on_the_second_rung_goes_on_there_without_repeating_the_first(
     wait_for(lambda: world.state() == states.HEALTHY, 20, f"healthy after the reboot (state {world.state()})")
     assert len(world.jobs("reset-gpu")) == 1 and len(world.jobs("reboot")) == 1
     assert _history(world.record()) == [("reset-gpu", OUTCOME_ESCALATED), ("reboot", OUTCOME_REPAIRED)]
+
+
+def test_diagnostics_are_due_once_before_the_first_attempt_and_one_under_way_is_finished() -> None:
+    on, off = DiagnosticsPolicy(enabled=True), DiagnosticsPolicy()
+    fault = _mid_ladder(0).fault
+    assert fault is not None
+    fresh = NodeRecord(state=states.REPAIRING, fault=fault)
+    assert diagnostics.due(on, fresh) and not diagnostics.due(off, fresh)
+    under_way = dataclasses.replace(fresh, action=ActionInProgress(diagnostics.DIAGNOSTICS, "gpur-diagnostics", 1, 2.0))
+    assert diagnostics.due(off, under_way)  # a reload turned them off: the Job under way still ends as diagnostics
+    retry = dataclasses.replace(fresh, action=ActionInProgress("reset-gpu", "", 2, 2.0))
+    assert not diagnostics.due(on, retry)  # a repair attempt ran: the evidence is gone
+    done = dataclasses.replace(fresh, fault=dataclasses.replace(
+        fault, diagnostics=Diagnostics(DIAGNOSTICS_FAILED, "gpur-diagnostics", "/x.log", 3.0)))
+    assert not diagnostics.due(on, done)
