@@ -69,11 +69,17 @@ def saved_labels(node: Mapping[str, Any]) -> SavedLabels | None:
     return SavedLabels(off=off, previous=previous)
 
 
-def off_patch(node: Node, record: NodeRecord, labels: Iterable[str],
-              off_value: str) -> tuple[dict[str, Any], SavedLabels]:
-    """The one merge patch that sets ``labels`` to ``off_value``, saves their values, and writes ``record``."""
+def off_patch(node: Node, record: NodeRecord, labels: Iterable[str], off_value: str,
+              earlier: SavedLabels | None = None) -> tuple[dict[str, Any], SavedLabels]:
+    """The one merge patch that sets ``labels`` to ``off_value``, saves their values, and writes ``record``.
+    ``earlier``: an annotation already on the node (a sequence whose record was lost): the labels it names that
+    still hold its value keep their saved previous value (never our own "false" saved as the value to restore)."""
     current = labels_of(node)
-    saved = SavedLabels(off=off_value, previous={label: current.get(label) for label in labels})
+    previous: dict[str, str | None] = {label: current.get(label) for label in labels}
+    if earlier is not None:
+        previous.update({label: value for label, value in earlier.previous.items()
+                         if current.get(label) == earlier.off})
+    saved = SavedLabels(off=off_value, previous=previous)
     patch = _record_patch(node, record)
     patch["metadata"]["labels"].update({label: off_value for label in saved.previous})
     patch["metadata"]["annotations"][OPERAND_ANNOTATION] = saved.encode()

@@ -155,7 +155,11 @@ class GpuResetSequence:
         started = start_action(record, ACTION_RESET_GPU, name, attempt, now)
         started = with_step(started, STEP_GONE, now, gop.gone_timeout_s)
         labels = gop.operands_on(labels_of(node))
-        patch, saved = off_patch(node, started, labels, gop.off_value)
+        try:
+            earlier = saved_labels(node)
+        except OperandAnnotationError:
+            earlier = None  # unreadable: what it said is lost either way; the labels deployed now are saved
+        patch, saved = off_patch(node, started, labels, gop.off_value, earlier)
         if write_node(self.ctx.writer, node, patch) is None:
             return self.loop.retry_after_conflict()
         self._event(node, "GPUOperandsOff", f"set {', '.join(sorted(saved.previous))} to {gop.off_value!r} for "

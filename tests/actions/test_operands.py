@@ -71,3 +71,10 @@ def test_a_broken_annotation_is_named(text: str, problem: str) -> None:
     with pytest.raises(OperandAnnotationError) as err:
         saved_labels(node({}, {OPERAND_ANNOTATION: text}))
     assert problem in str(err.value)
+
+
+def test_an_earlier_annotation_keeps_the_values_to_restore_of_labels_still_off() -> None:
+    earlier = SavedLabels(off="false", previous={DP: "true", EXP: "true"})
+    before = node({DP: "false", EXP: "paused-by-admin", GFD: "true"}, {OPERAND_ANNOTATION: earlier.encode()})
+    _, saved = off_patch(before, RECORD, [GFD], "false", earlier)
+    assert saved.previous == {DP: "true", GFD: "true"}  # EXP was changed by someone since: not ours any more
