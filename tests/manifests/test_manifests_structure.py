@@ -333,7 +333,7 @@ def test_alerts_cover_the_failure_modes_with_known_metrics() -> None:
 # -- kustomize, when kubectl is here --------------------------------------------------------------
 
 KUSTOMIZE_ROOTS = ["base", "agent", "overlays/dry-run", "overlays/kind", "overlays/nvsentinel-compat",
-                   "plugins/drain-window", "dcgm-exporter", "monitoring", "crds"]
+                   "overlays/sharded", "plugins/drain-window", "dcgm-exporter", "monitoring", "crds"]
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
@@ -348,6 +348,9 @@ def test_kustomize_renders_and_the_render_loads(root: str) -> None:
     deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpuremediate"]
     if root == "overlays/dry-run":
         assert deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--dry-run"
+    if root == "overlays/sharded":
+        spec = deployments[0]["spec"]
+        assert spec["replicas"] == 2 and spec["template"]["spec"]["containers"][0]["args"][-1] == "--shards=4"
     if root == "overlays/nvsentinel-compat":
         args = deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[-1] == "--maintenance-group=nvsentinel.dgxc.nvidia.com"
