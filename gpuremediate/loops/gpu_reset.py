@@ -269,7 +269,11 @@ class GpuResetSequence:
 
     def _unreadable_annotation(self, node: Node, record: NodeRecord, policy: Policy, problem: str) -> float | None:
         """A person broke the annotation: which labels were ours is unknown, so none is touched (said loudly)."""
-        self._event(node, "GPUOperandsUnknown", f"{problem}; the operand labels are left as they are", WARNING)
+        gop = policy.gpu_operator
+        off = sorted(label for label in gop.apps if labels_of(node).get(label) == gop.off_value)
+        self._event(node, "GPUOperandsUnknown", f"{problem}; the operand labels are left as they are (set to "
+                    f"{gop.off_value!r} now: {', '.join(off) or 'none'}; put back by hand those that were on)",
+                    WARNING)
         return self._fail(node, record, policy, None, problem)
 
     # ---- 5. operands back ------------------------------------------------------------------------------

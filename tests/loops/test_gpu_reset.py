@@ -262,3 +262,33 @@ def test_an_nvlink_group_node_resets_every_gpu_in_one_job() -> None:
             assert v100.reset_refusals == []
         finally:
             local.stop_all()
+
+
+def test_a_reset_job_that_fails_restores_the_labels_then_fails_the_attempt(cluster: SimCluster,
+                                                                           controllers: Controllers) -> None:
+    cluster.gpusim.hold(NODE, "nvidia-persistenced")  # a client the operator does not run: the reset is refused
+    controllers.start(policy(attempts=1))
+    cluster.gpusim.inject(NODE, 1, "xid", 48)
+    wait_for(lambda: state_of(cluster) == states.QUARANTINED, 30, f"{NODE} quarantined after the failed reset")
+    assert "nvidia-persistenced" in cluster.reset_refusals[0][1]
+    assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true") and annotation(cluster) is None
+    record = record_of(cluster)
+    assert record is not None and "reset-gpu Job" in record.message and "failed" in record.message
+
+
+def test_an_unreadable_annotation_fails_the_attempt_and_touches_no_label(cluster: SimCluster,
+                                                                         controllers: Controllers) -> None:
+    assert cluster.nodesim is not None
+    cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=2.0)
+    controllers.start(policy(attempts=1))
+    cluster.gpusim.inject(NODE, 1, "xid", 48)
+
+    def in_reset() -> bool:
+        record = record_of(cluster)
+        return record is not None and record.action is not None and record.action.step == "reset"
+
+    wait_for(in_reset, 30, "the reset step")
+    cluster.kube.patch(NODES, NODE, {"metadata": {"annotations": {OPERAND_ANNOTATION: "{edited"}}})
+    wait_for(lambda: state_of(cluster) == states.QUARANTINED, 30, f"{NODE} quarantined")
+    assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "false")  # which were ours is unknown now
+    assert any("is not JSON" in m for m in events(cluster, "GPUOperandsUnknown"))
