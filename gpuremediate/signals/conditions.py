@@ -46,7 +46,7 @@ from gpuremediate.policy.findings import (
     Finding,
     by_severity,
 )
-from gpuremediate.policy.schema import PolicyError, _join, _show, at_least, check_action, setting
+from gpuremediate.policy.schema import PolicyError, _join, _show, check_action, duration, setting
 
 # The agent's conditions: True is healthy (like Ready), so a missing agent is never a fault.
 GPU_HEALTHY = "GPUHealthy"
@@ -149,7 +149,7 @@ class ConditionsPolicy:
 
     enabled: bool = setting(True, "act on NodeConditions (the agent's and other tools')")
     max_age_s: float = setting(900.0, "ignore a condition whose lastHeartbeatTime is older than this (its writer "
-                               "stopped; the agent heartbeats every 300 s)", check=at_least(1))
+                               "stopped; the agent heartbeats every 300 s)", check=duration(1))
     rules: tuple[ConditionRule, ...] = field(default=DEFAULT_RULES, metadata={
         "doc": "[[conditions.rules]] {type, status, reason (default *), action, urgent}; first match wins, "
                "the file's rules before the agent's defaults",
