@@ -158,7 +158,7 @@ def test_malformed_conditions_are_skipped() -> None:
     ('[[conditions.rules]]\ntype = ""\nstatus = "True"\naction = "reboot"\n',
      'conditions.rules[0].type: expected a non-empty string, got ""'),
     ("[conditions]\nrules = 3\n", "conditions.rules: expected an array of tables"),
-    ("[conditions]\nmax_age_s = 0\n", "conditions.max_age_s: must be between 1 and),
+    ("[conditions]\nmax_age_s = 0\n", "conditions.max_age_s: must be between 1 and"),
 ])
 def test_bad_rules_name_the_key_path(text: str, error: str) -> None:
     with pytest.raises(PolicyError) as exc:
