@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.policy.schema import PolicyError, _show, between, dns_label, setting, shell_words
-from gpuremediate.policy.selector import SelectorError, check_label_key
+from gpuremediate.policy.selector import SelectorError, _check_value, check_label_key
 
 DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's label, e.g. "Tesla-V100-SXM2-32GB"
@@ -74,9 +74,12 @@ def _parse_patterns(raw: Any, path: str, _current: Any) -> tuple[str, ...]:
 
 
 def _label_value(value: Any, path: str) -> None:
-    if not value or len(value) > 63 or not value.replace("-", "").replace("_", "").replace(".", "").isalnum() \
-            or not value.isascii():
-        raise PolicyError(f"{path}: expected a label value (letters, digits, '-', '_', '.'), got {_show(value)}")
+    try:
+        _check_value(value)
+    except SelectorError as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+    if not value:
+        raise PolicyError(f"{path}: must not be empty (an empty label value is a value too, but not \"off\")")
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,10 @@ def test_bad_values_are_named(body: str, message: str) -> None:
     with pytest.raises(PolicyError) as err:
         loads_policy(f"[gpu_operator]\n{body}\n")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["-off", "a b", "x" * 64, ""])
+def test_off_value_must_be_a_label_value(value: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        loads_policy(f'[gpu_operator]\noff_value = "{value}"\n')
+    assert str(err.value).startswith("gpu_operator.off_value: ")
