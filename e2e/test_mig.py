@@ -126,6 +126,6 @@ def test_a_gpu_the_device_plugin_holds_back_fails_validation_saying_why(cluster:
     assert "validation cannot hold every GPU: nvidia.com/gpu 7 of 8 allocatable" in rec.message, rec.message
     assert "1 GPU device(s) as unhealthy" in rec.message
     blocked = cluster.wait_event(node, "GPURemediationBlocked", "nvidia.com/gpu 7 of 8 allocatable")
-    assert "validation needs every GPU" in blocked["message"]
+    assert "(gpu-unavailable: validation needs every GPU" in blocked["message"], blocked["message"]
     cluster.wait_event(node, "GPUNodeQuarantined", "validation cannot hold every GPU")
     assert cluster.jobs(node, "validate") == []  # never a Job the kubelet could not admit

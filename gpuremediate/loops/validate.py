@@ -20,7 +20,14 @@ from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import BLOCK_GPU_PODS, ActionInProgress, NodeRecord, block, occurrence
+from gpuremediate.state.record import (
+    BLOCK_GPU_PODS,
+    BLOCK_GPU_UNAVAILABLE,
+    ActionInProgress,
+    NodeRecord,
+    block,
+    occurrence,
+)
 
 VALIDATE = "validate"
 
@@ -90,7 +97,7 @@ class ValidateLoop(JobLoop):
         """The device plugin does not offer every GPU: wait (blocked, the wait timed from ``blocked.since``, so
         a restart resumes it) up to ``allocatable_wait_s``, then fail: no Job could hold every GPU."""
         now = self.ctx.clock()
-        after = block(record, BLOCK_GPU_PODS, f"validation needs every GPU; {hold.problem}", now)
+        after = block(record, BLOCK_GPU_UNAVAILABLE, f"validation needs every GPU; {hold.problem}", now)
         waited = now - (after.blocked.since if after.blocked is not None else now)
         if waited >= gpus.allocatable_wait_s:
             detail = (f"validation cannot hold every GPU: {hold.problem} (waited {waited:.0f}s); a person checks "

@@ -44,11 +44,12 @@ BLOCK_BREAKER = "breaker"
 BLOCK_WINDOW = "window"
 BLOCK_MAINTENANCE_START = "maintenance-start"
 BLOCK_GPU_PODS = "gpu-pods"  # validation needs every GPU, and pods still hold some
+BLOCK_GPU_UNAVAILABLE = "gpu-unavailable"  # validation needs every GPU; the device plugin offers fewer
 BLOCK_PERMISSION = "permission"  # RBAC refuses the controller a plugin kind (403): a person grants it
 BLOCK_PAUSED = "paused"  # gpuremediate pause: no new work anywhere
 BLOCK_GATE = "gate"  # blocking alerts, blocking pods, the settle delay
 BLOCK_REASONS = (BLOCK_BUDGET, BLOCK_PDB, BLOCK_BREAKER, BLOCK_WINDOW, BLOCK_MAINTENANCE_START, BLOCK_GPU_PODS,
-                 BLOCK_PERMISSION, BLOCK_PAUSED, BLOCK_GATE)
+                 BLOCK_GPU_UNAVAILABLE, BLOCK_PERMISSION, BLOCK_PAUSED, BLOCK_GATE)
 
 # Repair history outcomes.
 OUTCOME_REPAIRED = "repaired"

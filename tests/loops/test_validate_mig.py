@@ -17,7 +17,7 @@ from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.policy.config import PolicyFile, loads_policy
 from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
-from gpuremediate.state.record import BLOCK_GPU_PODS, NodeRecord
+from gpuremediate.state.record import BLOCK_GPU_PODS, BLOCK_GPU_UNAVAILABLE, NodeRecord
 from sim.kubeapi import KubeAPIServer
 
 JOBS_NS = "gpuremediate-jobs"
@@ -122,7 +122,7 @@ def test_allocatable_short_of_capacity_waits_then_fails_naming_the_gpus(kube: Ku
     loop = loop_for(kube, writes, clock, policy)
     assert loop.reconcile(short, validating()) == 10.0
     waiting = writes.records[-1]
-    assert waiting.blocked is not None and waiting.blocked.reason == BLOCK_GPU_PODS
+    assert waiting.blocked is not None and waiting.blocked.reason == BLOCK_GPU_UNAVAILABLE
     assert "nvidia.com/gpu 7 of 8 allocatable" in waiting.blocked.detail
     assert kube.list(JOBS, JOBS_NS)["items"] == []  # the kubelet would never admit it (OutOfnvidia.com/gpu)
 
