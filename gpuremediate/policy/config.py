@@ -178,6 +178,11 @@ class Policy:
     )
 
 
+# Action kinds the record already uses for steps that are not repairs: a custom action of that name could not
+# be told apart from them in a record.
+RESERVED_ACTION_KINDS = frozenset({"drain", "validate", "diagnostics"})
+
+
 def parse_actions(raw: Any, path: str, current: Mapping[str, CustomAction]) -> Mapping[str, CustomAction]:
     """``[actions.<name>]`` tables → custom actions; superseding groups must name a node-wide group."""
     if not isinstance(raw, Mapping):
@@ -187,6 +192,9 @@ def parse_actions(raw: Any, path: str, current: Mapping[str, CustomAction]) -> M
         sub = _join(path, name)
         if name in BUILTIN_ACTIONS:
             raise PolicyError(f"{sub}: {_show(name)} is a built-in action; a custom action needs another name")
+        if name in RESERVED_ACTION_KINDS:
+            raise PolicyError(f"{sub}: {_show(name)} names a step of gpuremediate's own (the record's action kind); "
+                              "a custom action needs another name")
         check_action(name, sub)
         merged[name] = merge_section(merged.get(name, CustomAction()), table, sub)
     node_wide = {a.group_of(n) for n, a in merged.items() if not a.impactedEntityScope}

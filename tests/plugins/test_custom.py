@@ -150,6 +150,8 @@ def test_actions_section_parses_and_builds_a_resource() -> None:
     ('[actions.x]\napiGroup = "g"\nkind = "K"\ntemplate = { metadata = { name = "n" } }',
      "actions.x.template.metadata: only labels and annotations"),
     ('[actions.reboot]\napiGroup = "g"\nkind = "K"', "actions.reboot: \"reboot\" is a built-in action"),
+    ('[actions.diagnostics]\napiGroup = "g"\nkind = "K"', "actions.diagnostics: \"diagnostics\" names a step"),
+    ('[actions.validate]\napiGroup = "g"\nkind = "K"', "actions.validate: \"validate\" names a step"),
     ('[customDrain]\nonTimeout = "ignore"', "customDrain.onTimeout: expected one of quarantine, builtin"),
     ('[customDrain]\nstatusConditionStatus = "yes"', "customDrain.statusConditionStatus: expected one of"),
 ])
