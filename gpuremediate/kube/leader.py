@@ -21,7 +21,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,8 +77,10 @@ class LeaseLock:
         clock: Callable[[], float] | None = None,
         on_new_holder: Callable[[str], None] | None = None,
         takeover_drops: tuple[str, ...] = (),
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
-        """``takeover_drops``: annotations removed when we take the Lease from another holder (or a free one)."""
+        """``takeover_drops``: annotations removed when we take the Lease from another holder (or a free one);
+        ``annotations``: set on every acquire and renewal (what the holder promises beside the spec)."""
         self.client = client
         self.namespace = namespace
         self.name = name
@@ -87,6 +89,7 @@ class LeaseLock:
         self.renew_deadline = renew_deadline
         self.on_new_holder = on_new_holder
         self.takeover_drops = takeover_drops
+        self.annotations = dict(annotations or {})
         self.observed: dict[str, Any] | None = None  # the last Lease read or written
         self.observed_spec: dict[str, Any] = {}
         self.observed_at = 0.0  # clock time the holder's record last changed
@@ -143,6 +146,10 @@ class LeaseLock:
         body = {**lease, "spec": new_spec}
         if not i_held_it and self.takeover_drops:
             body["metadata"] = _without_annotations(lease, self.takeover_drops)
+        if self.annotations:
+            metadata = dict(body.get("metadata") or {})
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **self.annotations}
+            body["metadata"] = metadata
         try:
             updated = self.client.replace(LEASES, self.name, body, self.namespace)
         except (errors.ApiError, errors.TransportError) as exc:
@@ -180,7 +187,8 @@ class LeaseLock:
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
+            "metadata": {"name": self.name, "namespace": self.namespace,
+                         **({"annotations": dict(self.annotations)} if self.annotations else {})},
             "spec": {**self._spec(now, acquired=None), "leaseTransitions": 0},
         }
         try:
@@ -198,6 +206,10 @@ class LeaseLock:
             "acquireTime": acquired or micro_time(now),
             "renewTime": micro_time(now),
         }
+
+    def observe(self, lease: dict[str, Any] | None) -> None:
+        """Note a Lease read elsewhere (a LIST of the namespace's Leases); None: it does not exist."""
+        self._observe(lease, dict((lease or {}).get("spec") or {}))
 
     def _observe(self, lease: dict[str, Any] | None, spec: dict[str, Any]) -> None:
         record = {k: spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions")}

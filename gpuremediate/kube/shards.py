@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from gpuremediate.config import MAX_SHARDS
 from gpuremediate.kube import errors
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SHARD_LEASE_PREFIX = "gpuremediate-shard-"
 WANTED_ANNOTATION = "gpuremediate.io/shard-wanted-by"
+SHARDS_ANNOTATION = "gpuremediate.io/shards"  # the holder's --shards: its node -> shard mapping
 
 _acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpuremediate_acting_for", default=None)
 
@@ -121,10 +123,12 @@ class ShardSet:
         self.lease_duration = lease_duration
         self.on_change = on_change
         self._clock = clock or lease_clock
-        self.locks = [LeaseLock(client, namespace, shard_lease_name(i), identity, lease_duration, renew_deadline,
-                                self._clock, takeover_drops=(WANTED_ANNOTATION,)) for i in range(shards)]
+        self.locks = [self._lock_for(i) for i in range(shards)]
+        self._foreign: dict[int, LeaseLock] = {}  # shard Leases beyond our count (another --shards), watched only
         self.preferred = preferred_shard(identity, shards)
         self._held: set[int] = set()  # acquired and not yet given up or lost
+        self._settled: set[int] = set()  # held since before the last round's read: ours to act on
+        self.conflict = ""  # a live shard Lease of another --shards: we act on nothing while it lasts
         self._wishes: dict[int, tuple[str, float]] = {}  # shard -> (wanted-by value, clock time it changed)
         self._wished_at: dict[int, float] = {}  # shard -> when we last wrote our own wish on it
         self._lease_paths = {LEASES.path(namespace)} | {lock.path for lock in self.locks}
@@ -137,10 +141,11 @@ class ShardSet:
     # ---- what we own now ---------------------------------------------------------------------------------
 
     def owned(self) -> frozenset[int]:
-        """Shards held now: acquired, and renewed within the renew deadline by our clock."""
+        """Shards ours to act on now: held since before the last round's read (which saw no live shard Lease of
+        another --shards), and renewed within the renew deadline by our clock."""
         with self._lock:
-            held = set(self._held)
-        return frozenset(i for i in held if self.locks[i].valid_for_me())
+            settled = set() if self.conflict else self._held & self._settled
+        return frozenset(i for i in settled if self.locks[i].valid_for_me())
 
     def owns(self, node: str) -> bool:
         return shard_of(node, self.shards) in self.owned()
@@ -194,10 +199,17 @@ class ShardSet:
         """Renew, read the others, hand back what a waiting replica wants, take free shards up to the cap."""
         before = self.owned()
         self._renew_held()
-        self._read_others()
+        listed = self._read_others()
+        conflict = self._shard_count_conflict() if listed else self.conflict
+        with self._lock:
+            self.conflict = conflict
+            self._settled = set(self._held)  # what we held before this read is ours from now on
+        if conflict:
+            log.warning("not acting on any shard", extra={"identity": self.identity, "reason": conflict})
         live = self._live()
         self._hand_back(live)
-        self._acquire_free(live)
+        if listed and not conflict:
+            self._acquire_free(live)
         self._ask_if_short(live)
         self.rounds += 1
         after = self.owned()
@@ -222,11 +234,38 @@ class ShardSet:
                     self._held.discard(index)
                 lock.renewed_at = None
 
-    def _read_others(self) -> None:
-        for index, lock in enumerate(self.locks):
-            if index not in self._held:
-                lock.read()
+    def _read_others(self) -> bool:
+        """One LIST of the namespace's Leases: every shard Lease, ours or not, of any shard count."""
+        try:
+            leases = self.client.list(LEASES, self.namespace).get("items") or []
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("listing shard leases in %s failed: %s", self.namespace, exc)
+            return False
+        found = {index: lease for lease in leases if (index := _index_of(lease)) is not None}
+        for index in sorted(set(found) | set(range(self.shards)) | set(self._foreign)):
+            if index in self._held:
+                continue  # renewed just now: our own read
+            lock = self.locks[index] if index < self.shards else self._foreign.setdefault(index, self._lock_for(index))
+            lock.observe(found.get(index))
+            if index < self.shards:
                 self._note_wish(index)
+        return True
+
+    def _shard_count_conflict(self) -> str:
+        """A live shard Lease held under another --shards maps nodes differently: acting now could act on a
+        node another replica acts on (a rollout changing --shards). "" when there is none."""
+        mine = str(self.shards)
+        for lock in [*self.locks, *self._foreign.values()]:
+            theirs = _annotation(lock, SHARDS_ANNOTATION)
+            if lock.held_by_other() and theirs != mine:
+                return (f"lease {self.namespace}/{lock.name} is held by {lock.holder()} with --shards={theirs or '?'}, "
+                        f"ours is {mine}: waiting until it expires or is released")
+        return ""
+
+    def _lock_for(self, index: int) -> LeaseLock:
+        return LeaseLock(self.client, self.namespace, shard_lease_name(index), self.identity, self.lease_duration,
+                         self.renew_deadline, self._clock, takeover_drops=(WANTED_ANNOTATION,),
+                         annotations={SHARDS_ANNOTATION: str(self.shards)})
 
     def _live(self) -> set[str]:
         return {lock.holder() for lock in self.locks if lock.held_by_other()} | {self.identity} | {
@@ -276,8 +315,7 @@ class ShardSet:
     # ---- wishes (the hand-back annotation) -----------------------------------------------------------------
 
     def _note_wish(self, index: int) -> None:
-        annotations = ((self.locks[index].observed or {}).get("metadata") or {}).get("annotations") or {}
-        value = str(annotations.get(WANTED_ANNOTATION) or "")
+        value = _annotation(self.locks[index], WANTED_ANNOTATION)
         seen = self._wishes.get(index)
         if not value:
             self._wishes.pop(index, None)
@@ -324,6 +362,17 @@ class ShardSet:
             self.locks[index].release()
 
 
+def _annotation(lock: LeaseLock, key: str) -> str:
+    annotations = ((lock.observed or {}).get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(key) or "")
+
+
+def _index_of(lease: dict[str, Any]) -> int | None:
+    name = str((lease.get("metadata") or {}).get("name") or "")
+    suffix = name[len(SHARD_LEASE_PREFIX):] if name.startswith(SHARD_LEASE_PREFIX) else ""
+    return int(suffix) if suffix.isascii() and suffix.isdigit() and len(suffix) < 6 else None
+
+
 @dataclass(frozen=True)
 class ShardLease:
     """One shard Lease as stored (for ``status``)."""
@@ -347,12 +396,11 @@ def list_shard_leases(client: KubeClient, namespace: str) -> list[ShardLease]:
     """Every ``gpuremediate-shard-<i>`` Lease in the namespace, by shard (one LIST)."""
     found = []
     for lease in client.list(LEASES, namespace).get("items") or []:
-        name = str((lease.get("metadata") or {}).get("name") or "")
-        suffix = name[len(SHARD_LEASE_PREFIX):] if name.startswith(SHARD_LEASE_PREFIX) else ""
-        if not (suffix.isascii() and suffix.isdigit()):
+        index = _index_of(lease)
+        if index is None:
             continue
         spec = lease.get("spec") or {}
-        found.append(ShardLease(int(suffix), str(spec.get("holderIdentity") or ""),
+        found.append(ShardLease(index, str(spec.get("holderIdentity") or ""),
                                 _epoch(spec.get("renewTime")), duration_of(spec)))
     return sorted(found, key=lambda lease: lease.index)
 

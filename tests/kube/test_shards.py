@@ -108,12 +108,14 @@ def test_a_dead_replica_s_shards_are_taken_over_after_its_lease_duration_and_not
     orphaned = dead.owned()
     assert len(orphaned) == 2
     # replica-b stops renewing (killed: no release). Within its lease duration nothing is taken.
-    for _ in range(6):  # 12 s < 15 s since its last renewal
+    for _ in range(6):  # at most 12 s since the survivor saw its last renewal: less than its 15 s promise
         survivor.round()
         clock.now += 2.0
     assert survivor.owned().isdisjoint(orphaned)
     assert dead.owned() == frozenset()  # by its own clock it is past its renew deadline: it may not write
-    for _ in range(3):
+    # 15 s after the survivor last saw them renewed they are free: taken, and acted on from the round after
+    # (whose read saw no conflicting Lease)
+    for _ in range(4):
         survivor.round()
         clock.now += 2.0
     assert survivor.owned() == frozenset(range(4))
@@ -148,17 +150,18 @@ def test_shutdown_releases_every_shard_at_once(kube_target: KubeTarget, clock: F
     for index in released:
         spec = kube_target.client().get(LEASES, shard_lease_name(index), kube_target.namespace)["spec"]
         assert spec["holderIdentity"] == "" and spec["leaseDurationSeconds"] == 1
-    staying.round()  # the same clock instant: released, so free without waiting out a lease duration
+    _rounds(staying, count=2)  # the same clock instant: released, so free without waiting out a lease duration
     assert staying.owned() == frozenset(range(4))
 
 
 @pytest.fixture
 def fenced(kube_target: KubeTarget, clock: FakeClock) -> Iterator[tuple[ShardSet, KubeClient]]:
     shard_set, client = _shard_set(kube_target, "replica-a", clock, shards=2)
+    other, _ = _shard_set(kube_target, "replica-b", clock, shards=2)
     admin = kube_target.client()
     for name in _two_nodes():
         admin.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    shard_set.round()  # the first round takes only the preferred shard
+    _rounds(shard_set, other, count=3)  # one shard each
     client.write_fence = shard_set.fence
     yield shard_set, client
     for name in _two_nodes():
@@ -179,8 +182,8 @@ def test_the_fence_refuses_writes_to_nodes_of_shards_not_held(
         fenced: tuple[ShardSet, KubeClient], kube_target: KubeTarget) -> None:
     shard_set, client = fenced
     assert len(shard_set.owned()) == 1
-    mine = _two_nodes()[shard_set.preferred]
-    theirs = _two_nodes()[1 - shard_set.preferred]
+    (held,) = shard_set.owned()
+    mine, theirs = _two_nodes()[held], _two_nodes()[1 - held]
     assert _label(client, mine)["metadata"]["labels"]["touched"] == "yes"
     with pytest.raises(errors.NotLeader, match=f"node {theirs} is in shard"):
         _label(client, theirs)
@@ -195,8 +198,37 @@ def test_the_fence_refuses_writes_to_nodes_of_shards_not_held(
 def test_past_the_renew_deadline_the_fence_refuses_even_our_own_shard(
         fenced: tuple[ShardSet, KubeClient], clock: FakeClock) -> None:
     shard_set, client = fenced
-    mine = _two_nodes()[shard_set.preferred]
+    (held,) = shard_set.owned()
+    mine = _two_nodes()[held]
     clock.now += 10.0  # no renewal since: the renew deadline has passed by our clock
     with pytest.raises(errors.NotLeader, match="renew deadline"):
         _label(client, mine)
     wait_for(lambda: shard_set.owned() == frozenset(), describe="nothing owned")
+
+
+def test_replicas_of_another_shard_count_never_act_at_once(kube_target: KubeTarget, clock: FakeClock) -> None:
+    """A rollout changing --shards: node -> shard differs, so a replica acts on nothing while a live shard
+    Lease of another count exists (it takes none either); once the old one is gone, the new one acts."""
+    old, _ = _shard_set(kube_target, "old-replica", clock, shards=2)
+    _rounds(old, count=3, clock=clock)
+    assert old.owned() == frozenset({0, 1})
+    new, _ = _shard_set(kube_target, "new-replica", clock, shards=4)
+    _rounds(old, new, count=3, clock=clock)
+    assert new.owned() == frozenset() and "--shards=2, ours is 4" in new.conflict
+    assert _holders(kube_target) == ["old-replica", "old-replica"]  # shards 2 and 3 were not taken either
+    runner = threading.Thread(target=old.run, daemon=True)
+    runner.start()
+    old.stop(timeout=5)
+    runner.join(5)
+    _rounds(new, count=3, clock=clock)
+    assert new.owned() == frozenset(range(4)) and new.conflict == ""
+
+
+def test_a_replica_sees_a_larger_shard_count_beyond_its_own_leases(kube_target: KubeTarget,
+                                                                   clock: FakeClock) -> None:
+    wide, _ = _shard_set(kube_target, "wide", clock, shards=4)
+    _rounds(wide, count=3, clock=clock)
+    assert wide.owned() == frozenset(range(4))
+    narrow, _ = _shard_set(kube_target, "narrow", clock, shards=2)
+    _rounds(wide, narrow, count=2, clock=clock)
+    assert narrow.owned() == frozenset() and "gpuremediate-shard-" in narrow.conflict

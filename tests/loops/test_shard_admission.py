@@ -71,14 +71,21 @@ def _identity_for(shard: int) -> str:
     return next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == shard)
 
 
-def _replica(srv: KubeAPIServer, shard: int, seen: list[dict[str, Any]]) -> DrainLoop:
-    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=_identity_for(shard)), POLICY,
-                            client=_client(srv), source=object())  # type: ignore[arg-type]
-    assert controller.shards is not None
-    controller.shards.round()  # the first round takes the preferred shard
-    assert controller.shards.owned() == frozenset({shard})
-    controller.ctx.nodes.informer = FrozenInformer(seen)  # type: ignore[assignment]
-    return next(loop for loop in controller.node_loops if isinstance(loop, DrainLoop))
+def _replicas(srv: KubeAPIServer, seen: dict[int, list[dict[str, Any]]]) -> list[DrainLoop]:
+    """One controller per shard, each holding its shard and seeing ``seen[shard]`` in its node cache."""
+    controllers = [Controller(Settings(namespace=NAMESPACE, shards=2, identity=_identity_for(shard)), POLICY,
+                              client=_client(srv), source=object())  # type: ignore[arg-type]
+                   for shard in sorted(seen)]
+    for _ in range(3):  # the first round takes the preferred shard; the next one acts on it
+        for controller in controllers:
+            assert controller.shards is not None
+            controller.shards.round()
+    loops = []
+    for shard, controller in zip(sorted(seen), controllers, strict=True):
+        assert controller.shards is not None and controller.shards.owned() == frozenset({shard})
+        controller.ctx.nodes.informer = FrozenInformer(seen[shard])  # type: ignore[assignment]
+        loops.append(next(loop for loop in controller.node_loops if isinstance(loop, DrainLoop)))
+    return loops
 
 
 def test_two_shards_admitting_the_last_slot_at_once_start_one_drain(server: KubeAPIServer) -> None:
@@ -99,8 +106,7 @@ def test_two_shards_admitting_the_last_slot_at_once_start_one_drain(server: Kube
         before["spec"] = {}
         return [stored[mine], before, *(stored[n] for n in quiet)]
 
-    first = _replica(server, 0, view_of(node_0, node_1))
-    second = _replica(server, 1, view_of(node_1, node_0))
+    first, second = _replicas(server, {0: view_of(node_0, node_1), 1: view_of(node_1, node_0)})
     first.reconcile_name(node_0)
     second.reconcile_name(node_1)
 

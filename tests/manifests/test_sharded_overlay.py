@@ -40,6 +40,7 @@ def test_every_shard_lease_may_be_created_read_and_renewed() -> None:
         for verb in ("create", "get", "update"):
             assert _allowed(verb, "coordination.k8s.io", "leases", shard_lease_name(index)), (verb, index)
     assert not _allowed("get", "coordination.k8s.io", "leases", shard_lease_name(shards)), "no name beyond --shards"
+    assert _allowed("list", "coordination.k8s.io", "leases", ""), "each round lists the namespace's Leases"
 
 
 def test_the_admitted_set_may_be_created_read_and_updated() -> None:
