@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
-from gpuremediate.actions.jobs import FAILED, SUCCEEDED, build_job, create_job_once, job_name
-from gpuremediate.actions.nodes import Node, gpu_count, name_of
-from gpuremediate.loops.jobs import DELETED, TIMED_OUT, job_spec
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED, job_name
+from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.policy.workflow import DiagnosticsPolicy
 from gpuremediate.state.record import (
     DIAGNOSTICS_FAILED,
@@ -93,20 +93,8 @@ class DiagnosticsJob:
     def _create(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy,
                 name: str) -> Mapping[str, Any] | None:
         """The Job unless it exists (lookup before create); None in dry-run."""
-        indexes, uuids = self.loop.gpu_ids(node, record)
-        env = {"GPU_UUIDS": ",".join(uuids), "DIAGNOSTICS_DIR": policy.output_dir,
-               "DIAGNOSTICS_OUTPUT": output_location(policy, name)}
-        spec = dataclasses.replace(job_spec(policy.job), env=env)
-        job = build_job(DIAGNOSTICS, name_of(node), self.loop.fingerprint(record), 1, spec,
-                        namespace=self.ctx.settings.jobs_namespace, gpus=gpu_count(node), gpu_ids=indexes)
-        if self.ctx.writer.dry_run:
-            self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({DIAGNOSTICS})",
-                                       NORMAL)
-            return None
-        found, created = create_job_once(self.ctx.client, job)
-        if created:
-            log.info("job created", extra={"node": name_of(node), "job": name, "kind": DIAGNOSTICS, "attempt": 1})
-        return found
+        env = {"DIAGNOSTICS_DIR": policy.output_dir, "DIAGNOSTICS_OUTPUT": output_location(policy, name)}
+        return self.loop.create_job(node, record, DIAGNOSTICS, name, 1, policy.job, False, env=env)
 
     def _finish(self, node: Node, record: NodeRecord, outcome: str) -> float | None:
         """Record the outcome (the repair starts on the next step), then delete a timed-out Job and report."""
