@@ -131,6 +131,8 @@ class GpuResetSequence:
         action = record.action
         if action is None or not action.step:
             return self._operands_off(node, record, policy)
+        if action.step == STEP_FAILED:  # restored already, in the patch that wrote "failed"
+            return self._finish(node, record, policy, ok=False, detail=action.detail or "reset sequence failed")
         try:
             saved = saved_labels(node)
         except OperandAnnotationError as exc:
@@ -141,8 +143,6 @@ class GpuResetSequence:
             return self._reset(node, record, action, policy, saved)
         if action.step == STEP_BACK:
             return self._wait_back(node, record, action, policy)
-        if action.step == STEP_FAILED:
-            return self._finish(node, record, policy, ok=False, detail=action.detail or "reset sequence failed")
         return self._fail(node, record, policy, saved, f"unknown reset step {action.step!r} in the record")
 
     # ---- 1. operands off -------------------------------------------------------------------------------
@@ -246,12 +246,15 @@ class GpuResetSequence:
         return POLL_S
 
     def _fail(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None, detail: str, *,
-              cancel: bool = False) -> float | None:
-        """The labels back and the failure in the record (one patch), then the attempt fails."""
+              cancel: bool = False, warning: tuple[str, str] | None = None) -> float | None:
+        """The labels back and the failure in the record (one patch), then the attempt fails. ``warning``: an Event
+        (reason, message) that the write, once it landed, is to be followed by."""
         after = with_step(record, STEP_FAILED, self.ctx.clock(), None, detail)
         written = self._write_restore(node, after, saved)
         if written is None:
             return self.loop.retry_after_conflict()
+        if warning is not None:
+            self._event(node, warning[0], warning[1], WARNING)
         if cancel and record.action is not None:
             self.loop.cancel(ACTION_RESET_GPU, record.action.name)
         return self._finish(written, after, policy, ok=False, detail=detail)
@@ -271,10 +274,9 @@ class GpuResetSequence:
         """A person broke the annotation: which labels were ours is unknown, so none is touched (said loudly)."""
         gop = policy.gpu_operator
         off = sorted(label for label in gop.apps if labels_of(node).get(label) == gop.off_value)
-        self._event(node, "GPUOperandsUnknown", f"{problem}; the operand labels are left as they are (set to "
-                    f"{gop.off_value!r} now: {', '.join(off) or 'none'}; put back by hand those that were on)",
-                    WARNING)
-        return self._fail(node, record, policy, None, problem)
+        text = (f"{problem}; the operand labels are left as they are (set to {gop.off_value!r} now: "
+                f"{', '.join(off) or 'none'}; put back by hand those that were on)")
+        return self._fail(node, record, policy, None, problem, warning=("GPUOperandsUnknown", text))
 
     # ---- 5. operands back ------------------------------------------------------------------------------
 
