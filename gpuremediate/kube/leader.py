@@ -128,14 +128,22 @@ class LeaseLock:
 
     def try_acquire_or_renew(self) -> bool:
         sent_at = self.clock()  # the lease is valid from when the write was sent, not when it returned
-        now = datetime.now(UTC)
         try:
             lease = self.client.get(LEASES, self.name, self.namespace)
         except errors.NotFound:
-            return self._renewed(sent_at, self._create(now))
+            lease = None
         except (errors.ApiError, errors.TransportError) as exc:
             log.warning("reading lease %s/%s failed: %s", self.namespace, self.name, exc)
             return False
+        return self.acquire_or_renew_from(lease, sent_at)
+
+    def acquire_or_renew_from(self, lease: dict[str, Any] | None, sent_at: float | None = None) -> bool:
+        """The write half of an attempt, from the Lease as just read (None: it does not exist); a stale read
+        only costs a 409."""
+        sent_at = self.clock() if sent_at is None else sent_at
+        now = datetime.now(UTC)
+        if lease is None:
+            return self._renewed(sent_at, self._create(now))
         spec = dict(lease.get("spec") or {})
         self._observe(lease, spec)
         if self.held_by_other():

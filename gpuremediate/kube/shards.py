@@ -198,9 +198,11 @@ class ShardSet:
     def round(self) -> None:
         """Renew, read the others, hand back what a waiting replica wants, take free shards up to the cap."""
         before = self.owned()
-        self._renew_held()
-        listed = self._read_others()
-        conflict = self._shard_count_conflict() if listed else self.conflict
+        listed = self._list()
+        self._renew_held(listed)
+        if listed is not None:
+            self._observe_others(listed)
+        conflict = self._shard_count_conflict() if listed is not None else self.conflict
         with self._lock:
             self.conflict = conflict
             self._settled = set(self._held)  # what we held before this read is ours from now on
@@ -208,8 +210,8 @@ class ShardSet:
             log.warning("not acting on any shard", extra={"identity": self.identity, "reason": conflict})
         live = self._live()
         self._hand_back(live)
-        if listed and not conflict:
-            self._acquire_free(live)
+        if listed is not None and not conflict:
+            self._acquire_free(live, listed)
         self._ask_if_short(live)
         self.rounds += 1
         after = self.owned()
@@ -220,10 +222,21 @@ class ShardSet:
 
     # ---- one round's parts ---------------------------------------------------------------------------------
 
-    def _renew_held(self) -> None:
+    def _list(self) -> dict[int, dict[str, Any]] | None:
+        """One LIST of the namespace's Leases: every shard Lease, of any shard count (None: it failed)."""
+        try:
+            leases = self.client.list(LEASES, self.namespace).get("items") or []
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("listing shard leases in %s failed: %s", self.namespace, exc)
+            return None
+        return {index: lease for lease in leases if (index := _index_of(lease)) is not None}
+
+    def _renew_held(self, listed: dict[int, dict[str, Any]] | None) -> None:
+        """Renew each held shard from the Lease as listed (no GET; a GET each when the LIST failed)."""
         for index in sorted(self._held):
             lock = self.locks[index]
-            if lock.try_acquire_or_renew():
+            renewed = lock.try_acquire_or_renew() if listed is None else lock.acquire_or_renew_from(listed.get(index))
+            if renewed:
                 self._note_wish(index)
                 continue
             deadline = (lock.renewed_at or 0.0) + self.renew_deadline
@@ -234,22 +247,14 @@ class ShardSet:
                     self._held.discard(index)
                 lock.renewed_at = None
 
-    def _read_others(self) -> bool:
-        """One LIST of the namespace's Leases: every shard Lease, ours or not, of any shard count."""
-        try:
-            leases = self.client.list(LEASES, self.namespace).get("items") or []
-        except (errors.ApiError, errors.TransportError) as exc:
-            log.warning("listing shard leases in %s failed: %s", self.namespace, exc)
-            return False
-        found = {index: lease for lease in leases if (index := _index_of(lease)) is not None}
-        for index in sorted(set(found) | set(range(self.shards)) | set(self._foreign)):
+    def _observe_others(self, listed: dict[int, dict[str, Any]]) -> None:
+        for index in sorted(set(listed) | set(range(self.shards)) | set(self._foreign)):
             if index in self._held:
-                continue  # renewed just now: our own read
+                continue  # renewed just now: our own write is the latest
             lock = self.locks[index] if index < self.shards else self._foreign.setdefault(index, self._lock_for(index))
-            lock.observe(found.get(index))
+            lock.observe(listed.get(index))
             if index < self.shards:
                 self._note_wish(index)
-        return True
 
     def _shard_count_conflict(self) -> str:
         """A live shard Lease held under another --shards maps nodes differently: acting now could act on a
@@ -271,7 +276,7 @@ class ShardSet:
         return {lock.holder() for lock in self.locks if lock.held_by_other()} | {self.identity} | {
             who for who, _ in self._fresh_wishes().values()}
 
-    def _acquire_free(self, live: set[str]) -> None:
+    def _acquire_free(self, live: set[str], listed: dict[int, dict[str, Any]]) -> None:
         # The first round takes only the preferred shard: replicas started together each get theirs first.
         cap = fair_cap(self.shards, len(live)) if self.rounds else 1
         for index in self._preference():
@@ -280,7 +285,7 @@ class ShardSet:
             lock = self.locks[index]
             if index in self._held or lock.held_by_other() or self._wanted_by_other(index):
                 continue
-            if lock.try_acquire_or_renew():
+            if lock.acquire_or_renew_from(listed.get(index)):
                 log.info("%s acquired lease %s/%s", self.identity, self.namespace, lock.name)
                 with self._lock:
                     self._held.add(index)
