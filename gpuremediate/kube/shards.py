@@ -5,10 +5,17 @@ A node's shard is ``sha256(name) mod S`` (stable across processes and restarts; 
 Each shard Lease is held with the leader Lease's rules (``leader.LeaseLock``: acquire/renew by our clock, the
 holder's promise judged by its ``leaseDurationSeconds``, release on shutdown as client-go's ReleaseOnCancel).
 
-Every retry period one round: renew what we hold (a shard not renewed within the renew deadline is lost),
-read the others, and take free ones up to a fair cap, ``ceil(S / live)``, live being the distinct holders of
-unexpired shard Leases plus us; our preferred shard (``sha256(identity) mod S``) first. A dead replica's
-shards are free once its promise has run out, so live replicas take them over: no consensus of our own.
+Every retry period one round: one LIST of the namespace's Leases; renew what we hold from it (a shard not
+renewed within the renew deadline is lost); take free shards up to a fair cap, ``ceil(S / live)``, live being
+the distinct holders of unexpired shard Leases plus us; our preferred shard (``sha256(identity) mod S``)
+first, and only that one in our first round. A dead replica's shards are free once its promise has run out,
+so live replicas take them over: no consensus of our own.
+
+A shard is acted on from the round after it was taken (that round's read is the check below), and no shard
+at all while a live shard Lease carries another ``--shards`` (annotation ``gpuremediate.io/shards``): two
+counts map nodes differently, so during a rollout that changes S the replicas of one count wait. The larger
+count always sees the smaller one's Leases, and a replica takes nothing while it sees such a Lease, so two
+replicas of different counts never act at once.
 
 A replica holding fewer than ``floor(S / live)`` shards while another holds more than the cap (a replica that
 came back finds its shards taken over) says so on one of that holder's Leases (annotation
@@ -16,8 +23,8 @@ came back finds its shards taken over) says so on one of that holder's Leases (a
 shard, and the waiting replica takes it. The API server decides every change (resourceVersion).
 
 ``fence`` is the per-shard write fence: a write to a Node (its path names it), or any write made while
-reconciling a node (``acting_for``), passes only while that node's shard Lease is ours within its renew
-deadline; other writes pass while we hold at least one shard.
+reconciling a node (``acting_for``), passes only while that node's shard is ours (as ``owned``); other writes
+pass while we own at least one shard.
 """
 
 from __future__ import annotations
