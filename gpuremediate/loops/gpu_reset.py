@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED, build_job, create_job_once, job_name
-from gpuremediate.actions.nodes import GPU_RESOURCE, Node, is_ready, labels_of, name_of
+from gpuremediate.actions.nodes import GPU_COUNT_LABEL, GPU_RESOURCE, Node, is_ready, labels_of, name_of
 from gpuremediate.actions.operands import (
     OperandAnnotationError,
     SavedLabels,
@@ -109,12 +109,15 @@ def operand_pods(pods: list[dict[str, Any]], namespace: str, apps: Mapping[str, 
 
 
 def all_gpu_indexes(node: Node, readings_gpus: list[str]) -> list[str]:
-    """Every GPU of the node: the exporter's indexes, else 0..capacity-1 (allocatable drops to 0 while the device
-    plugin is off; capacity does not)."""
+    """Every GPU of the node: the exporter's indexes, else GPU Feature Discovery's ``nvidia.com/gpu.count``, else
+    0..capacity-1. Allocatable drops to 0 as soon as the device plugin is off, capacity after the kubelet's grace
+    period; the GFD label stays as GFD left it. (With the single MIG strategy both count MIG devices: a MIG GPU's
+    reset needs its instances gone first, which this sequence does not do.)"""
     if readings_gpus:
         return sorted(set(readings_gpus), key=lambda g: (len(g), g))
-    capacity = str(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0"))
-    return [str(i) for i in range(int(capacity))] if capacity.isascii() and capacity.isdigit() else []
+    count = labels_of(node).get(GPU_COUNT_LABEL) or \
+        str(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0"))
+    return [str(i) for i in range(int(count))] if count.isascii() and count.isdigit() else []
 
 
 class GpuResetSequence:

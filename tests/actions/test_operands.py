@@ -78,3 +78,14 @@ def test_an_earlier_annotation_keeps_the_values_to_restore_of_labels_still_off()
     before = node({DP: "false", EXP: "paused-by-admin", GFD: "true"}, {OPERAND_ANNOTATION: earlier.encode()})
     _, saved = off_patch(before, RECORD, [GFD], "false", earlier)
     assert saved.previous == {DP: "true", GFD: "true"}  # EXP was changed by someone since: not ours any more
+
+
+def test_every_gpu_index_comes_from_the_readings_then_gfd_then_capacity() -> None:
+    from gpuremediate.loops.gpu_reset import all_gpu_indexes
+
+    plain = {"metadata": {"labels": {}}, "status": {"capacity": {"nvidia.com/gpu": "2"}}}
+    assert all_gpu_indexes(plain, ["10", "2", "1", "2"]) == ["1", "2", "10"]
+    assert all_gpu_indexes(plain, []) == ["0", "1"]
+    gfd = {"metadata": {"labels": {"nvidia.com/gpu.count": "4"}}, "status": {"capacity": {"nvidia.com/gpu": "0"}}}
+    assert all_gpu_indexes(gfd, []) == ["0", "1", "2", "3"]
+    assert all_gpu_indexes({"metadata": {}, "status": {}}, []) == []
