@@ -162,6 +162,7 @@ class Controller:
         self.settings = settings
         self.metrics = ControllerMetrics()
         self.metrics.dry_run.set(1.0 if settings.dry_run else 0.0)
+        self.metrics.shards.set(float(settings.shards))
         self.client = client or KubeClient(load_config(settings.kubeconfig, settings.context),
                                            qps=settings.qps, burst=settings.burst)
         self.informer = Informer(self.client, NODES)

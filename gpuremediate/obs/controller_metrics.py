@@ -74,6 +74,7 @@ class ControllerMetrics:
             PREFIX + "fenced_writes_total",
             "Writes refused before they were sent: this replica's leader lease was past its renew deadline.",
         )
+        self.shards = Gauge(PREFIX + "shards", "--shards: the number of shard Leases (1: not sharded, one leader).")
         self.shards_held = Gauge(PREFIX + "shards_held", "Shard Leases (--shards) this replica holds now.")
         self.shard_nodes = Gauge(PREFIX + "shard_nodes", "GPU nodes in each shard this replica holds.", ["shard"])
         for metric in (
@@ -103,6 +104,7 @@ class ControllerMetrics:
             self.events_dropped,
             self.permission_denied,
             self.fenced_writes,
+            self.shards,
             self.shards_held,
             self.shard_nodes,
         ):
