@@ -10,13 +10,14 @@ Emulator target only (two controller subprocesses beside the harness's). Run:
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.harness import SYSTEM_NS, Cluster, ControllerProcess, EmulatorCluster, policy_toml
+from e2e.harness import SYSTEM_NS, Cluster, ControllerProcess, EmulatorCluster, Metrics, policy_toml
 from gpuremediate.kube.shards import list_shard_leases, shard_of
 from gpuremediate.state import states
 
@@ -49,6 +50,10 @@ class Replica:
                 except (ValueError, KeyError):
                     continue
         return found
+
+    def metrics(self) -> Metrics:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.proc.port}/metrics", timeout=5) as resp:
+            return Metrics(resp.read().decode())
 
     def problems(self) -> list[str]:
         return [line[:300] for line in self.log if '"exc": ' in line or line.startswith("Traceback")]
@@ -123,6 +128,10 @@ def test_each_replica_repairs_the_faults_of_its_own_shard(
     _repaired(cluster, node_b)
     assert node_a in first.drained() and node_a not in second.drained()
     assert node_b in second.drained() and node_b not in first.drained()
+    for replica in replicas:  # each acts on one shard; together on every GPU node
+        cluster.wait(lambda r=replica: r.metrics().value("gpuremediate_shards_held") == 1, 10,
+                     f"{replica.identity} reports one shard held")
+    assert sum(r.metrics().value("gpuremediate_shard_nodes") for r in replicas) == len(cluster.nodes)
     status = cluster.cli("status", "--namespace", SYSTEM_NS)
     assert status.returncode == 0, status.stderr
     assert "shards (2): 0 replica-" in status.stdout and "replica-a" in status.stdout \

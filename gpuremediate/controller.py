@@ -360,14 +360,7 @@ class Controller:
 
     def _shards_changed(self, owned: frozenset[int]) -> None:
         """A shard taken (its nodes are queued at once) or lost (their steps stop: ``ctx.owns`` says no)."""
-        assert self.shards is not None
-        per_shard = dict.fromkeys(owned, 0)
-        for node in self.ctx.nodes.gpu_nodes():
-            index = self.shards.shard_index(name_of(node))
-            if index in per_shard:
-                per_shard[index] += 1
-        self.metrics.shards_held.set(float(len(owned)))
-        self.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
+        self.metrics.shards_held.set(float(len(owned)))  # and per shard every detect cycle
         if self.acting:
             for loop in self.node_loops:
                 loop.resync()

@@ -380,6 +380,18 @@ class DetectLoop:
         self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if v.out_of_service)))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
         self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
+        if self.ctx.shards is not None:
+            self._shard_gauges(nodes)
+
+    def _shard_gauges(self, nodes: Sequence[Node]) -> None:
+        assert self.ctx.shards is not None
+        per_shard = dict.fromkeys(self.ctx.shards.owned(), 0)
+        for node in nodes:
+            index = self.ctx.shards.shard_index(name_of(node))
+            if index in per_shard:
+                per_shard[index] += 1
+        self.ctx.metrics.shards_held.set(float(len(per_shard)))
+        self.ctx.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
 
 
 def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple[str, str] | None,
