@@ -9,6 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 # DCGM's blank values (dcgm_structs.h, "DCGM_BLANK_VALUES"): a field DCGM could not read holds one of
 # them. DCGM_INT32_BLANK 0x7ffffff0, DCGM_INT64_BLANK 0x7ffffffffffffff0, DCGM_FP64_BLANK 2**47
@@ -68,11 +73,26 @@ def ascii_int(text: str | None) -> int | None:
         return None
     return int(text)
 
+# One shared read-only empty mapping: most GPUs have no XID counts, messages or extra fields, and a fleet's
+# 40,000 readings would otherwise hold 120,000 empty dicts.
+EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+def empty_mapping() -> Mapping[Any, Any]:
+    """The default of the readings' mappings: the one shared EMPTY (a dataclass refuses it as a plain default)."""
+    return EMPTY
+
+
+def frozen_mapping(values: Mapping[K, V]) -> Mapping[K, V]:
+    """A read-only copy, sorted by key; the shared EMPTY when there is nothing."""
+    return MappingProxyType(dict(sorted(values.items()))) if values else EMPTY
+
+
 SOURCE_OK = "ok"
 SOURCE_UNKNOWN = "unknown"  # exporter unreachable, stale, unparseable: reported, never remediated
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodRef:
     """A pod the exporter attributes to a GPU (dcgm-exporter's pod/namespace/container labels)."""
 
@@ -80,7 +100,7 @@ class PodRef:
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a fleet holds 40,000 of them
 class GpuReading:
     node: str
     gpu: str  # the exporter's ``gpu`` label: the device index, as text
@@ -90,9 +110,9 @@ class GpuReading:
     mig_instance: str | None = None  # GPU_I_ID when the series is per MIG instance
     xid: int | None = None  # DCGM_FI_DEV_XID_ERRORS: the LAST XID seen, sticky until exporter restart
     # DCGM_EXP_XID_ERRORS_COUNT{xid=...}: per XID, in a window
-    xid_counts: Mapping[int, float] = field(default_factory=dict, hash=False)
+    xid_counts: Mapping[int, float] = field(default_factory=empty_mapping, hash=False)
     # the driver's text per XID (kernel log line, exporter err_msg): decodes NVLink5 XIDs 144-150 and 154
-    xid_messages: Mapping[int, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    xid_messages: Mapping[int, tuple[str, ...]] = field(default_factory=empty_mapping, hash=False)
     ecc_dbe_volatile: float | None = None  # DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
     row_remap_failure: float | None = None  # DCGM_FI_DEV_ROW_REMAP_FAILURE
     row_remap_pending: float | None = None  # DCGM_FI_DEV_ROW_REMAP_PENDING
@@ -101,7 +121,13 @@ class GpuReading:
     memory_temp: float | None = None  # DCGM_FI_DEV_MEMORY_TEMP, Celsius
     pods: tuple[PodRef, ...] = ()
     mig_devices: tuple[str, ...] = ()  # MIG device profiles (e.g. "1g.10gb") when MIG is on and listed
-    extra: Mapping[str, float] = field(default_factory=dict, hash=False)  # any other field, by DCGM field name
+    extra: Mapping[str, float] = field(default_factory=empty_mapping, hash=False)  # any other field, by DCGM field name
+
+    def __post_init__(self) -> None:
+        for name in ("xid_counts", "xid_messages", "extra"):  # an empty one from a builder: the shared EMPTY
+            value = getattr(self, name)
+            if not value and value is not EMPTY:
+                object.__setattr__(self, name, EMPTY)
 
     @property
     def key(self) -> str:
@@ -109,7 +135,7 @@ class GpuReading:
         return self.uuid or f"{self.node}/gpu{self.gpu}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LostGpu:
     """A GPU the driver reports lost ("GPU is lost", nvidia-smi exit 15): it needs a repair."""
 
@@ -117,7 +143,7 @@ class LostGpu:
     reason: str  # the driver's words
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeReadings:
     node: str
     source: str  # "exporter", "prometheus", "nvidia-smi"
@@ -128,4 +154,4 @@ class NodeReadings:
     malformed_lines: int = 0  # lines the lenient parser skipped, and series whose labels could not be read
     problems: tuple[str, ...] = ()  # what was skipped beyond the parser's lines, in words
     lost_gpus: tuple[LostGpu, ...] = ()  # GPUs the driver cannot reach: no readings, a repair
-    meta: Mapping[str, str] = field(default_factory=dict, hash=False)  # e.g. driver version, exporter pod name
+    meta: Mapping[str, str] = field(default_factory=empty_mapping, hash=False)  # e.g. driver version, exporter pod name

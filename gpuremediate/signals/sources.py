@@ -14,7 +14,6 @@ import json
 import logging
 import socket
 import ssl
-import sys
 import threading
 import time
 import urllib.parse
@@ -28,7 +27,7 @@ from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
 from gpuremediate.signals import dcgm, exposition
-from gpuremediate.signals.exposition import Sample
+from gpuremediate.signals.exposition import Labels, Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
 from gpuremediate.signals.promapi import api_data
 
@@ -548,7 +547,10 @@ class PrometheusSource:
         self.nodes_seen = 0
         self.reads = 0
         self.identity_every = max(1, identity_every)
-        self._identity: dict[tuple[str, str, str], list[dict[str, str]]] = {}  # (node, gpu, mig) -> labels
+        # (node, gpu, mig) -> each identity's label pairs, workload-attributed; pairs shared fleet-wide are one
+        # object (a fleet's GPUs share a few models, drivers, bus ids and namespaces)
+        self._identity: dict[tuple[str, str, str], tuple[Labels, ...]] = {}
+        self._shared_pairs: dict[tuple[str, str], tuple[str, str]] = {}
 
     @property
     def timeout_s(self) -> float:
@@ -589,23 +591,28 @@ class PrometheusSource:
         except PrometheusError as e:
             log.warning("GPU identity query failed; keeping what was known", extra={"error": str(e)})
             return
-        fresh: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+        fresh: dict[tuple[str, str, str], tuple[Labels, ...]] = {}
+        shared = self._shared_pairs if not full else {}  # a full read starts the shared pairs afresh
         for item in result:
             point = _point(item)
             if point is not None and (node := self._node_of(point[0].get)):
                 labels = point[0]
                 key = (node, labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
-                # interned: a fleet's GPUs share a few models, drivers and namespaces
-                fresh.setdefault(key, []).append({k: sys.intern(labels[k]) for k in IDENTITY_LABELS if labels.get(k)})
+                pairs = _workload_labels({k: labels[k] for k in IDENTITY_LABELS if labels.get(k)})
+                fresh[key] = (*fresh.get(key, ()), tuple(shared.setdefault(pair, pair) for pair in pairs))
+        self._shared_pairs = shared
         if full:
             self._identity = fresh
         else:
             self._identity = {k: v for k, v in self._identity.items() if k[0] not in nodes} | fresh
 
     def _with_identity(self, node: str, sample: Sample) -> list[Sample]:
-        """The sample once per identity known for its GPU (several workload pods may share one GPU)."""
-        identities = self._identity.get((node, sample.label("gpu") or "", sample.label("GPU_I_ID") or "")) or [{}]
-        return [dataclasses.replace(sample, labels=_workload_labels({**dict(sample.labels), **extra}))
+        """The sample once per identity known for its GPU (several workload pods may share one GPU). The
+        readings query groups by other labels than the identity's: the two sets never overlap."""
+        identities = self._identity.get((node, sample.label("gpu") or "", sample.label("GPU_I_ID") or ""))
+        if not identities:
+            return [sample]
+        return [Sample(sample.name, tuple(sorted((*sample.labels, *extra))), sample.value)
                 for extra in identities]
 
     def _node_readings(self, node: str, samples: list[Sample], newest: float | None, eval_time: float) -> NodeReadings:
@@ -671,8 +678,19 @@ def parse_query_response(body: bytes, now: float) -> tuple[list[Any], float]:
     if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
     result = data["result"]
-    times = [float(item["value"][0]) for item in result if _point(item) is not None]
+    times = [stamp for item in result if (stamp := _stamp(item)) is not None]
     return result, max(times) if times else now
+
+
+def _stamp(item: Any) -> float | None:
+    """The evaluation time of one vector element; None when it has none."""
+    value = item.get("value") if isinstance(item, dict) else None
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    try:
+        return float(value[0])
+    except (TypeError, ValueError):
+        return None
 
 
 def _point(item: Any) -> tuple[dict[str, str], float] | None:
