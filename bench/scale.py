@@ -163,9 +163,13 @@ def prometheus_with_fleet(endpoint: FleetEndpoint, scrape_interval_s: int) -> It
             yield server
 
 
+TRACE_MEMORY = False  # --trace-memory: the controller under bench/traced_controller.py
+
+
 def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int, interval: str) -> subprocess.Popen[bytes]:
+    entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
     return subprocess.Popen(
-        [sys.executable, "-m", "gpuremediate", "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
+        [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
          "--prometheus-url", prom_url, "--scrape-interval", interval, "--metrics-addr",
          f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "wb"))
@@ -338,7 +342,11 @@ def main() -> int:
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--interval", type=float, default=10.0, help="the controller's --scrape-interval, seconds")
     p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
+    p.add_argument("--trace-memory", action="store_true",
+                   help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
     args = p.parse_args()
+    global TRACE_MEMORY
+    TRACE_MEMORY = args.trace_memory
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         result = run_direct(n, args.cycles) if args.direct else run_prometheus(n, args.steady, args.interval)
