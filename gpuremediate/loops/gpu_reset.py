@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
-from gpuremediate.actions.jobs import FAILED, SUCCEEDED, build_job, create_job_once, job_name
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED, job_name
 from gpuremediate.actions.nodes import GPU_COUNT_LABEL, GPU_RESOURCE, Node, is_ready, labels_of, name_of
 from gpuremediate.actions.operands import (
     OperandAnnotationError,
@@ -59,7 +59,7 @@ from gpuremediate.actions.operands import (
     write_node,
 )
 from gpuremediate.actions.pods import list_node_pods
-from gpuremediate.loops.jobs import DELETED, TIMED_OUT, job_spec
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.findings import ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import SCOPE_NODE, GpuOperatorPolicy
@@ -199,19 +199,10 @@ class GpuResetSequence:
         assert action is not None
         gop = policy.gpu_operator
         job_policy = dataclasses.replace(self.job, command=gop.command)
-        indexes, uuids = self._targets(node, record, gop)
-        spec = dataclasses.replace(job_spec(job_policy), env={"GPU_UUIDS": ",".join(uuids)})
-        job = build_job(ACTION_RESET_GPU, name_of(node), self.loop.fingerprint(record), action.attempt, spec,
-                        namespace=self.ctx.settings.jobs_namespace, gpu_ids=indexes)
-        if self.ctx.writer.dry_run:
-            self._event(node, "GPURemediationJob", f"would create Job {action.name} (reset-gpu on GPUs "
-                        f"{','.join(indexes) or '-'})", NORMAL)
-            return
-        found, created = create_job_once(self.ctx.client, job)
-        if created:
-            log.info("job created", extra={"node": name_of(node), "job": action.name, "kind": ACTION_RESET_GPU,
-                                           "attempt": action.attempt})
-        self.loop.note_created(node, record, found)
+        found = self.loop.create_job(node, record, ACTION_RESET_GPU, action.name, action.attempt, job_policy, False,
+                                     targets=self._targets(node, record, gop))
+        if found is not None:
+            self.loop.note_created(node, record, found)
 
     def _targets(self, node: Node, record: NodeRecord, gop: GpuOperatorPolicy) -> tuple[list[str], list[str]]:
         """(indexes, UUIDs) to reset: the faulty GPUs, or every GPU where they reset only together (or the fault

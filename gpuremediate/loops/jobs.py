@@ -89,11 +89,13 @@ class JobLoop(NodeLoop):
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool, env: Mapping[str, str] | None = None,
+        targets: tuple[list[str], list[str]] | None = None,
     ) -> Mapping[str, Any] | None:
         """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run). With
         ``request_all_gpus`` it asks for the capacity of every GPU resource of the node (every MIG slice);
-        ``env`` is added to the Job's own variables (NODE_NAME, GPU_IDS, GPU_UUIDS)."""
-        indexes, uuids = self.gpu_ids(node, record)
+        ``env`` is added to the Job's own variables (NODE_NAME, GPU_IDS, GPU_UUIDS); ``targets`` (indexes, UUIDs)
+        replaces the faulty GPUs in GPU_IDS / GPU_UUIDS."""
+        indexes, uuids = targets if targets is not None else self.gpu_ids(node, record)
         gpus = validation_hold(node, self.ctx.policy_for(node).gpu_resources.names).requests if request_all_gpus else {}
         spec = job_spec(policy, request_all_gpus=request_all_gpus)
         spec = JobSpec(**{**spec.__dict__, "env": {**(env or {}), "GPU_UUIDS": ",".join(uuids)}})
