@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -21,7 +22,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
@@ -50,6 +51,17 @@ POLICY_METRICS = (
 
 class Source(Protocol):
     def read(self) -> list[NodeReadings]: ...
+
+
+@runtime_checkable
+class FaultFastPath(Protocol):
+    """A source that can say cheaply which nodes' faults changed, and read only those (Prometheus)."""
+
+    fault_poll_s: float
+
+    def changed_nodes(self) -> set[str]: ...
+
+    def read(self, nodes: Sequence[str] = ()) -> list[NodeReadings]: ...
 
 
 class ScrapeObserver(Protocol):
@@ -442,6 +454,9 @@ def fresh_samples(samples: Sequence[Sample], now: float, stale_after_s: float) -
 # ---------------------------------------------------------------- Prometheus
 
 
+_Fault = tuple[str, Labels, float]  # a non-zero fault series: (metric, labels, value)
+
+
 class PrometheusError(SourceError):
     """Prometheus could not answer the query; the message says what it said."""
 
@@ -457,10 +472,12 @@ XID_SERIES = (dcgm.XID_FIELD, dcgm.XID_COUNT_SERIES)
 DENSE_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP")  # read whatever their value
 IDENTITY_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS")  # every exporter has one of them
 IDENTITY_QUERY_MAX_NODES = 50  # the nodes whose identity is fetched in the cycle they show a fault
+FAULT_METRICS = tuple(m for m in POLICY_METRICS if m not in DENSE_METRICS)
+FAULT_POLL_S = 1.0  # how often the fault fast path asks between full reads
 
 
 def policy_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
-                 metrics: Sequence[str] = POLICY_METRICS) -> str:
+                 metrics: Sequence[str] = POLICY_METRICS, matcher: str = "") -> str:
     """One instant query: one value per (node, GPU, signal), with only the labels that say which GPU.
 
     Prometheus does the work: ``max by`` drops every other label and collapses duplicate series (two
@@ -471,7 +488,7 @@ def policy_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
     parts = []
     for metric in metrics:
         by = ", ".join((*node_labels, *KEY_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
-        selector = metric if metric in DENSE_METRICS else f"{metric} != 0"
+        selector = f"{metric}{matcher}" if metric in DENSE_METRICS else f"{metric}{matcher} != 0"
         parts.append(f'label_replace(max by ({by}) ({selector}), "{NAME_LABEL}", "{metric}", "", "")')
     return " or ".join(parts)
 
@@ -491,15 +508,27 @@ def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def fault_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES) -> str:
+    """The readings query without the temperatures: only the non-zero fault series. A healthy fleet answers
+    with nothing, so it is cheap to ask often (``PrometheusSource.changed_nodes``)."""
+    return policy_query(node_labels, FAULT_METRICS)
+
+
+def node_matcher(label: str, nodes: Sequence[str]) -> str:
+    """A selector's label matcher for exactly these nodes (``{Hostname=~"a|b"}``; the regex is anchored)."""
+    alternatives = "|".join(re.escape(node) for node in nodes)
+    return f'{{{label}=~"{_promql_string(alternatives)}"}}'
+
+
 def freshness_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
-                    metrics: Sequence[str] = IDENTITY_METRICS) -> str:
+                    metrics: Sequence[str] = IDENTITY_METRICS, matcher: str = "") -> str:
     """Each node's newest sample time (of the series every exporter sends: every scrape refreshes them).
 
     ``timestamp()`` is applied to each raw selector: on the output of label_replace or an aggregation
     it would return the evaluation time, never the sample's. One metric per ``timestamp()`` (it drops
     ``__name__``, and two metrics' series would then clash), each tagged apart so ``or`` keeps them all.
     """
-    stamped = " or ".join(f'label_replace(timestamp({m}), "{NAME_LABEL}", "{m}", "", "")' for m in metrics)
+    stamped = " or ".join(f'label_replace(timestamp({m}{matcher}), "{NAME_LABEL}", "{m}", "", "")' for m in metrics)
     return f"max by ({', '.join(node_labels)}) ({stamped})"
 
 
@@ -551,6 +580,9 @@ class PrometheusSource:
         # object (a fleet's GPUs share a few models, drivers, bus ids and namespaces)
         self._identity: dict[tuple[str, str, str], tuple[Labels, ...]] = {}
         self._shared_pairs: dict[tuple[str, str], tuple[str, str]] = {}
+        self._faults_seen: dict[str, set[_Fault]] = {}  # node -> its non-zero fault series, as last read
+        self.fault_poll_s = FAULT_POLL_S
+        self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
 
     @property
     def timeout_s(self) -> float:
@@ -558,31 +590,64 @@ class PrometheusSource:
             return self.query_timeout_s
         return 10.0 + 0.004 * self.nodes_seen
 
-    def read(self) -> list[NodeReadings]:
+    def read(self, nodes: Sequence[str] = ()) -> list[NodeReadings]:
+        """Every node's readings; with ``nodes``, only theirs (the fast path's follow-up: a small answer),
+        and a node Prometheus has nothing for is left out instead of unknown (the next full read says)."""
+        matcher = node_matcher(self.node_labels[0], nodes) if nodes else ""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:  # evaluated side by side
-            asked = pool.submit(self._query, freshness_query(self.node_labels), "freshness")
-            values, eval_time = self._query(policy_query(self.node_labels), "readings")
+            asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher), "freshness")
+            values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher), "readings")
             stamps, _ = asked.result()
         raw: dict[str, list[Sample]] = {}
         for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
             if node := self._node_of(sample.label):
                 raw.setdefault(node, []).append(sample)
-        self._refresh_identity({node for node, got in raw.items() if any(s.name not in DENSE_METRICS for s in got)})
+        self._remember_faults(raw, whole=not nodes)
+        self._refresh_identity({node for node, got in raw.items() if any(s.name not in DENSE_METRICS for s in got)},
+                               fleet=not nodes)
         newest = self._newest(stamps)
-        nodes = sorted(set(raw) | set(newest))
+        found = sorted(set(raw) | set(newest))
         readings = []
-        for node in nodes:
+        for node in found:
             samples = [merged for sample in raw.pop(node, ()) for merged in self._with_identity(node, sample)]
             readings.append(self._node_readings(node, samples, newest.get(node), eval_time))
-        readings += self._missing(set(nodes), eval_time)
+        if nodes:
+            return readings
+        readings += self._missing(set(found), eval_time)
         self.nodes_seen = len(readings)
         self.reads += 1
         return readings
 
-    def _refresh_identity(self, faulty: set[str]) -> None:
-        """Every ``identity_every`` reads for the fleet; at once for nodes showing a fault (their pods are
-        what a drain reads next). A failed identity query keeps what was known: values still count."""
-        full = self.reads % self.identity_every == 0
+    def changed_nodes(self) -> set[str]:
+        """The fault fast path: nodes whose non-zero fault series differ from what the last read saw (a new
+        XID, a DBE count that grew, a row-remap failure). One small query; ``read(nodes)`` follows for them."""
+        try:
+            values, _ = self._query(fault_query(self.node_labels), "fault")
+        except PrometheusError as exc:  # said once: the full read reports Prometheus' trouble every cycle
+            if not self.fault_error:
+                log.warning("fault fast path query failed; faults wait for the next full read",
+                            extra={"error": str(exc)})
+            self.fault_error = str(exc)
+            return set()
+        self.fault_error = ""
+        now: dict[str, set[_Fault]] = {}
+        for sample in _drain_samples(values):
+            if node := self._node_of(sample.label):
+                now.setdefault(node, set()).add((sample.name, sample.labels, sample.value))
+        return {node for node, faults in now.items() if faults != self._faults_seen.get(node, set())}
+
+    def _remember_faults(self, raw: Mapping[str, list[Sample]], whole: bool) -> None:
+        seen = {node: {(s.name, s.labels, s.value) for s in got if s.name not in DENSE_METRICS}
+                for node, got in raw.items()}
+        if whole:
+            self._faults_seen = {node: faults for node, faults in seen.items() if faults}
+        else:
+            self._faults_seen.update(seen)
+
+    def _refresh_identity(self, faulty: set[str], fleet: bool = True) -> None:
+        """Every ``identity_every`` fleet reads for the fleet; at once for nodes showing a fault (their pods
+        are what a drain reads next). A failed identity query keeps what was known: values still count."""
+        full = fleet and self.reads % self.identity_every == 0
         nodes = () if full else tuple(sorted(faulty))[:IDENTITY_QUERY_MAX_NODES]
         if not full and not nodes:
             return

@@ -1,0 +1,125 @@
+"""The Prometheus source's fault fast path: one small query for the non-zero fault series says which nodes
+changed since the last read, and a read limited to those nodes follows (issue 16's fault-to-cordon goal)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from gpuremediate.signals import sources
+from gpuremediate.signals.model import SOURCE_OK
+from gpuremediate.signals.sources import PrometheusSource
+
+NOW = 1_800_000_000.0
+
+
+class FakePrometheus:
+    """Answers like Prometheus for a few nodes: temperatures, an XID where set, fresh timestamps; a node
+    matcher (``Hostname=~"..."``) limits the answer as Prometheus would."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.xid: dict[str, int] = {}
+        self.queries: list[str] = []
+        self.fail = False
+
+    def answer(self, query: str) -> tuple[int, dict[str, Any]]:
+        self.queries.append(query)
+        if self.fail:
+            return 503, {"status": "error", "errorType": "timeout", "error": "query timed out"}
+        matcher = re.search(r'=~"((?:[^"\\\\]|\\\\.)*)"', query)  # the regex, PromQL string escapes undone
+        pattern = matcher.group(1).replace("\\\\", "\\") if matcher else None
+        nodes = [n for n in self.nodes if pattern is None or re.fullmatch(pattern, n)]
+        result: list[dict[str, Any]] = []
+        for node in nodes:
+            key = {"Hostname": node, "gpu": "0", "UUID": f"GPU-{node}"}
+            if "timestamp(" in query:
+                result.append({"metric": {"Hostname": node}, "value": [NOW, str(NOW - 5)]})
+                continue
+            if query.startswith("group by"):
+                continue
+            if node in self.xid:
+                result.append({"metric": {**key, sources.NAME_LABEL: "DCGM_FI_DEV_XID_ERRORS"},
+                               "value": [NOW, str(self.xid[node])]})
+            if "DCGM_FI_DEV_GPU_TEMP" in query:
+                result.append({"metric": {**key, sources.NAME_LABEL: "DCGM_FI_DEV_GPU_TEMP"}, "value": [NOW, "40"]})
+        return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+@pytest.fixture
+def prom() -> Iterator[tuple[FakePrometheus, str]]:
+    fake = FakePrometheus(["gpu-1", "gpu-2", "gpu-3"])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            code, doc = fake.answer(parse_qs(urlsplit(self.path).query)["query"][0])
+            body = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield fake, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_only_nodes_whose_faults_changed_since_the_last_read_are_named(prom: tuple[FakePrometheus, str]) -> None:
+    fake, url = prom
+    fake.xid["gpu-3"] = 13  # an old XID, seen by the full read: sticky, not news
+    src = PrometheusSource(url, clock=lambda: NOW)
+    src.read()
+    assert src.changed_nodes() == set()
+    assert fake.queries[-1] == sources.fault_query(src.node_labels)
+    assert "DCGM_FI_DEV_GPU_TEMP" not in fake.queries[-1]  # a healthy fleet answers with nothing
+    fake.xid["gpu-1"] = 79
+    fake.xid["gpu-3"] = 48  # a new XID on a GPU that had one
+    assert src.changed_nodes() == {"gpu-1", "gpu-3"}
+    got = {r.node: r for r in src.read(nodes=["gpu-1", "gpu-3"])}
+    assert set(got) == {"gpu-1", "gpu-3"}  # only those asked for; none of the others is made unknown
+    assert got["gpu-1"].status == SOURCE_OK and got["gpu-1"].gpus[0].xid == 79 and got["gpu-1"].gpus[0].gpu_temp == 40
+    assert src.changed_nodes() == set()  # read since: no longer news
+
+
+def test_a_limited_read_asks_for_its_nodes_only_and_leaves_fleet_counters_alone(
+        prom: tuple[FakePrometheus, str]) -> None:
+    fake, url = prom
+    src = PrometheusSource(url, clock=lambda: NOW, expected_nodes=lambda: fake.nodes)
+    src.read()
+    reads, seen = src.reads, src.nodes_seen
+    fake.queries.clear()
+    src.read(nodes=["gpu-2"])
+    readings_query = next(q for q in fake.queries if "DCGM_FI_DEV_GPU_TEMP" in q and "timestamp(" not in q)
+    assert 'DCGM_FI_DEV_GPU_TEMP{Hostname=~"gpu\\\\-2"}' in readings_query
+    assert 'DCGM_FI_DEV_XID_ERRORS{Hostname=~"gpu\\\\-2"} != 0' in readings_query
+    assert (src.reads, src.nodes_seen) == (reads, seen)  # timeouts and identity cadence follow full reads
+    assert sources.node_matcher("Hostname", ["a.b", "c"]) == '{Hostname=~"a\\\\.b|c"}'
+
+
+def test_a_failing_fast_path_names_no_node_and_says_so_once(prom: tuple[FakePrometheus, str],
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    fake, url = prom
+    src = PrometheusSource(url, clock=lambda: NOW)
+    src.read()
+    fake.fail = True
+    with caplog.at_level(logging.WARNING):
+        assert src.changed_nodes() == set() and src.changed_nodes() == set()
+    assert sum("fault fast path query failed" in r.getMessage() for r in caplog.records) == 1
+    assert "query timed out" in src.fault_error
+    fake.fail = False
+    src.changed_nodes()
+    assert src.fault_error == ""
