@@ -1,0 +1,85 @@
+"""The fault fast path (issue 16): between full reads the detect loop asks the source which nodes' fault
+series changed and reads and checks only those, so a fault is acted on about one poll after the source has
+it instead of up to one scrape interval later."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
+from gpuremediate.signals.sources import FaultFastPath
+from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
+
+NS = "gpuremediate-system"
+NAMES = [f"gpu-{i}" for i in range(4)]
+
+
+class FastSource:
+    """Healthy readings, an XID where the test puts one; says which nodes changed since it was last read."""
+
+    fault_poll_s = 0.05
+
+    def __init__(self) -> None:
+        self.xid: set[str] = set()
+        self.read_back: set[str] = set()  # nodes whose XID a read has returned
+        self.full_reads = 0
+        self.partial_reads: list[tuple[str, ...]] = []
+
+    def changed_nodes(self) -> set[str]:
+        return self.xid - self.read_back
+
+    def read(self, nodes: Sequence[str] = ()) -> list[NodeReadings]:
+        if nodes:
+            self.partial_reads.append(tuple(nodes))
+        else:
+            self.full_reads += 1
+        out = []
+        for node in nodes or NAMES:
+            gpu = GpuReading(node=node, gpu="0", uuid=f"GPU-{node}", xid=79 if node in self.xid else 0,
+                             gpu_temp=40.0)
+            out.append(NodeReadings(node=node, source="prometheus", status=SOURCE_OK, gpus=(gpu,)))
+        self.read_back |= {node for node in nodes or NAMES if node in self.xid}
+        return out
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[KubeClient, Controller, FastSource]]:
+    srv = KubeAPIServer().start()
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+    client.create(NAMESPACES, {"metadata": {"name": NS}})
+    for name in NAMES:
+        client.create(NODES, {"metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                              "status": {"capacity": {"nvidia.com/gpu": "1"}, "allocatable": {"nvidia.com/gpu": "1"}}})
+    src = FastSource()
+    controller = Controller(Settings(namespace=NS, scrape_interval_s=3600), loads_policy(""), client=client,
+                            source=src)
+    assert controller.start_caches(timeout=20)
+    try:
+        yield client, controller, src
+    finally:
+        controller.stop()
+        client.close()
+        srv.stop()
+
+
+def test_a_fault_between_full_reads_is_cordoned_by_the_fast_path(
+        world: tuple[KubeClient, Controller, FastSource]) -> None:
+    client, controller, src = world
+    assert isinstance(src, FaultFastPath)
+    controller.start_loops()
+    wait_for(lambda: controller.detect.cycles >= 1, describe="the first full cycle")
+    src.xid.add("gpu-2")
+    wait_for(lambda: client.get(NODES, "gpu-2")["spec"].get("unschedulable") is True, timeout=10.0,
+             describe="gpu-2 cordoned", seen=lambda: src.partial_reads)
+    assert src.full_reads == 1  # the interval is an hour: no full read did it
+    assert src.partial_reads[0] == ("gpu-2",)  # only the changed node is read
+    assert all(client.get(NODES, n)["spec"].get("unschedulable") is not True for n in NAMES if n != "gpu-2")
