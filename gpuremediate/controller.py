@@ -193,6 +193,7 @@ class Controller:
         self.acting = False
         self.lost_lease = False
         self.elector: LeaderElector | None = None  # set by run() with --leader-elect
+        self._shard_thread: threading.Thread | None = None  # run() with --shards: renews the shard Leases
         self._lifecycle = threading.Lock()  # start_loops (elector thread) against stop (main thread)
         self._shutdown = Shutdown()
 
@@ -294,6 +295,8 @@ class Controller:
         stuck = self.elector.check() if self.elector is not None else ""
         if stuck:
             return False, stuck
+        if self._shard_thread is not None and not self._shard_thread.is_alive() and not self.ctx.stop.is_set():
+            return False, "the shard lease thread stopped"
         return True, "ok"
 
     # ---- the process ---------------------------------------------------------------------------------
@@ -315,7 +318,8 @@ class Controller:
             self.elector = elector = self._elector()
             if shards is not None:  # every replica acts, each on the shards it holds (none: nothing)
                 self.client.write_fence = self._fence(shards.fence)
-                threading.Thread(target=shards.run, name="shard-leases", daemon=True).start()
+                self._shard_thread = threading.Thread(target=shards.run, name="shard-leases", daemon=True)
+                self._shard_thread.start()
                 self.start_loops()
             elif elector is None:
                 self.start_loops()

@@ -192,7 +192,10 @@ class ShardSet:
         self._done.clear()
         try:
             while not self._stop.is_set():
-                self.round()
+                try:
+                    self.round()
+                except Exception:  # a bug in one round must not stop the renewals: the next round tries again
+                    log.exception("shard lease round failed")
                 self._stop.wait(self.retry_period)
         finally:
             self._release_all()

@@ -232,3 +232,26 @@ def test_a_replica_sees_a_larger_shard_count_beyond_its_own_leases(kube_target: 
     narrow, _ = _shard_set(kube_target, "narrow", clock, shards=2)
     _rounds(wide, narrow, count=2, clock=clock)
     assert narrow.owned() == frozenset() and "gpuremediate-shard-" in narrow.conflict
+
+
+def test_a_failing_round_does_not_stop_the_renewals(kube_target: KubeTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    shard_set = ShardSet(kube_target.client(), kube_target.namespace, "replica-a", 2, lease_duration=3,
+                         renew_deadline=2, retry_period=0.2)
+    real = shard_set._shard_count_conflict
+    calls = []
+
+    def fails_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in one round")
+        return real()
+
+    monkeypatch.setattr(shard_set, "_shard_count_conflict", fails_once)
+    runner = threading.Thread(target=shard_set.run, daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: shard_set.owned() == frozenset({0, 1}), describe="both shards held after the failed round")
+    finally:
+        shard_set.stop(timeout=5)
+        runner.join(5)
+    assert len(calls) > 1
