@@ -152,7 +152,7 @@ class DetectLoop:
         if self.ctx.shards is None:
             return
         mine = {name_of(n) for n in owned}
-        for table in (self.memory, self.unknown):
+        for table in (self.memory, self.unknown, self.ctx.readings):  # readings: a drain taken over reads fresh ones
             for name in [n for n in table if n not in mine]:
                 del table[name]
         self.evented_unknown &= mine
