@@ -160,11 +160,6 @@ class ShardSet:
     def shard_index(self, node: str) -> int:
         return shard_of(node, self.shards)
 
-    def holders(self) -> dict[int, str]:
-        """Who holds each shard as last read ("" when free or expired)."""
-        return {i: lock.holder() if lock.holder() == self.identity or lock.held_by_other() else ""
-                for i, lock in enumerate(self.locks)}
-
     def fence(self, method: str, path: str) -> None:
         """A KubeClient write fence: refuse (errors.NotLeader) a write for a node whose shard is not ours now."""
         if path in self._lease_paths:
@@ -177,7 +172,9 @@ class ShardSet:
             return
         with self._lock:
             self.refused_writes += 1
-        if node is None:
+        if self.conflict:
+            why = f"{self.identity} acts on no shard: {self.conflict}"
+        elif node is None:
             why = f"{self.identity} holds no shard lease (of {self.shards}) within its renew deadline"
         else:
             index = shard_of(node, self.shards)
