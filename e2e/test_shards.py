@@ -126,8 +126,9 @@ def test_each_replica_repairs_the_faults_of_its_own_shard(
     cluster.inject(node_b, 1, "dbe", 1)
     _repaired(cluster, node_a)
     _repaired(cluster, node_b)
-    assert node_a in first.drained() and node_a not in second.drained()
-    assert node_b in second.drained() and node_b not in first.drained()
+    cluster.wait(lambda: node_a in first.drained() and node_b in second.drained(), 5,
+                 "each replica's log says it drained its own shard's node")
+    assert node_a not in second.drained() and node_b not in first.drained()
     for replica in replicas:  # each acts on one shard; together on every GPU node
         cluster.wait(lambda r=replica: r.metrics().value("gpuremediate_shards_held") == 1, 10,
                      f"{replica.identity} reports one shard held")
@@ -170,7 +171,7 @@ def test_a_killed_replica_s_shard_is_taken_over_and_its_repair_finished(
     cluster.wait(lambda: (rec := cluster.record(node)) is not None and rec.blocked is not None
                  and rec.blocked.reason == "pdb", 15, f"{node} draining, held by its PDB",
                  seen=lambda: cluster.summary(node))
-    assert node in doomed.drained()
+    cluster.wait(lambda: node in doomed.drained(), 5, f"{doomed.identity}'s log says it started {node}'s drain")
     doomed.proc.kill()  # SIGKILL: no release; the survivor waits out the 3 s lease duration
     cluster.wait(lambda: _holders(cluster) == {survivor.identity}, 20, "both shards held by the survivor",
                  seen=lambda: _leases(cluster))
