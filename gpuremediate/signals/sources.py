@@ -559,6 +559,7 @@ class PrometheusSource:
         clock: Callable[[], float] = time.time,
         expected_nodes: Callable[[], Iterable[str]] | None = None,
         identity_every: int = 8,
+        fault_poll_s: float = FAULT_POLL_S,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -581,7 +582,7 @@ class PrometheusSource:
         self._identity: dict[tuple[str, str, str], tuple[Labels, ...]] = {}
         self._shared_pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._faults_seen: dict[str, set[_Fault]] = {}  # node -> its non-zero fault series, as last read
-        self.fault_poll_s = FAULT_POLL_S
+        self.fault_poll_s = fault_poll_s  # 0: no fast path
         self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
 
     @property
