@@ -58,6 +58,7 @@ class Settings:
     prometheus_node_label: str = "Hostname"
     prometheus_query_timeout_s: float = 0.0  # 0: scales with the fleet (the source's own default)
     prometheus_max_bytes: int = 64 * 1024 * 1024
+    prometheus_fault_poll_s: float = 1.0  # the fault fast path between reads; 0: off
     scrape_interval_s: float = 15.0
     resync_s: float = 10.0
     gpu_node_selector: str = ""  # empty: any node with nvidia.com/gpu capacity
