@@ -79,6 +79,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="how long one Prometheus query may take (default: 10s + 4ms per GPU node)")
     p.add_argument("--prometheus-max-bytes", type=int, default=64 * 1024 * 1024,
                    help="the largest Prometheus answer read, after gzip (default 64 MiB)")
+    p.add_argument("--prometheus-fault-poll", default="1s",
+                   help="how often new faults are asked for between reads (one small query; off: never)")
     p.add_argument("--scrape-interval", default="15s", help="how often GPU health is read")
     p.add_argument("--resync", default="10s", help="how often every in-flight node is reconciled again")
     p.add_argument("--gpu-node-selector", default="",
@@ -123,6 +125,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prometheus_query_timeout_s=(parse_duration(args.prometheus_query_timeout, "--prometheus-query-timeout",
                                                    MAX_SCRAPE_TIMEOUT_S) if args.prometheus_query_timeout else 0.0),
         prometheus_max_bytes=args.prometheus_max_bytes,
+        prometheus_fault_poll_s=(0.0 if args.prometheus_fault_poll == "off" else
+                                 parse_duration(args.prometheus_fault_poll, "--prometheus-fault-poll", MAX_INTERVAL_S)),
         scrape_interval_s=parse_duration(args.scrape_interval, "--scrape-interval", MAX_INTERVAL_S),
         resync_s=parse_duration(args.resync, "--resync", MAX_INTERVAL_S),
         gpu_node_selector=args.gpu_node_selector,
