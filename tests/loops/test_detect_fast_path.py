@@ -4,11 +4,13 @@ it instead of up to one scrape interval later."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import pytest
 
-from gpuremediate.config import Settings
+from gpuremediate import cli
+from gpuremediate.config import Settings, SettingsError
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
@@ -83,3 +85,33 @@ def test_a_fault_between_full_reads_is_cordoned_by_the_fast_path(
     assert src.full_reads == 1  # the interval is an hour: no full read did it
     assert src.partial_reads[0] == ("gpu-2",)  # only the changed node is read
     assert all(client.get(NODES, n)["spec"].get("unschedulable") is not True for n in NAMES if n != "gpu-2")
+
+
+def _run_settings(*flags: str) -> Settings:
+    args = cli.build_parser().parse_args(["run", "--source", "prometheus", "--prometheus-url", "http://p:9090",
+                                          *flags])
+    return cli.settings_from_args(args)
+
+
+def test_the_fast_path_poll_is_a_flag_and_can_be_off() -> None:
+    assert _run_settings().prometheus_fault_poll_s == 1.0
+    assert _run_settings("--prometheus-fault-poll", "250ms").prometheus_fault_poll_s == 0.25
+    assert _run_settings("--prometheus-fault-poll", "off").prometheus_fault_poll_s == 0.0
+    with pytest.raises(SettingsError, match="--prometheus-fault-poll: expected a duration"):
+        _run_settings("--prometheus-fault-poll", "soon")
+
+
+def test_with_the_poll_off_nothing_is_asked_between_reads(world: tuple[KubeClient, Controller, FastSource]) -> None:
+    _, controller, src = world
+    src.fault_poll_s = 0.0
+    asked: list[int] = []
+
+    def changed_nodes() -> set[str]:
+        asked.append(1)
+        return set()
+
+    src.changed_nodes = changed_nodes  # type: ignore[method-assign]
+    controller.start_loops()
+    wait_for(lambda: controller.detect.cycles >= 1, describe="the first full cycle")
+    controller.detect._between_cycles(time.monotonic() + 0.3)
+    assert asked == []
