@@ -45,7 +45,7 @@ from bench import promlab  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
-from gpuremediate.signals import dcgm, exposition  # noqa: E402
+from gpuremediate.signals import dcgm, exposition, sources  # noqa: E402
 from gpuremediate.signals.sources import ExporterSource  # noqa: E402
 from sim.gpusim import GpuSim, new_node, render  # noqa: E402
 from sim.kubeapi import KubeAPIServer  # noqa: E402
@@ -253,21 +253,27 @@ def run_prometheus(n: int, steady_s: float, interval_s: float) -> dict[str, Any]
             log(f"N={n}: controller reading; steady-state window {steady_s:g} s")
             before_reqs = len(srv.requests)
             c0, s0, e0 = scrape_stats(metrics_port)
+            prom_cpu_0 = cpu_seconds(prom.proc.pid) if prom.proc else 0.0
             t0 = time.monotonic()
             time.sleep(steady_s)
             t1 = time.monotonic()
             c1, s1, e1 = scrape_stats(metrics_port)
+            prom_cpu_s = (cpu_seconds(prom.proc.pid) if prom.proc else 0.0) - prom_cpu_0
             steady = Counter(r[1] for r in list(srv.requests)[before_reqs:] if r[0] == CONTROLLER_USER)
             per_minute = {verb: round(count * 60.0 / (t1 - t0), 1) for verb, count in sorted(steady.items())}
+            fault_query_s = query_seconds(prom.url, sources.fault_query(("Hostname",)))
             endpoint.inject_xid(FAULT_NODE, 3, 79)
             injected = time.monotonic()
-            cordon_s = wait(lambda: client.get(NODES, FAULT_NODE)["spec"].get("unschedulable") is True, 300,
-                            "the faulty node's cordon")
-            del injected
+            in_prom = FaultInProm(prom.url)
+            cordon_s = wait(lambda: in_prom.check() and client.get(NODES, FAULT_NODE)["spec"].get("unschedulable"),
+                            300, "the faulty node's cordon")
+            prom_s = (in_prom.seen_at or injected) - injected
             return {
                 "nodes": n, "gpus": n * 8, "reads": int(c1 - c0), "read_errors": int(e1 - e0),
                 "read_s_per_cycle": round((s1 - s0) / max(1.0, c1 - c0), 3),
-                "fault_to_cordon_s": round(cordon_s, 1),
+                "fault_to_cordon_s": round(cordon_s, 1), "fault_in_prometheus_after_s": round(prom_s, 1),
+                "prometheus_to_cordon_s": round(cordon_s - prom_s, 1), "fault_query_s": round(fault_query_s, 3),
+                "prometheus_cpu_s_per_min_steady": round(prom_cpu_s * 60.0 / (t1 - t0), 1),
                 "rss_peak_mb": round(rss.peak_mb(), 1), "rss_steady_mb": round(rss.median_mb(t0, t1), 1),
                 "api_per_min_steady": per_minute, "scrape_interval_s": interval_s,
                 "prometheus_scrape_interval_s": PROM_SCRAPE_S,
@@ -278,6 +284,39 @@ def run_prometheus(n: int, steady_s: float, interval_s: float) -> dict[str, Any]
             proc.wait(20)
         endpoint.stop()
         srv.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def query_seconds(url: str, query: str, times: int = 5) -> float:
+    """The median wall time of an instant query (Prometheus' evaluation plus the transfer)."""
+    took = []
+    for _ in range(times):
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": query}), timeout=60) as r:
+            r.read()
+        took.append(time.monotonic() - started)
+    return statistics.median(took)
+
+
+class FaultInProm:
+    """When Prometheus first answers with the injected XID (its own scrape delay, not the controller's)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.seen_at: float | None = None
+
+    def check(self) -> bool:
+        if self.seen_at is None:
+            query = urllib.parse.urlencode({"query": f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{FAULT_NODE}"}} != 0'})
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=10) as resp:
+                if json.loads(resp.read())["data"]["result"]:
+                    self.seen_at = time.monotonic()
+        return True
 
 
 def prom_has_nodes(url: str) -> int:
