@@ -164,13 +164,15 @@ def prometheus_with_fleet(endpoint: FleetEndpoint, scrape_interval_s: int) -> It
 
 
 TRACE_MEMORY = False  # --trace-memory: the controller under bench/traced_controller.py
+FAULT_POLL = "1s"  # --fault-poll: the controller's --prometheus-fault-poll
 
 
 def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int, interval: str) -> subprocess.Popen[bytes]:
     entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
     return subprocess.Popen(
         [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
-         "--prometheus-url", prom_url, "--scrape-interval", interval, "--metrics-addr",
+         "--prometheus-url", prom_url, "--prometheus-fault-poll", FAULT_POLL, "--scrape-interval", interval,
+         "--metrics-addr",
          f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "wb"))
 
@@ -381,11 +383,12 @@ def main() -> int:
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--interval", type=float, default=10.0, help="the controller's --scrape-interval, seconds")
     p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
+    p.add_argument("--fault-poll", default="1s", help="the controller's --prometheus-fault-poll (off: no fast path)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
     args = p.parse_args()
-    global TRACE_MEMORY
-    TRACE_MEMORY = args.trace_memory
+    global TRACE_MEMORY, FAULT_POLL
+    TRACE_MEMORY, FAULT_POLL = args.trace_memory, args.fault_poll
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         result = run_direct(n, args.cycles) if args.direct else run_prometheus(n, args.steady, args.interval)
