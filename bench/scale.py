@@ -12,15 +12,20 @@ prometheus``). After a steady-state window one node (gpu-live-0) gets an XID 79 
 Printed: read time per cycle (the controller's gpuremediate_scrape_seconds), fault to cordon, the
 controller's RSS (peak, steady), its API requests per minute by verb at steady state.
 
-Direct mode: gpu-sim serves N nodes on loopback addresses, the emulator holds their exporter pods, and
-ExporterSource.read() is timed in this process; the parse cost of one 8-GPU scrape is timed alone.
+Direct mode (``--direct N [--workers 8 16 32 64] [--shards 2] [--servers 3]``): the N exporters (gpu-sim's
+8-GPU body, one loopback address per node) are served by ``--servers`` processes of their own, the emulator
+holds their exporter pods, and each of ``--shards`` controller processes reads its shard ``--cycles`` times
+at once: printed are the read per cycle (the slowest shard) and each one's CPU seconds per cycle, so the
+figures are the controller's, not the exporters'. The parse cost of one 8-GPU scrape is timed alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,8 +51,7 @@ from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
 from gpuremediate.signals import dcgm, exposition, sources  # noqa: E402
-from gpuremediate.signals.sources import ExporterSource  # noqa: E402
-from sim.gpusim import GpuSim, new_node, render  # noqa: E402
+from sim.gpusim import new_node, render  # noqa: E402
 from sim.kubeapi import KubeAPIServer  # noqa: E402
 
 CONTROLLER_USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
@@ -331,41 +335,113 @@ def prom_has_nodes(url: str) -> int:
 # ---------------------------------------------------------------- direct mode
 
 
-def run_direct(n: int, cycles: int) -> dict[str, Any]:
+NODE_PLACEHOLDER = "node-placeholder"
+
+
+def node_ip(i: int) -> str:
+    return f"127.1.{i // 250}.{i % 250 + 1}"
+
+
+def serve_exporters(port: int, nodes_by_ip: dict[str, str], template: str, ready: Any) -> None:
+    """One exporter process: every node whose IP it is given, on one listening socket (0.0.0.0 with
+    SO_REUSEPORT: the kernel spreads the connections over the processes; the node is the address the
+    scraper connected to). Each answer is gpu-sim's 8-GPU body with the node's name put in."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            node = nodes_by_ip.get(self.connection.getsockname()[0], "unknown")
+            body = template.replace(NODE_PLACEHOLDER, node).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 256
+
+        def server_bind(self) -> None:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            super().server_bind()
+
+    server = Server(("0.0.0.0", port), Handler)
+    ready.put(os.getpid())
+    server.serve_forever()
+
+
+def read_fleet(api_url: str, token: str, port: int, workers: int, cycles: int, shard: int, shards: int,
+               out: Any) -> None:
+    """One controller's reads (a process of its own): ``cycles`` reads of its shard, each timed and its CPU
+    seconds counted (this process does nothing else)."""
+    from gpuremediate.controller import ShardExporterSource
+    from gpuremediate.kube.shards import shard_of
+    client = KubeClient(ClusterConfig(server=api_url, token_source=StaticToken(token)), qps=500, burst=500)
+    source = ShardExporterSource(client, port=port, workers=workers, timeout_s=10.0,
+                                 owns=lambda node: shards == 1 or shard_of(node, shards) == shard)
+    source.start()
+    source.read()  # warm: connections, the informer's first list
+    walls, cpus, ok = [], [], 0
+    for _ in range(cycles):
+        cpu0, started = time.process_time(), time.monotonic()
+        readings = source.read()
+        walls.append(time.monotonic() - started)
+        cpus.append(time.process_time() - cpu0)
+        ok = sum(1 for r in readings if r.status == "ok")
+    source.stop()
+    out.put({"shard": shard, "read_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "ok": ok,
+             "peak_rss_mb": round(peak_rss_mb(), 1)})
+
+
+def run_direct(n: int, cycles: int, workers: int, shards: int, servers: int) -> dict[str, Any]:
+    """N exporters served by ``servers`` processes, read by ``shards`` controller processes at once."""
     names = [f"gpu-{i:05d}" for i in range(n)]
-    srv, client = emulator_with_nodes([])
-    sim = GpuSim(port=0)
-    for i, name in enumerate(names):
-        sim.add_node(name, gpus=8, ip=f"127.1.{i // 250}.{i % 250 + 1}")
-    sim.start()
+    srv, client = emulator_with_nodes(names)
+    spawn = multiprocessing.get_context("spawn")
+    port = promlab.free_port()
+    template = render(new_node(NODE_PLACEHOLDER, 8, "127.0.0.1"))
+    by_ip = {node_ip(i): name for i, name in enumerate(names)}
+    ready = spawn.Queue()
+    exporters = [spawn.Process(target=serve_exporters, args=(port, by_ip, template, ready), daemon=True)
+                 for _ in range(servers)]
+    readers: list[Any] = []
     try:
-        def pod(name: str) -> None:
-            pod_name = f"dcgm-{name}"
+        for proc in exporters:
+            proc.start()
+        for _ in exporters:
+            ready.get(timeout=60)
+
+        def pod(i: int) -> None:
+            pod_name = f"dcgm-{names[i]}"
             client.create(PODS, {"metadata": {"name": pod_name, "labels": {"app": "nvidia-dcgm-exporter"}},
-                                 "spec": {"nodeName": name, "containers": [{"name": "e", "image": "x"}]}},
+                                 "spec": {"nodeName": names[i], "containers": [{"name": "e", "image": "x"}]}},
                           "gpu-operator")
-            client.patch(PODS, pod_name, {"status": {"phase": "Running", "podIP": sim.node(name).ip}},
+            client.patch(PODS, pod_name, {"status": {"phase": "Running", "podIP": node_ip(i)}},
                          "gpu-operator", subresource="status")
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(pod, names))
-        source = ExporterSource(client, port=sim.port, workers=16)
-        times = []
-        for _ in range(cycles):
-            started = time.monotonic()
-            readings = source.read()
-            times.append(time.monotonic() - started)
-            ok = sum(1 for r in readings if r.status == "ok")
-        source.stop()
-        text = render(new_node("parse-cost", 8, "127.0.0.1"))
+            list(pool.map(pod, range(n)))
+        results = spawn.Queue()
+        readers = [spawn.Process(target=read_fleet, args=(srv.url, srv.admin_token, port, workers, cycles, shard,
+                                                          shards, results), daemon=True) for shard in range(shards)]
+        for proc in readers:
+            proc.start()
+        got = sorted((results.get(timeout=1200) for _ in readers), key=lambda r: r["shard"])
         per_parse = min(timeit.repeat(lambda: dcgm.readings_from_samples(
-            exposition.parse(text, strict=False).samples, node="parse-cost", source="exporter",
+            exposition.parse(template, strict=False).samples, node="parse-cost", source="exporter",
             observed_at=0.0), number=50, repeat=3)) / 50
-        return {"nodes": n, "cycles": cycles, "read_s_per_cycle_median": round(statistics.median(times), 2),
-                "read_s_per_cycle_max": round(max(times), 2), "nodes_ok_last_cycle": ok,
-                "parse_ms_per_scrape": round(per_parse * 1000, 2), "scrape_bytes": len(text),
-                "bench_process_peak_rss_mb": round(peak_rss_mb(), 1)}
+        return {"mode": "direct", "nodes": n, "workers": workers, "shards": shards, "exporter_processes": servers,
+                "cycles": cycles, "read_s_per_cycle": round(max(r["read_s"] for r in got), 2),
+                "cpu_s_per_cycle": [round(r["cpu_s"], 2) for r in got],
+                "nodes_ok_last_cycle": sum(r["ok"] for r in got),
+                "controller_peak_rss_mb": [r["peak_rss_mb"] for r in got],
+                "parse_ms_per_scrape": round(per_parse * 1000, 2), "scrape_bytes": len(template)}
     finally:
-        sim.stop()
+        for proc in [*readers, *exporters]:
+            proc.terminate()
+            proc.join(10)
         srv.stop()
 
 
@@ -383,6 +459,10 @@ def main() -> int:
     p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--interval", type=float, default=10.0, help="the controller's --scrape-interval, seconds")
     p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
+    p.add_argument("--workers", type=int, nargs="+", default=[16],
+                   help="direct mode: scrape concurrency (several: a sweep)")
+    p.add_argument("--shards", type=int, default=1, help="direct mode: controller processes, each reading its shard")
+    p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
     p.add_argument("--fault-poll", default="1s", help="the controller's --prometheus-fault-poll (off: no fast path)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
@@ -391,8 +471,11 @@ def main() -> int:
     TRACE_MEMORY, FAULT_POLL = args.trace_memory, args.fault_poll
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
-        result = run_direct(n, args.cycles) if args.direct else run_prometheus(n, args.steady, args.interval)
-        print(json.dumps(result), flush=True)
+        if args.direct:
+            for workers in args.workers:
+                print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
+        else:
+            print(json.dumps(run_prometheus(n, args.steady, args.interval)), flush=True)
     return 0
 
 
