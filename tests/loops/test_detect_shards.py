@@ -1,0 +1,67 @@
+"""With --shards the detect loop decides only for the nodes of the shards it holds: a fault on another
+shard's node is that shard's replica's to act on (whatever the source answered about it, as Prometheus
+answers for the whole fleet)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ClusterConfig, StaticToken
+from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.kube.shards import ShardSet, preferred_shard, shard_of
+from gpuremediate.policy.config import loads_policy
+from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
+from gpuremediate.state.record import record_from_node
+from sim.kubeapi import KubeAPIServer
+
+NAMESPACE = "gpuremediate-system"
+NAMES = [f"gpu-{i}" for i in range(12)]
+
+
+class EveryNodeFaulty:
+    """An answer about the whole fleet, as a Prometheus query gives: an XID 79 on every node."""
+
+    def read(self) -> list[NodeReadings]:
+        return [NodeReadings(node=n, source="prometheus", status=SOURCE_OK,
+                             gpus=(GpuReading(node=n, gpu="0", uuid=f"GPU-{n}", xid=79),)) for n in NAMES]
+
+
+@pytest.fixture
+def kube() -> Iterator[tuple[KubeAPIServer, KubeClient]]:
+    srv = KubeAPIServer().start()
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+    client.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+    for name in NAMES:
+        client.create(NODES, {"metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                              "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    yield srv, client
+    client.close()
+    srv.stop()
+
+
+def test_only_the_held_shard_s_nodes_are_decided(kube: tuple[KubeAPIServer, KubeClient]) -> None:
+    _srv, client = kube
+    mine = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 0)
+    theirs = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 1)
+    policy = loads_policy('[budget]\nmax_unavailable = "100%"\n[breaker]\nenabled = false\n')
+    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=mine), policy, client=client,
+                            source=EveryNodeFaulty())  # type: ignore[arg-type]
+    other = ShardSet(client, NAMESPACE, theirs, 2)
+    assert controller.shards is not None
+    for _ in range(3):
+        controller.shards.round()
+        other.round()
+    assert controller.shards.owned() == frozenset({0})
+    assert controller.start_caches(timeout=20)
+    try:
+        controller.detect.cycle()
+    finally:
+        controller.stop()
+    acted = {n for n in NAMES if record_from_node(client.get(NODES, n)) is not None}
+    assert acted == {n for n in NAMES if shard_of(n, 2) == 0} and acted
+    assert controller.metrics.shard_nodes.value(shard="0") == len(acted)
