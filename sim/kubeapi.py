@@ -279,7 +279,8 @@ class KubeAPIServer:
 
     def _resource_request(self, h: Handler, req: Request, t: Target, cut_after: float | None) -> None:
         verb = _verb(req, t)
-        self._audit(req, verb, t.rt.group, t.rt.resource, t.subresource, t.namespace or None, t.name or None)
+        named = t.name or (_selected_name(req) if verb in ("list", "watch") else "")
+        self._audit(req, verb, t.rt.group, t.rt.resource, t.subresource, t.namespace or None, named or None)
         self._authorize(req, verb, t)
         if t.subresource == "eviction":
             if verb != "create":
@@ -308,7 +309,8 @@ class KubeAPIServer:
             return
         resource = f"{t.rt.resource}/{t.subresource}" if t.subresource else t.rt.resource
         scoped = self.rbac_namespaced.get(req.user, {}).get(t.namespace, []) if t.namespace else []
-        if not any(_rule_allows(rule, verb, t.rt.group, resource, t.name) for rule in [*(rules or []), *scoped]):
+        name = t.name or (_selected_name(req) if verb in ("list", "watch") else "")
+        if not any(_rule_allows(rule, verb, t.rt.group, resource, name) for rule in [*(rules or []), *scoped]):
             raise errs.forbidden(req.user, verb, resource, t.rt.group, t.namespace or None, t.name or None)
 
     # --- non-resource and discovery ----------------------------------------------------------------
@@ -361,6 +363,15 @@ def _verb(req: Request, t: Target) -> str:
     if req.method == "DELETE":
         return "delete" if t.name else "deletecollection"
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(req.method, req.method.lower())
+
+
+def _selected_name(req: Request) -> str:
+    """kube-apiserver's RequestInfo: a list/watch with fieldSelector metadata.name=X is authorized as for X."""
+    for term in (req.query.get("fieldSelector") or "").split(","):
+        key, sep, value = term.partition("=")
+        if sep and key.strip() == "metadata.name":  # "=" or "=="; "!=" leaves "metadata.name!" as the key
+            return value.removeprefix("=").strip()
+    return ""
 
 
 def _rule_allows(rule: dict[str, Any], verb: str, group: str, resource: str, name: str) -> bool:
