@@ -179,3 +179,21 @@ def test_a_killed_replica_s_shard_is_taken_over_and_its_repair_finished(
     _repaired(cluster, node)
     assert survivor.drained().isdisjoint({node}), "the drain went on from where it was, not started again"
     assert any(f'"node": "{node}"' in line for line in survivor.log), "the survivor acted on the node"
+
+
+def test_maintenance_requests_are_handled_by_their_node_s_shard(
+        sharded: tuple[EmulatorCluster, list[Replica]], tmp_path: Path) -> None:
+    from e2e.test_maintenance import create, install_crd, request, wait_phase
+
+    cluster, replicas = sharded
+    install_crd(cluster)  # before the replicas start: each enables its maintenance loop when the kind is served
+    _start(cluster, replicas, tmp_path, {"budget": {"max_unavailable": "2"}, "breaker": NO_BREAKER,
+                                         "maintenance": {"prepare_lead_s": 1.0, "respect_budget": True}},
+           "replica-a", "replica-b")
+    node_a, node_b = _node_of(cluster, "replica-a"), _node_of(cluster, "replica-b")
+    create(cluster, request("mr-a", node_a, "RESTART_BM"))
+    create(cluster, request("mr-b", node_b, "RESTART_BM"))
+    wait_phase(cluster, "mr-a", "Completed", timeout=40)
+    wait_phase(cluster, "mr-b", "Completed", timeout=40)
+    for replica in replicas:  # neither replica tried to write a node of the other's shard
+        assert not any("refusing writes" in line or "NotLeader" in line for line in replica.log), replica.identity

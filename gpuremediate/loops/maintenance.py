@@ -37,6 +37,7 @@ from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedu
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.resources import Resource
+from gpuremediate.kube.shards import acting_for
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.drain import DRAIN_ACTION
@@ -146,6 +147,13 @@ class MaintenanceLoop:
         obj = self.informer.get(name)
         if obj is None:
             return None
+        node = mr.node_name_of(obj)
+        if not self.ctx.owns(node):
+            return None  # --shards: the replica holding the shard of the node it names handles the request
+        with acting_for(node):  # its writes are fenced by that shard
+            return self._reconcile(obj)
+
+    def _reconcile(self, obj: Obj) -> float | None:
         meta = obj.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return self._cleanup(obj) if mr.FINALIZER in finalizers_of(obj) else None
@@ -327,7 +335,7 @@ class MaintenanceLoop:
 
     def _sweep_orphans(self, now: float) -> None:
         """Nodes holding the fault or the claim of a request that is gone (finalizer removed by hand)."""
-        for node in self.ctx.nodes.gpu_nodes():
+        for node in self.ctx.owned_gpu_nodes():
             for name, uid in _request_refs(node):
                 if not self._request_alive(mr.claim_value(name, uid)):
                     log.warning("maintenance request gone without cleanup; clearing its work",
