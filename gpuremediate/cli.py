@@ -84,8 +84,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape-interval", default="15s", help="how often GPU health is read")
     p.add_argument("--resync", default="10s", help="how often every in-flight node is reconciled again")
     p.add_argument("--gpu-node-selector", default="",
-                   help="label selector for GPU nodes (default: nodes with nvidia.com/gpu capacity or the label "
-                        "nvidia.com/gpu.present=true)")
+                   help="label selector for GPU nodes (default: nodes with nvidia.com/gpu or nvidia.com/mig-* "
+                        "capacity, or the label nvidia.com/gpu.present=true)")
     p.add_argument("--maintenance-group", default="gpuremediate.io",
                    help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
 
@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", help="why a node is where it is: its record and history in words")
     _add_kube_flags(explain)
     explain.add_argument("node")
-    explain.add_argument("--policy", help="the controller's policy file (to count the pods a drain skips)")
+    explain.add_argument("--policy", help="the controller's policy file (to count the pods a drain skips, and show "
+                                                   "the escalation ladder's rung and attempts)")
 
     release = sub.add_parser("release", help="a person clears a quarantined node: it goes back through validation")
     _add_kube_flags(release)

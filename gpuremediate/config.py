@@ -61,7 +61,7 @@ class Settings:
     prometheus_fault_poll_s: float = 1.0  # the fault fast path between reads; 0: off
     scrape_interval_s: float = 15.0
     resync_s: float = 10.0
-    gpu_node_selector: str = ""  # empty: any node with nvidia.com/gpu capacity
+    gpu_node_selector: str = ""  # empty: any node with a GPU resource (nvidia.com/gpu, nvidia.com/mig-*)
     maintenance_group: str = "gpuremediate.io"
     qps: float = 20.0
     burst: int = 40
