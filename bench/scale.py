@@ -25,6 +25,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import socket
 import statistics
 import subprocess
@@ -380,7 +381,7 @@ def read_fleet(api_url: str, token: str, port: int, workers: int, cycles: int, s
     from gpuremediate.controller import ShardExporterSource
     from gpuremediate.kube.shards import shard_of
     client = KubeClient(ClusterConfig(server=api_url, token_source=StaticToken(token)), qps=500, burst=500)
-    source = ShardExporterSource(client, port=port, workers=workers, timeout_s=10.0,
+    source = ShardExporterSource(client, port=port, workers=workers, timeout_s=10.0, sync_timeout_s=300.0,
                                  owns=lambda node: shards == 1 or shard_of(node, shards) == shard)
     source.start()
     source.read()  # warm: connections, the informer's first list
@@ -394,6 +395,18 @@ def read_fleet(api_url: str, token: str, port: int, workers: int, cycles: int, s
     source.stop()
     out.put({"shard": shard, "read_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "ok": ok,
              "peak_rss_mb": round(peak_rss_mb(), 1)})
+
+
+def collect(results: Any, readers: list[Any]) -> list[dict[str, Any]]:
+    """Each reader's result; a reader that died (its traceback is above) ends the run instead of a hang."""
+    got: list[dict[str, Any]] = []
+    while len(got) < len(readers):
+        try:
+            got.append(results.get(timeout=5))
+        except queue.Empty:
+            if sum(1 for proc in readers if proc.is_alive()) < len(readers) - len(got):
+                raise SystemExit("a controller process died before its result: see its traceback above") from None
+    return got
 
 
 def run_direct(n: int, cycles: int, workers: int, shards: int, servers: int) -> dict[str, Any]:
@@ -428,7 +441,7 @@ def run_direct(n: int, cycles: int, workers: int, shards: int, servers: int) -> 
                                                           shards, results), daemon=True) for shard in range(shards)]
         for proc in readers:
             proc.start()
-        got = sorted((results.get(timeout=1200) for _ in readers), key=lambda r: r["shard"])
+        got = sorted(collect(results, readers), key=lambda r: r["shard"])
         per_parse = min(timeit.repeat(lambda: dcgm.readings_from_samples(
             exposition.parse(template, strict=False).samples, node="parse-cost", source="exporter",
             observed_at=0.0), number=50, repeat=3)) / 50
