@@ -110,15 +110,30 @@ def test_a_limited_read_asks_for_its_nodes_only_and_leaves_fleet_counters_alone(
     assert sources.node_matcher("Hostname", ["a.b", "c"]) == '{Hostname=~"a\\\\.b|c"}'
 
 
-def test_a_failing_fast_path_names_no_node_and_says_so_once(prom: tuple[FakePrometheus, str],
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_failing_fast_path_names_no_node_and_says_so_once(prom: tuple[FakePrometheus, str]) -> None:
     fake, url = prom
     src = PrometheusSource(url, clock=lambda: NOW)
     src.read()
     fake.fail = True
-    with caplog.at_level(logging.WARNING):
+    records, logger = Records(), logging.getLogger(sources.__name__)
+    # On the module's logger, at its own level: the root's handlers and level are whatever setup_logging left.
+    level, logger.level = logger.level, logging.WARNING
+    logger.addHandler(records)
+    try:
         assert src.changed_nodes() == set() and src.changed_nodes() == set()
-    assert sum("fault fast path query failed" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    assert sum("fault fast path query failed" in m for m in records.messages) == 1
     assert "query timed out" in src.fault_error
     fake.fail = False
     src.changed_nodes()
