@@ -93,10 +93,11 @@ class Restore:
     left: tuple[str, ...]  # labels someone changed since we set them: left as they are
 
 
-def restore_patch(node: Node, record: NodeRecord, saved: SavedLabels | None) -> Restore:
+def restore_patch(node: Node, record: NodeRecord | None, saved: SavedLabels | None) -> Restore:
     """The one merge patch that puts back the labels still holding our value, drops the annotation and writes
-    ``record``. With no annotation (restored already, or never taken off) only the record is written."""
-    patch = _record_patch(node, record)
+    ``record`` (None: the labels and the annotation only, still guarded by the node's resourceVersion). With no
+    annotation (restored already, or never taken off) only the record is written."""
+    patch = _record_patch(node, record) if record is not None else _guarded_patch(node)
     if saved is None:
         return Restore(patch, (), ())
     current = labels_of(node)
@@ -110,6 +111,11 @@ def restore_patch(node: Node, record: NodeRecord, saved: SavedLabels | None) -> 
 def _record_patch(node: Node, record: NodeRecord) -> dict[str, Any]:
     rv = str((node.get("metadata") or {}).get("resourceVersion", "")) or None
     return node_patch(record, resource_version=rv)
+
+
+def _guarded_patch(node: Node) -> dict[str, Any]:
+    rv = str((node.get("metadata") or {}).get("resourceVersion", ""))
+    return {"metadata": {"labels": {}, "annotations": {}, **({"resourceVersion": rv} if rv else {})}}
 
 
 def write_node(writer: NodeWriter, node: Node, patch: Mapping[str, Any]) -> Node | None:

@@ -49,8 +49,18 @@ from typing import TYPE_CHECKING, Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED, job_name
-from gpuremediate.actions.nodes import GPU_COUNT_LABEL, GPU_RESOURCE, Node, is_ready, labels_of, name_of
+from gpuremediate.actions.nodes import (
+    EXCLUDE_LABEL,
+    GPU_COUNT_LABEL,
+    GPU_RESOURCE,
+    Node,
+    is_excluded,
+    is_ready,
+    labels_of,
+    name_of,
+)
 from gpuremediate.actions.operands import (
+    OPERAND_ANNOTATION,
     OperandAnnotationError,
     SavedLabels,
     off_patch,
@@ -59,12 +69,21 @@ from gpuremediate.actions.operands import (
     write_node,
 )
 from gpuremediate.actions.pods import list_node_pods
+from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.findings import ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import SCOPE_NODE, GpuOperatorPolicy
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state.record import MAX_TIMESTAMP, ActionInProgress, NodeRecord, start_action
+from gpuremediate.state import states
+from gpuremediate.state.record import (
+    MAX_TIMESTAMP,
+    ActionInProgress,
+    NodeRecord,
+    RecordError,
+    record_from_node,
+    start_action,
+)
 
 if TYPE_CHECKING:
     from gpuremediate.loops.remediate import RemediateLoop
@@ -88,6 +107,50 @@ def applies(policy: Policy, node: Node, record: NodeRecord) -> bool:
     if action is not None and action.name:
         return False
     return policy.gpu_operator.applies(labels_of(node))
+
+
+def abandoned(node: Node) -> str:
+    """Why operand labels we took off (the annotation is on the node) have no sequence left to put them back
+    ("" when one is under way, or nothing is off). The labels go off and come back in the same patches that
+    move the step into and out of operands-gone/reset, so the annotation outside those steps means the node
+    left the sequence some other way: a person uncordoned or released it, deleted the record, or excluded it."""
+    if OPERAND_ANNOTATION not in ((node.get("metadata") or {}).get("annotations") or {}):
+        return ""
+    if is_excluded(node):
+        return f"the node is excluded ({EXCLUDE_LABEL}=true)"
+    record = record_from_node(node)
+    if isinstance(record, RecordError):
+        return ""  # the malformed record is handled first (decide.on_malformed); its next state decides
+    if record is None:
+        return "the node has no record any more"
+    action = record.action
+    if record.state == states.REPAIRING and action is not None and action.kind == ACTION_RESET_GPU \
+            and action.step in (STEP_GONE, STEP_RESET):
+        return ""
+    return f"the node is {record.state} ({record.reason or '-'}), not in a reset"
+
+
+def restore_abandoned(ctx: LoopContext, node: Node, why: str, said: set[str]) -> Node | None:
+    """Put back the labels of a sequence that no longer runs (only those still holding our value), drop the
+    annotation; the record is left as it is. None on a 409, or on an unreadable annotation: which labels were
+    ours is unknown, so none is touched (said once per node in ``said``)."""
+    try:
+        saved = saved_labels(node)
+    except OperandAnnotationError as exc:
+        if name_of(node) not in said:
+            said.add(name_of(node))
+            ctx.events.node_event(name_of(node), "GPUOperandsUnknown",
+                                  f"{exc}; {why}: put back by hand the operand labels that were on", WARNING)
+        return None
+    restore = restore_patch(node, None, saved)
+    written = write_node(ctx.writer, node, restore.patch)
+    if written is not None:
+        text = f"put back {', '.join(restore.restored) or 'no label'}: {why}"
+        if restore.left:
+            text += f"; left {', '.join(restore.left)} as someone changed them since"
+        ctx.events.node_event(name_of(node), "GPUOperandsRestored", text, WARNING if restore.left else NORMAL)
+        log.info("operand labels restored outside a reset", extra={"node": name_of(node), "detail": text})
+    return written
 
 
 def with_step(record: NodeRecord, step: str, now: float, timeout_s: float | None, detail: str | None = None

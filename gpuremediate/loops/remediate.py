@@ -28,6 +28,7 @@ from gpuremediate.actions.events import WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
 from gpuremediate.loops import custom_remediate, diagnostics, gpu_reset
+from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy, Rung
@@ -57,6 +58,10 @@ class RemediateLoop(JobLoop):
     name = "remediate"
     owned = frozenset({states.REPAIRING})
 
+    def __init__(self, ctx: LoopContext) -> None:
+        super().__init__(ctx)
+        self._unreadable_operands: set[str] = set()  # nodes whose operand annotation was said unreadable
+
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         held = self.held_by_pause(node, record)
         if held is not None:
@@ -82,6 +87,16 @@ class RemediateLoop(JobLoop):
             detail = boot_id(node) if kind == ACTION_REBOOT else ""
             return self.start_job(node, record, kind, attempt, job_policy, timeout_s=timeout, detail=detail)
         return self._progress(node, record, action, kind, policy, job_policy, attempts)
+
+    def resync(self) -> None:
+        """Queue the nodes in repairing; put back the operand labels of reset sequences that no longer run (the
+        node left repairing some other way): nothing else would, and a node without its device plugin serves
+        no GPU. In this loop's thread, so never beside a sequence's own step."""
+        super().resync()
+        for node in self.ctx.owned_gpu_nodes():
+            why = gpu_reset.abandoned(node)
+            if why:
+                gpu_reset.restore_abandoned(self.ctx, node, why, self._unreadable_operands)
 
     def custom(self, node: Node, record: NodeRecord, kind: str, rung: Rung | None = None) -> float | None:
         """A custom remediation action (``actions.<name>``): a plugin's resource (issue 5 hook), with the rung's

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuremediate.actions.nodes import EXCLUDE_LABEL
 from gpuremediate.actions.operands import OPERAND_ANNOTATION
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
@@ -215,6 +216,29 @@ def test_operands_that_do_not_leave_in_time_are_restored_before_the_attempt_fail
     assert reset_jobs(cluster) == []  # no reset was tried while the GPUs were held
     failed = events(cluster, "GPURemediationFailed")
     assert failed and "operand pods still on the node" in failed[0] and "nvidia-dcgm-gpu-node-1" in failed[0]
+
+
+def test_a_node_that_leaves_the_sequence_another_way_gets_its_operands_back(cluster: SimCluster,
+                                                                            controllers: Controllers) -> None:
+    assert cluster.operator is not None
+    cluster.operator.stuck(NODE, "dcgm")  # the sequence waits in operands-gone
+    controllers.start(policy(attempts=1, gone=60))
+    cluster.gpusim.inject(NODE, 1, "xid", 48)
+
+    def waiting_for_operands() -> bool:
+        record = record_of(cluster)
+        return record is not None and record.action is not None and record.action.step == "operands-gone"
+
+    wait_for(waiting_for_operands, 30, "the operands-gone step")
+    assert annotation(cluster) is not None and "false" in deploy_labels(cluster).values()
+    # A person takes the node out of gpuremediate's hands: kubectl label node ... gpuremediate.io/exclude=true
+    cluster.kube.patch(NODES, NODE, {"metadata": {"labels": {EXCLUDE_LABEL: "true"}}})
+    wait_for(lambda: annotation(cluster) is None, 20, "the operand labels put back once the sequence stopped")
+    assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true")
+    record = record_of(cluster)
+    assert record is not None and record.action is not None and record.action.step == "operands-gone"  # as left
+    restored = events(cluster, "GPUOperandsRestored")
+    assert restored and "the node is excluded" in restored[-1], restored
 
 
 def test_a_restarted_controller_resumes_and_restores_the_labels(cluster: SimCluster,
