@@ -4,14 +4,16 @@ caller: the source's instant queries, replay's range queries, the drain gate's a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 
-def api_data(body: bytes, error: type[Exception], what: str) -> dict[str, Any]:
+def api_data(body: bytes, error: type[Exception], what: str,
+             decode: Callable[[bytes], Any] = json.loads) -> dict[str, Any]:
     """The ``data`` object of a successful answer; ``error`` naming what Prometheus said otherwise (``what``:
-    the request, e.g. "Prometheus query")."""
+    the request, e.g. "Prometheus query"; ``decode``: the JSON decoding, json.loads by default)."""
     try:
-        doc = json.loads(body)
+        doc = decode(body)
     except ValueError as exc:
         raise error(f"Prometheus answered with something that is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("status") != "success":
