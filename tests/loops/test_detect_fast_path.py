@@ -115,3 +115,61 @@ def test_with_the_poll_off_nothing_is_asked_between_reads(world: tuple[KubeClien
     wait_for(lambda: controller.detect.cycles >= 1, describe="the first full cycle")
     controller.detect._between_cycles(time.monotonic() + 0.3)
     assert asked == []
+
+
+def test_a_fault_that_comes_during_a_full_read_is_polled_for_as_soon_as_the_read_ends(
+        world: tuple[KubeClient, Controller, FastSource]) -> None:
+    client, controller, src = world
+    src.fault_poll_s = 3600.0  # only the poll right after the full read can see it within the test
+    full_read = src.read
+
+    def read_then_fault(nodes: Sequence[str] = ()) -> list[NodeReadings]:
+        out = full_read(nodes)
+        if not nodes:
+            src.xid.add("gpu-1")  # in Prometheus just after the read's query was evaluated
+        return out
+
+    src.read = read_then_fault  # type: ignore[method-assign]
+    controller.start_loops()
+    wait_for(lambda: client.get(NODES, "gpu-1")["spec"].get("unschedulable") is True, timeout=10.0,
+             describe="gpu-1 cordoned", seen=lambda: src.partial_reads)
+    assert src.full_reads == 1 and src.partial_reads == [("gpu-1",)]
+
+
+class _StepClock:
+    """A monotonic clock a test moves: each wait and each poll takes the time it is given."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.now += seconds
+        return False
+
+    def is_set(self) -> bool:
+        return False
+
+
+def test_polls_are_one_period_apart_from_start_to_start(world: tuple[KubeClient, Controller, FastSource]) -> None:
+    _, controller, src = world
+    clock = _StepClock()
+    src.fault_poll_s = 1.0
+    started: list[float] = []
+
+    def slow_poll() -> set[str]:  # Prometheus takes 0.6 s to answer, or 1.5 s when loaded
+        started.append(clock.now)
+        clock.now += 0.6 if len(started) < 3 else 1.5
+        return set()
+
+    src.changed_nodes = slow_poll  # type: ignore[method-assign]
+    detect, wake = controller.detect, controller.detect._wake
+    detect._monotonic, detect._wake = clock, clock  # type: ignore[assignment]
+    try:
+        detect._between_cycles(6.0)
+    finally:
+        detect._monotonic, detect._wake = time.monotonic, wake
+    assert started == [0.0, 1.0, 2.0, 3.5, 5.0]  # the first at once; one late poll is followed at once by the next
+    assert clock.now == 6.5  # the last poll ends past the deadline: no wait after it
