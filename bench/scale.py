@@ -98,8 +98,14 @@ def emulator_with_nodes(names: list[str]) -> tuple[KubeAPIServer, KubeClient]:
 # ---------------------------------------------------------------- Prometheus mode
 
 
-def fleet_names(n: int) -> list[str]:
-    return [f"gpu-{i:05d}" for i in range(n - 1)] + [FAULT_NODE]
+def fault_nodes(faults: int) -> list[str]:
+    """The nodes that get an XID, one after the other (the first is FAULT_NODE)."""
+    return [f"gpu-live-{i}" for i in range(max(1, faults))]
+
+
+def fleet_names(n: int, faults: int = 1) -> list[str]:
+    live = fault_nodes(faults)
+    return [f"gpu-{i:05d}" for i in range(n - len(live))] + live
 
 
 class FleetEndpoint:
@@ -107,12 +113,12 @@ class FleetEndpoint:
     real Prometheus holds N nodes x 8 GPUs of fresh series without N exporters. ``inject_xid`` changes one
     node's series; the rest of the body is rendered once."""
 
-    def __init__(self, names: list[str]) -> None:
-        self.names = names
+    def __init__(self, names: list[str], live: list[str]) -> None:
+        self.names, self.live = names, live
         self.xid: dict[str, tuple[int, int]] = {}
         self.lock = threading.Lock()
-        self.static = self._render([n for n in names if n != FAULT_NODE])
-        self.body = self.static + self._render([FAULT_NODE])
+        self.static = self._render([n for n in names if n not in live])
+        self.body = self.static + self._render(live)
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,7 +153,7 @@ class FleetEndpoint:
 
     def inject_xid(self, node: str, gpu: int, code: int) -> None:
         self.xid[node] = (gpu, code)
-        body = self.static + self._render([FAULT_NODE])
+        body = self.static + self._render(self.live)
         with self.lock:
             self.body = body
 
@@ -239,12 +245,13 @@ def wait(cond: Callable[[], object], timeout: float, what: str) -> float:
     raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def run_prometheus(n: int, steady_s: float, interval_s: float) -> dict[str, Any]:
-    names = fleet_names(n)
+def run_prometheus(n: int, steady_s: float, interval_s: float, faults: int = 1) -> dict[str, Any]:
+    live = fault_nodes(faults)
+    names = fleet_names(n, faults)
     log(f"N={n}: emulator with {n} Nodes")
     srv, client = emulator_with_nodes(names)
     started = time.monotonic()
-    endpoint = FleetEndpoint(names)
+    endpoint = FleetEndpoint(names, live)
     log(f"N={n}: fleet endpoint of {len(endpoint.body) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
     proc = None
     try:
@@ -269,17 +276,16 @@ def run_prometheus(n: int, steady_s: float, interval_s: float) -> dict[str, Any]
             steady = Counter(r[1] for r in list(srv.requests)[before_reqs:] if r[0] == CONTROLLER_USER)
             per_minute = {verb: round(count * 60.0 / (t1 - t0), 1) for verb, count in sorted(steady.items())}
             fault_query_s = query_seconds(prom.url, sources.fault_query(("Hostname",)))
-            endpoint.inject_xid(FAULT_NODE, 3, 79)
-            injected = time.monotonic()
-            in_prom = FaultInProm(prom.url)
-            cordon_s = wait(lambda: in_prom.check() and client.get(NODES, FAULT_NODE)["spec"].get("unschedulable"),
-                            300, "the faulty node's cordon")
-            prom_s = (in_prom.seen_at or injected) - injected
+            timed = [fault_to_cordon(endpoint, prom.url, client, node) for node in live]
+            cordon_s, prom_s = timed[0]
+            ours = sorted(round(c - p, 1) for c, p in timed)
             return {
                 "nodes": n, "gpus": n * 8, "reads": int(c1 - c0), "read_errors": int(e1 - e0),
                 "read_s_per_cycle": round((s1 - s0) / max(1.0, c1 - c0), 3),
                 "fault_to_cordon_s": round(cordon_s, 1), "fault_in_prometheus_after_s": round(prom_s, 1),
                 "prometheus_to_cordon_s": round(cordon_s - prom_s, 1), "fault_query_s": round(fault_query_s, 3),
+                **({"prometheus_to_cordon_s_each": ours, "prometheus_to_cordon_s_median": statistics.median(ours)}
+                   if faults > 1 else {}),
                 "prometheus_cpu_s_per_min_steady": round(prom_cpu_s * 60.0 / (t1 - t0), 1),
                 "rss_peak_mb": round(rss.peak_mb(), 1), "rss_steady_mb": round(rss.median_mb(t0, t1), 1),
                 "api_per_min_steady": per_minute, "scrape_interval_s": interval_s,
@@ -310,16 +316,26 @@ def query_seconds(url: str, query: str, times: int = 5) -> float:
     return statistics.median(took)
 
 
+def fault_to_cordon(endpoint: FleetEndpoint, prom_url: str, client: KubeClient, node: str) -> tuple[float, float]:
+    """An XID 79 on ``node``: (seconds to its cordon, seconds until Prometheus had it)."""
+    endpoint.inject_xid(node, 3, 79)
+    injected = time.monotonic()
+    in_prom = FaultInProm(prom_url, node)
+    cordon_s = wait(lambda: in_prom.check() and client.get(NODES, node)["spec"].get("unschedulable"), 300,
+                    f"{node}'s cordon")
+    return cordon_s, (in_prom.seen_at or injected) - injected
+
+
 class FaultInProm:
     """When Prometheus first answers with the injected XID (its own scrape delay, not the controller's)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, node: str = FAULT_NODE) -> None:
+        self.url, self.node = url, node
         self.seen_at: float | None = None
 
     def check(self) -> bool:
         if self.seen_at is None:
-            query = urllib.parse.urlencode({"query": f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{FAULT_NODE}"}} != 0'})
+            query = urllib.parse.urlencode({"query": f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{self.node}"}} != 0'})
             with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=10) as resp:
                 if json.loads(resp.read())["data"]["result"]:
                     self.seen_at = time.monotonic()
@@ -476,6 +492,8 @@ def main() -> int:
                    help="direct mode: scrape concurrency (several: a sweep)")
     p.add_argument("--shards", type=int, default=1, help="direct mode: controller processes, each reading its shard")
     p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
+    p.add_argument("--faults", type=int, default=1,
+                   help="XIDs injected one after the other, each on a node of its own (fault to cordon of each)")
     p.add_argument("--fault-poll", default="1s", help="the controller's --prometheus-fault-poll (off: no fast path)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
@@ -488,7 +506,7 @@ def main() -> int:
             for workers in args.workers:
                 print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
         else:
-            print(json.dumps(run_prometheus(n, args.steady, args.interval)), flush=True)
+            print(json.dumps(run_prometheus(n, args.steady, args.interval, args.faults)), flush=True)
     return 0
 
 
