@@ -115,25 +115,28 @@ class DetectLoop:
             elif self._wake.wait(min(deadline, next_poll) - now if poll else deadline - now):
                 return
 
-    def _fast_cycle_logged(self) -> None:
+    def _fast_cycle_logged(self) -> dict[str, NodeReadings]:
         try:
-            self.fast_cycle()
+            return self.fast_cycle()
         except Exception as exc:  # the next full cycle reads every node anyway
             log.warning("fault fast path failed; the next cycle reads every node", extra={"error": str(exc)})
+            return {}
 
-    def fast_cycle(self) -> None:
+    def fast_cycle(self) -> dict[str, NodeReadings]:
         """The nodes whose fault series changed since the last read (the source's ``changed_nodes``), read
-        and checked at once: a fault is acted on about one poll after Prometheus has it, not one interval."""
+        and checked at once: a fault is acted on about one poll after Prometheus has it, not one interval.
+        Returns the readings it checked."""
         source = self.source
         changed = source.changed_nodes() if isinstance(source, FaultFastPath) else set()
         owned = [n for n in self.ctx.owned_gpu_nodes() if name_of(n) in changed] if changed else []
         if not owned or not isinstance(source, FaultFastPath):
-            return
+            return {}
         by_node = {r.node: r for r in source.read(nodes=sorted(name_of(n) for n in owned))}
         fleet = len(self.ctx.nodes.gpu_nodes())
         for node in (n for n in owned if name_of(n) in by_node):
             with acting_for(name_of(node)):
                 self.check_node(node, by_node[name_of(node)], fleet)
+        return by_node
 
     # ---- one cycle -----------------------------------------------------------------------------------
 
@@ -171,7 +174,7 @@ class DetectLoop:
         started = time.monotonic()
         source = self.ctx.settings.source
         try:
-            readings = self.source.read()
+            readings = self._read_polling()
         except Exception as exc:
             if not self.source_error:
                 log.error("reading GPU metrics failed; every node's health is unknown", extra={"error": str(exc)})
@@ -185,6 +188,37 @@ class DetectLoop:
             log.info("reading GPU metrics works again")
         self.source_error = ""
         return readings
+
+    def _read_polling(self) -> list[NodeReadings]:
+        """The full read; with a fault fast path it runs in a thread of its own and this one polls meanwhile
+        (at 5,000 nodes a read takes seconds: a fault that came during it is acted on one poll later, not
+        after it). A node a poll read is newer than in the full read (asked earlier): its polled readings
+        are the cycle's."""
+        poll = self.source.fault_poll_s if isinstance(self.source, FaultFastPath) else None
+        if not poll:
+            return self.source.read()
+        outcome: list[list[NodeReadings] | Exception] = []
+        done = threading.Event()
+
+        def read() -> None:
+            try:
+                outcome.append(self.source.read())
+            except Exception as exc:  # raised again in the detect thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=read, name="detect-read", daemon=True).start()
+        polled: dict[str, NodeReadings] = {}
+        next_poll = self._monotonic() + poll
+        while not done.wait(max(0.0, next_poll - self._monotonic())):
+            next_poll = self._monotonic() + poll
+            if not self._wake.is_set():  # stopping: the read is waited for, as it always was
+                polled.update(self._fast_cycle_logged())
+        result = outcome[0]
+        if isinstance(result, Exception):
+            raise result
+        return [polled.pop(r.node, r) for r in result] + list(polled.values())
 
     def check_node(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
         name = name_of(node)

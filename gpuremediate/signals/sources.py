@@ -584,6 +584,8 @@ class PrometheusSource:
         self._faults_seen: dict[str, set[_Fault]] = {}  # node -> its non-zero fault series, as last read
         self.fault_poll_s = fault_poll_s  # 0: no fast path
         self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
+        # the fast path may ask while a full read runs (the detect loop polls during it): what both change
+        self._state_lock = threading.Lock()
 
     @property
     def timeout_s(self) -> float:
@@ -635,15 +637,17 @@ class PrometheusSource:
         for sample in _drain_samples(values):
             if node := self._node_of(sample.label):
                 now.setdefault(node, set()).add((sample.name, sample.labels, sample.value))
-        return {node for node, faults in now.items() if faults != self._faults_seen.get(node, set())}
+        with self._state_lock:
+            return {node for node, faults in now.items() if faults != self._faults_seen.get(node, set())}
 
     def _remember_faults(self, raw: Mapping[str, list[Sample]], whole: bool) -> None:
         seen = {node: {(s.name, s.labels, s.value) for s in got if s.name not in DENSE_METRICS}
                 for node, got in raw.items()}
-        if whole:
-            self._faults_seen = {node: faults for node, faults in seen.items() if faults}
-        else:
-            self._faults_seen.update(seen)
+        with self._state_lock:
+            if whole:
+                self._faults_seen = {node: faults for node, faults in seen.items() if faults}
+            else:
+                self._faults_seen.update(seen)
 
     def _refresh_identity(self, faulty: set[str], fleet: bool = True) -> None:
         """Every ``identity_every`` fleet reads for the fleet; at once for nodes showing a fault (their pods
@@ -666,11 +670,12 @@ class PrometheusSource:
                 key = (node, labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
                 pairs = _workload_labels({k: labels[k] for k in IDENTITY_LABELS if labels.get(k)})
                 fresh[key] = (*fresh.get(key, ()), tuple(shared.setdefault(pair, pair) for pair in pairs))
-        self._shared_pairs = shared
-        if full:
-            self._identity = fresh
-        else:
-            self._identity = {k: v for k, v in self._identity.items() if k[0] not in nodes} | fresh
+        with self._state_lock:
+            self._shared_pairs = shared
+            if full:
+                self._identity = fresh
+            else:
+                self._identity = {k: v for k, v in self._identity.items() if k[0] not in nodes} | fresh
 
     def _with_identity(self, node: str, sample: Sample) -> list[Sample]:
         """The sample once per identity known for its GPU (several workload pods may share one GPU). The

@@ -4,6 +4,7 @@ it instead of up to one scrape interval later."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 
@@ -173,3 +174,35 @@ def test_polls_are_one_period_apart_from_start_to_start(world: tuple[KubeClient,
         detect._monotonic, detect._wake = time.monotonic, wake
     assert started == [0.0, 1.0, 2.0, 3.5, 5.0]  # the first at once; one late poll is followed at once by the next
     assert clock.now == 6.5  # the last poll ends past the deadline: no wait after it
+
+
+def test_a_fault_during_a_long_full_read_is_cordoned_before_the_read_ends_and_its_readings_kept(
+        world: tuple[KubeClient, Controller, FastSource]) -> None:
+    client, controller, src = world
+    release, reading = threading.Event(), threading.Event()
+    full_read = src.read
+
+    def slow_full_read(nodes: Sequence[str] = ()) -> list[NodeReadings]:
+        if nodes:
+            return full_read(nodes)
+        stale = full_read(())  # what Prometheus answered when the read was asked: no fault yet
+        reading.set()
+        release.wait(30)  # a read that takes seconds (5,000 nodes)
+        return [r for r in stale if r.node != "gpu-3"] + [
+            NodeReadings(node="gpu-3", source="prometheus", status=SOURCE_OK,
+                         gpus=(GpuReading(node="gpu-3", gpu="0", uuid="GPU-gpu-3", xid=0, gpu_temp=40.0),))]
+
+    src.read = slow_full_read  # type: ignore[method-assign]
+    cycle = threading.Thread(target=controller.detect.cycle, daemon=True)  # one cycle, as the loop runs it
+    cycle.start()
+    try:
+        assert reading.wait(10)
+        src.xid.add("gpu-3")
+        wait_for(lambda: client.get(NODES, "gpu-3")["spec"].get("unschedulable") is True, timeout=10.0,
+                 describe="gpu-3 cordoned while the full read still runs", seen=lambda: src.partial_reads)
+        assert controller.detect.cycles == 0
+    finally:
+        release.set()
+    cycle.join(10)
+    assert controller.detect.cycles == 1 and src.partial_reads == [("gpu-3",)]
+    assert controller.ctx.readings["gpu-3"].gpus[0].xid == 79  # the poll's readings, newer than the read's
