@@ -176,6 +176,7 @@ def prometheus_with_fleet(endpoint: FleetEndpoint, scrape_interval_s: int) -> It
 
 TRACE_MEMORY = False  # --trace-memory: the controller under bench/traced_controller.py
 FAULT_POLL = "1s"  # --fault-poll: the controller's --prometheus-fault-poll
+CONTROLLER_LOG_LEVEL = "warning"  # --log-level: info adds the fast path's split (controller.log)
 
 
 def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int, interval: str) -> subprocess.Popen[bytes]:
@@ -184,7 +185,7 @@ def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int, inter
         [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
          "--prometheus-url", prom_url, "--prometheus-fault-poll", FAULT_POLL, "--scrape-interval", interval,
          "--metrics-addr",
-         f"127.0.0.1:{metrics_port}", "--log-level", "warning"],
+         f"127.0.0.1:{metrics_port}", "--log-level", CONTROLLER_LOG_LEVEL],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "wb"))
 
 
@@ -494,12 +495,14 @@ def main() -> int:
     p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
     p.add_argument("--faults", type=int, default=1,
                    help="XIDs injected one after the other, each on a node of its own (fault to cordon of each)")
+    p.add_argument("--log-level", default="warning",
+                   help="the controller's --log-level (info: the fast path's split of each fault, in controller.log)")
     p.add_argument("--fault-poll", default="1s", help="the controller's --prometheus-fault-poll (off: no fast path)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
     args = p.parse_args()
-    global TRACE_MEMORY, FAULT_POLL
-    TRACE_MEMORY, FAULT_POLL = args.trace_memory, args.fault_poll
+    global TRACE_MEMORY, FAULT_POLL, CONTROLLER_LOG_LEVEL
+    TRACE_MEMORY, FAULT_POLL, CONTROLLER_LOG_LEVEL = args.trace_memory, args.fault_poll, args.log_level
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         if args.direct:
