@@ -84,9 +84,13 @@ def test_a_domain_breaker_opens_on_clustered_faults_and_leaves_another_domain_wo
     wait_for(lambda: BreakerStore(world.kube, NS).load().domains, 10, "a domain breaker")
     trips = BreakerStore(world.kube, NS).load().domains
     assert [(t.label, t.value) for t in trips] == [(RACK, "r1")]
-    opened = [e["message"] for e in world.kube.list(EVENTS, "default")["items"]
-              if e["reason"] == "GPURemediationDomainBreakerOpen"]
-    assert opened and f"{RACK}=r1 (the faults' common label)" in opened[0], opened
+
+    def opened() -> list[str]:  # the Event follows the breaker's write (queued, written by the recorder)
+        return [e["message"] for e in world.kube.list(EVENTS, "default")["items"]
+                if e["reason"] == "GPURemediationDomainBreakerOpen"]
+
+    wait_for(opened, 10, "the domain breaker's Event")
+    assert f"{RACK}=r1 (the faults' common label)" in opened()[0], opened()
     source.xids["r2-a"] = 79
     wait_for(lambda: state(world, "r2-a") != states.HEALTHY, 10, "rack r2 keeps working")
     assert not BreakerStore(world.kube, NS).load().is_open
