@@ -100,6 +100,9 @@ class OperatorOptions:
     start_delay_s: float = 0.5
     grace_s: int = 1
     tick_s: float = 0.1
+    # Operands the ClusterPolicy does not deploy: their deploy label is "true" (the operator labels every GPU
+    # node so) but no DaemonSet runs them, like the chart's default dcgm.enabled=false.
+    disabled: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -424,7 +427,7 @@ class OperatorSim:
         self._thread = threading.Thread(target=self._run, name="operator-sim", daemon=True)
 
     def start(self) -> OperatorSim:
-        for operand, (app, _) in OPERANDS.items():
+        for operand, (app, _) in self.operands.items():
             body = daemonset(app, EXPORTER_NAMESPACE, {"app": app})
             body["spec"]["template"]["spec"]["nodeSelector"] = {DEPLOY_LABEL + operand: "true"}
             try:
@@ -432,14 +435,19 @@ class OperatorSim:
             except errors.AlreadyExists:
                 self.owners[app] = str(self.client.get(DAEMONSETS, app, EXPORTER_NAMESPACE)["metadata"]["uid"])
         for node in self.cluster.node_names:  # the operands run before the scenario starts
-            for operand in OPERANDS:
+            for operand in self.operands:
                 self._create(node, operand)
         self._thread.start()
         return self
 
+    @property
+    def operands(self) -> dict[str, tuple[str, str]]:
+        """The operands deployed: OPERANDS less the disabled ones."""
+        return {k: v for k, v in OPERANDS.items() if k not in self.options.disabled}
+
     def wait_running(self, timeout: float = 15.0) -> None:
         """Every operand's pod Running on every node (and holding its GPUs)."""
-        want = {(node, operand) for node in self.cluster.node_names for operand in OPERANDS}
+        want = {(node, operand) for node in self.cluster.node_names for operand in self.operands}
         deadline = time.monotonic() + timeout
         while {key for key, state in self.state.items() if state.holding} != want:
             if time.monotonic() > deadline:
@@ -475,7 +483,7 @@ class OperatorSim:
             if name not in self.cluster.node_names:
                 continue
             labels = node["metadata"].get("labels") or {}
-            for operand in OPERANDS:
+            for operand in self.operands:
                 pod = pods.get(self.pod_name(operand, name))
                 self._sync(name, operand, labels.get(DEPLOY_LABEL + operand) == "true", pod)
 

@@ -96,6 +96,7 @@ STEP_BACK = "operands-back"
 STEP_FAILED = "failed"
 STEPS = (STEP_GONE, STEP_RESET, STEP_BACK, STEP_FAILED)
 POLL_S = 1.0
+RUNNING_PREFIX = "running="  # action.detail during the sequence: the operands that had a pod when taken off
 
 
 def applies(policy: Policy, node: Node, record: NodeRecord) -> bool:
@@ -218,9 +219,9 @@ class GpuResetSequence:
         now = self.ctx.clock()
         attempt = record.action.attempt if record.action else 1
         name = job_name(ACTION_RESET_GPU, name_of(node), self.loop.fingerprint(record), attempt)
-        started = start_action(record, ACTION_RESET_GPU, name, attempt, now)
-        started = with_step(started, STEP_GONE, now, gop.gone_timeout_s)
         labels = gop.operands_on(labels_of(node))
+        started = start_action(record, ACTION_RESET_GPU, name, attempt, now)
+        started = with_step(started, STEP_GONE, now, gop.gone_timeout_s, self._running_detail(node, gop, labels))
         try:
             earlier = saved_labels(node)
         except OperandAnnotationError:
@@ -339,7 +340,7 @@ class GpuResetSequence:
 
     def _wait_back(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy) -> float | None:
         gop = policy.gpu_operator
-        missing = [] if self.ctx.writer.dry_run else self._not_back(node, gop, action.step_since or 0.0)
+        missing = [] if self.ctx.writer.dry_run else self._not_back(node, gop, action.step_since or 0.0, action.detail)
         if not missing:
             return self._finish(node, record, policy, ok=True,
                                 detail=f"reset-gpu done ({action.name}); operands and exporter back")
@@ -350,9 +351,25 @@ class GpuResetSequence:
                                        f"{', '.join(missing)}")
         return POLL_S
 
-    def _not_back(self, node: Node, gop: GpuOperatorPolicy, since: float) -> list[str]:
-        """What is not back yet: operands deployed without a Ready pod, and the exporter's fresh readings."""
+    def _running_detail(self, node: Node, gop: GpuOperatorPolicy, labels: list[str] | tuple[str, ...]) -> str:
+        """The operands that have a pod on the node now (``running=app,app``): only those are waited for when
+        the labels come back. The operator labels every GPU node ``gpu.deploy.dcgm=true`` although its chart
+        deploys no standalone DCGM by default (dcgm.enabled=false: the exporter embeds nv-hostengine), and an
+        operand disabled in its ClusterPolicy has its label but no pod either."""
+        if self.ctx.writer.dry_run:
+            return ""
+        apps = {label: gop.apps[label] for label in labels}
+        pods = operand_pods(list_node_pods(self.ctx.client, name_of(node)), gop.namespace, apps)
+        running = sorted({((p.get("metadata") or {}).get("labels") or {}).get("app", "") for p in pods} - {""})
+        return RUNNING_PREFIX + ",".join(running)
+
+    def _not_back(self, node: Node, gop: GpuOperatorPolicy, since: float, detail: str) -> list[str]:
+        """What is not back yet: operands deployed (and running before the reset) without a Ready pod, and the
+        exporter's fresh readings."""
         deployed = {label: gop.apps[label] for label in gop.operands_on(labels_of(node))}
+        if detail.startswith(RUNNING_PREFIX):  # a record from before this was kept waits for every operand
+            before = set(detail.removeprefix(RUNNING_PREFIX).split(","))
+            deployed = {label: app for label, app in deployed.items() if app in before}
         pods = operand_pods(list_node_pods(self.ctx.client, name_of(node)), gop.namespace, deployed)
         ready = {((p.get("metadata") or {}).get("labels") or {}).get("app") for p in pods
                  if is_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp")}

@@ -19,7 +19,7 @@ from gpuremediate.kube.resources import EVENTS, JOBS, NODES
 from gpuremediate.policy.config import PolicyFile, loads_policy
 from gpuremediate.state import states
 from gpuremediate.state.record import NodeRecord, record_from_node
-from sim.cluster import DEPLOY_LABEL, OPERANDS, SimCluster
+from sim.cluster import DEPLOY_LABEL, OPERANDS, OperatorOptions, SimCluster
 from sim.waiting import wait_for
 from tests.loops.test_conflicts import ConflictingClient, _repeated_events, job_service_account
 from tests.reliability.harness import reliability_settings
@@ -54,7 +54,8 @@ def policy(*, attempts: int = 2, enabled: bool = True, gone: float = 10) -> Poli
 
 
 def make_cluster(**kwargs: Any) -> SimCluster:
-    return SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3, gpu_operator=True, **kwargs)
+    return SimCluster(**{"nodes": 2, "gpus": 2, "job_duration_s": 0.2, "reboot_down_s": 0.3, "gpu_operator": True,
+                         **kwargs})
 
 
 @pytest.fixture
@@ -181,6 +182,21 @@ def test_the_sequence_takes_the_operands_off_resets_and_brings_them_back(cluster
     assert annotation(cluster) is None
     assert cluster.gpusim.node(NODE).gpu(1).xid is None
     assert len(events(cluster, "GPUOperandsOff")) == 1 and len(events(cluster, "GPUOperandsRestored")) == 1
+
+
+def test_an_operand_labelled_on_but_not_deployed_is_not_waited_for() -> None:
+    """The operator labels every GPU node gpu.deploy.dcgm=true; its chart deploys no standalone DCGM by default."""
+    with make_cluster(gpu_operator=OperatorOptions(disabled=frozenset({"dcgm"}))) as cluster:
+        job_service_account(cluster.kube)
+        made = Controllers(cluster)
+        try:
+            made.start(policy(attempts=1))
+            cluster.gpusim.inject(NODE, 1, "xid", 48)
+            wait_for(lambda: repaired(cluster), 40, f"{NODE} repaired without a DCGM pod to wait for")
+        finally:
+            made.stop_all()
+        assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true")
+        assert not events(cluster, "GPURemediationFailed")
 
 
 def test_a_label_changed_by_someone_mid_sequence_is_left_as_they_set_it(cluster: SimCluster,
