@@ -24,6 +24,7 @@ from gpuremediate.policy.workflow import DiagnosticsPolicy
 from gpuremediate.state.record import (
     DIAGNOSTICS_FAILED,
     DIAGNOSTICS_OK,
+    DIAGNOSTICS_SKIPPED,
     DIAGNOSTICS_TIMED_OUT,
     Diagnostics,
     NodeRecord,
@@ -51,6 +52,15 @@ def due(policy: DiagnosticsPolicy, record: NodeRecord) -> bool:
     return policy.enabled and record.action is None
 
 
+def reported_not_ready(node: Node) -> bool:
+    """The kubelet's Ready condition is False or Unknown (the node is down or unreachable); a node reporting no
+    Ready condition at all is not taken for down."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") != "True"
+    return False
+
+
 def output_location(policy: DiagnosticsPolicy, name: str) -> str:
     return f"{policy.output_dir.rstrip('/')}/{name}.log"
 
@@ -65,6 +75,8 @@ class DiagnosticsJob:
     def step(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> float | None:
         action = record.action
         if action is None or not action.name:
+            if reported_not_ready(node):  # no Job could run there: waiting for its timeout would hold the repair
+                return self._skip(node, record)
             return self._start(node, record, policy)
         outcome = self.loop.attempt_outcome(action, lambda: self._recreate(node, record, policy, action.name),
                                             lambda job: self.loop.note_created(node, record, job))
@@ -96,6 +108,18 @@ class DiagnosticsJob:
         env = {"DIAGNOSTICS_DIR": policy.output_dir, "DIAGNOSTICS_OUTPUT": output_location(policy, name)}
         return self.loop.create_job(node, record, DIAGNOSTICS, name, 1, policy.job, False, env=env)
 
+    def _skip(self, node: Node, record: NodeRecord) -> float | None:
+        """The node is not Ready (the case a reboot rung is for): no diagnostics for this fault, said once."""
+        assert record.fault is not None
+        result = Diagnostics(outcome=DIAGNOSTICS_SKIPPED, job="", location="", at=self.ctx.clock())
+        if self.ctx.writer.write(node, dataclasses.replace(record, fault=dataclasses.replace(
+                record.fault, diagnostics=result))) is None:
+            return self.loop.retry_after_conflict()
+        self.ctx.metrics.diagnostics.inc(outcome=DIAGNOSTICS_SKIPPED)
+        self.ctx.events.node_event(name_of(node), "GPUDiagnosticsCollected", describe(result, name_of(node)),
+                                   WARNING)
+        return 0.0
+
     def _finish(self, node: Node, record: NodeRecord, outcome: str) -> float | None:
         """Record the outcome (the repair starts on the next step), then delete a timed-out Job and report."""
         action = record.action
@@ -118,6 +142,8 @@ def describe(result: Diagnostics, node: str) -> str:
     """One line for the Event and explain: outcome, Job, where the output is on the node."""
     if result.outcome == DIAGNOSTICS_OK:
         return f"diagnostics collected by Job {result.job}: output on node {node} at {result.location}"
+    if result.outcome == DIAGNOSTICS_SKIPPED:
+        return f"diagnostics skipped: node {node} is not Ready, so no Job could run there; the repair goes on"
     return (f"diagnostics Job {result.job} {result.outcome}; the repair goes on (any output is on node {node} at "
             f"{result.location})")
 

@@ -61,6 +61,7 @@ OUTCOME_ESCALATED = "escalated"  # a ladder rung's attempts failed: the next run
 DIAGNOSTICS_OK = "ok"
 DIAGNOSTICS_FAILED = "failed"
 DIAGNOSTICS_TIMED_OUT = "timed-out"
+DIAGNOSTICS_SKIPPED = "skipped"  # the node was not Ready: no Job could run there
 
 
 class RecordError(ValueError):

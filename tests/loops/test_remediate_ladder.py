@@ -28,6 +28,7 @@ from gpuremediate.policy.workflow import DiagnosticsPolicy, RemediationPolicy, R
 from gpuremediate.state import states
 from gpuremediate.state.record import (
     DIAGNOSTICS_FAILED,
+    DIAGNOSTICS_SKIPPED,
     OUTCOME_ESCALATED,
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
@@ -212,6 +213,19 @@ def test_diagnostics_run_once_before_the_first_repair_and_a_failure_does_not_blo
     world.finish_job("reset-gpu", ok=False)  # the second reset attempt: diagnostics are not run again
     wait_for(lambda: len(world.jobs("reset-gpu")) == 2, 20, "the second reset attempt")
     assert len(world.jobs("diagnostics")) == 1
+
+
+def test_diagnostics_are_skipped_on_a_node_that_is_not_ready(world: World) -> None:
+    world.kube.patch(NODES, NODE, {"status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}}, subresource="status")
+    world.start(TO_REBOOT + "[remediation.diagnostics]\nenabled = true\n")
+    wait_for(lambda: world.jobs("reset-gpu"), 20, f"the reset without waiting for diagnostics (state {world.state()})")
+    assert world.jobs("diagnostics") == []  # a Job could not run on a node that is down
+    record = world.record()
+    assert record.fault is not None and record.fault.diagnostics is not None
+    assert record.fault.diagnostics.outcome == DIAGNOSTICS_SKIPPED
+    wait_for(lambda: world.events("GPUDiagnosticsCollected"), 10, "the diagnostics Event")
+    assert "is not Ready" in world.events("GPUDiagnosticsCollected")[0]["message"]
 
 
 def _mid_ladder(rung: int, name: str = "") -> NodeRecord:
