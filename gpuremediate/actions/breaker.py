@@ -81,9 +81,14 @@ class BreakerStore:
             self._informer.stop(timeout)
 
     def refresh(self) -> None:
-        """Once a detect cycle: a person's reset or pause is seen. Free while the watch is synced; a GET else."""
+        """Once a detect cycle: a person's reset or pause is seen. Free while the watch is synced; a GET else.
+        A reset the watch saw but could not write (a 409 run out, a shard not settled yet) is written now."""
         if self._informer is None or not self._informer.has_synced():
             self.load()
+            return
+        with self._lock:
+            if self.reset_requested is not None and not self.read_only:
+                self._consume_reset()
 
     def _observe(self, cm: dict[str, Any] | None) -> None:
         """What the watch delivered. An event older than a write of ours (sent before our write's echo)
@@ -175,9 +180,12 @@ class BreakerStore:
         that stuck; raises Conflict after UPDATE_ATTEMPTS writes."""
         with self._lock:
             for attempt in range(UPDATE_ATTEMPTS):
-                before = self.latest()
+                # Every write drops the reset annotation (``_kept`` leaves it out): a pending reset is applied
+                # in the same write, or the write would erase a person's reset without doing it.
+                current = self.latest()
+                before = self._with_pending_reset(current)
                 after = change(before)
-                if after == before and self.reset_requested is None:
+                if after == current and self.reset_requested is None:
                     return before, after  # nothing to write
                 try:
                     self.save(after)
@@ -188,15 +196,15 @@ class BreakerStore:
                     self._read()  # the winner's version; its reset annotation is ours to apply below
         raise AssertionError("unreachable")
 
+    def _with_pending_reset(self, breaker: CircuitBreaker) -> CircuitBreaker:
+        if self.reset_requested is None or self.read_only:
+            return breaker
+        return breaker.reset(by=f"annotation {RESET_ANNOTATION}={self.reset_requested}", now=time.time())
+
     def _consume_reset(self) -> None:
         """The controller applies a person's reset annotation and removes it (``_kept`` leaves it out)."""
-        def reset(breaker: CircuitBreaker) -> CircuitBreaker:
-            requested = self.reset_requested
-            if requested is None:
-                return breaker  # another writer consumed it first
-            return breaker.reset(by=f"annotation {RESET_ANNOTATION}={requested}", now=time.time())
         try:
-            self.update(reset)
+            self.update(lambda breaker: breaker)  # the pending reset is applied by the write itself
         except (errors.ApiError, errors.TransportError) as exc:
             log.warning("could not apply the breaker reset annotation; retried on the next read",
                         extra={"error": str(exc)})

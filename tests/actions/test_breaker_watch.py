@@ -223,3 +223,45 @@ def test_events_sent_before_an_own_write_never_roll_it_back() -> None:
     assert _faults(store) == ["a", "b", "c"] and not store._echoes
     store.refresh()
     assert client.gets == 1  # synced: refresh reads nothing
+
+
+def _annotate_reset(client: KubeClient, by: str) -> None:
+    client.patch(CONFIGMAPS, BREAKER_CONFIGMAP, {"metadata": {"annotations": {RESET_ANNOTATION: by}}}, NS)
+
+
+def test_a_fault_written_after_a_409_applies_the_reset_it_found(api: tuple[KubeAPIServer, KubeClient, str]) -> None:
+    _, client, _ = api
+    store = BreakerStore(client, NS)  # no watch: the 409 path alone
+    store.save(OPENED)
+    _annotate_reset(client, "alice")  # a person, after our last read: our next write meets a 409
+    _, after = store.update(lambda b: b.record_fault("n1", 2.0))
+    stored = client.get(CONFIGMAPS, BREAKER_CONFIGMAP, NS)
+    assert RESET_ANNOTATION not in (stored["metadata"].get("annotations") or {})  # consumed by that write...
+    assert not after.is_open and f"{RESET_ANNOTATION}=alice" in after.reset_by  # ...and applied by it
+    assert not BreakerStore(client, NS, read_only=True).load().is_open
+    assert any(node == "n1" for node, _ in after.faults)  # the fault counts after the reset
+
+
+def test_a_reset_the_watch_could_not_write_is_written_by_the_next_refresh(
+        api: tuple[KubeAPIServer, KubeClient, str]) -> None:
+    _, admin, kubeconfig = api
+    BreakerStore(admin, NS).save(OPENED)
+    _annotate_reset(admin, "alice")
+    client, allowed = KubeClient(load_config(kubeconfig)), [False]
+
+    def fence(method: str, path: str) -> None:  # a sharded replica whose shards have not settled yet
+        if not allowed[0]:
+            raise errors.NotLeader(method, path, "no shard yet")
+
+    client.write_fence = fence
+    store = BreakerStore(client, NS).start()
+    try:
+        wait_for(lambda: store.reset_requested == "alice", describe="the watch's first list")
+        assert store.latest().is_open  # its write was refused
+        allowed[0] = True
+        store.refresh()
+        assert not store.latest().is_open and store.reset_requested is None
+        assert not BreakerStore(admin, NS, read_only=True).load().is_open
+    finally:
+        store.stop()
+        client.close()
