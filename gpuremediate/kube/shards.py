@@ -212,7 +212,8 @@ class ShardSet:
         conflict = self._shard_count_conflict() if listed is not None else self.conflict
         with self._lock:
             self.conflict = conflict
-            self._settled = set(self._held)  # what we held before this read is ours from now on
+            if listed is not None:  # settling needs this round's read (it is what shows another --shards)
+                self._settled = set(self._held)  # what we held before this read is ours from now on
         if conflict:
             log.warning("not acting on any shard", extra={"identity": self.identity, "reason": conflict})
         live = self._live()
@@ -382,7 +383,9 @@ def _annotation(lock: LeaseLock, key: str) -> str:
 def _index_of(lease: dict[str, Any]) -> int | None:
     name = str((lease.get("metadata") or {}).get("name") or "")
     suffix = name[len(SHARD_LEASE_PREFIX):] if name.startswith(SHARD_LEASE_PREFIX) else ""
-    return int(suffix) if suffix.isascii() and suffix.isdigit() and len(suffix) < 6 else None
+    if not (suffix.isascii() and suffix.isdigit() and len(suffix) < 6) or suffix != str(int(suffix)):
+        return None  # "-01" is not shard 1's Lease: only the name shard_lease_name(1) is
+    return int(suffix)
 
 
 @dataclass(frozen=True)

@@ -137,8 +137,7 @@ class DetectLoop:
         read = time.monotonic()
         fleet = len(self.ctx.nodes.gpu_nodes())
         for node in (n for n in owned if name_of(n) in by_node):
-            with acting_for(name_of(node)):
-                self.check_node(node, by_node[name_of(node)], fleet)
+            self._check_guarded(node, by_node[name_of(node)], fleet)
         log.info("fault fast path: changed nodes read and checked", extra={  # rare: only when a fault changes
             "nodes": len(by_node), "fault_query_s": round(asked - started, 3), "read_s": round(read - asked, 3),
             "check_s": round(time.monotonic() - read, 3)})
@@ -155,15 +154,20 @@ class DetectLoop:
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         self._fleet_state(nodes, by_node)
         for node in nodes:
-            try:
-                with acting_for(name_of(node)):  # its writes are fenced by its shard
-                    self.check_node(node, by_node.get(name_of(node)), len(fleet))
-            except (errors.ApiError, errors.TransportError) as exc:  # one node's failure is not the fleet's
-                self.ctx.metrics.count_api_error(exc)
-                log.warning("detect: node step failed; next cycle retries it",
-                            extra={"node": name_of(node), "error": str(exc)})
+            self._check_guarded(node, by_node.get(name_of(node)), len(fleet))
         self._gauges(nodes, fleet)
         self.cycles += 1
+
+    def _check_guarded(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
+        """``check_node`` with its writes fenced by the node's shard; one node's API failure is not the fleet's
+        (the next cycle retries it)."""
+        try:
+            with acting_for(name_of(node)):
+                self.check_node(node, readings, total_nodes)
+        except (errors.ApiError, errors.TransportError) as exc:
+            self.ctx.metrics.count_api_error(exc)
+            log.warning("detect: node step failed; next cycle retries it",
+                        extra={"node": name_of(node), "error": str(exc)})
 
     def _forget_others(self, owned: Sequence[Node]) -> None:
         """Nodes of shards no longer held: their holder reports and remembers them (the record keeps the policy

@@ -623,7 +623,11 @@ class PrometheusSource:
 
     def changed_nodes(self) -> set[str]:
         """The fault fast path: nodes whose non-zero fault series differ from what the last read saw (a new
-        XID, a DBE count that grew, a row-remap failure). One small query; ``read(nodes)`` follows for them."""
+        XID, a DBE count that grew, a row-remap failure). One small query; ``read(nodes)`` follows for them.
+        Nothing before the first full read: it reads every node anyway (and a poll during it would find every
+        node with an old XID changed, and ask for all of them in one selector)."""
+        if self.reads == 0:
+            return set()
         try:
             values, _ = self._query(fault_query(self.node_labels), "fault")
         except PrometheusError as exc:  # said once: the full read reports Prometheus' trouble every cycle

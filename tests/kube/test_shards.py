@@ -255,3 +255,15 @@ def test_a_failing_round_does_not_stop_the_renewals(kube_target: KubeTarget, mon
         shard_set.stop(timeout=5)
         runner.join(5)
     assert len(calls) > 1
+
+
+def test_only_the_exact_shard_lease_name_counts_as_its_lease() -> None:
+    from gpuremediate.kube.shards import _index_of
+
+    def lease(name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}}
+
+    assert _index_of(lease("gpuremediate-shard-1")) == 1
+    assert _index_of(lease("gpuremediate-shard-0")) == 0
+    for other in ("gpuremediate-shard-01", "gpuremediate-shard-+1", "gpuremediate-shard-", "gpuremediate-leader"):
+        assert _index_of(lease(other)) is None, other  # "-01" must not stand in for shard 1's Lease

@@ -138,3 +138,13 @@ def test_a_failing_fast_path_names_no_node_and_says_so_once(prom: tuple[FakeProm
     fake.fail = False
     src.changed_nodes()
     assert src.fault_error == ""
+
+
+def test_no_fault_is_news_before_the_first_full_read(prom: tuple[FakePrometheus, str]) -> None:
+    fake, url = prom
+    fake.xid["gpu-1"] = 79  # an old XID: the first full read sees it like every other node
+    src = PrometheusSource(url, clock=lambda: NOW)
+    assert src.changed_nodes() == set() and fake.queries == []  # nothing asked, nothing to read at once
+    src.read()
+    fake.xid["gpu-2"] = 48
+    assert src.changed_nodes() == {"gpu-2"}
