@@ -96,6 +96,7 @@ STEP_BACK = "operands-back"
 STEP_FAILED = "failed"
 STEPS = (STEP_GONE, STEP_RESET, STEP_BACK, STEP_FAILED)
 POLL_S = 1.0
+MAX_NODE_GPUS = 64  # more than any node has (an HGX board has 8, a GB200 NVL72 tray 4)
 RUNNING_PREFIX = "running="  # action.detail during the sequence: the operands that had a pod when taken off
 
 
@@ -181,7 +182,9 @@ def all_gpu_indexes(node: Node, readings_gpus: list[str]) -> list[str]:
         return sorted(set(readings_gpus), key=lambda g: (len(g), g))
     count = labels_of(node).get(GPU_COUNT_LABEL) or \
         str(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0"))
-    return [str(i) for i in range(int(count))] if count.isascii() and count.isdigit() else []
+    if not (count.isascii() and count.isdigit()) or not 0 < int(count) <= MAX_NODE_GPUS:
+        return []  # a garbage label (63 digits fit in one) must not become a list of that many indexes
+    return [str(i) for i in range(int(count))]
 
 
 class GpuResetSequence:

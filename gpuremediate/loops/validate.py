@@ -24,6 +24,7 @@ from gpuremediate.state.record import (
     BLOCK_GPU_PODS,
     BLOCK_GPU_UNAVAILABLE,
     ActionInProgress,
+    Blocked,
     NodeRecord,
     block,
     occurrence,
@@ -97,8 +98,12 @@ class ValidateLoop(JobLoop):
         """The device plugin does not offer every GPU: wait (blocked, the wait timed from ``blocked.since``, so
         a restart resumes it) up to ``allocatable_wait_s``, then fail: no Job could hold every GPU."""
         now = self.ctx.clock()
-        after = block(record, BLOCK_GPU_UNAVAILABLE, f"validation needs every GPU; {hold.problem}", now)
-        waited = now - (after.blocked.since if after.blocked is not None else now)
+        current = record.blocked
+        # Timed from the first wait, whatever the counts say since (a device plugin that flaps changes the text).
+        since = current.since if current is not None and current.reason == BLOCK_GPU_UNAVAILABLE else now
+        after = dataclasses.replace(record, blocked=Blocked(BLOCK_GPU_UNAVAILABLE,
+                                                            f"validation needs every GPU; {hold.problem}", since))
+        waited = now - since
         if waited >= gpus.allocatable_wait_s:
             detail = (f"validation cannot hold every GPU: {hold.problem} (waited {waited:.0f}s); a person checks "
                       "the device plugin's log and the GPUs before releasing the node")

@@ -89,3 +89,5 @@ def test_every_gpu_index_comes_from_the_readings_then_gfd_then_capacity() -> Non
     gfd = {"metadata": {"labels": {"nvidia.com/gpu.count": "4"}}, "status": {"capacity": {"nvidia.com/gpu": "0"}}}
     assert all_gpu_indexes(gfd, []) == ["0", "1", "2", "3"]
     assert all_gpu_indexes({"metadata": {}, "status": {}}, []) == []
+    huge = {"metadata": {"labels": {"nvidia.com/gpu.count": "9" * 63}}, "status": {}}
+    assert all_gpu_indexes(huge, []) == []  # a garbage label is no GPU list (it was range(10**63))

@@ -157,3 +157,19 @@ def test_no_gpu_capacity_at_all_is_no_job_asking_for_nothing(kube: KubeClient) -
     assert writes.records[-1].blocked is not None
     assert "no GPU resource in its capacity" in writes.records[-1].blocked.detail
     assert kube.list(JOBS, JOBS_NS)["items"] == []
+
+
+def test_the_allocatable_wait_keeps_its_start_while_the_counts_change(kube: KubeClient) -> None:
+    writes, clock = Writes(), Clock(200.0)
+    policy = loads_policy("[gpu_resources]\nallocatable_wait_s = 120\n")
+    loop = loop_for(kube, writes, clock, policy)
+    loop.reconcile(node({"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "7"}), validating())
+    waiting = writes.records[-1]
+    clock.now = 300.0  # the device plugin flaps: 6 of 8 now, another text
+    loop.reconcile(node({"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "6"}), waiting)
+    flapped = writes.records[-1]
+    assert flapped.blocked is not None and "6 of 8" in flapped.blocked.detail and flapped.blocked.since == 200.0
+    clock.now = 321.0  # 121 s since the first wait: over, whatever the counts said since
+    loop.reconcile(node({"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "7"}), flapped)
+    [decision] = writes.decisions
+    assert decision.record.state == states.QUARANTINED
