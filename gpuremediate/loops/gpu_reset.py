@@ -307,11 +307,13 @@ class GpuResetSequence:
         return POLL_S
 
     def _fail(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None, detail: str, *,
-              cancel: bool = False, warning: tuple[str, str] | None = None) -> float | None:
+              cancel: bool = False, warning: tuple[str, str] | None = None,
+              drop_annotation: bool = False) -> float | None:
         """The labels back and the failure in the record (one patch), then the attempt fails. ``warning``: an Event
-        (reason, message) that the write, once it landed, is to be followed by."""
+        (reason, message) that the write, once it landed, is to be followed by. ``drop_annotation``: the
+        annotation goes in that patch even though nothing could be read from it."""
         after = with_step(record, STEP_FAILED, self.ctx.clock(), None, detail)
-        written = self._write_restore(node, after, saved)
+        written = self._write_restore(node, after, saved, drop_annotation)
         if written is None:
             return self.loop.retry_after_conflict()
         if warning is not None:
@@ -320,8 +322,11 @@ class GpuResetSequence:
             self.loop.cancel(ACTION_RESET_GPU, record.action.name)
         return self._finish(written, after, policy, ok=False, detail=detail)
 
-    def _write_restore(self, node: Node, record: NodeRecord, saved: SavedLabels | None) -> Node | None:
+    def _write_restore(self, node: Node, record: NodeRecord, saved: SavedLabels | None,
+                       drop_annotation: bool = False) -> Node | None:
         restore = restore_patch(node, record, saved)
+        if drop_annotation:
+            restore.patch["metadata"]["annotations"][OPERAND_ANNOTATION] = None
         written = write_node(self.ctx.writer, node, restore.patch)
         if written is None or saved is None:
             return written
@@ -337,7 +342,10 @@ class GpuResetSequence:
         off = sorted(label for label in gop.apps if labels_of(node).get(label) == gop.off_value)
         text = (f"{problem}; the operand labels are left as they are (set to {gop.off_value!r} now: "
                 f"{', '.join(off) or 'none'}; put back by hand those that were on)")
-        return self._fail(node, record, policy, None, problem, warning=("GPUOperandsUnknown", text))
+        # The annotation goes: kept, it would make every later attempt and restart say this again, and the
+        # Warning already names the labels that are off.
+        return self._fail(node, record, policy, None, problem, warning=("GPUOperandsUnknown", text),
+                          drop_annotation=True)
 
     # ---- 5. operands back ------------------------------------------------------------------------------
 

@@ -332,6 +332,7 @@ def test_an_unreadable_annotation_fails_the_attempt_and_touches_no_label(cluster
     cluster.kube.patch(NODES, NODE, {"metadata": {"annotations": {OPERAND_ANNOTATION: "{edited"}}})
     wait_for(lambda: state_of(cluster) == states.QUARANTINED, 30, f"{NODE} quarantined")
     assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "false")  # which were ours is unknown now
+    assert annotation(cluster) is None  # said once, then gone: no later attempt or restart says it again
     unknown = events(cluster, "GPUOperandsUnknown")
     assert len(unknown) == 1 and "is not JSON" in unknown[0]
     assert _repeated_events(cluster) == []  # every other guarded write met a 409: still said once
