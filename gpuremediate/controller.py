@@ -368,7 +368,7 @@ class Controller:
         self.metrics.shards_held.set(float(len(owned)))  # and per shard every detect cycle
         if self.acting:
             for loop in self.node_loops:
-                loop.resync()
+                loop.request_resync()  # on each loop's thread: this one renews the Leases
 
     def _fence(self, check: WriteFence) -> WriteFence:
         """A lease fence on every write of this process, each refusal counted and the first one logged."""

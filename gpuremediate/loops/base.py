@@ -84,6 +84,9 @@ class LoopContext:
         return [n for n in nodes if self.shards.shard_index(name_of(n)) in owned]
 
 
+RESYNC_KEY = "\0resync"  # a queue key no Node can have (a node name is a DNS subdomain)
+
+
 class NodeLoop:
     """Reconciles the nodes in the states this loop owns, one at a time, in its own thread."""
 
@@ -120,6 +123,11 @@ class NodeLoop:
         for node in self.ctx.owned_gpu_nodes():
             self.on_node(node)
 
+    def request_resync(self) -> None:
+        """A resync soon, on this loop's own thread (from another thread: the shard Leases' on a change, which
+        must never wait on a loop's API calls)."""
+        self.queue.add(RESYNC_KEY)
+
     # ---- the loop --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -127,6 +135,9 @@ class NodeLoop:
                    resync_s=self.ctx.settings.resync_s, on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile_name(self, name: str) -> float | None:
+        if name == RESYNC_KEY:
+            self.resync()
+            return None
         if not self.ctx.owns(name):
             return None  # another replica's shard (or ours lost): its holder reconciles it
         with acting_for(name):  # every write of this step is fenced by the node's shard
