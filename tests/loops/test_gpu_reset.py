@@ -137,6 +137,12 @@ def events(cluster: SimCluster, reason: str) -> list[str]:
             and (e.get("involvedObject") or {}).get("name") == NODE]
 
 
+def wait_events(cluster: SimCluster, reason: str) -> list[str]:
+    """The node's Events of ``reason`` once there is one (the recorder writes them after the write they report)."""
+    wait_for(lambda: events(cluster, reason), 10, f"a {reason} Event")
+    return events(cluster, reason)
+
+
 class StepWatch:
     """The reset steps the record went through, polled all along."""
 
@@ -181,7 +187,7 @@ def test_the_sequence_takes_the_operands_off_resets_and_brings_them_back(cluster
     assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true")
     assert annotation(cluster) is None
     assert cluster.gpusim.node(NODE).gpu(1).xid is None
-    assert len(events(cluster, "GPUOperandsOff")) == 1 and len(events(cluster, "GPUOperandsRestored")) == 1
+    assert len(wait_events(cluster, "GPUOperandsOff")) == 1 and len(wait_events(cluster, "GPUOperandsRestored")) == 1
 
 
 def test_an_operand_labelled_on_but_not_deployed_is_not_waited_for() -> None:
@@ -217,7 +223,8 @@ def test_a_label_changed_by_someone_mid_sequence_is_left_as_they_set_it(cluster:
     labels = deploy_labels(cluster)
     assert labels[gfd] == "paused-by-admin"
     assert all(value == "true" for label, value in labels.items() if label != gfd)
-    assert any("left nvidia.com/gpu.deploy.gpu-feature-discovery" in m for m in events(cluster, "GPUOperandsRestored"))
+    restored = wait_events(cluster, "GPUOperandsRestored")
+    assert any("left nvidia.com/gpu.deploy.gpu-feature-discovery" in m for m in restored)
 
 
 def test_operands_that_do_not_leave_in_time_are_restored_before_the_attempt_fails(cluster: SimCluster,
@@ -230,7 +237,7 @@ def test_operands_that_do_not_leave_in_time_are_restored_before_the_attempt_fail
     assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true")  # restored, then failed
     assert annotation(cluster) is None
     assert reset_jobs(cluster) == []  # no reset was tried while the GPUs were held
-    failed = events(cluster, "GPURemediationFailed")
+    failed = wait_events(cluster, "GPURemediationFailed")
     assert failed and "operand pods still on the node" in failed[0] and "nvidia-dcgm-gpu-node-1" in failed[0]
 
 
@@ -253,7 +260,7 @@ def test_a_node_that_leaves_the_sequence_another_way_gets_its_operands_back(clus
     assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true")
     record = record_of(cluster)
     assert record is not None and record.action is not None and record.action.step == "operands-gone"  # as left
-    restored = events(cluster, "GPUOperandsRestored")
+    restored = wait_events(cluster, "GPUOperandsRestored")
     assert restored and "the node is excluded" in restored[-1], restored
 
 
@@ -333,6 +340,6 @@ def test_an_unreadable_annotation_fails_the_attempt_and_touches_no_label(cluster
     wait_for(lambda: state_of(cluster) == states.QUARANTINED, 30, f"{NODE} quarantined")
     assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "false")  # which were ours is unknown now
     assert annotation(cluster) is None  # said once, then gone: no later attempt or restart says it again
-    unknown = events(cluster, "GPUOperandsUnknown")
+    unknown = wait_events(cluster, "GPUOperandsUnknown")
     assert len(unknown) == 1 and "is not JSON" in unknown[0]
     assert _repeated_events(cluster) == []  # every other guarded write met a 409: still said once
