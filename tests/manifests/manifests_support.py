@@ -119,3 +119,42 @@ def known_series() -> set[str]:
 
 def series_in(text: str) -> set[str]:
     return set(re.findall(r"\bgpuremediate_[a-z_]+\b", text))
+
+
+CONTROLLER_USER = f"system:serviceaccount:{CONTROLLER_SA[0]}:{CONTROLLER_SA[1]}"
+
+
+def rules_by_scope(grants: list[Grant]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """The grants as the emulator enforces them: cluster-wide rules, and rules per namespace."""
+    cluster = [g.rule for g in grants if g.namespace is None]
+    namespaced: dict[str, list[dict[str, Any]]] = {}
+    for g in grants:
+        if g.namespace is not None:
+            namespaced.setdefault(g.namespace, []).append(g.rule)
+    return cluster, namespaced
+
+
+def allows(grant: Grant, verb: str, group: str, resource: str, namespace: str | None, name: str | None) -> bool:
+    rule = grant.rule
+    if grant.namespace is not None and grant.namespace != namespace:
+        return False
+    names = rule.get("resourceNames") or []
+    return (group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            and (not names or name in names))
+
+
+def deployment_args(policy: Path, cluster: Any, kubeconfig: str, *extra: str) -> list[str]:
+    """The base Deployment's args pointed at a SimCluster (policy file, port, kubeconfig), then ``extra``."""
+    (container,) = named("Deployment", "gpuremediate")["spec"]["template"]["spec"]["containers"]
+    args = [a for a in container["args"] if not a.startswith(("--policy=", "--metrics-addr="))]
+    sim_args = cluster.controller_args()
+    sim_args[sim_args.index("--kubeconfig") + 1] = kubeconfig
+    return [*args, *extra, f"--policy={policy}", "--metrics-addr=127.0.0.1:0", "--scrape-interval=0.3s",
+            "--resync=0.3s", "--log-format=text", *sim_args]
+
+
+def controller_calls(cluster: Any) -> list[tuple[str, str, str, str | None, str | None]]:
+    """(verb, group, resource[/sub], namespace, name) of every resource request the controller's account made."""
+    return [(verb, group, f"{res}/{sub}" if sub else res, ns, name)
+            for user, verb, group, res, sub, ns, name in list(cluster.api.requests) if user == CONTROLLER_USER and res]
+

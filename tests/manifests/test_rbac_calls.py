@@ -23,14 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests_support import ROOT, Grant, controller_grants, named
+from manifests_support import (
+    CONTROLLER_USER,
+    ROOT,
+    allows,
+    controller_calls,
+    controller_grants,
+    deployment_args,
+    rules_by_scope,
+)
 
 from gpuremediate.kube.resources import EVENTS, NODES, PDBS
 from gpuremediate.state.record import record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 
-USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
 Permission = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 # The same, for one namespace only (the permission is used elsewhere in this flow).
@@ -86,34 +93,6 @@ timeout_s = 1.0
 """
 
 
-def _args_from_deployment(policy: Path, cluster: SimCluster, kubeconfig: str) -> list[str]:
-    """The base Deployment's args, pointed at this cluster (policy file, port, kubeconfig)."""
-    (container,) = named("Deployment", "gpuremediate")["spec"]["template"]["spec"]["containers"]
-    args = [a for a in container["args"] if not a.startswith(("--policy=", "--metrics-addr="))]
-    sim_args = cluster.controller_args()
-    sim_args[sim_args.index("--kubeconfig") + 1] = kubeconfig
-    return [*args, f"--policy={policy}", "--metrics-addr=127.0.0.1:0", "--scrape-interval=0.3s",
-            "--resync=0.3s", "--log-format=text", *sim_args]
-
-
-def _rules_by_scope(grants: list[Grant]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    cluster = [g.rule for g in grants if g.namespace is None]
-    namespaced: dict[str, list[dict[str, Any]]] = {}
-    for g in grants:
-        if g.namespace is not None:
-            namespaced.setdefault(g.namespace, []).append(g.rule)
-    return cluster, namespaced
-
-
-def _allows(grant: Grant, verb: str, group: str, resource: str, namespace: str | None, name: str | None) -> bool:
-    rule = grant.rule
-    if grant.namespace is not None and grant.namespace != namespace:
-        return False
-    names = rule.get("resourceNames") or []
-    return (group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-            and (not names or name in names))
-
-
 def _wait(what: str, check: Callable[[], bool], timeout: float = 45.0, seen: Callable[[], str] = str) -> None:
     wait_for(check, timeout, what, seen=seen, interval=0.1)
 
@@ -148,9 +127,9 @@ def _drive(cluster: SimCluster, tmp: Path) -> str:
     cluster.pdb("guarded", {"app": "guarded"}, min_available=1)
 
     token = secrets.token_hex(16)
-    cluster.api.add_token(token, USER, ["system:serviceaccounts", "system:authenticated"])
-    rules, namespaced = _rules_by_scope(controller_grants())
-    cluster.api.enforce_rbac(USER, rules, namespaced=namespaced)
+    cluster.api.add_token(token, CONTROLLER_USER, ["system:serviceaccounts", "system:authenticated"])
+    rules, namespaced = rules_by_scope(controller_grants())
+    cluster.api.enforce_rbac(CONTROLLER_USER, rules, namespaced=namespaced)
     kubeconfig = cluster.api.write_kubeconfig(tmp / "controller.kubeconfig", token)
     policy = tmp / "policy.toml"
     policy.write_text(POLICY, encoding="utf-8")
@@ -158,7 +137,7 @@ def _drive(cluster: SimCluster, tmp: Path) -> str:
     env = {**os.environ, "POD_NAMESPACE": "gpuremediate-system", "POD_NAME": "gpuremediate-rbac-test",
            "PYTHONPATH": str(ROOT)}
     log = (tmp / "controller.log").open("w")
-    argv = [sys.executable, "-m", "gpuremediate", *_args_from_deployment(policy, cluster, kubeconfig)]
+    argv = [sys.executable, "-m", "gpuremediate", *deployment_args(policy, cluster, kubeconfig)]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _faults_and_waits(cluster, sim)
@@ -175,8 +154,9 @@ def _drive(cluster: SimCluster, tmp: Path) -> str:
 
 def _faults_and_waits(cluster: SimCluster, sim: Any) -> None:
     kube = cluster.kube
-    _wait("the controller to take the lease", lambda: any(r[0] == USER and r[3] == "leases" and r[1] == "create"
-                                                           for r in list(cluster.api.requests)))
+    _wait("the controller to take the lease",
+          lambda: any(r[0] == CONTROLLER_USER and r[3] == "leases" and r[1] == "create"
+                      for r in list(cluster.api.requests)))
     sim.inject_xid("gpu-node-1", 0, 79)
     sim.inject_dbe("gpu-node-2", 1)
     sim.inject_dbe("gpu-node-4", 2)
@@ -213,15 +193,9 @@ def _events(cluster: SimCluster, node: str, reason: str) -> int:
                if e.get("reason") == reason and e["involvedObject"]["name"] == node)
 
 
-def _calls(cluster: SimCluster) -> list[tuple[str, str, str, str | None, str | None]]:
-    """(verb, group, resource[/sub], namespace, name) of every resource request the controller made."""
-    return [(verb, group, f"{res}/{sub}" if sub else res, ns, name)
-            for user, verb, group, res, sub, ns, name in list(cluster.api.requests) if user == USER and res]
-
-
 def test_the_flow_ran_and_the_lease_was_released(flow: tuple[SimCluster, str]) -> None:
     cluster, log = flow
-    calls = _calls(cluster)
+    calls = controller_calls(cluster)
     assert ("create", "", "pods/eviction", "workloads", "guarded") in calls
     assert ("delete", "", "pods", "workloads", "stubborn") in calls
     assert any(c[0] == "delete" and c[2] == "jobs" for c in calls), "no Job was deleted after its timeout"
@@ -233,7 +207,7 @@ def test_the_flow_ran_and_the_lease_was_released(flow: tuple[SimCluster, str]) -
 def test_every_call_is_allowed_by_the_shipped_rules(flow: tuple[SimCluster, str]) -> None:
     cluster, log = flow
     grants = controller_grants()
-    missing = sorted({c for c in _calls(cluster) if not any(_allows(g, *c) for g in grants)},
+    missing = sorted({c for c in controller_calls(cluster) if not any(allows(g, *c) for g in grants)},
                      key=str)
     assert not missing, f"calls the manifests do not allow (403): {missing}"
     assert "Forbidden" not in log and " 403" not in log, log
@@ -243,9 +217,9 @@ def test_every_granted_verb_is_used_or_explained(flow: tuple[SimCluster, str]) -
     cluster, _ = flow
     grants = controller_grants()
     used: set[tuple[str, str, str, str, str | None]] = set()
-    for call in _calls(cluster):
+    for call in controller_calls(cluster):
         for g in grants:
-            if _allows(g, *call):
+            if allows(g, *call):
                 used.add((g.role, *call[1:3], call[0], g.namespace))
     unused = []
     for g in grants:

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifests_support import ROOT, controller_grants, named
+from manifests_support import (
+    CONTROLLER_USER,
+    ROOT,
+    allows,
+    controller_calls,
+    controller_grants,
+    deployment_args,
+    rules_by_scope,
+)
 
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
 from gpuremediate.kube.shards import list_shard_leases
@@ -27,46 +35,17 @@ from gpuremediate.state.record import record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 
-USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
 NAMESPACE = "gpuremediate-system"
 POLICY = '[drain]\nretry_s = 0.3\n\n[budget]\nmax_unavailable = "1"\n\n[breaker]\nenabled = false\n'
 FAULTY = ("gpu-node-1", "gpu-node-3")
 
 
+SHARDED_ARGS = ("--shards=4", "--leader-elect-lease-duration=3s", "--leader-elect-renew-deadline=2s",
+                "--leader-elect-retry-period=0.5s")
+
+
 def _grants() -> list[Any]:
     return controller_grants("base") + controller_grants("overlays/sharded")
-
-
-def _rules(grants: list[Any]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    cluster = [g.rule for g in grants if g.namespace is None]
-    namespaced: dict[str, list[dict[str, Any]]] = {}
-    for g in grants:
-        if g.namespace is not None:
-            namespaced.setdefault(g.namespace, []).append(g.rule)
-    return cluster, namespaced
-
-
-def _allowed(grants: list[Any], verb: str, group: str, resource: str, namespace: str | None,
-             name: str | None) -> bool:
-    for grant in grants:
-        rule = grant.rule
-        if grant.namespace is not None and grant.namespace != namespace:
-            continue
-        names = rule.get("resourceNames") or []
-        if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] \
-                and (not names or name in names):
-            return True
-    return False
-
-
-def _args(policy: Path, cluster: SimCluster, kubeconfig: str) -> list[str]:
-    (container,) = named("Deployment", "gpuremediate")["spec"]["template"]["spec"]["containers"]
-    args = [a for a in container["args"] if not a.startswith(("--policy=", "--metrics-addr="))]
-    sim_args = cluster.controller_args()
-    sim_args[sim_args.index("--kubeconfig") + 1] = kubeconfig
-    return [*args, "--shards=4", f"--policy={policy}", "--metrics-addr=127.0.0.1:0", "--scrape-interval=0.3s",
-            "--resync=0.3s", "--log-format=text", "--leader-elect-lease-duration=3s",
-            "--leader-elect-renew-deadline=2s", "--leader-elect-retry-period=0.5s", *sim_args]
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +60,13 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimCluster,
 
 def _drive(cluster: SimCluster, tmp: Path) -> list[str]:
     token = secrets.token_hex(16)
-    cluster.api.add_token(token, USER, ["system:serviceaccounts", "system:authenticated"])
-    rules, namespaced = _rules(_grants())
-    cluster.api.enforce_rbac(USER, rules, namespaced=namespaced)
+    cluster.api.add_token(token, CONTROLLER_USER, ["system:serviceaccounts", "system:authenticated"])
+    rules, namespaced = rules_by_scope(_grants())
+    cluster.api.enforce_rbac(CONTROLLER_USER, rules, namespaced=namespaced)
     kubeconfig = cluster.api.write_kubeconfig(tmp / "controller.kubeconfig", token)
     policy = tmp / "policy.toml"
     policy.write_text(POLICY, encoding="utf-8")
-    argv = [sys.executable, "-m", "gpuremediate", *_args(policy, cluster, kubeconfig)]
+    argv = [sys.executable, "-m", "gpuremediate", *deployment_args(policy, cluster, kubeconfig, *SHARDED_ARGS)]
     logs = [tmp / f"replica-{i}.log" for i in range(2)]
     procs = []
     for i, path in enumerate(logs):
@@ -121,15 +100,10 @@ def _healthy_after_repair(cluster: SimCluster, node: str) -> bool:
     return getattr(record, "state", "") == "healthy" and bool(getattr(record, "history", ()))
 
 
-def _calls(cluster: SimCluster) -> list[tuple[str, str, str, str | None, str | None]]:
-    return [(verb, group, f"{res}/{sub}" if sub else res, ns, name)
-            for user, verb, group, res, sub, ns, name in list(cluster.api.requests) if user == USER and res]
-
-
 def test_every_call_of_the_sharded_replicas_is_allowed(flow: tuple[SimCluster, list[str]]) -> None:
     cluster, logs = flow
     grants = _grants()
-    missing = sorted({c for c in _calls(cluster) if not _allowed(grants, *c)}, key=str)
+    missing = sorted({c for c in controller_calls(cluster) if not any(allows(g, *c) for g in grants)}, key=str)
     assert not missing, f"calls the manifests do not allow (403): {missing}"
     for log in logs:
         assert "Forbidden" not in log and " 403" not in log and "Traceback" not in log, log
@@ -137,7 +111,7 @@ def test_every_call_of_the_sharded_replicas_is_allowed(flow: tuple[SimCluster, l
 
 def test_the_shard_calls_ran_and_the_leases_were_released(flow: tuple[SimCluster, list[str]]) -> None:
     cluster, _ = flow
-    calls = _calls(cluster)
+    calls = controller_calls(cluster)
     for verb in ("list", "create", "update"):
         assert any(c[0] == verb and c[2] == "leases" for c in calls), verb
     budget = [c for c in calls if c[2] == "configmaps" and c[4] == "gpuremediate-budget"]
