@@ -290,8 +290,8 @@ class DetectLoop:
         if decision.transition is not None or (pruned is not None and pruned != record):
             stored = dataclasses.replace(decision.record, policy_memory=memory.to_dict())
             decision = dataclasses.replace(decision, record=stored, changed=True)
-        self._count_fault(decision)
-        self._apply(node, decision)
+        if self._apply(node, decision) is not None:  # counted once written: a 409 decides (and counts) again
+            self._count_fault(decision)
 
     def _options(
         self, node: Node, record: NodeRecord | None, findings: Sequence[Finding], total_nodes: int, now: float
@@ -350,8 +350,8 @@ class DetectLoop:
         if self.ctx.writer.notifier is not None and not self.ctx.settings.dry_run:
             self.ctx.writer.notifier.notify(note)  # queued: never waits for the receiver
 
-    def _apply(self, node: Node, decision: decide.Decision) -> None:
-        self.ctx.writer.apply(node, decision)  # a 409 is simply decided again next cycle
+    def _apply(self, node: Node, decision: decide.Decision) -> Node | None:
+        return self.ctx.writer.apply(node, decision)  # None on a 409: decided again next cycle
 
     def _count_fault(self, decision: decide.Decision) -> None:
         move, fault = decision.transition, decision.record.fault

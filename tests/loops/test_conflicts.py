@@ -137,5 +137,7 @@ def test_no_effect_is_repeated_when_every_other_node_write_conflicts(
     assert metrics.drain_seconds.count() == 1
     moves = [line for line in metrics.transitions.render() if not line.endswith(" 1")]
     assert moves == [], "a transition counted more than once"
+    faults = [line for line in metrics.faults.render() if not line.startswith("#")]
+    assert faults and all(line.endswith(" 1") for line in faults), f"a fault counted more than once: {faults}"
     assert _repeated_events(cluster) == []
     assert _repeated_logs(caplog.records) == []
