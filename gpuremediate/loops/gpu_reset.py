@@ -166,6 +166,14 @@ def with_step(record: NodeRecord, step: str, now: float, timeout_s: float | None
     return dataclasses.replace(record, action=changed)
 
 
+def with_targets(record: NodeRecord, indexes: list[str], uuids: list[str]) -> NodeRecord:
+    """The record with the GPUs its action resets."""
+    action = record.action
+    assert action is not None
+    return dataclasses.replace(record, action=dataclasses.replace(action, gpu_ids=tuple(indexes),
+                                                                  gpu_uuids=tuple(uuids)))
+
+
 def operand_pods(pods: list[dict[str, Any]], namespace: str, apps: Mapping[str, str]) -> list[dict[str, Any]]:
     """The pods of these operands (``apps``: deploy label → pod app label) among a node's pods."""
     wanted = set(apps.values())
@@ -225,6 +233,7 @@ class GpuResetSequence:
         labels = gop.operands_on(labels_of(node))
         started = start_action(record, ACTION_RESET_GPU, name, attempt, now)
         started = with_step(started, STEP_GONE, now, gop.gone_timeout_s, self._running_detail(node, gop, labels))
+        started = with_targets(started, *self._targets(node, started, gop))  # the exporter still answers now
         try:
             earlier = saved_labels(node)
         except OperandAnnotationError:
@@ -272,8 +281,11 @@ class GpuResetSequence:
             self.loop.note_created(node, record, found)
 
     def _targets(self, node: Node, record: NodeRecord, gop: GpuOperatorPolicy) -> tuple[list[str], list[str]]:
-        """(indexes, UUIDs) to reset: the faulty GPUs, or every GPU where they reset only together (or the fault
-        names none)."""
+        """(indexes, UUIDs) to reset: those the attempt recorded when it turned the operands off, else the faulty
+        GPUs, or every GPU where they reset only together (or the fault names none)."""
+        action = record.action
+        if action is not None and action.kind == ACTION_RESET_GPU and action.gpu_ids:
+            return list(action.gpu_ids), list(action.gpu_uuids)
         indexes, uuids = self.loop.gpu_ids(node, record)
         readings = self.ctx.readings.get(name_of(node))
         every = all_gpu_indexes(node, [g.gpu for g in readings.gpus] if readings else [])

@@ -115,6 +115,10 @@ class ActionInProgress:
     step_since: float | None = None
     # The escalation ladder rung (0-based) this repair attempt belongs to; a record from before ladders has 0.
     rung: int = 0
+    # The GPUs (indexes, UUIDs) the action works on, fixed when it started: the GPU Operator reset takes the
+    # exporter away, so a controller restarted mid-sequence cannot read them again. Empty: decided at create.
+    gpu_ids: tuple[str, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
 
     @property
     def created(self) -> bool:
@@ -342,6 +346,8 @@ def _action(obj: _Obj) -> ActionInProgress:
         step=obj.opt("step", str, ""),
         step_since=obj.timestamp("step_since", None),
         rung=_rung(obj),
+        gpu_ids=tuple(obj.strings("gpu_ids")),
+        gpu_uuids=tuple(obj.strings("gpu_uuids")),
     )
 
 

@@ -3,6 +3,7 @@ through their deploy labels, the reset, the labels back; failures restore first;
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import EVENTS, JOBS, NODES
 from gpuremediate.policy.config import PolicyFile, loads_policy
 from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, encode, record_from_node
 from sim.cluster import DEPLOY_LABEL, OPERANDS, OperatorOptions, SimCluster
 from sim.waiting import wait_for
 from tests.loops.test_conflicts import ConflictingClient, _repeated_events, job_service_account
@@ -282,6 +283,33 @@ def test_a_restarted_controller_resumes_and_restores_the_labels(cluster: SimClus
     wait_for(lambda: repaired(cluster), 40, f"{NODE} repaired by the second controller")
     assert deploy_labels(cluster) == dict.fromkeys(DEPLOY_LABELS, "true")
     assert len(reset_jobs(cluster)) == 1  # the first controller's Job, found again: not a second one
+
+
+def test_a_controller_killed_before_the_reset_job_resets_only_the_gpu_it_chose(cluster: SimCluster,
+                                                                               controllers: Controllers) -> None:
+    """The exporter is gone once the operands are off: a successor cannot read which GPU was faulty, so the GPUs
+    chosen when the operands went off are in the record (it reset every GPU of the node)."""
+    assert cluster.nodesim is not None
+    cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=30.0)
+    first = controllers.start(policy())
+    cluster.gpusim.inject(NODE, 1, "xid", 48)
+    wait_for(lambda: len(reset_jobs(cluster)) == 1, 30, "the reset Job")
+    first.stop()
+    cluster.kube.delete(JOBS, name_of_job(reset_jobs(cluster)[0]), "gpuremediate-jobs", propagation_policy="Background")
+    wait_for(lambda: not reset_jobs(cluster), 10, "the Job gone")
+    record = record_of(cluster)
+    assert record is not None and record.action is not None and record.action.step == "reset"
+    assert record.action.gpu_ids == ("1",)
+    killed = dataclasses.replace(record, action=dataclasses.replace(record.action, created_at=None))
+    cluster.kube.patch(NODES, NODE, {"metadata": {"annotations": {RECORD_ANNOTATION: encode(killed)}}})
+    cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=0.2)
+    controllers.start(policy())
+    wait_for(lambda: repaired(cluster), 40, f"{NODE} repaired by the second controller")
+    assert [job_gpu_ids(j) for j in reset_jobs(cluster)] == ["1"]
+
+
+def name_of_job(job: dict[str, Any]) -> str:
+    return str(job["metadata"]["name"])
 
 
 def test_nothing_is_repeated_when_every_other_node_write_conflicts(cluster: SimCluster, controllers: Controllers,
