@@ -73,7 +73,10 @@ def _identity_for(shard: int) -> str:
 
 def _replicas(srv: KubeAPIServer, seen: dict[int, list[dict[str, Any]]]) -> list[DrainLoop]:
     """One controller per shard, each holding its shard and seeing ``seen[shard]`` in its node cache."""
-    controllers = [Controller(Settings(namespace=NAMESPACE, shards=2, identity=_identity_for(shard)), POLICY,
+    # Long leases: the rounds are driven by hand, and a machine stall past a 10 s renew deadline before the
+    # reconcile would make owned() give the shard up.
+    controllers = [Controller(Settings(namespace=NAMESPACE, shards=2, identity=_identity_for(shard),
+                                       lease_duration_s=900, renew_deadline_s=600, retry_period_s=2), POLICY,
                               client=_client(srv), source=object())  # type: ignore[arg-type]
                    for shard in sorted(seen)]
     for _ in range(3):  # the first round takes the preferred shard; the next one acts on it
