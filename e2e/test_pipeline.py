@@ -89,6 +89,25 @@ def test_dbe_reset_gpu_healthy(cluster: Cluster) -> None:
     assert m.value(TRANSITIONS, to="validating", reason="repair-complete") == 1
 
 
+def test_a_reboot_drains_the_pods_a_gpu_scope_would_leave(cluster: Cluster) -> None:
+    node = cluster.nodes[2]
+    cluster.workload("train", node)
+    cluster.workload("cpu-side", node, gpus=0, labels={"app": "cpu-side"})  # a reboot would end it unasked
+    cluster.pdb("cpu-side-pdb", {"app": "cpu-side"}, min_available=1)
+    cluster.start_controller({"drain": {"scope": "gpu"}})
+    cluster.inject(node, 4, "xid", 79)
+    rec = cluster.wait(lambda: cluster.blocked_record(node, "pdb"), 15, "the drain held by the CPU pod's PDB",
+                       seen=lambda: cluster.summary(node))
+    assert rec is not None and rec.action is not None and rec.blocked is not None
+    assert rec.action.detail == "scope all: a reboot ends every pod on the node", rec.action
+    assert "cpu-side-pdb" in rec.blocked.detail
+    assert "Drain scope all: a reboot ends every pod on the node." in cluster.cli("explain", node).stdout
+    cluster.set_pdb_min_available("cpu-side-pdb", 0)
+    rec = cluster.wait_state(node, "healthy", 30)
+    assert [(h.code, h.action, h.outcome) for h in rec.history] == [("79", "reboot", "repaired")]
+    assert cluster.evicted() == {"workloads/train", "workloads/cpu-side"}
+
+
 def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
     node = cluster.nodes[2]
     cluster.workload("job-x", node)

@@ -157,7 +157,7 @@ def test_custom_drain_completes(cluster: Cluster, drain_res: Resource, plugins: 
     cluster.workload("daemon-like", node, gpus=0)
     cluster.workload("bystander", other)
     cluster.start_controller({**custom_drain_policy(), "drain": {"scope": "gpu"}})
-    cluster.inject(node, 3, "xid", 79)
+    cluster.inject(node, 3, "xid", 48)  # a reset of GPU 3 (a reboot would widen the scope to every pod)
     seen = cluster.wait(lambda: drain_requests(cluster, drain_res, node), 10, f"a DrainRequest for {node}",
                         seen=lambda: cluster.summary(node))
     request = seen[0]
@@ -167,7 +167,7 @@ def test_custom_drain_completes(cluster: Cluster, drain_res: Resource, plugins: 
     spec = request["spec"]
     assert spec["nodeName"] == node
     assert spec["podsToDrain"] == {"workloads": ["train-a"]}, spec  # scope gpu: the GPU-less pod stays
-    assert spec["recommendedAction"] == "reboot" and spec["errorCode"] == ["79"]
+    assert spec["recommendedAction"] == "reset-gpu" and spec["errorCode"] == ["48"]
     assert request["metadata"]["name"].endswith(spec["healthEventID"])
     cluster.holds(lambda: cluster.evicted() == set() and cluster.state(node) == "draining", 1.0,
                   "no eviction by the controller itself although a drain plugin is configured",

@@ -142,6 +142,8 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         if a.created_at is not None:  # plugin deadlines count from the object's creation, not from the start
             lines.append(f"  Waited {_ago(a.created_at, now)} since its object was created"
                          + (f" (timeout after {_ago(a.created_at, a.deadline)})." if a.deadline else "."))
+        if a.kind == "drain" and a.detail:  # the scope widened for the repair that follows
+            lines.append(f"  Drain {a.detail}.")
         if a.step:  # the GPU Operator reset sequence: operands-gone, reset, operands-back, failed
             since = f" for {_ago(a.step_since, now)}" if a.step_since is not None else ""
             lines.append(f"  Step: {a.step}{since}" + (f" ({a.detail})." if a.step == "failed" and a.detail else "."))

@@ -27,6 +27,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.resources import PODS
 from gpuremediate.loops import custom_drain
 from gpuremediate.loops.base import LoopContext, NodeLoop
+from gpuremediate.loops.drain_scope import drain_scope
 from gpuremediate.obs import notify
 from gpuremediate.policy import gates, safety
 from gpuremediate.policy.selector import parse_selector
@@ -138,10 +139,13 @@ class DrainLoop(NodeLoop):
                 views, name, waiting_for_budget(nodes), budget, domains, claimed))
             if refused:
                 return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
-        started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s)
+        scope = drain_scope(self.ctx.policy_for(node), node, record)
+        detail = f"scope {scope.scope}: {scope.why}" if scope.why else ""
+        started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s, detail)
         if self.ctx.writer.write(node, started) is None:
             return self.retry_after_conflict()
-        log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": policy.scope})
+        log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": scope.scope,
+                                         **({"scope_why": scope.why} if scope.why else {})})
         return 0.0
 
     def _stopped(self, view: safety.NodeView) -> tuple[str, str] | None:
@@ -218,7 +222,8 @@ class DrainLoop(NodeLoop):
     def targets(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> list[Mapping[str, Any]]:
         """The pods this drain must see gone (the same set a custom drain hands to its plugin)."""
         pods = list_node_pods(self.ctx.client, name_of(node))
-        scope, impacted = policy.scope, self._impacted(name_of(node), record)
+        scope = drain_scope(self.ctx.policy_for(node), node, record).scope  # widened for a reboot, say
+        impacted = self._impacted(name_of(node), record)
         if scope == SCOPE_IMPACTED and impacted is None:
             scope = SCOPE_GPU  # the exporter maps no pods to GPUs here: every GPU pod may be on the faulty GPU
         return pods_to_drain(pods, scope, impacted or (), policy.skip_namespaces,

@@ -106,7 +106,8 @@ class DrainPolicy:
     mode: str = setting("Immediate", "Immediate (evict, honour PDBs) | AllowCompletion (wait for pods to finish) | "
                         "DeleteAfterTimeout (wait, then delete)", check=one_of(*DRAIN_MODES))
     scope: str = setting("all", "all | gpu (pods requesting a [gpu_resources] name: nvidia.com/gpu, "
-                         "nvidia.com/mig-*) | impacted (pods on the faulty GPUs)",
+                         "nvidia.com/mig-*) | impacted (pods on the faulty GPUs); widened to what the repair "
+                         "ends (a reboot: all; a reset of every GPU: gpu)",
                          check=one_of(*DRAIN_SCOPES))
     timeout_s: float = setting(1800.0, "seconds before the drain's timeout outcome", check=duration(1))
     timeout_action: str = setting(

@@ -79,8 +79,8 @@ def loop_for(kube: KubeClient, policy: PolicyFile) -> DrainLoop:
     return loop
 
 
-def draining(gpus: tuple[str, ...]) -> NodeRecord:
-    fault = Fault(kind="xid", code="79", gpus=gpus, fingerprint="xid-79", action="reboot", first_seen=1.0,
+def draining(gpus: tuple[str, ...], action: str = "reset-gpu") -> NodeRecord:
+    fault = Fault(kind="xid", code="79", gpus=gpus, fingerprint="xid-79", action=action, first_seen=1.0,
                   last_seen=1.0, message="")
     return NodeRecord(state=states.DRAINING, since=2.0, reason="fault", fault=fault, cordoned_by_us=True)
 
@@ -107,3 +107,8 @@ def test_gpu_scope_drains_every_mig_pod(kube: KubeClient) -> None:
 
 def test_a_fault_naming_no_gpu_impacts_every_instance(kube: KubeClient) -> None:
     assert targets(kube, "impacted", draining(())) == ["infer-a", "notebook-c", "train-b"]
+
+
+def test_a_reboot_after_the_drain_takes_every_pod_whatever_the_scope(kube: KubeClient) -> None:
+    """The reboot would end the pods an impacted drain leaves, without asking their PDBs."""
+    assert targets(kube, "impacted", draining((GPU3,), "reboot")) == ["cpu-only", "infer-a", "notebook-c", "train-b"]

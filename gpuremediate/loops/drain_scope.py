@@ -1,0 +1,59 @@
+"""The drain scope a fault's repairs need: the configured ``[drain].scope``, widened to every pod a rung of the
+fault's escalation ladder would end without an eviction.
+
+A drain of scope ``impacted`` (or ``gpu``) leaves pods on the node; a reboot ends every one of them, and a reset
+of every GPU (a fault naming no GPU, or a node whose GPUs reset only together) ends the pods on the other GPUs.
+Those pods would be killed without their PodDisruptionBudgets being asked. So the drain takes what the widest
+rung needs, computed from the policy, the node and the record alone (the same answer on every replica and after
+a restart). A custom action keeps the configured scope: what it ends is its plugin's to say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuremediate.actions.nodes import Node, labels_of
+from gpuremediate.actions.pods import SCOPE_ALL, SCOPE_GPU, SCOPE_IMPACTED
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE
+from gpuremediate.state.record import NodeRecord
+
+WIDTH = {SCOPE_IMPACTED: 0, SCOPE_GPU: 1, SCOPE_ALL: 2}
+
+
+@dataclass(frozen=True)
+class DrainScope:
+    scope: str
+    why: str = ""  # set when the scope is wider than the configured one: the rung that needs it
+
+
+def drain_scope(policy: Policy, node: Node, record: NodeRecord) -> DrainScope:
+    """The scope to drain ``node`` with before the repairs of ``record.fault``."""
+    chosen = DrainScope(policy.drain.scope)
+    if record.fault is None:
+        return chosen
+    rungs = policy.remediation.ladder_for(record.fault.action)
+    for number, rung in enumerate(rungs, start=1):
+        needed = _needs(policy, node, record, rung.action)
+        if needed is None or WIDTH[needed[0]] <= WIDTH[chosen.scope]:
+            continue
+        where = f" (rung {number} of the ladder for {record.fault.action})" if len(rungs) > 1 else ""
+        chosen = DrainScope(needed[0], f"{needed[1]}{where}")
+    return chosen
+
+
+def _needs(policy: Policy, node: Node, record: NodeRecord, action: str) -> tuple[str, str] | None:
+    """(scope, why) a repair action needs, None when any scope will do."""
+    if action == ACTION_REBOOT:
+        return SCOPE_ALL, "a reboot ends every pod on the node"
+    if action != ACTION_RESET_GPU:
+        return None
+    assert record.fault is not None
+    if not record.fault.gpus:
+        return SCOPE_GPU, "the fault names no GPU: reset-gpu resets every GPU"
+    gop, labels = policy.gpu_operator, labels_of(node)
+    if gop.applies(labels) and gop.reset_scope(labels) == SCOPE_NODE:
+        product = labels.get(PRODUCT_LABEL, "")
+        return SCOPE_GPU, f"{product or 'this node'}'s GPUs reset only together: reset-gpu resets every GPU"
+    return None
