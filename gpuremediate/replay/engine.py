@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from gpuremediate.actions.breaker import BreakerStore
@@ -228,7 +228,7 @@ class Replay:
         for name in sorted(visit):
             node = self.ctx.nodes.get(name)
             if node is not None:
-                self.detect.check_node(node, self.cursor.readings(name), total)
+                self.detect.check_node(node, self._scraped_now(name), total)
         self._note_breaker()
         self._watch_signals(visit, changed)
         for loop in self.loops:
@@ -240,6 +240,12 @@ class Replay:
                     if loop.reconcile_name(name) != 0.0:
                         break
         self._read_events()
+
+    def _scraped_now(self, name: str) -> NodeReadings | None:
+        """The node's readings as a scrape at this instant sees them: the exporter serves its last saved scrape
+        until the history's next one (the reset sequence waits for readings newer than its restore)."""
+        readings = self.cursor.readings(name)
+        return None if readings is None else replace(readings, observed_at=self.clock())
 
     def _in_states(self, owned: frozenset[str]) -> list[str]:
         return sorted(name for name, state in self._states.items() if state in owned)

@@ -29,11 +29,15 @@ def fault(node: int, at: float, until: float | None, gpu: int = 0, **values: flo
     return Fault(f"node-{node}", gpu, T0 + at, None if until is None else T0 + until, values)
 
 
-def run(tmp: Path, scenario: Fleet, policy: str = "", step: float = 30.0) -> ReplayResult:
+def run(tmp: Path, scenario: Fleet, policy: str = "", step: float = 30.0,
+        labels: Mapping[str, str] | None = None) -> ReplayResult:
+    """The replay of ``scenario``; ``labels`` are added to every node (as a `kubectl get nodes` would show)."""
     folder = tmp / "scrapes"
     write_scrapes(scenario, folder)
     policy_file: PolicyFile = loads_policy(policy, "test-policy")
     nodes: list[Mapping[str, object]] = node_list(scenario)["items"]  # type: ignore[assignment]
+    for item in nodes:
+        item["metadata"]["labels"].update(labels or {})  # type: ignore[index]
     return replay(load_scrapes(folder), policy_file, nodes, ReplayOptions(step_s=step))
 
 

@@ -129,3 +129,21 @@ def test_time_jumps_over_quiet_stretches(tmp_path: Path) -> None:
 
     assert len(result.moves) == 4
     assert result.steps < 200  # a month of 30 s steps is 86,400 instants; only the busy ones are visited
+
+
+GPU_OPERATOR_NODE = {"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true",
+                     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_a_reset_on_a_gpu_operator_node_runs_the_sequence_to_healthy(tmp_path: Path) -> None:
+    """The node list of an operator fleet has the operand labels: the reset goes through the operand sequence,
+    whose end waits for readings newer than the restore (the exporter serves its last scrape until the next)."""
+    result = run(tmp_path, fleet(faults=[xid(1, 600, 3 * HOUR, code=48)]), labels=GPU_OPERATOR_NODE)
+
+    assert [m[2:] for m in moves(result)] == [("healthy", "draining", "xid-48"),
+                                              ("draining", "repairing", "drain-complete"),
+                                              ("repairing", "validating", "repair-complete"),
+                                              ("validating", "healthy", "validation-passed")]
+    repaired = first(result, "node-1", "validating")
+    assert "operands and exporter back" in repaired.message, repaired.message
+    assert repaired.at - first(result, "node-1", "repairing").at < 600  # the 5 min reset, not a 10 min timeout
