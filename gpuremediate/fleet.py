@@ -22,7 +22,9 @@ from gpuremediate.actions.pods import list_node_pods, skipped_by_namespace
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
+from gpuremediate.loops.custom_drain import FALLBACK
 from gpuremediate.loops.diagnostics import DIAGNOSTICS, describe
+from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
@@ -142,8 +144,11 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         if a.created_at is not None:  # plugin deadlines count from the object's creation, not from the start
             lines.append(f"  Waited {_ago(a.created_at, now)} since its object was created"
                          + (f" (timeout after {_ago(a.created_at, a.deadline)})." if a.deadline else "."))
-        if a.kind == "drain" and a.detail:  # the scope widened for the repair that follows
+        if a.kind == "drain" and a.detail.startswith(DETAIL_PREFIX):  # widened for the repair that follows
             lines.append(f"  Drain {a.detail}.")
+        elif a.kind == "drain" and a.detail == FALLBACK:
+            lines.append("  Drain: the drain plugin gave up (customDrain.onTimeout = builtin); the built-in drain "
+                         "took over.")
         if a.step:  # the GPU Operator reset sequence: operands-gone, reset, operands-back, failed
             since = f" for {_ago(a.step_since, now)}" if a.step_since is not None else ""
             lines.append(f"  Step: {a.step}{since}" + (f" ({a.detail})." if a.step == "failed" and a.detail else "."))

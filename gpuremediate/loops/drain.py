@@ -140,8 +140,7 @@ class DrainLoop(NodeLoop):
             if refused:
                 return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
         scope = drain_scope(self.ctx.policy_for(node), node, record)
-        detail = f"scope {scope.scope}: {scope.why}" if scope.why else ""
-        started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s, detail)
+        started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s, scope.detail)
         if self.ctx.writer.write(node, started) is None:
             return self.retry_after_conflict()
         log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": scope.scope,

@@ -20,12 +20,18 @@ from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE
 from gpuremediate.state.record import NodeRecord
 
 WIDTH = {SCOPE_IMPACTED: 0, SCOPE_GPU: 1, SCOPE_ALL: 2}
+DETAIL_PREFIX = "scope "  # the drain action's detail when the scope was widened: "scope all: <why>"
 
 
 @dataclass(frozen=True)
 class DrainScope:
     scope: str
     why: str = ""  # set when the scope is wider than the configured one: the rung that needs it
+
+    @property
+    def detail(self) -> str:
+        """What the drain action records of it ("" when the configured scope stands)."""
+        return f"{DETAIL_PREFIX}{self.scope}: {self.why}" if self.why else ""
 
 
 def drain_scope(policy: Policy, node: Node, record: NodeRecord) -> DrainScope:

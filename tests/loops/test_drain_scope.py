@@ -3,14 +3,17 @@ the fault's ladder ends — a reboot every pod, a reset of every GPU every GPU p
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+from gpuremediate.fleet import explain
+from gpuremediate.loops.custom_drain import FALLBACK
 from gpuremediate.loops.drain_scope import DrainScope, drain_scope
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord
+from gpuremediate.state.record import ActionInProgress, Fault, NodeRecord
 
 GPU = "GPU-265c9814-6156-355b-e589-ff2064894f16"
 OPERATOR = {"nvidia.com/gpu.deploy.device-plugin": "true"}
@@ -84,3 +87,20 @@ def test_a_group_scope_is_widened_too() -> None:
     policy = '[[groups]]\nselector = "pool=a"\n[groups.drain]\nscope = "gpu"\n'
     assert scope(policy, {"pool": "a"}, record("reboot")).scope == "all"
     assert scope(policy, {"pool": "b"}, record("reboot")) == DrainScope("all")
+
+
+def drain_record(detail: str) -> NodeRecord:
+    action = ActionInProgress(kind="drain", name="", attempt=1, started=100.0, detail=detail)
+    return dataclasses.replace(record("reboot"), action=action)
+
+
+def test_explain_says_why_the_scope_was_widened_and_nothing_when_it_was_not() -> None:
+    widened = drain_scope(loads_policy('[drain]\nscope = "gpu"\n').for_node({}), node(), record("reboot"))
+    text = explain(drain_record(widened.detail), "gpu-node-1", now=130.0)
+    assert "  Drain scope all: a reboot ends every pod on the node.\n" in text
+    assert "Drain" not in explain(drain_record(""), "gpu-node-1", now=130.0).replace("draining", "")
+
+
+def test_explain_of_a_custom_drain_that_fell_back_does_not_read_as_a_scope() -> None:
+    text = explain(drain_record(FALLBACK), "gpu-node-1", now=130.0)
+    assert "the drain plugin gave up" in text and "builtin-fallback" not in text
