@@ -103,7 +103,8 @@ def mc(cluster: Cluster) -> Cluster:
 def test_none_request_prepares_and_holds_then_delete_returns_the_node(mc: Cluster) -> None:
     node = mc.nodes[0]
     mc.workload("train-0", node)
-    mc.start_controller(POLICY)
+    mc.workload("sidecar-0", node, gpus=0)  # scope gpu would leave it; the node is handed over, so it goes too
+    mc.start_controller({**POLICY, "drain": {"scope": "gpu"}})
     created = create(mc, request("mr-hold", node))
     obj = wait_phase(mc, "mr-hold", "Prepared")
     assert FINALIZER in obj["metadata"]["finalizers"]
@@ -112,7 +113,7 @@ def test_none_request_prepares_and_holds_then_delete_returns_the_node(mc: Cluste
     assert condition(obj, "NodePrepared")["reason"] == "DrainedBeforeStartTime"  # no startTime: "now"
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert mc.state(node) == "maintenance" and mc.unschedulable(node)
-    assert "workloads/train-0" in mc.evicted()
+    assert {"workloads/train-0", "workloads/sidecar-0"} <= mc.evicted()
     mc.holds(lambda: mc.state(node) == "maintenance" and phase(mc, "mr-hold") == "Prepared", 1.0,
              "nothing moves while the request exists", seen=lambda: (mc.summary(node), get(mc, "mr-hold")))
     delete_and_wait_gone(mc, "mr-hold")

@@ -1,5 +1,5 @@
 """The drain scope a fault's repairs need: the configured ``[drain].scope``, widened to every pod a rung of the
-fault's escalation ladder would end without an eviction.
+fault's escalation ladder would end without an eviction (or that a MaintenanceRequest hands over).
 
 A drain of scope ``impacted`` (or ``gpu``) leaves pods on the node; a reboot ends every one of them, and a reset
 of every GPU (a fault naming no GPU, or a node whose GPUs reset only together) ends the pods on the other GPUs.
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from gpuremediate.actions.nodes import Node, labels_of
 from gpuremediate.actions.pods import SCOPE_ALL, SCOPE_GPU, SCOPE_IMPACTED
 from gpuremediate.policy.config import Policy
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.policy.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE
+from gpuremediate.state.decide import MAINTENANCE_KIND
 from gpuremediate.state.record import NodeRecord
 
 WIDTH = {SCOPE_IMPACTED: 0, SCOPE_GPU: 1, SCOPE_ALL: 2}
@@ -39,6 +40,9 @@ def drain_scope(policy: Policy, node: Node, record: NodeRecord) -> DrainScope:
     chosen = DrainScope(policy.drain.scope)
     if record.fault is None:
         return chosen
+    if record.fault.kind == MAINTENANCE_KIND and record.fault.action in (ACTION_NONE, ACTION_QUARANTINE):
+        held = "a MaintenanceRequest hands the node over (held for its maintenance, or for a person)"
+        return chosen if chosen.scope == SCOPE_ALL else DrainScope(SCOPE_ALL, held)
     rungs = policy.remediation.ladder_for(record.fault.action)
     for number, rung in enumerate(rungs, start=1):
         needed = _needs(policy, node, record, rung.action)

@@ -41,6 +41,7 @@ from gpuremediate.kube.shards import acting_for
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.drain import DRAIN_ACTION
+from gpuremediate.loops.drain_scope import drain_scope
 from gpuremediate.policy.findings import BUILTIN_ACTIONS
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide, states
@@ -256,9 +257,10 @@ class MaintenanceLoop:
         decision = decide.start_maintenance(record, node_unschedulable_of(node), now)
         settings = self.ctx.policy.cluster.maintenance
         if not settings.respect_budget:
-            timeout = self.ctx.policy_for(node).drain.timeout_s
+            policy = self.ctx.policy_for(node)
+            detail = drain_scope(policy, node, decision.record).detail
             decision = dataclasses.replace(decision, record=start_action(decision.record, DRAIN_ACTION, "", 1, now,
-                                                                         timeout))
+                                                                         policy.drain.timeout_s, detail))
         if self._apply(node, decision) is None:
             return None, CONFLICT_RETRY_S
         return None, 0.0

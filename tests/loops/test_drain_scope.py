@@ -104,3 +104,17 @@ def test_explain_says_why_the_scope_was_widened_and_nothing_when_it_was_not() ->
 def test_explain_of_a_custom_drain_that_fell_back_does_not_read_as_a_scope() -> None:
     text = explain(drain_record(FALLBACK), "gpu-node-1", now=130.0)
     assert "the drain plugin gave up" in text and "builtin-fallback" not in text
+
+
+@pytest.mark.parametrize("action", ["none", "quarantine"])
+def test_a_maintenance_hold_drains_every_pod(action: str) -> None:
+    held = dataclasses.replace(record(action), fault=dataclasses.replace(record(action).fault,  # type: ignore[arg-type]
+                                                                         kind="maintenance"))
+    got = scope('[drain]\nscope = "gpu"\n', {}, held)
+    assert got.scope == "all" and got.why.startswith("a MaintenanceRequest hands the node over"), got
+
+
+def test_a_maintenance_reset_drains_as_a_fault_does() -> None:
+    reset = dataclasses.replace(record("reset-gpu"), fault=dataclasses.replace(record("reset-gpu").fault,  # type: ignore[arg-type]
+                                                                               kind="maintenance"))
+    assert scope('[drain]\nscope = "gpu"\n', OPERATOR, reset) == DrainScope("gpu")
