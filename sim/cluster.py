@@ -53,7 +53,7 @@ from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, NODES, PDBS, POD
 from gpuremediate.policy.config import default_policy
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
-from sim.gpusim import GpuSim
+from sim.gpusim import GpuSim, gpu_uuid
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim
 
@@ -367,11 +367,18 @@ class SimCluster:
     def job_succeeds(self, node: str, pod: dict[str, Any]) -> bool:
         kind = (pod["metadata"].get("labels") or {}).get(JOB_LABEL, "")
         if kind == "reset-gpu":
-            refusal = self.reset_refusal(node, [int(g) for g in _gpu_ids(pod)])
+            gpus, unknown = self._gpu_indexes(node, pod)
+            refusal = f"No GPU found with ID {unknown[0]!r}" if unknown else self.reset_refusal(node, gpus)
             if refusal:
                 self.reset_refusals.append((node, refusal))
             return not refusal
         return self.validation_ok.get(node, True) if kind == "validate" else True
+
+    def _gpu_indexes(self, node: str, pod: dict[str, Any]) -> tuple[list[int], list[str]]:
+        """The Job's GPU_IDS as ``nvidia-smi -i`` reads them (an index or a UUID each), and those naming no GPU."""
+        by_id = {**{str(i): i for i in range(self.gpus)}, **{gpu_uuid(node, i): i for i in range(self.gpus)}}
+        ids = _gpu_ids(pod)
+        return [by_id[g] for g in ids if g in by_id], [g for g in ids if g not in by_id]
 
     def reset_refusal(self, node: str, gpus: list[int]) -> str:
         """What nvidia-smi --gpu-reset would say refusing these GPUs ("" : it resets them): a client holds them,
@@ -392,8 +399,8 @@ class SimCluster:
         if not succeeded:
             return
         if kind == "reset-gpu":
-            for gpu in _gpu_ids(pod) or range(self.gpus):
-                self.gpusim.reset_gpu(node, int(gpu))
+            for gpu in self._gpu_indexes(node, pod)[0] or range(self.gpus):
+                self.gpusim.reset_gpu(node, gpu)
         elif kind == "reboot":
             self.gpusim.reboot(node)
             assert self.nodesim is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuremediate.actions.custom import created_at
@@ -54,6 +54,12 @@ def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False) -> JobSpec:
     )
 
 
+def named_gpu_ids(node: str, keys: Iterable[str]) -> list[str]:
+    """GPU_IDS from a fault's GPU keys alone: a UUID as it is, ``<node>/gpu<N>`` (a GPU without one) as N."""
+    prefix = f"{node}/gpu"
+    return sorted({key.removeprefix(prefix) if key.startswith(prefix) else key for key in keys})
+
+
 class JobLoop(NodeLoop):
     """A node loop whose action is a Job on the node."""
 
@@ -61,14 +67,16 @@ class JobLoop(NodeLoop):
         return occurrence(record)
 
     def gpu_ids(self, node: Node, record: NodeRecord) -> tuple[list[str], list[str]]:
-        """(indexes, UUIDs) of the faulty GPUs, from the latest readings. A fault naming no GPU (a node-wide
-        NodeCondition) means every GPU: both lists empty. Without readings (the exporter is down while a
-        condition is acted on) only the UUIDs the fault names are known."""
+        """(GPU_IDS, UUIDs) of the faulty GPUs: their indexes from the latest readings (every GPU's for a fault
+        naming none). Where the readings do not show them — none yet (a restarted controller before its first
+        scrape), the exporter gone (the GPU Operator sequence, a condition acted on while it is down), the GPU
+        off the bus — the fault's own names: its UUIDs, which ``nvidia-smi -i`` takes as well as an index."""
         readings = self.ctx.readings.get(name_of(node))
         faulty = set(record.fault.gpus) if record.fault else set()
-        if readings is None:
-            return [], sorted(g for g in faulty if g.startswith("GPU-"))
-        gpus = [g for g in readings.gpus if not faulty or g.key in faulty]
+        uuids = sorted(g for g in faulty if g.startswith("GPU-"))
+        gpus = [g for g in readings.gpus if not faulty or g.key in faulty] if readings is not None else []
+        if not gpus:
+            return named_gpu_ids(name_of(node), faulty), uuids
         return sorted({g.gpu for g in gpus}), sorted({g.uuid for g in gpus if g.uuid})
 
     def start_job(

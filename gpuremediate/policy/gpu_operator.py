@@ -101,7 +101,7 @@ class GpuOperatorPolicy:
         "doc": "glob patterns of nvidia.com/gpu.product values whose GPUs reset only all together (pre-Ampere "
                "NVLink: SXM2/SXM3)", "parse": _parse_patterns})
     command: str = setting(DEFAULT_COMMAND, "the reset Job's command (image, ServiceAccount, timeout: "
-                           "[remediation.reset_gpu]); $GPU_IDS holds the GPU indexes", check=shell_words)
+                           "[remediation.reset_gpu]); $GPU_IDS holds the GPU indexes (or UUIDs)", check=shell_words)
 
     def validate(self, path: str) -> None:
         if self.scope not in SCOPES:

@@ -136,8 +136,9 @@ class DrainPolicy:
 @dataclass(frozen=True)
 class JobPolicy:
     image: str = setting(DCGM_IMAGE, "container image", check=image_reference)
-    command: str = setting("true", "command, split like a shell would (shlex); $(NODE_NAME), $(GPU_IDS) (indexes) "
-                           "and $(GPU_UUIDS) are expanded by Kubernetes", check=shell_words)
+    command: str = setting("true", "command, split like a shell would (shlex); $(NODE_NAME), $(GPU_IDS) (indexes, or "
+                           "UUIDs where no readings show the faulty GPUs: nvidia-smi -i takes either) and "
+                           "$(GPU_UUIDS) are expanded by Kubernetes", check=shell_words)
     service_account: str = setting("gpuremediate-job", "ServiceAccount of the Job's pod", check=dns_subdomain)
     privileged: bool = setting(True, "privileged container (GPU reset and reboot need the host)")
     host_pid: bool = setting(False, "share the host's PID namespace")
