@@ -582,6 +582,7 @@ class PrometheusSource:
         self._identity: dict[tuple[str, str, str], tuple[Labels, ...]] = {}
         self._shared_pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._faults_seen: dict[str, set[_Fault]] = {}  # node -> its non-zero fault series, as last read
+        self._named_by: dict[str, str] = {}  # node -> the node label its changed fault series carried
         self.fault_poll_s = fault_poll_s  # 0: no fast path
         self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
         # the fast path may ask while a full read runs (the detect loop polls during it): what both change
@@ -595,8 +596,17 @@ class PrometheusSource:
 
     def read(self, nodes: Sequence[str] = ()) -> list[NodeReadings]:
         """Every node's readings; with ``nodes``, only theirs (the fast path's follow-up: a small answer),
-        and a node Prometheus has nothing for is left out instead of unknown (the next full read says)."""
-        matcher = node_matcher(self.node_labels[0], nodes) if nodes else ""
+        and a node Prometheus has nothing for is left out instead of unknown (the next full read says).
+        Each such node is selected by the label its fault series carried (``Hostname``, else a fallback)."""
+        if not nodes:
+            return self._read("", ())
+        by_label: dict[str, list[str]] = {}
+        with self._state_lock:
+            for node in nodes:
+                by_label.setdefault(self._named_by.get(node, self.node_labels[0]), []).append(node)
+        return [r for label, group in by_label.items() for r in self._read(node_matcher(label, group), group)]
+
+    def _read(self, matcher: str, nodes: Sequence[str]) -> list[NodeReadings]:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:  # evaluated side by side
             asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher), "freshness")
             values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher), "readings")
@@ -638,11 +648,15 @@ class PrometheusSource:
             return set()
         self.fault_error = ""
         now: dict[str, set[_Fault]] = {}
+        named_by: dict[str, str] = {}
         for sample in _drain_samples(values):
-            if node := self._node_of(sample.label):
-                now.setdefault(node, set()).add((sample.name, sample.labels, sample.value))
+            if named := self._naming_label(sample.label):
+                now.setdefault(named[1], set()).add((sample.name, sample.labels, sample.value))
+                named_by[named[1]] = named[0]
         with self._state_lock:
-            return {node for node, faults in now.items() if faults != self._faults_seen.get(node, set())}
+            changed = {node for node, faults in now.items() if faults != self._faults_seen.get(node, set())}
+            self._named_by = {node: named_by[node] for node in changed}
+            return changed
 
     def _remember_faults(self, raw: Mapping[str, list[Sample]], whole: bool) -> None:
         seen = {node: {(s.name, s.labels, s.value) for s in got if s.name not in DENSE_METRICS}
@@ -721,6 +735,10 @@ class PrometheusSource:
 
     def _node_of(self, label: Callable[[str], str | None]) -> str | None:
         return next((v for n in self.node_labels if (v := label(n))), None)
+
+    def _naming_label(self, label: Callable[[str], str | None]) -> tuple[str, str] | None:
+        """(the node label, the node) of a series: its first node label that has a value."""
+        return next(((n, v) for n in self.node_labels if (v := label(n))), None)
 
     def _query(self, query: str, what: str) -> tuple[list[Any], float]:
         timeout = self.timeout_s

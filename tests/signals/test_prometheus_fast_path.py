@@ -30,19 +30,22 @@ class FakePrometheus:
         self.xid: dict[str, int] = {}
         self.queries: list[str] = []
         self.fail = False
+        self.node_label = "Hostname"  # the label the fleet's series name their node by
 
     def answer(self, query: str) -> tuple[int, dict[str, Any]]:
         self.queries.append(query)
         if self.fail:
             return 503, {"status": "error", "errorType": "timeout", "error": "query timed out"}
-        matcher = re.search(r'=~"((?:[^"\\\\]|\\\\.)*)"', query)  # the regex, PromQL string escapes undone
-        pattern = matcher.group(1).replace("\\\\", "\\") if matcher else None
+        matcher = re.search(r'(\w+)=~"((?:[^"\\\\]|\\\\.)*)"', query)  # the regex, PromQL string escapes undone
+        pattern = matcher.group(2).replace("\\\\", "\\") if matcher else None
+        if matcher and matcher.group(1) != self.node_label:
+            pattern = "$nothing"  # a label the series do not carry matches no node
         nodes = [n for n in self.nodes if pattern is None or re.fullmatch(pattern, n)]
         result: list[dict[str, Any]] = []
         for node in nodes:
-            key = {"Hostname": node, "gpu": "0", "UUID": f"GPU-{node}"}
+            key = {self.node_label: node, "gpu": "0", "UUID": f"GPU-{node}"}
             if "timestamp(" in query:
-                result.append({"metric": {"Hostname": node}, "value": [NOW, str(NOW - 5)]})
+                result.append({"metric": {self.node_label: node}, "value": [NOW, str(NOW - 5)]})
                 continue
             if query.startswith("group by"):
                 continue
@@ -92,6 +95,20 @@ def test_only_nodes_whose_faults_changed_since_the_last_read_are_named(prom: tup
     got = {r.node: r for r in src.read(nodes=["gpu-1", "gpu-3"])}
     assert set(got) == {"gpu-1", "gpu-3"}  # only those asked for; none of the others is made unknown
     assert got["gpu-1"].status == SOURCE_OK and got["gpu-1"].gpus[0].xid == 79 and got["gpu-1"].gpus[0].gpu_temp == 40
+    assert src.changed_nodes() == set()  # read since: no longer news
+
+
+def test_a_fleet_named_by_a_fallback_label_gets_the_fast_path_too(prom: tuple[FakePrometheus, str]) -> None:
+    """Series that carry ``node`` (no ``Hostname``): the limited read selects by the label that named them."""
+    fake, url = prom
+    fake.node_label = "node"
+    src = PrometheusSource(url, clock=lambda: NOW)
+    assert {r.node for r in src.read()} == {"gpu-1", "gpu-2", "gpu-3"}
+    fake.xid["gpu-2"] = 79
+    assert src.changed_nodes() == {"gpu-2"}
+    [got] = src.read(nodes=["gpu-2"])
+    assert got.node == "gpu-2" and got.status == SOURCE_OK and got.gpus[0].xid == 79
+    assert any('DCGM_FI_DEV_XID_ERRORS{node=~"gpu\\\\-2"}' in q for q in fake.queries[-2:])  # the read's two
     assert src.changed_nodes() == set()  # read since: no longer news
 
 
