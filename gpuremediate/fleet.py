@@ -152,6 +152,9 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         if a.step:  # the GPU Operator reset sequence: operands-gone, reset, operands-back, failed
             since = f" for {_ago(a.step_since, now)}" if a.step_since is not None else ""
             lines.append(f"  Step: {a.step}{since}" + (f" ({a.detail})." if a.step == "failed" and a.detail else "."))
+        if a.gpu_ids:  # chosen when the operands went off
+            lines.append(f"  Resets GPU(s) {', '.join(a.gpu_ids)}" + (f" ({', '.join(a.gpu_uuids)})." if a.gpu_uuids
+                                                                     and a.gpu_uuids != a.gpu_ids else "."))
         rung = rung_line(record, ladder)
         if rung:
             lines.append(f"  Escalation ladder: {rung}.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuremediate.fleet import explain
 from gpuremediate.state.record import ActionInProgress, NodeRecord
 
@@ -27,3 +29,12 @@ def test_no_step_line_for_a_one_step_action() -> None:
     plain = NodeRecord(state="repairing", since=100.0,
                        action=ActionInProgress(kind="reboot", name="j", attempt=1, started=100.0))
     assert "Step:" not in explain(plain, "n1", now=130.0)
+
+
+def test_explain_names_the_gpus_the_attempt_resets() -> None:
+    chosen = record("reset")
+    assert chosen.action is not None
+    action = dataclasses.replace(chosen.action, gpu_ids=("1",), gpu_uuids=("GPU-81d866e6",))
+    text = explain(dataclasses.replace(chosen, action=action), "n1", now=130.0)
+    assert "  Resets GPU(s) 1 (GPU-81d866e6).\n" in text
+    assert "Resets GPU" not in explain(record("reset"), "n1", now=130.0)
