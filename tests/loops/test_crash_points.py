@@ -4,7 +4,7 @@ A first run counts the controller's writes from the fault to healthy (Events lef
 kept). Then, for each K, a controller dies just after its K-th write landed — nothing it sends afterwards
 reaches the API server, as for a killed process — and a successor, which never saw the exporter's readings
 (the operands may be off), finishes the repair. Two flows: the GPU Operator reset sequence, and a ladder whose
-refused reset escalates to a reboot after diagnostics. Each time: every Job created once, the reset of the
+refused reset escalates to a reboot after diagnostics. Each time: no object created twice, the reset of the
 faulty GPU only, the operand labels back as they were, the annotation gone, the node healthy and uncordoned.
 """
 
@@ -53,6 +53,7 @@ class DyingClient(KubeClient):
         super().__init__(*args, **kwargs)
         self.die_after = die_after
         self.writes: list[str] = []
+        self.created: list[str] = []  # "<collection path> <name>" of every create that landed
         self.dead = threading.Event()
         self._lock = threading.Lock()
 
@@ -64,6 +65,9 @@ class DyingClient(KubeClient):
         if counted:
             with self._lock:
                 self.writes.append(f"{method} {path}")
+                body = kwargs.get("body")
+                if method == "POST" and isinstance(body, dict):
+                    self.created.append(f"{path} {(body.get('metadata') or {}).get('name', '')}")
                 if self.die_after is not None and len(self.writes) >= self.die_after:
                     self.dead.set()
         return reply
@@ -92,10 +96,13 @@ def _run(flow: Flow, die_after: int | None) -> tuple[list[str], str]:
             cluster.gpusim.inject(NODE, 1, "xid", 48)
             wait_for(lambda: first.dead.is_set() or repaired(cluster), 40, "the controller's death or the repair")
             controllers.stop_all()
+            successor = _client(cluster, None)
             if die_after is not None:
-                controllers.start(flow.policy)
+                controllers.start(flow.policy, client=successor)
             wait_for(lambda: repaired(cluster), 40, f"{NODE} repaired", seen=lambda: record_of(cluster))
-            return first.writes, "; ".join(flow.problems(cluster) + _common_problems(cluster))
+            twice = [c for c, n in Counter(first.created + successor.created).items() if n > 1]
+            recreated = [f"created twice (deleted in between): {twice}"] if twice else []
+            return first.writes, "; ".join(flow.problems(cluster) + _common_problems(cluster) + recreated)
         finally:
             controllers.stop_all()
 
@@ -108,9 +115,6 @@ def _common_problems(cluster: SimCluster) -> list[str]:
         problems.append(f"operand annotation left: {annotation(cluster)}")
     if node_of(cluster)["spec"].get("unschedulable"):
         problems.append("left cordoned")
-    twice = [name for name, n in Counter(j["metadata"]["name"] for j in jobs(cluster)).items() if n > 1]
-    if twice:
-        problems.append(f"Jobs created twice: {twice}")
     return problems
 
 
