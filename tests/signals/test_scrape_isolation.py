@@ -158,7 +158,10 @@ def test_hostile_exporters_cost_only_their_own_node(client: KubeClient,
     sim, nodes = fleet
     sim.inject_xid("healthy-1", 3, 79)
     src = ExporterSource(client, port=sim.port, timeout_s=1.0, max_bytes=4 * 1024 * 1024, workers=4)
-    got = read_in_thread(src)
+    try:
+        got = read_in_thread(src)
+    finally:
+        src.stop()  # its pod informer would go on watching a stopped API server for the rest of the run
     assert set(got) == set(nodes)
     assert got["healthy-1"].status == SOURCE_OK and got["healthy-2"].status == SOURCE_OK
     assert next(g.xid for g in got["healthy-1"].gpus if g.gpu == "3") == 79
@@ -195,6 +198,7 @@ def test_a_stuck_scrape_does_not_hold_the_next_cycle(client: KubeClient,
         second = read_in_thread(src)
     finally:
         release.set()
+        src.stop()
     assert first["healthy-1"].status == SOURCE_OK and second["healthy-1"].status == SOURCE_OK
     for got in (first, second):
         assert got["healthy-2"].status == SOURCE_UNKNOWN
