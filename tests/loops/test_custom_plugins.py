@@ -277,7 +277,7 @@ def test_custom_drain_and_remediation_repeat_nothing_when_every_other_node_write
     try:
         controller = world.start(policy, xid=48, client=client)
         wait_for(lambda: (r := _record(kube)) is not None and len(r.history) == 1 and r.state == states.HEALTHY,
-                 20, f"{NODE} repaired by the plugins and healthy (it is {_state(kube)})")
+                 60, f"{NODE} repaired by the plugins and healthy", seen=lambda: _state(kube))
     finally:
         stop.set()
     assert client.conflicts >= 3, "the test did not make the controller's node writes conflict"
