@@ -734,7 +734,8 @@ class PrometheusSource:
         return newest
 
     def _node_of(self, label: Callable[[str], str | None]) -> str | None:
-        return next((v for n in self.node_labels if (v := label(n))), None)
+        named = self._naming_label(label)
+        return named[1] if named else None
 
     def _naming_label(self, label: Callable[[str], str | None]) -> tuple[str, str] | None:
         """(the node label, the node) of a series: its first node label that has a value."""

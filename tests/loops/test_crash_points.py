@@ -21,7 +21,6 @@ import pytest
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import JOBS
 from gpuremediate.policy.config import PolicyFile, loads_policy
 from sim.cluster import SimCluster
 from sim.gpusim import gpu_uuid
@@ -35,6 +34,7 @@ from tests.loops.test_gpu_reset import (
     annotation,
     deploy_labels,
     job_gpu_ids,
+    jobs,
     make_cluster,
     node_of,
     policy,
@@ -116,13 +116,6 @@ def _common_problems(cluster: SimCluster) -> list[str]:
     if node_of(cluster)["spec"].get("unschedulable"):
         problems.append("left cordoned")
     return problems
-
-
-def jobs(cluster: SimCluster, kind: str | None = None) -> list[dict[str, Any]]:
-    """Every Job the controllers created for NODE (of ``kind``), finished ones included."""
-    selector = f"gpuremediate.io/job={kind}" if kind else "gpuremediate.io/job"
-    return [j for j in cluster.kube.list(JOBS, "gpuremediate-jobs", label_selector=selector)["items"]
-            if j["spec"]["template"]["spec"]["nodeName"] == NODE]
 
 
 def _one_reset_of_gpu_1(cluster: SimCluster) -> list[str]:

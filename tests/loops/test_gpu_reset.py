@@ -122,9 +122,15 @@ def repaired(cluster: SimCluster) -> bool:
     return record is not None and record.state == states.HEALTHY and len(record.history) >= 1
 
 
+def jobs(cluster: SimCluster, kind: str | None = None) -> list[dict[str, Any]]:
+    """Every Job the controllers created for NODE (of ``kind``), finished ones included."""
+    selector = f"gpuremediate.io/job={kind}" if kind else "gpuremediate.io/job"
+    return [j for j in cluster.kube.list(JOBS, "gpuremediate-jobs", label_selector=selector)["items"]
+            if j["spec"]["template"]["spec"]["nodeName"] == NODE]
+
+
 def reset_jobs(cluster: SimCluster) -> list[dict[str, Any]]:
-    items = cluster.kube.list(JOBS, "gpuremediate-jobs", label_selector="gpuremediate.io/job=reset-gpu")["items"]
-    return [j for j in items if j["spec"]["template"]["spec"]["nodeName"] == NODE]
+    return jobs(cluster, "reset-gpu")
 
 
 def job_gpu_ids(job: dict[str, Any]) -> str:
