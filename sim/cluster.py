@@ -53,6 +53,7 @@ from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, NODES, PDBS, POD
 from gpuremediate.policy.config import default_policy
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
+from sim.dra_claims import ensure_device_class
 from sim.gpusim import GpuSim, gpu_uuid
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim
@@ -79,6 +80,10 @@ OPERANDS: dict[str, tuple[str, str]] = {
     "gpu-feature-discovery": ("gpu-feature-discovery", "gpu-feature-discovery"),
 }
 WHOLE_NODE_PRODUCTS = ("*SXM2*", "*SXM3*")  # pre-Ampere NVLink: every GPU of the group in one reset
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+# The operands' DaemonSets other than the exporter's (a server that outlives a GPU Operator cluster keeps them).
+OPERAND_DAEMONSETS = tuple(app for app, _ in OPERANDS.values() if app != EXPORTER_DAEMONSET)
+STUCK_FINALIZER = "sim.example.com/stuck"  # an operand pod stuck terminating (OperatorSim.stuck, real DaemonSets)
 
 
 @dataclass(frozen=True)
@@ -125,13 +130,14 @@ def install_service_accounts(client: KubeClient) -> None:
                 client.create(SERVICEACCOUNTS, doc, doc["metadata"]["namespace"])
 
 
-def daemonset(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+def daemonset(name: str, namespace: str, labels: dict[str, str],
+              node_selector: dict[str, str] | None = None) -> dict[str, Any]:
     """A DaemonSet for simulated pods to name as their owner. Where a real DaemonSet controller runs, it
     finds each GPU node served by the pod made there first, and OnDelete keeps it from replacing them."""
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": namespace},
             "spec": {"selector": {"matchLabels": dict(labels)}, "updateStrategy": {"type": "OnDelete"},
                      "template": {"metadata": {"labels": dict(labels)},
-                                  "spec": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
+                                  "spec": {"nodeSelector": dict(node_selector or GPU_NODE_SELECTOR),
                                            "containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
                                            "tolerations": [{"operator": "Exists"}]}}}}
 
@@ -151,14 +157,19 @@ class SimCluster:
         agents: bool | AgentOptions = False,
         gpu_operator: bool | OperatorOptions = False,
         products: Mapping[str, str] | None = None,
+        tls: bool = False,
+        dra: bool = False,
     ) -> None:
+        """``tls``: the emulator serves https (a self-signed certificate; ``api.write_kubeconfig(path,
+        embed_ca=True)`` writes a kubeconfig kubectl accepts with its bearer token). ``dra``: NodeSim publishes
+        each node's ResourceSlice as NVIDIA's DRA driver does (sim.nodesim_dra) and the DeviceClass exists."""
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         self.gpus = gpus
         self.job_duration_s = job_duration_s
         self.reboot_down_s = reboot_down_s
         self.ip_base = ip_base
         self.busy_writes_per_s = writes_from_env() if busy_writes_per_s is None else busy_writes_per_s
-        self.api = KubeAPIServer() if kubeconfig is None else None  # None: someone else's API server
+        self.api = KubeAPIServer(tls=tls) if kubeconfig is None else None  # None: someone else's API server
         self._dir = tempfile.TemporaryDirectory(prefix="gpuremediate-sim-")
         self.gpusim = GpuSim(port=0, files_dir=str(Path(self._dir.name) / "hosts"))
         self.agent_options = agents if isinstance(agents, AgentOptions) else AgentOptions() if agents else None
@@ -176,6 +187,7 @@ class SimCluster:
         self.operator: OperatorSim | None = None
         self.products = dict(products or {})
         self.reset_refusals: list[tuple[str, str]] = []  # (node, why the reset Job failed), as nvidia-smi says it
+        self.dra = dra
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -192,18 +204,25 @@ class SimCluster:
         install_service_accounts(self.kube)  # as applied from manifests/base: Job pods need theirs
         # The exporter pods' owner exists: the garbage collector deletes pods whose owner does not.
         self._exporter_owner = self._exporter_daemonset()
-        self.nodesim = NodeSim(self._client_as(NODESIM_USER), grace_cap_s=0.5, tick_s=0.1)
+        self.nodesim = NodeSim(self._client_as(NODESIM_USER), grace_cap_s=0.5, tick_s=0.1, dra=self.dra)
+        if self.dra:
+            ensure_device_class(self.kube)
         self.nodesim.on_job_finished = self._job_finished
         self.nodesim.job_succeeds = self.job_succeeds
+        served = self._served_nodes()
         for name in self.node_names:
             # Each exporter pod exists before its node: a real DaemonSet controller finds the node served.
-            self._exporter_pod(name)
+            self._exporter_pod(name, served)
             self.nodesim.add_node(name, gpus=self.gpus, labels=self._node_labels(name))
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
         self.nodesim.start()
         self._wait_for_exporters()
         if self.operator_options is not None:
-            self.operator = OperatorSim(self, self._client_as(OPERATOR_USER), self.operator_options).start()
+            # The operator's exporter follows its deploy label, set on every node by now (a real DaemonSet
+            # controller would delete the exporter pods of nodes without it).
+            self._exporter_node_selector({DEPLOY_LABEL + "dcgm-exporter": "true"})
+            self.operator = OperatorSim(self, self._client_as(OPERATOR_USER), self.operator_options,
+                                        daemonsets_run=self.api is None).start()
             self.operator.wait_running()
         if self.agent_options is not None:
             agent_client = self._client_as(AGENT_USER)
@@ -221,11 +240,29 @@ class SimCluster:
         return labels
 
     def _exporter_daemonset(self) -> str:
+        """The exporters' DaemonSet (its uid), on every GPU node: one kept from an earlier cluster on the same
+        server (a GPU Operator one's followed a deploy label) is set back to that, before any node loses the
+        label."""
         body = daemonset(EXPORTER_DAEMONSET, EXPORTER_NAMESPACE, EXPORTER_LABEL)
         try:
             return str(self.kube.create(DAEMONSETS, body, EXPORTER_NAMESPACE)["metadata"]["uid"])
         except errors.AlreadyExists:
-            return str(self.kube.get(DAEMONSETS, EXPORTER_DAEMONSET, EXPORTER_NAMESPACE)["metadata"]["uid"])
+            return self._exporter_node_selector(GPU_NODE_SELECTOR)
+
+    def _exporter_node_selector(self, selector: dict[str, str]) -> str:
+        """The exporters' DaemonSet selecting the nodes ``selector`` names (its uid)."""
+        ds = self.kube.get(DAEMONSETS, EXPORTER_DAEMONSET, EXPORTER_NAMESPACE)
+        current = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+        if current != selector:
+            patch = {k: None for k in current if k not in selector} | selector
+            ds = self.kube.patch(DAEMONSETS, EXPORTER_DAEMONSET,
+                                 {"spec": {"template": {"spec": {"nodeSelector": patch}}}}, EXPORTER_NAMESPACE)
+        return str(ds["metadata"]["uid"])
+
+    def _served_nodes(self) -> set[str]:
+        """Nodes an exporter pod (of any name: a real DaemonSet controller names its own) is bound to."""
+        pods = self.kube.list(PODS, EXPORTER_NAMESPACE, label_selector="app=nvidia-dcgm-exporter")["items"]
+        return {str(p["spec"].get("nodeName")) for p in pods if not p["metadata"].get("deletionTimestamp")}
 
     def _client_as(self, user: str) -> KubeClient:
         """A client authenticated as ``user`` (cluster-admin): a background component of its own. On
@@ -321,12 +358,14 @@ class SimCluster:
         with contextlib.suppress(errors.AlreadyExists):
             self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
-    def _exporter_pod(self, node: str) -> None:
+    def _exporter_pod(self, node: str, served: set[str]) -> None:
         name = f"nvidia-dcgm-exporter-{node}"
         assert self.nodesim is not None
         # Bound to the node, by the DaemonSet's prefix: a pod a real DaemonSet controller makes there too.
         self.nodesim.set_pod_ip(EXPORTER_NAMESPACE, f"{EXPORTER_DAEMONSET}-", self.gpusim.node(node).ip, node=node)
-        with contextlib.suppress(errors.AlreadyExists):  # kept from an earlier start on the same server
+        if node in served:  # kept from an earlier start on the same server
+            return
+        with contextlib.suppress(errors.AlreadyExists):
             self._create_exporter_pod(name, node)
 
     def _create_exporter_pod(self, name: str, node: str) -> None:
@@ -419,12 +458,20 @@ class OperatorSim:
     """The GPU Operator's DaemonSets for the operands on every node (``SimCluster(gpu_operator=True)``): a pod
     runs on a node while the node's deploy label is "true" and holds its GPUs while it exists; the exporter's
     absence takes gpu-sim's endpoint for that node down. ``stuck(node, operand)`` keeps a pod from leaving
-    (a pod stuck terminating), so a reset sequence's wait for the operands to go times out."""
+    (a pod stuck terminating), so a reset sequence's wait for the operands to go times out.
 
-    def __init__(self, cluster: SimCluster, client: KubeClient, options: OperatorOptions) -> None:
+    On the emulator OperatorSim plays the DaemonSet controller too: it deletes and creates the operand pods
+    as their labels change (named ``<daemonset>-<node>``). Where a real kube-controller-manager runs
+    (``daemonsets_run``: someone else's API server), the DaemonSets do that themselves (the scheduler binds
+    their pods, named by the DaemonSet controller); OperatorSim only follows their pods, and a stuck pod is
+    one holding ``STUCK_FINALIZER`` (deleted, it stays terminating)."""
+
+    def __init__(self, cluster: SimCluster, client: KubeClient, options: OperatorOptions, *,
+                 daemonsets_run: bool = False) -> None:
         self.cluster = cluster
         self.client = client
         self.options = options
+        self.daemonsets_run = daemonsets_run
         self.owners: dict[str, str] = {}  # DaemonSet name -> uid
         self.state: dict[tuple[str, str], _Operand] = {}
         self.stuck_pods: set[tuple[str, str]] = set()
@@ -435,15 +482,16 @@ class OperatorSim:
 
     def start(self) -> OperatorSim:
         for operand, (app, _) in self.operands.items():
-            body = daemonset(app, EXPORTER_NAMESPACE, {"app": app})
-            body["spec"]["template"]["spec"]["nodeSelector"] = {DEPLOY_LABEL + operand: "true"}
+            body = daemonset(app, EXPORTER_NAMESPACE, {"app": app}, node_selector={DEPLOY_LABEL + operand: "true"})
+            body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = self.options.grace_s
             try:
                 self.owners[app] = str(self.client.create(DAEMONSETS, body, EXPORTER_NAMESPACE)["metadata"]["uid"])
             except errors.AlreadyExists:
                 self.owners[app] = str(self.client.get(DAEMONSETS, app, EXPORTER_NAMESPACE)["metadata"]["uid"])
-        for node in self.cluster.node_names:  # the operands run before the scenario starts
-            for operand in self.operands:
-                self._create(node, operand)
+        if not self.daemonsets_run:
+            for node in self.cluster.node_names:  # the operands run before the scenario starts
+                for operand in self.operands:
+                    self._create(node, operand)
         self._thread.start()
         return self
 
@@ -465,12 +513,18 @@ class OperatorSim:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
+        if self.daemonsets_run:  # let a stuck pod go: the server outlives this cluster
+            for node, operand in list(self.stuck_pods):
+                self.stuck(node, operand, False)
 
     def stuck(self, node: str, operand: str, stuck: bool = True) -> None:
         if stuck:
             self.stuck_pods.add((node, operand))
         else:
             self.stuck_pods.discard((node, operand))
+        if self.daemonsets_run:
+            for pod in self._pods_of(self._operator_pods(), node, operand):
+                self._finalize(pod, stuck)
 
     @staticmethod
     def pod_name(operand: str, node: str) -> str:
@@ -484,6 +538,9 @@ class OperatorSim:
                 self.errors.append(str(exc))
 
     def tick(self) -> None:
+        if self.daemonsets_run:
+            self._follow()
+            return
         pods = {p["metadata"]["name"]: p for p in self.client.list(PODS, EXPORTER_NAMESPACE)["items"]}
         for node in self.client.list(NODES)["items"]:
             name = node["metadata"]["name"]
@@ -493,6 +550,44 @@ class OperatorSim:
             for operand in self.operands:
                 pod = pods.get(self.pod_name(operand, name))
                 self._sync(name, operand, labels.get(DEPLOY_LABEL + operand) == "true", pod)
+
+    def _operator_pods(self) -> list[dict[str, Any]]:
+        return list(self.client.list(PODS, EXPORTER_NAMESPACE)["items"])
+
+    def _pods_of(self, pods: list[dict[str, Any]], node: str, operand: str) -> list[dict[str, Any]]:
+        """The operand's pods bound to ``node`` (its DaemonSet's pods: labelled with its app), oldest first."""
+        app = OPERANDS[operand][0]
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("app") == app
+                and (p.get("spec") or {}).get("nodeName") == node]
+        return sorted(mine, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+
+    def _follow(self) -> None:
+        """A real DaemonSet controller makes and removes the pods: hold the GPUs while one runs on the node
+        (terminating included), serve the exporter while a running one is not terminating, keep stuck pods."""
+        pods = self._operator_pods()
+        for node in self.cluster.node_names:
+            for operand in self.operands:
+                mine = self._pods_of(pods, node, operand)
+                if (node, operand) in self.stuck_pods:
+                    for pod in mine:
+                        self._finalize(pod, True)
+                running = [p for p in mine if (p.get("status") or {}).get("phase") == "Running"]
+                live = [p for p in running if not p["metadata"].get("deletionTimestamp")]
+                self.state.setdefault((node, operand), _Operand())
+                chosen = live or running
+                self._hold(node, operand, chosen[0] if chosen else None)
+
+    def _finalize(self, pod: dict[str, Any], stuck: bool) -> None:
+        """Add or remove STUCK_FINALIZER (the other finalizers as they are)."""
+        meta = pod["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != STUCK_FINALIZER]
+        if stuck:
+            finalizers.append(STUCK_FINALIZER)
+        if finalizers == list(meta.get("finalizers") or []):
+            return
+        with contextlib.suppress(errors.NotFound):
+            self.client.patch(PODS, meta["name"], {"metadata": {"finalizers": finalizers or None}},
+                              EXPORTER_NAMESPACE)
 
     def _sync(self, node: str, operand: str, wanted: bool, pod: dict[str, Any] | None) -> None:
         state = self.state.setdefault((node, operand), _Operand())

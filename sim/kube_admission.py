@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_errors as errs
@@ -77,7 +78,11 @@ def _validate_annotation_size(meta: dict[str, Any]) -> list[dict[str, str]]:
                        "metadata.annotations")]
 
 
-def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:
+Validator = Callable[[ResourceType, Obj, "Obj | None"], list[dict[str, str]]]
+
+
+def validate(rt: ResourceType, obj: Obj, old: Obj | None, more: Validator | None = None) -> None:
+    """422 with every cause: metadata, the kind's own rules, then ``more``'s (sim.kube_dra for resource.k8s.io)."""
     causes = validate_metadata(obj)
     name = obj.get("metadata", {}).get("name", "")
     if rt.resource == "pods":
@@ -90,6 +95,8 @@ def validate(rt: ResourceType, obj: Obj, old: Obj | None) -> None:
         causes += _validate_lease(obj)
     elif rt.custom:
         causes += kube_schema.validate(obj, rt.schema, old)
+    if more is not None:
+        causes += more(rt, obj, old)
     if old is not None:
         causes += _validate_finalizers(obj, old)
     raise_invalid(rt, name, causes)

@@ -1,5 +1,6 @@
 """What kube-controller-manager would run against the emulator: the Job controller, the owner-reference
-garbage collector, the disruption (PDB status) controller, namespace cleanup; plus the eviction
+garbage collector, the disruption (PDB status) controller, namespace cleanup, the ClusterRole aggregation
+controller, node lifecycle (sim.kube_nodes) and device-taint eviction (sim.kube_dra_eviction); plus the eviction
 subresource, which reads and writes PDB status the way the real registry does.
 """
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim import kube_admission as adm
 from sim import kube_errors as errs
+from sim.kube_dra_eviction import DeviceTaintEviction
 from sim.kube_events import record_event
 from sim.kube_nodes import NodeLifecycle
 from sim.kube_selectors import match_label_selector_object
@@ -25,11 +27,14 @@ from sim.kube_store import Obj, WatchEvent, now_time
 
 if TYPE_CHECKING:
     from sim.kube_handlers import Target
+    from sim.kube_host import ControllersHost
     from sim.kube_http import Handler, Request
     from sim.kube_resources import ResourceType
-    from sim.kubeapi import KubeAPIServer
+    from sim.kube_store import Store
 
 TERMINAL = ("Succeeded", "Failed")
+CLUSTER_ROLES = "rbac.authorization.k8s.io/clusterroles"
+AGGREGATION_MANAGER = "clusterrole-aggregation-controller"
 
 
 def is_ready(pod: Obj) -> bool:
@@ -42,9 +47,9 @@ def owned_by(obj: Obj, uid: str) -> bool:
 
 
 class Controllers:
-    def __init__(self, api: KubeAPIServer, tick_s: float = 0.1) -> None:
+    def __init__(self, store: Store, api: ControllersHost, tick_s: float = 0.1) -> None:
         self.api = api
-        self.store = api.store
+        self.store = store
         self.tick_s = tick_s
         self.queue: queue.Queue[WatchEvent | None] = queue.Queue()
         self.failed_deleted: dict[str, int] = {}
@@ -54,7 +59,8 @@ class Controllers:
         self.create_retry_at: dict[tuple[str, str], float] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.nodes = NodeLifecycle(api)
+        self.nodes = NodeLifecycle(store, api)
+        self.device_taints = DeviceTaintEviction(store, api)
         self.store.listeners.append(self._on_event)
 
     def start(self) -> None:
@@ -104,6 +110,7 @@ class Controllers:
                 self._gc_pass()
                 self._deadline_pass()
                 self.nodes.tick()
+                self.device_taints.tick()
             except errs.ApiError:
                 continue  # a conflict with a concurrent writer: the next event or tick retries
             except Exception:  # a bug in one controller must not stop the others (a real one restarts)
@@ -113,19 +120,22 @@ class Controllers:
         obj, meta = event.obj, event.obj["metadata"]
         ns = meta.get("namespace", "")
         self.nodes.react(event)
+        self.device_taints.react(event)
         if event.key == "/pods":
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Job":
                     self.sync_job(ns, ref["name"])
             if event.type != "DELETED":
                 self._release_orphan_pod(obj)
-            self.sync_pdbs(ns)
+            self.sync_pdbs(ns, obj, event.prev)
         elif event.key == "batch/jobs":
             self.sync_job(ns, meta["name"])
         elif event.key == "policy/poddisruptionbudgets" and event.type != "DELETED":
             self.sync_pdb(ns, meta["name"])
         elif event.key == "/namespaces" and event.type == "ADDED":
             self._default_service_account(meta["name"])
+        elif event.key == CLUSTER_ROLES:
+            self.aggregate_cluster_roles()
         if event.type != "DELETED" and meta.get("ownerReferences") and \
                 meta.get("ownerReferences") != ((event.prev or {}).get("metadata") or {}).get("ownerReferences"):
             self._collect_if_orphaned(event.key, obj)
@@ -133,6 +143,33 @@ class Controllers:
             self._collect_dependents(meta["uid"])
             if event.key == "/namespaces":
                 self._empty_namespace(meta["name"])
+
+    # --- clusterrole-aggregation-controller ------------------------------------------------------------
+    def aggregate_cluster_roles(self) -> None:
+        """Every ClusterRole with an ``aggregationRule`` gets the rules of the ClusterRoles its selectors
+        match (by name, each rule once), written as kube-controller-manager writes them: a forced
+        server-side apply of ``.rules`` by the field manager ``clusterrole-aggregation-controller``. So
+        ``.rules`` is that manager's: an applier that declares it (``rules: []``) meets a conflict on its
+        next apply."""
+        from sim.kube_handlers import server_side_apply_and_own
+
+        rt = self.rt("rbac.authorization.k8s.io", "clusterroles")
+        roles = sorted(self.store.select(rt.key, "", lambda _o: True), key=lambda r: r["metadata"]["name"])
+        for role in roles:
+            selectors = (role.get("aggregationRule") or {}).get("clusterRoleSelectors")
+            if selectors is None:
+                continue
+            rules: list[Any] = []
+            for other in roles:
+                if other["metadata"]["name"] == role["metadata"]["name"]:
+                    continue
+                labels = other["metadata"].get("labels") or {}
+                if any(match_label_selector_object(sel, labels) for sel in selectors):
+                    rules.extend(r for r in other.get("rules") or [] if r not in rules)
+            if rules != (role.get("rules") or []):
+                applied = {"apiVersion": rt.group_version, "kind": rt.kind,
+                           "metadata": {"name": role["metadata"]["name"]}, "rules": rules}
+                server_side_apply_and_own(self.store, rt, role, applied, AGGREGATION_MANAGER)
 
     # --- garbage collector ---------------------------------------------------------------------------
     def _all_objects(self, keep: Callable[[Obj], bool] | None = None) -> list[tuple[ResourceType, Obj]]:
@@ -373,9 +410,14 @@ class Controllers:
         return self.store.create(pods_rt, prepared, meta["namespace"])
 
     # --- disruption controller -----------------------------------------------------------------------
-    def sync_pdbs(self, ns: str) -> None:
+    def sync_pdbs(self, ns: str, pod: Obj, prev: Obj | None) -> None:
+        """The PDBs a pod's change can move: those selecting it now or before (its labels may have changed);
+        the disruption controller, too, queues only the PDBs of a changed pod (``getPdbForPod``)."""
+        labels = [(o.get("metadata") or {}).get("labels") for o in (pod, prev) if o is not None]
         for pdb in self.store.list_all(self.rt("policy", "poddisruptionbudgets").key, ns):
-            self.sync_pdb(ns, pdb["metadata"]["name"])
+            selector = (pdb.get("spec") or {}).get("selector")
+            if selector is not None and any(match_label_selector_object(selector, lab) for lab in labels):
+                self.sync_pdb(ns, pdb["metadata"]["name"])
 
     def sync_pdb(self, ns: str, name: str) -> Obj | None:
         pdbs = self.rt("policy", "poddisruptionbudgets")

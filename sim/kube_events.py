@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from sim.kube_store import Obj, now_time
 
 if TYPE_CHECKING:
+    from sim.kube_host import EventHost
     from sim.kube_resources import ResourceType
-    from sim.kubeapi import KubeAPIServer
 
 
 def object_reference(rt: ResourceType, obj: Obj) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def object_reference(rt: ResourceType, obj: Obj) -> dict[str, Any]:
     return ref
 
 
-def record_event(api: KubeAPIServer, rt: ResourceType, involved: Obj, reason: str, message: str, *,
+def record_event(api: EventHost, rt: ResourceType, involved: Obj, reason: str, message: str, *,
                  component: str, event_type: str = "Normal", host: str = "") -> Obj:
     """Write (or bump) the Event; an Event about a cluster-scoped object lives in `default`."""
     events = api.type_for("", "events")

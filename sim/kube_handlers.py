@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from gpuremediate.kube import miniyaml
 from sim import kube_admission as adm
+from sim import kube_dra, kube_schema
 from sim import kube_errors as errs
 from sim import kube_patch as kp
-from sim import kube_schema
 from sim.kube_http import Handler, Request
 from sim.kube_nodes import add_not_ready_taint
 from sim.kube_resources import ResourceType, prune
 from sim.kube_selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
-from sim.kube_store import Obj, WatchEvent, now_time, shape
+from sim.kube_store import Obj, Store, WatchEvent, now_time, shape
 
 if TYPE_CHECKING:
-    from sim.kubeapi import KubeAPIServer
+    from sim.kube_host import VerbsHost
 
 PATCH_TYPES = {"application/json-patch+json": "json", "application/merge-patch+json": "merge",
                "application/strategic-merge-patch+json": "strategic", "application/apply-patch+yaml": "apply"}
@@ -38,9 +38,9 @@ class Target:
 
 
 class Verbs:
-    def __init__(self, api: KubeAPIServer) -> None:
+    def __init__(self, store: Store, api: VerbsHost) -> None:
         self.api = api
-        self.store = api.store
+        self.store = store
 
     # --- rendering ---------------------------------------------------------------------------------
     def render(self, rt: ResourceType, obj: Obj) -> Obj:
@@ -72,7 +72,8 @@ class Verbs:
 
     def _selectors(self, req: Request, rt: ResourceType) -> tuple[Any, Any]:
         labels = parse_label_selector(req.query.get("labelSelector", ""))
-        fields = parse_field_selector(req.query.get("fieldSelector", ""), rt.resource)
+        fields = parse_field_selector(req.query.get("fieldSelector", ""), rt.resource,
+                                      f"{rt.group_version}, Kind={rt.kind}")
         return labels, fields
 
     def _matches(self, obj: Obj, t: Target, labels: Any, fields: Any) -> bool:
@@ -219,8 +220,9 @@ class Verbs:
         if rt.top_fields is None:
             return obj
         unknown = [k for k in obj if k not in rt.top_fields]
-        self._unknown_fields(req, rt, unknown)
-        return {k: v for k, v in obj.items() if k not in unknown}
+        kept = {k: v for k, v in obj.items() if k not in unknown}
+        self._unknown_fields(req, rt, unknown + kube_dra.prune(rt, kept))
+        return kept
 
     def _unknown_fields(self, req: Request, rt: ResourceType, names: list[str]) -> None:
         if not names:
@@ -257,6 +259,7 @@ class Verbs:
         if t.rt.key == "events":
             obj = self._to_event_storage(t, obj)
         obj = adm.prepare_create(t.rt, obj, self.api.default_toleration_s)
+        kube_dra.default(t.rt, obj, None)
         if t.rt.custom:
             _structural(t.rt, obj)
         adm.drop_omitted(t.rt, obj)
@@ -266,10 +269,10 @@ class Verbs:
             adm.check_service_account(self.store, self.api.type_for("", "serviceaccounts"), obj, t.namespace)
         if not meta.get("name") and meta.get("generateName"):
             obj["metadata"]["name"] = meta["generateName"] + "xxxxx"
-            adm.validate(t.rt, obj, None)
+            adm.validate(t.rt, obj, None, kube_dra.validate)
             del obj["metadata"]["name"]
         else:
-            adm.validate(t.rt, obj, None)
+            adm.validate(t.rt, obj, None, kube_dra.validate)
         obj["apiVersion"], obj["kind"] = t.rt.group_version, t.rt.kind
 
         def mutate(o: Obj) -> None:
@@ -320,6 +323,7 @@ class Verbs:
     def commit_update(self, req: Request, t: Target, old: Obj, body: Obj, dry: bool, manager: str,
                       operation: str, owned: set[kp.Path] | None = None) -> Obj:
         new = _merge_subresource(t.rt, old, body, t.subresource)
+        kube_dra.default(t.rt, new, old)
         adm.drop_omitted(t.rt, new)
         new["apiVersion"], new["kind"] = t.rt.group_version, t.rt.kind
         _keep_system_metadata(new, old)
@@ -327,7 +331,7 @@ class Verbs:
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if t.rt.custom:
             _structural(t.rt, new)
-        adm.validate(t.rt, new, old)
+        adm.validate(t.rt, new, old, kube_dra.validate)
         if operation == "Apply":
             _set_managed(new, new, manager, operation, t.rt.group_version, owned or set(), replace=True)
         else:
@@ -643,6 +647,14 @@ def _server_side_apply(old: Obj, applied: Obj, manager: str, force: bool,
             entry["fieldsV1"] = kp.fields_v1(remaining)
         new["metadata"]["managedFields"] = [e for e in kept if e["fieldsV1"]]
     return new, set(applied_leaves)
+
+
+def server_side_apply_and_own(store: Store, rt: ResourceType, old: Obj, applied: Obj, manager: str) -> Obj:
+    """A controller's forced server-side apply of ``applied`` over ``old`` (kube-controller-manager's way:
+    ``Force: true``), stored with ``manager`` owning what it applied."""
+    new, owned = _server_side_apply(old, applied, manager, True, rt.group_version)
+    _set_managed(new, new, manager, "Apply", rt.group_version, owned, replace=True)
+    return store.update(rt, new, old)
 
 
 def _set_path(obj: Obj, path: kp.Path, value: Any) -> None:

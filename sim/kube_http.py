@@ -6,13 +6,10 @@ import socket
 import struct
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from sim.kube_errors import ApiError, encode
-
-if TYPE_CHECKING:
-    from sim.kubeapi import KubeAPIServer
 
 GO_BUFFER = 2048  # Go switches to chunked encoding once a body passes its write buffer
 BASE_HEADERS = {"Cache-Control": "no-cache, private", "Content-Type": "application/json",
@@ -40,10 +37,16 @@ class Request:
         return self.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
+class RequestSink(Protocol):
+    """What a connection's handler hands each request to (the server implements it; this module owns it)."""
+
+    def handle(self, h: Handler, req: Request) -> None: ...
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # small responses on a kept-alive connection: no 40 ms delayed-ACK stalls
-    api: KubeAPIServer  # set on the subclass the server makes
+    api: RequestSink  # set on the subclass the server makes
 
     def log_message(self, format: str, *args: Any) -> None:
         return

@@ -27,8 +27,9 @@ from sim.kube_events import record_event
 from sim.kube_store import Obj, WatchEvent, now_time
 
 if TYPE_CHECKING:
+    from sim.kube_host import EventHost
     from sim.kube_resources import ResourceType
-    from sim.kubeapi import KubeAPIServer
+    from sim.kube_store import Store
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
@@ -103,9 +104,10 @@ def tolerated_for(pod: Obj, taints: list[dict[str, Any]]) -> float | None:
 
 
 class NodeLifecycle:
-    def __init__(self, api: KubeAPIServer, grace_s: float = DEFAULT_GRACE_S, monitor_s: float = 0.25) -> None:
+    def __init__(self, store: Store, api: EventHost, grace_s: float = DEFAULT_GRACE_S,
+                 monitor_s: float = 0.25) -> None:
         self.api = api
-        self.store = api.store
+        self.store = store
         self.grace_s = grace_s
         self.monitor_s = monitor_s
         self.renewals: dict[str, tuple[Any, float]] = {}  # node -> (spec.renewTime, when that was seen)

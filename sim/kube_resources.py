@@ -95,10 +95,55 @@ def builtin_types() -> list[ResourceType]:
                      subresources=("status",), generation=True, create_status="clear", top_fields=spec_status),
         ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False,
                      top_fields=_fields("rules", "aggregationRule")),
+        # Stored only (RBAC is what enforce_rbac says; no controller runs Deployments or Services): so that
+        # the manifests apply (kubectl apply --server-side -k).
+        ResourceType("apps", "v1", "deployments", "Deployment", True, short_names=("deploy",),
+                     subresources=("status",), generation=True, create_status="clear", top_fields=spec_status),
+        ResourceType("", "v1", "services", "Service", True, short_names=("svc",), subresources=("status",),
+                     top_fields=spec_status),
+        ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, top_fields=_fields("rules")),
+        ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True,
+                     top_fields=_fields("subjects", "roleRef")),
+        ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False,
+                     top_fields=_fields("subjects", "roleRef")),
         ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                      False, short_names=("crd", "crds"), subresources=("status",), generation=True,
                      create_status="clear", top_fields=spec_status),
     ]
+
+
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2")  # what a v1.36 server with --runtime-config=resource.k8s.io/v1beta2=true serves
+
+
+def dra_types(versions: tuple[str, ...] = DRA_VERSIONS, taint_rule_versions: tuple[str, ...] = ("v1beta2",)
+              ) -> list[ResourceType]:
+    """resource.k8s.io as v1.36 serves it (sim.kube_dra validates and defaults it): ResourceSlice, ResourceClaim
+    (status subresource), ResourceClaimTemplate (stored only), DeviceClass in each of ``versions`` (one storage:
+    v1beta2 has v1's shape), and
+    DeviceTaintRule (status subresource) in ``taint_rule_versions`` only: () is a cluster without the
+    DRADeviceTaintRules gate (or a 1.35 one), ("v1beta2",) a 1.36 one with it, ("v1", ...) 1.37 (GA)."""
+    spec = _fields("spec")
+    out: list[ResourceType] = []
+    for version in versions:
+        out.append(ResourceType(DRA_GROUP, version, "deviceclasses", "DeviceClass", False, generation=True,
+                                top_fields=spec))
+        if version in taint_rule_versions:
+            out.append(_device_taint_rules(version))
+        out += [ResourceType(DRA_GROUP, version, "resourceclaims", "ResourceClaim", True, subresources=("status",),
+                             create_status="clear", top_fields=_fields("spec", "status")),
+                # stored only: no resourceclaim controller makes claims from templates here
+                ResourceType(DRA_GROUP, version, "resourceclaimtemplates", "ResourceClaimTemplate", True,
+                             top_fields=spec),
+                ResourceType(DRA_GROUP, version, "resourceslices", "ResourceSlice", False, generation=True,
+                             top_fields=spec)]
+    out += [_device_taint_rules(v) for v in taint_rule_versions if v not in versions]
+    return out
+
+
+def _device_taint_rules(version: str) -> ResourceType:
+    return ResourceType(DRA_GROUP, version, "devicetaintrules", "DeviceTaintRule", False, subresources=("status",),
+                        generation=True, create_status="clear", top_fields=_fields("spec", "status"))
 
 
 def from_crd(crd: dict[str, Any]) -> list[ResourceType]:

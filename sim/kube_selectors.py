@@ -212,9 +212,15 @@ EVENT_FIELDS: dict[str, FieldGetter] = {
     **{f"involvedObject.{k}": _path("involvedObject", k)
        for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")},
 }
+# resource.k8s.io/v1 ResourceSlice's field-label conversion (pkg/apis/resource/v1/conversion.go): spec.nodeName and
+# spec.driver; anything else is "field label not supported for resource.k8s.io/v1, Kind=ResourceSlice: <field>".
+RESOURCE_SLICE_FIELDS: dict[str, FieldGetter] = {
+    **COMMON_FIELDS, "spec.nodeName": _path("spec", "nodeName"), "spec.driver": _path("spec", "driver"),
+}
 # Resources with their own field-label conversion answer "field label not supported"; the rest use the
 # generic "is not a known field selector" message.
-CUSTOM_FIELD_RESOURCES = {"pods": POD_FIELDS, "nodes": NODE_FIELDS, "events": EVENT_FIELDS}
+CUSTOM_FIELD_RESOURCES = {"pods": POD_FIELDS, "nodes": NODE_FIELDS, "events": EVENT_FIELDS,
+                          "resourceslices": RESOURCE_SLICE_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -224,7 +230,9 @@ class FieldTerm:
     value: str
 
 
-def parse_field_selector(text: str, resource: str) -> tuple[FieldTerm, ...]:
+def parse_field_selector(text: str, resource: str, group_version_kind: str = "") -> tuple[FieldTerm, ...]:
+    """``group_version_kind`` (e.g. "resource.k8s.io/v1, Kind=ResourceSlice") is named in the refusal of an
+    unsupported field where the real server names it (resource.k8s.io's conversion functions)."""
     supported = CUSTOM_FIELD_RESOURCES.get(resource, COMMON_FIELDS)
     terms: list[FieldTerm] = []
     for part in (p for p in text.split(",") if p.strip() != ""):
@@ -232,7 +240,7 @@ def parse_field_selector(text: str, resource: str) -> tuple[FieldTerm, ...]:
         if term is None:
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         if term.field not in supported:
-            raise _unsupported_field(term.field, resource)
+            raise _unsupported_field(term.field, resource, group_version_kind)
         terms.append(term)
     return tuple(terms)
 
@@ -245,7 +253,9 @@ def _field_term(part: str) -> FieldTerm | None:
     return None
 
 
-def _unsupported_field(field: str, resource: str) -> ApiError:
+def _unsupported_field(field: str, resource: str, group_version_kind: str = "") -> ApiError:
+    if resource == "resourceslices" and group_version_kind:
+        return bad_request(f"field label not supported for {group_version_kind}: {field}")
     if resource in CUSTOM_FIELD_RESOURCES:
         return bad_request(f"field label not supported: {field}")
     return bad_request(f'"{field}" is not a known field selector: only "metadata.name", "metadata.namespace"')

@@ -6,7 +6,10 @@ resources (structural schema, defaults, pruning and CEL rules: sim.kube_schema, 
 PodDisruptionBudgets, bearer-token auth with optional per-user RBAC, and fault injection. Admission as
 the default plugins do it: ServiceAccount, DefaultTolerationSeconds, TaintNodesByCondition. It also runs
 the controllers kube-controller-manager would: Job -> pods (FailedCreate, SuccessCriteriaMet), owner-
-reference GC (absent owners too), PDB status, ServiceAccounts, node lifecycle (sim.kube_nodes).
+reference GC (absent owners too), PDB status, ServiceAccounts, node lifecycle (sim.kube_nodes), device-taint
+eviction (sim.kube_dra_eviction). resource.k8s.io (DRA) is served as v1.36.2 with DRADeviceTaintRules and
+resource.k8s.io/v1beta2 on serves it (sim.kube_dra; ``dra=``, ``device_taint_rule_versions=``); how that differs
+from the real server is listed in sim.kube_dra, sim.kube_dra_eviction and docs/dra.md.
 
 Behaviour follows v1.28 (shared/data/kube-apiserver) where v1.36 (shared/data/kube-apiserver-1.36) does
 not differ, and v1.36 where it does (Job conditions, CEL message text, the mux's plain-text 404).
@@ -16,6 +19,7 @@ Not implemented: Table output; protobuf; admission webhooks; CEL beyond the subs
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import secrets
@@ -32,10 +36,11 @@ from typing import Any
 
 from sim import kube_errors as errs
 from sim.kube_controllers import Controllers
+from sim.kube_dra_eviction import STATUS_PERIOD_S
 from sim.kube_handlers import Target, Verbs
 from sim.kube_http import Handler, Request
 from sim.kube_nodes import DEFAULT_GRACE_S
-from sim.kube_resources import ResourceType, builtin_types, from_crd
+from sim.kube_resources import ResourceType, builtin_types, dra_types, from_crd
 from sim.kube_store import Obj, Store
 
 VERSION_INFO = {"major": "1", "minor": "28", "gitVersion": "v1.28.7-sim", "gitTreeState": "clean",
@@ -59,10 +64,18 @@ class KubeAPIServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, tls: bool = False, watch_history: int = 1000,
                  bookmark_interval_s: float = 60.0, anonymous: bool = False, *,
                  node_monitor_grace_s: float = DEFAULT_GRACE_S, default_toleration_s: int = 300,
-                 first_cr_create_delay_s: float = 0.0) -> None:
+                 first_cr_create_delay_s: float = 0.0, dra: bool = True,
+                 device_taint_rule_versions: tuple[str, ...] = ("v1beta2",),
+                 device_taint_status_period_s: float = STATUS_PERIOD_S) -> None:
         """``node_monitor_grace_s``: how long a Node's Lease may go unrenewed before it is Unknown;
         ``default_toleration_s``: how long pods tolerate not-ready / unreachable (then they are evicted);
-        ``first_cr_create_delay_s``: how long after its CRD a custom resource's first create is held."""
+        ``first_cr_create_delay_s``: how long after its CRD a custom resource's first create is held;
+        ``dra``: serve resource.k8s.io (ResourceSlice, ResourceClaim, DeviceClass at v1 and v1beta2, as v1.36 with
+        ``--runtime-config=resource.k8s.io/v1beta2=true``); ``device_taint_rule_versions``: where DeviceTaintRule
+        is served: ("v1beta2",) as v1.36 with ``--feature-gates=DRADeviceTaintRules=true``, () as a cluster
+        without that gate or a 1.35 one (404, not in discovery), ("v1", "v1beta2") as 1.37;
+        ``device_taint_status_period_s``: how often at most the eviction controller rewrites a DeviceTaintRule's
+        EvictionInProgress condition (upstream: 10 s)."""
         self.host, self.port, self.tls = host, port, tls
         self.store = Store(history=watch_history)
         self.bookmark_interval_s = bookmark_interval_s
@@ -89,11 +102,12 @@ class KubeAPIServer:
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        for rt in builtin_types():
+        for rt in builtin_types() + (dra_types(taint_rule_versions=device_taint_rule_versions) if dra else []):
             self.types[(rt.group, rt.version, rt.resource)] = rt
-        self.verbs = Verbs(self)
-        self.controllers = Controllers(self)
+        self.verbs = Verbs(self.store, self)
+        self.controllers = Controllers(self.store, self)
         self.controllers.nodes.grace_s = node_monitor_grace_s
+        self.controllers.device_taints.status_period_s = device_taint_status_period_s
         for ns in SYSTEM_NAMESPACES:
             self.store.create(self.type_for("", "namespaces"),
                               {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
@@ -158,8 +172,12 @@ class KubeAPIServer:
         with self._lock:
             self.faults.append(Fault(method.upper(), re.compile(path), count, status, retry_after, action, delay_s))
 
-    def write_kubeconfig(self, path: str | Path, token: str | None = None) -> str:
+    def write_kubeconfig(self, path: str | Path, token: str | None = None, embed_ca: bool = False) -> str:
+        """A kubeconfig for this server (the admin token unless ``token``); with TLS it names the CA file, or
+        with ``embed_ca`` carries it as certificate-authority-data (kubectl, other machines' tools)."""
         ca = f"\n    certificate-authority: {self.ca_file}" if self.ca_file else ""
+        if self.ca_file and embed_ca:
+            ca = "\n    certificate-authority-data: " + base64.b64encode(Path(self.ca_file).read_bytes()).decode()
         text = (f"apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {self.url}{ca}\n"
                 f"users:\n- name: sim-user\n  user:\n    token: {token or self.admin_token}\n"
                 "contexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim-user\n"

@@ -10,6 +10,9 @@ discovery show it in capacity, allocatable and labels) and GPUs the device plugi
 (``set_unhealthy``: in capacity, not in allocatable). Such a node admits pods as a kubelet does: one asking
 for more of an extended resource than allocatable leaves is Failed with reason ``OutOf<resource>``.
 
+With ``dra=True`` it also publishes each node's ResourceSlice as NVIDIA's DRA driver for GPUs would (driver
+``gpu.nvidia.com``, pool = node, devices ``gpu-0``.. with the ``uuid`` gpu-sim uses: sim.nodesim_dra); off by default.
+
 As a kubelet does, it renews each node's Lease in ``kube-node-lease`` (holderIdentity = node name,
 leaseDurationSeconds 40, every ``lease_renew_s``: the kubelet's 0.25 x duration), and posts the Ready
 condition's lastHeartbeatTime every ``heartbeat_s``; a node that is down (rebooting) does neither, so a
@@ -29,7 +32,8 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.leader import micro_time
-from gpuremediate.kube.resources import LEASES, NODES, PODS
+from gpuremediate.kube.resources import LEASES, NODES, PODS, RESOURCE_SLICES
+from sim import nodesim_dra
 from sim.kube_controllers import is_ready
 from sim.kube_store import now_time
 
@@ -108,8 +112,9 @@ class SimNode:
 
 class NodeSim:
     def __init__(self, client: KubeClient, grace_cap_s: float = 2.0, tick_s: float = 0.1, *,
-                 lease_renew_s: float = 10.0, heartbeat_s: float = 10.0) -> None:
+                 lease_renew_s: float = 10.0, heartbeat_s: float = 10.0, dra: bool = False) -> None:
         self.client = client
+        self.dra = dra  # publish a ResourceSlice per node (sim.nodesim_dra)
         self.grace_cap_s = grace_cap_s
         self.tick_s = tick_s
         self.lease_renew_s = lease_renew_s
@@ -135,11 +140,59 @@ class NodeSim:
         try:
             created = self.client.create(NODES, body)
         except errors.AlreadyExists:
-            created = self.client.patch(NODES, name, {"status": body["status"]}, subresource="status")
+            created = self._register_again(body)
         node.heartbeat_at = time.monotonic()
         with contextlib.suppress(errors.ApiError, errors.TransportError):
             self._renew_lease(node)  # the loop retries
+        if self.dra:
+            self.publish_resource_slice(name, created["metadata"]["uid"])
         return created
+
+    # --- DRA: the ResourceSlice NVIDIA's kubelet plugin publishes -------------------------------------
+    def resource_slices(self, node: str) -> list[dict[str, Any]]:
+        """The node's slices of gpu.nvidia.com (the field selectors a kubelet plugin's controller uses)."""
+        selector = f"spec.nodeName={node},spec.driver={nodesim_dra.DRIVER}"
+        return list(self.client.list(RESOURCE_SLICES, field_selector=selector)["items"])
+
+    def publish_resource_slice(self, node: str, node_uid: str | None = None) -> dict[str, Any]:
+        """Create the node's slice, or bring the one there up to date (a new pool generation when its devices
+        differ), as the driver does at start-up; extra slices of the pool are deleted."""
+        sim = self.nodes[node]
+        uid = node_uid or self.client.get(NODES, node)["metadata"]["uid"]
+        existing = self.resource_slices(node)
+        for extra in existing[1:]:
+            with contextlib.suppress(errors.NotFound):
+                self.client.delete(RESOURCE_SLICES, extra["metadata"]["name"])
+        if not existing:
+            return self.client.create(RESOURCE_SLICES, nodesim_dra.resource_slice(node, uid, sim.gpus))
+        current = existing[0]
+        generation = int(current["spec"]["pool"].get("generation") or 0)
+        wanted = nodesim_dra.resource_slice(node, uid, sim.gpus, generation)
+        owners = wanted["metadata"]["ownerReferences"]
+        if current["spec"] == wanted["spec"] and current["metadata"].get("ownerReferences") == owners:
+            return current
+        if current["spec"] != wanted["spec"]:
+            wanted["spec"]["pool"]["generation"] = generation + 1
+        metadata = {**current["metadata"], "ownerReferences": owners}
+        return self.client.replace(RESOURCE_SLICES, current["metadata"]["name"],
+                                   {**current, "metadata": metadata, "spec": wanted["spec"]})
+
+    def _register_again(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A Node kept from an earlier run on the same server (a bare control plane outlives its scenarios)
+        takes this node's shape again: its status as posted now, and none of the GPU labels or extended
+        resources (MIG slices, GPU Operator deploy labels, a product) this node does not have."""
+        name = body["metadata"]["name"]
+        old = self.client.get(NODES, name)
+        wanted = body["metadata"]["labels"]
+        stale_labels = {k: None for k in (old["metadata"].get("labels") or {})
+                        if k.startswith("nvidia.com/") and k not in wanted}
+        status: dict[str, Any] = dict(body["status"])
+        for section in ("capacity", "allocatable"):
+            gone = {k: None for k in (old.get("status") or {}).get(section) or {}
+                    if "/" in k and k not in status[section]}
+            status[section] = {**gone, **status[section]}
+        self.client.patch(NODES, name, {"metadata": {"labels": {**stale_labels, **wanted}}})
+        return self.client.patch(NODES, name, {"status": status}, subresource="status")
 
     def _node_body(self, node: SimNode, labels: dict[str, str]) -> dict[str, Any]:
         all_labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux",

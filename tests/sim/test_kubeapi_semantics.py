@@ -261,6 +261,24 @@ def test_eviction_respects_the_budget(srv: KubeAPIServer, raw: Raw) -> None:
     assert raw("POST", f"{NS}/pods/nope/eviction", {**eviction, "metadata": {"name": "nope"}}).status == 404
 
 
+def test_a_pod_relabelled_from_one_budget_to_another_moves_both_statuses(raw: Raw) -> None:
+    """A pod's change syncs the PDBs that select it now and those that did before (only those: the disruption
+    controller's getPdbForPod), so a relabel leaves neither status stale."""
+    pdbs = "/apis/policy/v1/namespaces/capture/poddisruptionbudgets"
+    for name, app in (("m1", "old"), ("m2", "old"), ("m3", "new")):
+        raw("POST", f"{NS}/pods", pod(name, {"app": app}))
+        make_ready(raw, "capture", name)
+    raw("POST", pdbs, _pdb("old", "old", minAvailable=1))
+    raw("POST", pdbs, _pdb("new", "new", minAvailable=1))
+
+    def healthy(name: str) -> int:
+        return int(raw("GET", f"{pdbs}/{name}").body.get("status", {}).get("currentHealthy", -1))
+
+    assert until(lambda: healthy("old") == 2 and healthy("new") == 1)
+    raw("PATCH", f"{NS}/pods/m2", {"metadata": {"labels": {"app": "new"}}}, MERGE)
+    assert until(lambda: healthy("old") == 1 and healthy("new") == 2)
+
+
 def test_eviction_without_budget_deletes_gracefully(raw: Raw) -> None:
     raw("POST", f"{NS}/pods", pod("free"))
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "free"}}
