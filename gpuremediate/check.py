@@ -3,7 +3,9 @@ same policy the controller uses.
 
 Exit codes: 0 healthy, 1 degraded (thermal, or a repair that may wait), 2 needs repair (a lost GPU
 included: nvidia-smi exit 15 names it, the readable GPUs are still shown and judged),
-3 could not check (no nvidia-smi, driver not loaded, nvidia-smi timed out, bad policy file, ...).
+3 could not check (no nvidia-smi, driver not loaded, nvidia-smi timed out, bad policy file, ...),
+64 usage error (an unknown flag, a missing or bad flag value: sysexits' EX_USAGE; argparse's own 2
+would read as "needs repair", so a typo in a script is never taken for a broken GPU).
 A snapshot has no history, so the thermal hold time is not applied: hot now counts as hot.
 """
 
@@ -32,6 +34,7 @@ EXIT_HEALTHY = 0
 EXIT_DEGRADED = 1
 EXIT_NEEDS_REPAIR = 2
 EXIT_CANNOT_CHECK = 3
+EXIT_USAGE = 64  # sysexits.h EX_USAGE: no verdict at all (cli.py makes argparse exit with it for check)
 VERDICTS = {
     EXIT_HEALTHY: "healthy",
     EXIT_DEGRADED: "degraded",
@@ -217,8 +220,18 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
+EXIT_CODES_HELP = f"""\
+exit codes:
+  {EXIT_HEALTHY}  healthy
+  {EXIT_DEGRADED}  degraded (thermal, or a repair that may wait)
+  {EXIT_NEEDS_REPAIR}  needs repair (a lost GPU included)
+  {EXIT_CANNOT_CHECK}  could not check (no nvidia-smi, driver not loaded, nvidia-smi timed out, bad policy file)
+  {EXIT_USAGE} usage error (an unknown flag, a missing or bad flag value): no verdict
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``gpuremediate check`` options."""
+    """The ``gpuremediate check`` options (the parser's usage errors should exit ``EXIT_USAGE``: cli.py's do)."""
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--nvidia-smi", dest="nvidia_smi", help="path to nvidia-smi (default: found on PATH)")
     parser.add_argument("--policy", help="TOML policy file (default: built-in policy)")

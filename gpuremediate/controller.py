@@ -14,14 +14,17 @@ from typing import Any, Protocol
 
 from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.actions.budget_claims import BudgetClaims, is_done
-from gpuremediate.actions.events import WARNING, EventRecorder
+from gpuremediate.actions.dry_run_journal import DryRunJournal
+from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
 from gpuremediate.actions.nodes import NodeView, NodeWriter, is_excluded, is_gpu_node, labels_of, name_of
+from gpuremediate.clock import SteadyClock
 from gpuremediate.config import Settings
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient, WriteFence
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.leader import LeaderElector
+from gpuremediate.kube.handover import HANDOVER_ANNOTATION, HANDOVER_VERSION, LEADER_MODE, ModeGuard
+from gpuremediate.kube.leader import LeaderElector, LeaseLock
 from gpuremediate.kube.resources import EVENTS, NODES, SECRETS
 from gpuremediate.kube.shards import ShardSet
 from gpuremediate.loops.base import LoopContext, NodeLoop
@@ -85,7 +88,8 @@ class ShardExporterSource(ExporterSource):
 
 
 def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetrics, view: NodeView,
-                 owns: Callable[[str], bool] = lambda _node: True) -> Source:
+                 owns: Callable[[str], bool] = lambda _node: True,
+                 clock: Callable[[], float] = time.time) -> Source:
     """The GPU-metrics source; ``owns`` narrows it to the nodes this replica acts on (--shards)."""
 
     def expected() -> list[str]:
@@ -97,7 +101,8 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
             settings.prometheus_url, token=token, ca_file=settings.prometheus_ca_file or None,
             node_label=settings.prometheus_node_label, timeout_s=settings.prometheus_query_timeout_s or None,
             max_bytes=settings.prometheus_max_bytes, expected_nodes=expected,
-            fault_poll_s=settings.prometheus_fault_poll_s,
+            fault_poll_s=settings.prometheus_fault_poll_s, clock=clock,
+            fleet_size=lambda: len(view.gpu_nodes()),  # every replica asks for the whole fleet (--shards too)
         )
     sharded: dict[str, Any] = {"owns": owns} if settings.sharded else {}
     return (ShardExporterSource if settings.sharded else ExporterSource)(
@@ -109,6 +114,7 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
         timeout_s=settings.scrape_timeout_s,
         observer=MetricsObserver(metrics, "exporter"),
         expected_nodes=expected,
+        clock=clock,
         **sharded,
     )
 
@@ -139,7 +145,7 @@ def read_notifier(client: KubeClient, settings: Settings, policy: PolicyFile,
     try:
         url = url_from_secret(client.get(SECRETS, cfg.secret, settings.namespace), cfg.secret_key)
         notifier = WebhookNotifier(url, fmt=cfg.format, cluster=cfg.cluster, timeout_s=cfg.timeout_s,
-                                   retries=cfg.retries,
+                                   retries=cfg.retries, events=cfg.events, template=cfg.template,
                                    on_result=lambda kind, result: metrics.notifications.inc(kind=kind, result=result))
     except errors.NotFound:
         return None, f"{what} not found"
@@ -158,10 +164,13 @@ class Controller:
         *,
         client: KubeClient | None = None,
         source: Source | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock``: epoch seconds for every timeout and age (default: a SteadyClock, anchored to the API
+        server's time when the loops start)."""
         self.settings = settings
         self.metrics = ControllerMetrics()
+        clock = clock or SteadyClock(on_offset=self.metrics.clock_offset.set)
         self.metrics.dry_run.set(1.0 if settings.dry_run else 0.0)
         self.metrics.shards.set(float(settings.shards))
         self.client = client or KubeClient(load_config(settings.kubeconfig, settings.context),
@@ -172,7 +181,11 @@ class Controller:
                                dry_run=settings.dry_run)
         writer = NodeWriter(self.client, view, events, self.metrics, dry_run=settings.dry_run)
         writer.taint = policy.cluster.taint
+        writer.clock = clock
         breakers = BreakerStore(self.client, settings.namespace, dry_run=settings.dry_run)
+        if settings.dry_run:  # what it would do, where the CLI reads it (no Node is written)
+            writer.journal = journal = DryRunJournal(self.client, settings.namespace, settings.who, clock)
+            breakers.on_dry_run_save = lambda breaker: journal.note_breaker(breaker.to_dict())
         self.shards = self._shard_set(settings) if settings.sharded else None
         claims = BudgetClaims(self.client, settings.namespace, lambda name: _looks_done(view, name), clock) \
             if self.shards is not None and not settings.dry_run else None
@@ -180,7 +193,7 @@ class Controller:
                                events=events, nodes=view, writer=writer, breakers=breakers, clock=clock,
                                shards=self.shards, claims=claims)
         self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view,
-                                                                  self.ctx.owns))
+                                                                  self.ctx.owns, clock))
         alerts, alerts_problem = build_alerts(settings, policy)
         if alerts_problem:
             log.error("blocking alerts cannot be read: drains wait while this lasts",
@@ -214,6 +227,8 @@ class Controller:
     def start_loops(self) -> None:
         """Start acting (the leader elector's thread calls this); nothing starts once stop() has begun."""
         notifier = self._read_notifier()  # an API call: outside the lock
+        if isinstance(self.ctx.clock, SteadyClock):  # the informer's list and watch have told the server's time
+            self.ctx.clock.anchor(self.client.server_time.offset())
         with self._lifecycle:
             if self.ctx.stop.is_set():
                 return
@@ -223,6 +238,8 @@ class Controller:
             if notifier is not None:
                 self.ctx.writer.notifier = notifier.start()
             self.ctx.breakers.start()  # the breaker ConfigMap through a watch: no GET per cycle
+            if self.ctx.writer.journal is not None:
+                self.ctx.writer.journal.start()
             self.detect.start()
             for loop in self.node_loops:
                 loop.start()
@@ -264,11 +281,13 @@ class Controller:
         with self._lifecycle:
             self.acting = False
             self.ctx.stop.set()
-            parts: list[Stoppable] = [self.detect, *self.node_loops, self.informer, self.ctx.breakers]
+            parts: list[Stoppable] = [self.detect, *self.node_loops, self.informer, self.ctx.breakers, self.ctx.jobs]
             if self.maintenance is not None:
                 parts.append(self.maintenance)
             if self.ctx.writer.notifier is not None:
                 parts.append(self.ctx.writer.notifier)
+            if self.ctx.writer.journal is not None:
+                parts.append(self.ctx.writer.journal)
         stoppers = [threading.Thread(target=part.stop, name=f"stop-{type(part).__name__}", daemon=True)
                     for part in parts]
         for stopper in stoppers:
@@ -349,19 +368,36 @@ class Controller:
 
     def _elector(self) -> LeaderElector | None:
         """The leader Lease (--leader-elect); with --shards S > 1 there is none: see docs/architecture.md."""
-        if not self.settings.leader_elect or self.settings.sharded:
+        settings = self.settings
+        if not settings.leader_elect or settings.sharded:
             return None
+
+        def watcher(name: str) -> LeaseLock:
+            return LeaseLock(self.client, settings.namespace, name, settings.who, settings.lease_duration_s,
+                             settings.renew_deadline_s)
+
         return LeaderElector(
-            self.client, self.settings.namespace, self.settings.lease_name, self.settings.who,
-            lease_duration=self.settings.lease_duration_s, renew_deadline=self.settings.renew_deadline_s,
-            retry_period=self.settings.retry_period_s,
+            self.client, settings.namespace, settings.lease_name, settings.who,
+            lease_duration=settings.lease_duration_s, renew_deadline=settings.renew_deadline_s,
+            retry_period=settings.retry_period_s,
             on_started_leading=self.start_loops, on_stopped_leading=self._lost,
+            guard=ModeGuard(settings.namespace, settings.who, LEADER_MODE, settings.lease_name, watcher),
+            annotations={HANDOVER_ANNOTATION: HANDOVER_VERSION}, on_conflict=self._mode_conflict,
         )
 
     def _shard_set(self, settings: Settings) -> ShardSet:
         return ShardSet(self.client, settings.namespace, settings.who, settings.shards,
                         lease_duration=settings.lease_duration_s, renew_deadline=settings.renew_deadline_s,
-                        retry_period=settings.retry_period_s, on_change=self._shards_changed)
+                        retry_period=settings.retry_period_s, on_change=self._shards_changed,
+                        leader_lease=settings.lease_name, on_conflict=self._mode_conflict)
+
+    def _mode_conflict(self, why: str) -> None:
+        """Replicas of another mode (a rollout changing --leader-elect / --shards) act instead of this one."""
+        self.metrics.mode_waiting.set(1.0 if why else 0.0)
+        event = ("GPURemediationWaitingForHandover", f"not acting: {why}", WARNING) if why else \
+            ("GPURemediationHandedOver", "no replica of another mode acts any more: acting", NORMAL)
+        # Not on the caller's thread: it renews the Leases, and an Event's create may be slow.
+        threading.Thread(target=self._controller_event, args=event, name="handover-event", daemon=True).start()
 
     def _shards_changed(self, owned: frozenset[int]) -> None:
         """A shard taken (its nodes are queued at once) or lost (their steps stop: ``ctx.owns`` says no)."""

@@ -1,16 +1,24 @@
 """``gpuremediate demo``: the embedded default. A simulated GPU cluster (API emulator, gpu-sim as
 the dcgm-exporter of every node, a kubelet stand-in, the node agent on every node reading gpu-sim's
 kernel log and nvidia-smi) and the real controller, in one process.
-Faults are injected on a timeline and each node is shown walking through its states."""
+Faults are injected on a timeline and each node is shown walking through its states.
+
+``--keep`` (``make sandbox``) then leaves the cluster and the controller running, its API server on https,
+and writes a kubeconfig (its CA and an admin token) for kubectl and the CLI: the place to try ``pause``,
+``release`` and ``breaker reset`` on a fleet that answers. It runs until Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from gpuremediate.config import Settings
@@ -18,9 +26,12 @@ from gpuremediate.controller import Controller
 from gpuremediate.fleet import StatusRow, explain_node, render_status, status_rows
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.policy.config import loads_policy
+from gpuremediate.shutdown import Shutdown
 from gpuremediate.state import states
 from gpuremediate.state.record import RecordError, record_from_node
 from sim.cluster import SimCluster
+
+SANDBOX_KUBECONFIG = str(Path(tempfile.gettempdir()) / "gpuremediate-sandbox.kubeconfig")
 
 DEMO_POLICY = """
 [thermal]
@@ -73,11 +84,16 @@ def timeline(nodes: int = 6) -> list[Step]:
 
 
 class Demo:
-    def __init__(self, nodes: int, speed: float, color: bool, out: TextIO | None = None) -> None:
+    def __init__(self, nodes: int, speed: float, color: bool, out: TextIO | None = None, *, keep: bool = False,
+                 kubeconfig_out: str = SANDBOX_KUBECONFIG, stop: Shutdown | None = None) -> None:
+        """``keep``: after the timeline the cluster and the controller run on (over TLS) until ``stop`` is
+        requested (Ctrl-C), with a kubeconfig for them written to ``kubeconfig_out``."""
         self.speed = max(0.1, speed)
         self.color = color
         self.out = out or sys.stdout
-        self.cluster = SimCluster(nodes=max(4, nodes), agents=True)
+        self.keep, self.kubeconfig_out = keep, kubeconfig_out
+        self.stop = stop or Shutdown()
+        self.cluster = SimCluster(nodes=max(4, nodes), agents=True, tls=keep)
         self.seen: dict[str, tuple[str, str]] = {}
         self.started = 0.0
         self.repeat_faults = 1
@@ -102,13 +118,52 @@ class Demo:
             controller.start_loops()
             try:
                 self._play(cluster)
+                if self.keep:
+                    self._results(cluster, controller)
+                    return self._sandbox(cluster)
             finally:
                 controller.stop()
-            print("\n$ gpuremediate status\n" + render_status(status_rows(cluster.kube)),
-                  file=self.out)
-            print("$ gpuremediate explain gpu-node-4\n" + explain_node(cluster.kube, "gpu-node-4"),
-                  file=self.out)
-            self._summary(controller)
+            self._results(cluster, controller)
+        return 0
+
+    def _results(self, cluster: SimCluster, controller: Controller) -> None:
+        print("\n$ gpuremediate status\n" + render_status(status_rows(cluster.kube)), file=self.out)
+        print("$ gpuremediate explain gpu-node-4\n" + explain_node(cluster.kube, "gpu-node-4"), file=self.out)
+        self._summary(controller)
+
+    def _sandbox(self, cluster: SimCluster) -> int:
+        """The cluster stays up: a kubeconfig for it, what to try, then every state change until Ctrl-C."""
+        assert cluster.api is not None  # the demo always runs its own emulator
+        path = self.kubeconfig_out
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # written afresh, readable by its owner only: it holds an admin token
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        cluster.api.write_kubeconfig(path, embed_ca=True)
+        exporter = cluster.gpusim.url_for(cluster.node_names[0]).rsplit("/", 1)[0]
+        nodes = " ".join(name.rsplit("-", 1)[-1] for name in cluster.node_names)
+        print(f"""
+Sandbox: the simulated cluster and the controller keep running ({cluster.api.url}, TLS), until Ctrl-C.
+kubeconfig (its CA and an admin token): {path}
+
+  export KUBECONFIG={path}
+  kubectl get nodes
+  gpuremediate status -o wide                  # or: kubectl gpuremediate status
+  gpuremediate explain gpu-node-4
+  gpuremediate release gpu-node-4 --by you     # back through validation, then healthy
+  gpuremediate pause --reason "trying it"      # new faults wait (BLOCKED paused); then: gpuremediate resume
+  gpu-sim inject --url {exporter} --node gpu-node-2 --gpu 0 --fault xid --value 79   # a new fault
+  for n in {nodes}; do gpu-sim inject --url {exporter} --node gpu-node-$n --gpu 1 --fault xid --value 79; done
+  gpuremediate breaker status                  # after most nodes faulted at once: open
+  gpuremediate breaker reset
+""", file=self.out, flush=True)
+        try:
+            while not self.stop.wait(0.5):
+                self._report(cluster, status_rows(cluster.kube))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # the cluster it names is gone
+        print("sandbox stopped", file=self.out, flush=True)
         return 0
 
     def _workloads(self, cluster: SimCluster) -> None:
@@ -121,7 +176,7 @@ class Demo:
         self.started = time.monotonic()
         steps = timeline(len(cluster.node_names))
         deadline = self.started + 90.0 / self.speed
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.stop.requested:
             elapsed = (time.monotonic() - self.started) * self.speed
             while steps and steps[0].at <= elapsed:
                 step = steps.pop(0)
@@ -198,7 +253,9 @@ def _total(text: str, name: str) -> int:
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")))
 
 
-def main(nodes: int = 6, speed: float = 1.0, color: bool = False) -> int:
+def main(nodes: int = 6, speed: float = 1.0, color: bool = False, keep: bool = False,
+         kubeconfig_out: str = SANDBOX_KUBECONFIG) -> int:
     setup_logging("text", "critical")
     logging.getLogger("gpuremediate").setLevel(logging.CRITICAL)
-    return Demo(nodes, speed, color).run()
+    stop = Shutdown().install() if keep else None  # Ctrl-C ends the sandbox (and a timeline under way) cleanly
+    return Demo(nodes, speed, color, keep=keep, kubeconfig_out=kubeconfig_out, stop=stop).run()

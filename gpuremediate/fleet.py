@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuremediate.actions.breaker import SOURCE_NEVER_READ, SourceProblem
+from gpuremediate.actions.dry_run_journal import Journal
 from gpuremediate.actions.nodes import (
     KEEP_CORDONED_ANNOTATION,
+    gpu_count,
     is_excluded,
     is_gpu_node,
     keeps_cordoned,
@@ -24,12 +28,26 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
 from gpuremediate.loops.custom_drain import FALLBACK
 from gpuremediate.loops.diagnostics import DIAGNOSTICS, describe
+from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DETAIL
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.findings import KIND_THERMAL
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
+from gpuremediate.state.record import (
+    BLOCK_BREAKER,
+    BLOCK_BUDGET,
+    BLOCK_GPU_PODS,
+    BLOCK_PAUSED,
+    BLOCK_PDB,
+    Blocked,
+    NodeRecord,
+    RecordError,
+    node_patch,
+    record_from_node,
+    to_dict,
+)
 
 
 class FleetError(RuntimeError):
@@ -46,9 +64,43 @@ class StatusRow:
     blocked: str
     schedulable: bool
     excluded: bool
+    gpus: int = 0  # the node's GPUs (its GPU resources' capacity)
+    reason: str = ""  # the record's reason: the fault or the lifecycle step that put it in its state
+    holder: str = "-"  # who or what holds its wait (holder()): the pauser, the PDB, the nodes filling the budget
+    isolated: tuple[str, ...] = ()  # the GPUs (UUIDs) a DeviceTaintRule of ours takes out alone
+
+    @property
+    def gpus_in_service(self) -> str:
+        """``7/8 GPUs`` for a node with an isolated GPU ("" for any other node)."""
+        return f"{max(0, self.gpus - len(self.isolated))}/{self.gpus} GPUs" if self.isolated else ""
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "isolated": list(self.isolated), "gpus_in_service": self.gpus_in_service}
+
+
+def holder(blocked: Blocked | None) -> str:
+    """Who or what a wait waits on, read from its detail: the person who paused, the PodDisruptionBudget (or
+    pod) refusing an eviction, the nodes filling the budget, the pods holding GPUs, the breaker; "-" else."""
+    if blocked is None:
+        return "-"
+    detail = blocked.detail
+    found: re.Match[str] | None = None
+    if blocked.reason == BLOCK_PAUSED:
+        found = re.match(r"paused by (.*?): ", detail)
+    elif blocked.reason == BLOCK_PDB:
+        return detail.split(": ", 1)[0] or "-"
+    elif blocked.reason == BLOCK_BUDGET:
+        found = re.search(r"out of service \((.*?)\)", detail)
+        if found is None or found.group(1) == "none":
+            return "-"
+        inner = found.group(1)  # the fleet's "name: why; name: why", a domain's "name, name"
+        return ",".join(part.split(":")[0].strip() for part in inner.split("; " if ": " in inner else ", "))
+    elif blocked.reason == BLOCK_GPU_PODS:
+        found = re.search(r"still held by (.*?) \(drain", detail)
+    elif blocked.reason == BLOCK_BREAKER:
+        domain = re.match(r"domain breaker open for (\S+?): ", detail)
+        return f"domain {domain.group(1)}" if domain else "circuit breaker"
+    return found.group(1) if found is not None else "-"
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -61,31 +113,97 @@ def _ago(ts: float | None, now: float) -> str:
     return f"{seconds}s"
 
 
-def row_for(node: Mapping[str, Any]) -> StatusRow:
+WOULD = {states.CORDONED: "would cordon", states.DRAINING: "would drain", states.VALIDATING: "would validate",
+         states.QUARANTINED: "would be quarantined", states.MAINTENANCE: "would hold for maintenance"}
+
+
+def would(record: NodeRecord) -> str:
+    """A dry run's state in words: ``would drain``, ``would reboot`` (a repair says its action)."""
+    if record.state == states.REPAIRING:
+        return f"would {record.action.kind}" if record.action is not None else "would repair"
+    if record.state == states.HEALTHY:
+        return "would wait (healthy)" if record.blocked is not None else "healthy"
+    waiting = " (waiting)" if _state_word(record) != record.state else ""
+    return WOULD.get(record.state, f"would be {record.state}") + waiting
+
+
+def dry_run_line(journal: Journal, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    left = f"; {journal.left_out} nodes left out (journal full)" if journal.left_out else ""
+    return (f"DRY RUN: the controller ({journal.identity or '?'}, for {_ago(journal.started, now)}) writes nothing "
+            f"to Nodes; the table shows what it would do (updated {_ago(journal.updated, now)} ago{left})")
+
+
+def row_for(node: Mapping[str, Any], dry_run: Journal | None = None, now: float | None = None) -> StatusRow:
+    """The node's line; with a live dry-run journal, the record the dry run would have written."""
+    name, now = name_of(node), time.time() if now is None else now
+    if dry_run is not None and name in dry_run.records:
+        return _dry_row(row_for(node, now=now), dry_run.records[name], now)
     record = record_from_node(node)
-    name, schedulable, excluded = name_of(node), not node_unschedulable_of(node), is_excluded(node)
+    schedulable, excluded, gpus = not node_unschedulable_of(node), is_excluded(node), gpu_count(node)
     if record is None:
-        return StatusRow(name, states.HEALTHY, None, "-", "-", "-", schedulable, excluded)
+        return StatusRow(name, states.HEALTHY, None, "-", "-", "-", schedulable, excluded, gpus)
     if isinstance(record, RecordError):
-        return StatusRow(name, "unreadable", None, str(record), "-", "-", schedulable, excluded)
-    fault = f"{record.fault.kind} {record.fault.code}".strip() if record.fault else "-"
+        return StatusRow(name, "unreadable", None, str(record), "-", "-", schedulable, excluded, gpus)
     action = "-"
     if record.action:
         a = record.action
         action = f"{a.kind}#{a.attempt}" + (f" {a.name}" if a.name else "")
     blocked = f"{record.blocked.reason}: {record.blocked.detail}" if record.blocked else "-"
-    return StatusRow(name, record.state, record.since, fault, action, blocked, schedulable, excluded)
+    return StatusRow(name, _state_word(record), record.since, _fault_word(record, now), action, blocked, schedulable,
+                     excluded, gpus, record.reason, holder(record.blocked), isolated_gpus(record))
 
 
-def status_rows(client: KubeClient) -> list[StatusRow]:
-    nodes = client.list(NODES).get("items", [])
-    return [row_for(n) for n in sorted(nodes, key=name_of) if is_gpu_node(n)]
+def isolated_gpus(record: NodeRecord) -> tuple[str, ...]:
+    """The GPUs a DeviceTaintRule of ours takes out alone (the node itself stays in service)."""
+    isolation = record.isolation
+    return (isolation.uuid,) if isolation is not None and isolation.at_gpu and isolation.rule else ()
 
 
-def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None) -> list[str]:
-    """What stops new work fleet-wide or per domain, one line each (none when nothing does)."""
+def _fault_word(record: NodeRecord, now: float) -> str:
+    """The open fault, or the one a hold keeps from being acted on (``xid 48 (held)``), or a GPU hot within its
+    thermal hold (``thermal (watched, cordon in 40s)``)."""
+    if record.fault is not None:
+        return f"{record.fault.kind} {record.fault.code}".strip()
+    if record.held is not None:
+        return f"{record.held.kind} {record.held.code} (held)".strip()
+    watched = _hot_since(record)
+    if not watched:
+        return "-"
+    ends = [record.thermal_hold_ends[key] for key in watched if key in record.thermal_hold_ends]
+    return f"{KIND_THERMAL} (watched" + (f", cordon in {_ago(now, min(ends))})" if ends and min(ends) > now else ")")
+
+
+def _state_word(record: NodeRecord) -> str:
+    """The state, said as waiting when nothing happens yet: a drain not started (budget, breaker, a gate)."""
+    if record.state == states.DRAINING and record.action is None and record.blocked is not None:
+        return "draining (waiting)"
+    return record.state
+
+
+def _dry_row(real: StatusRow, record: NodeRecord, now: float) -> StatusRow:
+    action = f"{record.action.kind}#{record.action.attempt}" if record.action else "-"
+    blocked = f"{record.blocked.reason}: {record.blocked.detail}" if record.blocked else "-"
+    return dataclasses.replace(real, state=would(record), since=record.since, fault=_fault_word(record, now),
+                               action=action, blocked=blocked, reason=record.reason, holder=holder(record.blocked),
+                               isolated=isolated_gpus(record))
+
+
+def status_rows(client: KubeClient, dry_run: Journal | None = None) -> list[StatusRow]:
+    nodes, now = client.list(NODES).get("items", []), time.time()
+    return [row_for(n, dry_run, now) for n in sorted(nodes, key=name_of) if is_gpu_node(n)]
+
+
+def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None,
+                 source: SourceProblem | None = None) -> list[str]:
+    """What stops new work fleet-wide or per domain, one line each (none when nothing does); first, a GPU-health
+    source the controller cannot read (no fault anywhere is seen while it has never been read)."""
     now = time.time() if now is None else now
     lines = []
+    if source is not None:
+        what = "NEVER READ" if source.problem == SOURCE_NEVER_READ else "TOO SLOW"
+        by = f", {source.by}" if source.by else ""
+        lines.append(f"GPU HEALTH SOURCE {what} (since {_ago(source.since, now)} ago{by}): {source.detail}")
     if pause.paused:
         since = f" {_ago(pause.at, now)} ago" if pause.at else ""
         lines.append(f"PAUSED by {pause.by or '?'}{since}: {pause.reason or '-'} (no new work; `gpuremediate resume`)")
@@ -95,13 +213,22 @@ def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None
     return lines
 
 
-def render_status(rows: Iterable[StatusRow], now: float | None = None, header_lines: Iterable[str] = ()) -> str:
+def render_status(rows: Iterable[StatusRow], now: float | None = None, header_lines: Iterable[str] = (),
+                  wide: bool = False) -> str:
+    """The table; ``wide`` (``-o wide``) adds the node's GPUs, the record's reason and what holds its wait."""
     now = time.time() if now is None else now
-    header = ("NODE", "STATE", "SINCE", "FAULT", "ACTION", "BLOCKED")
+    header: tuple[str, ...] = ("NODE", "STATE", "SINCE", "FAULT", "ACTION", "BLOCKED")
+    if wide:
+        header = (*header[:2], "GPUS", *header[2:4], "REASON", header[4], header[5], "HELD BY")
     table = [header]
     for r in rows:
         state = r.state + (" (excluded)" if r.excluded else "") + ("" if r.schedulable else " *")
-        table.append((r.node, state, _ago(r.since, now), r.fault, r.action, r.blocked))
+        state += f" ({r.gpus_in_service})" if r.isolated else ""
+        cells: tuple[str, ...] = (r.node, state, _ago(r.since, now), r.fault, r.action, r.blocked)
+        if wide:
+            in_service = r.gpus_in_service.removesuffix(" GPUs") or str(r.gpus)
+            cells = (*cells[:2], in_service, *cells[2:4], r.reason or "-", cells[4], cells[5], r.holder)
+        table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
     return "".join(line + "\n" for line in header_lines) + "\n".join(lines) + "\n* unschedulable\n"
@@ -122,8 +249,15 @@ def rung_line(record: NodeRecord, ladder: Sequence[Rung] = ()) -> str | None:
 
 def explain(record: NodeRecord | RecordError | None, node: str, now: float | None = None, *,
             keep_cordoned: bool = False, skipped: Mapping[str, int] | None = None,
-            ladder: Sequence[Rung] = ()) -> str:
+            ladder: Sequence[Rung] = (), hold_s: float | None = None, dry_run: bool = False,
+            unschedulable: bool = False) -> str:
+    """``hold_s``: the node's [thermal].hold_s, when the policy is known (a watched GPU's time left, for a
+    record without its thermal_hold_ends). ``dry_run``: the record is what a dry run would have written.
+    ``unschedulable``: the Node's spec.unschedulable (a cordon that is not gpuremediate's is said as such)."""
     now = time.time() if now is None else now
+    if record is None and unschedulable:
+        return (f"{node}: healthy, but unschedulable: a person (or another tool) cordoned it. gpuremediate has "
+                f"never acted on this node.\n  Ends: {PERSON_CORDON_ENDS}\n")
     if record is None:
         return f"{node}: healthy. gpuremediate has never acted on this node.\n"
     if isinstance(record, RecordError):
@@ -136,6 +270,11 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         gpus = ", ".join(f.gpus) or "-"
         lines.append(f"  Open fault: {f.kind} {f.code} on GPU(s) {gpus}; recommended action {f.action}; "
                      f"first seen {_ago(f.first_seen, now)} ago.")
+    if record.held:
+        h = record.held
+        lines.append(f"  Held fault: {h.kind} {h.code} on GPU(s) {', '.join(h.gpus) or '-'} ({h.message}); first seen "
+                     f"{_ago(h.first_seen, now)} ago. Not acted on while the hold below lasts: {h.action} once it "
+                     f"ends.")
     if record.action:
         a = record.action
         deadline = f", deadline in {_ago(now, a.deadline)}" if a.deadline and a.deadline > now else ""
@@ -158,11 +297,13 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         rung = rung_line(record, ladder)
         if rung:
             lines.append(f"  Escalation ladder: {rung}.")
+    lines += _isolation_lines(record, now)
     if record.fault and record.fault.diagnostics:
         lines.append(f"  Diagnostics: {describe(record.fault.diagnostics, node)}.")
     if record.blocked:
         lines.append(f"  Waiting: {record.blocked.reason} ({record.blocked.detail}) "
                      f"since {_ago(record.blocked.since, now)} ago.")
+    lines += _watching_lines(record, now, hold_s)
     if skipped:
         counts = ", ".join(f"{n} pods in {ns}" for ns, n in sorted(skipped.items()))
         lines.append(f"  Drain skipped: {counts} (drain.skip_namespaces: neither evicted nor waited for).")
@@ -170,31 +311,207 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         lines.append(f"  A person set {KEEP_CORDONED_ANNOTATION}: gpuremediate will not uncordon this node.")
     elif record.was_unschedulable:
         lines.append("  The node was unschedulable before gpuremediate touched it: it will never uncordon it.")
+    elif record.cordoned_by_us and dry_run:
+        lines.append(f"  gpuremediate would cordon this node, and uncordon it {_uncordon_when(record)}.")
     elif record.cordoned_by_us:
-        lines.append("  gpuremediate cordoned this node and will uncordon it once validation passes.")
+        lines.append(f"  gpuremediate cordoned this node and will uncordon it {_uncordon_when(record)}.")
     if record.stopped:
         lines.append("  A person uncordoned the node mid-flow: gpuremediate stopped working on that fault.")
+    ends = _ends(record) or (PERSON_CORDON_ENDS if unschedulable and not record.cordoned_by_us else "")
+    if ends:
+        lines.append(f"  Ends: {ends}")
     if record.state == states.QUARANTINED:
         lines.append(f"  Needs a person. When fixed: gpuremediate release {node}")
     if record.history:
         lines.append("  Repair history (newest last):")
-        lines += [f"    {_ago(h.at, now)} ago: {h.kind} {h.code} → {h.action}: {h.outcome}" for h in record.history]
+        last = len(record.history) - 1
+        lines += [f"    {_ago(h.at, now)} ago: {h.kind} {h.code} → {h.action}: "
+                  f"{_outcome_words(h.outcome, i == last and record.reason == states.VALIDATION_FAILED)}"
+                  for i, h in enumerate(record.history)]
     return "\n".join(lines) + "\n"
 
 
-def explain_node(client: KubeClient, node: str, policy: PolicyFile | None = None) -> str:
-    """With the ``policy``, a draining node's pods in its drain.skip_namespaces are counted."""
+def _isolation_lines(record: NodeRecord, now: float) -> list[str]:
+    """``[isolation] scope = "gpu"``: which GPU is out, by which rule, and what the flow waits for; or why the
+    flow is node-level."""
+    isolation = record.isolation
+    if isolation is None:
+        return []
+    kept = f" (DeviceTaintRule {isolation.rule} stays until the node is validated)" if isolation.rule else ""
+    if not isolation.at_gpu:
+        return [f"  Isolation: node-level: {isolation.why}{kept}."]
+    if not isolation.rule:
+        return [f"  Isolation: GPU {isolation.uuid} alone; its DeviceTaintRule is not written yet (the node is not "
+                "cordoned)."]
+    since = f" for {_ago(isolation.effect_since, now)}" if isolation.effect_since is not None else ""
+    lines = [f"  Isolation: GPU {isolation.uuid} ({isolation.driver}/{isolation.pool}/{isolation.device}) taken out "
+             f"alone by DeviceTaintRule {isolation.rule}, effect {isolation.effect}{since}; the node stays "
+             "schedulable."]
+    action = record.action
+    if action is not None and action.kind == "drain" and action.detail.startswith(ISOLATION_DETAIL):
+        lines.append(f"  Drain: {action.detail.removeprefix(ISOLATION_DETAIL)}.")
+    elif record.state == states.DRAINING and isolation.effect != "NoExecute":
+        lines.append("  Next: NoExecute, then the eviction controller deletes the pods holding that GPU.")
+    elif record.state == states.REPAIRING:
+        lines.append(f"  Next: the reset of GPU {isolation.uuid} only, then its validation; the rule goes after.")
+    elif record.state == states.VALIDATING:
+        lines.append("  Next: once the validation of that GPU passes, the rule is deleted and the GPU returns.")
+    return lines
+
+
+def _watching_lines(record: NodeRecord, now: float, hold_s: float | None) -> list[str]:
+    """A GPU running hot within its thermal hold: watched, cordoned when the hold is over (when: the record's
+    thermal_hold_ends, else hot_since + the policy's hold_s, else unknown)."""
+    lines = []
+    for key, hot in sorted(_hot_since(record).items()):
+        until = record.thermal_hold_ends.get(key, hot + hold_s if hold_s is not None else None)
+        lines.append(f"  Watching: GPU {key} hot for {_ago(hot, now)}{_hold_left(hot, until, now)}.")
+    return lines
+
+
+def _hot_since(record: NodeRecord) -> dict[str, float]:
+    """The GPUs hot within their thermal hold (not cordoned yet), from the record's policy memory."""
+    timers = record.policy_memory.get("thermal") if isinstance(record.policy_memory, Mapping) else None
+    hot = {}
+    for key, timer in timers.items() if isinstance(timers, Mapping) else ():
+        since = timer.get("hot_since") if isinstance(timer, Mapping) else None
+        if isinstance(since, int | float) and not isinstance(since, bool) and timer.get("cordoned_since") is None:
+            hot[str(key)] = float(since)
+    return hot
+
+
+def _hold_left(hot: float, until: float | None, now: float) -> str:
+    if until is None:
+        return " (cordoned when [thermal].hold_s is over)"
+    hold = f" of its {round(until - hot, 3):g} s hold"
+    if until <= now:
+        return f"{hold}, over at {_utc(until)}: cordoned at its next reading if it is still hot"
+    return f"{hold}: cordoned in {_ago(now, until)} (at {_utc(until)}) if it stays hot"
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+PERSON_CORDON_ENDS = ("a person uncordoning it (`kubectl uncordon`); until then it counts against [budget] "
+                      "max_unavailable.")
+
+
+def _thermal(record: NodeRecord) -> bool:
+    return record.state == states.CORDONED and record.fault is not None and record.fault.kind == KIND_THERMAL
+
+
+def _uncordon_when(record: NodeRecord) -> str:
+    if _thermal(record):
+        return "once its GPUs have stayed cool for the policy's [thermal].clear_hold_s (no repair, no validation)"
+    if record.state == states.CORDONED:
+        return "only if a worse fault takes it through a repair and its validation passes (else a person does)"
+    if record.state == states.QUARANTINED:
+        return "only after a person releases it and validation passes"
+    return "once validation passes"
+
+
+def _ends(record: NodeRecord) -> str:
+    """What ends the node's state, in words (every state says it)."""
+    if _thermal(record):
+        return "the GPU cooling down (then healthy again, by itself)."
+    return {
+        states.CORDONED: "a person uncordoning it (a cordon-only fault gets no repair and is not lifted by "
+                         "gpuremediate), or a worse fault (then it drains, or is quarantined).",
+        states.DRAINING: "its pods gone (evicted, PodDisruptionBudgets honoured); then the repair starts.",
+        states.REPAIRING: "the repair's Job or resource finishing; then validation (a failure climbs the ladder).",
+        states.VALIDATING: "the validation Job: passed, the node is healthy and uncordoned; failed, quarantined.",
+        states.QUARANTINED: "a person: `gpuremediate release` sends it through validation again.",
+        states.MAINTENANCE: "the MaintenanceRequest completing, or being deleted.",
+    }.get(record.state, "")
+
+
+def _outcome_words(outcome: str, validation_failed: bool = False) -> str:
+    """A history entry's outcome as words; the last repair of a node whose validation then failed says so."""
+    if outcome == "repaired" and validation_failed:
+        return "repaired, then its validation failed (quarantined)"
+    return outcome
+
+
+@dataclass(frozen=True)
+class Explained:
+    """``explain NODE``'s answer: the words, and what they were said from (``-o json|yaml`` print it)."""
+
+    node: str
+    text: str
+    record: NodeRecord | RecordError | None
+    gpus: int = 0
+    dry_run: bool = False
+
+    @property
+    def state(self) -> str:
+        if isinstance(self.record, RecordError):
+            return "unreadable"
+        return self.record.state if self.record is not None else states.HEALTHY
+
+    @property
+    def holder(self) -> str:
+        return holder(self.record.blocked) if isinstance(self.record, NodeRecord) else "-"
+
+    def as_dict(self) -> dict[str, Any]:
+        record = self.record
+        return {"node": self.node, "state": self.state, "gpus": self.gpus, "dry_run": self.dry_run,
+                "held_by": self.holder, "record": to_dict(record) if isinstance(record, NodeRecord) else None,
+                "record_error": str(record) if isinstance(record, RecordError) else None,
+                "explanation": self.text.splitlines()}
+
+    def wide(self) -> str:
+        """The words and, after them, what ``-o wide`` adds: the GPUs, who holds the wait, the record's stamps."""
+        lines = [f"  GPUs: {self.gpus}."]
+        record = self.record
+        if isinstance(record, NodeRecord):
+            if record.blocked is not None:
+                lines.append(f"  Held by: {self.holder} ({record.blocked.reason}).")
+            stamp = f" on {record.node}" + (f" (uid {record.node_uid})" if record.node_uid else "") if record.node \
+                else ""
+            lines.append(f"  Record: written{stamp}; reason {record.reason or '-'}; {len(record.handled)} handled "
+                         f"fault fingerprint(s)" + (f": {', '.join(record.handled)}" if record.handled else "") + ".")
+        return self.text + "\n".join(lines) + "\n"
+
+
+def explain_node(client: KubeClient, node: str, policy: PolicyFile | None = None,
+                 dry_run: Journal | None = None) -> str:
+    """``explain_view(...).text``: the node's record in words."""
+    return explain_view(client, node, policy, dry_run).text
+
+
+def explain_view(client: KubeClient, node: str, policy: PolicyFile | None = None,
+                 dry_run: Journal | None = None) -> Explained:
+    """With the ``policy``, a draining node's pods in its drain.skip_namespaces are counted; with a live
+    dry-run ``journal``, the record the dry run would have written is explained (and said to be)."""
     try:
         obj = client.get(NODES, node)
     except errors.NotFound:
         raise FleetError(f"node {node!r} not found") from None
+    gpus = gpu_count(obj)
+    if dry_run is not None and node in dry_run.records:
+        would_be = dry_run.records[node]
+        text = (f"DRY RUN: gpuremediate writes nothing to {node}; it {would(would_be)} "
+                f"({_ago(would_be.since, time.time())} ago):\n"
+                + explain(would_be, node, keep_cordoned=keeps_cordoned(obj), ladder=_ladder(policy, obj, would_be),
+                          dry_run=True))
+        return Explained(node, text, would_be, gpus, dry_run=True)
+    if dry_run is not None:
+        decided = [d for d in dry_run.decisions if d.node == node]
+        if not decided:
+            record = record_from_node(obj)
+            return Explained(node, f"DRY RUN: gpuremediate writes nothing to {node}, and would not act on it now.\n"
+                             + explain(record, node, unschedulable=node_unschedulable_of(obj)), record, gpus,
+                             dry_run=True)
     record = record_from_node(obj)
     skipped: dict[str, int] = {}
     skip = policy.for_node(labels_of(obj)).drain.skip_namespaces if policy is not None else ()
     if skip and isinstance(record, NodeRecord) and record.state == states.DRAINING:
         skipped = skipped_by_namespace(list_node_pods(client, node), skip)
-    return explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped,
-                   ladder=_ladder(policy, obj, record))
+    hold = policy.for_node(labels_of(obj)).thermal.hold_s if policy is not None else None
+    text = explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped,
+                   ladder=_ladder(policy, obj, record), hold_s=hold, unschedulable=node_unschedulable_of(obj))
+    return Explained(node, text, record, gpus, dry_run=dry_run is not None)
 
 
 def _ladder(policy: PolicyFile | None, node: Mapping[str, Any], record: NodeRecord | RecordError | None
@@ -240,5 +557,5 @@ def _release_once(client: KubeClient, node: str, by: str, now: float | None) -> 
         raise FleetError(f"{node} is {state}, not quarantined: nothing to release")
     released = decide.release(record, now, by)
     rv = str(obj["metadata"].get("resourceVersion", ""))
-    client.patch(NODES, node, node_patch(released, resource_version=rv))  # a 409: read again, decide again
+    client.patch(NODES, node, node_patch(released, resource_version=rv, owner=obj))  # a 409: read again, decide again
     return released

@@ -11,6 +11,10 @@ The same ConfigMap holds the pause switch (data key ``pause`` beside ``state``):
 
 The controller's store watches the one ConfigMap (``start``): reads are served from what the watch last
 delivered (no GET at steady state) and a person's change is seen as soon as the API server sends it.
+It also carries what the detect loop says about its GPU-health source when it cannot read it (data key
+``source``: never read since start, or too slow for its interval), so ``gpuremediate status`` shows a banner;
+the key is absent while reads succeed.
+
 Writes are resourceVersion-guarded replaces; ``update`` re-reads and applies its change again on a 409, so
 several writers (shards) each add their faults without losing another's.
 """
@@ -22,7 +26,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuremediate.kube import errors
@@ -37,7 +42,32 @@ BREAKER_CONFIGMAP = "gpuremediate-breaker"
 RESET_ANNOTATION = "gpuremediate.io/breaker-reset"
 PAUSE_ANNOTATION = "gpuremediate.io/pause"
 PAUSE_KEY = "pause"
+SOURCE_KEY = "source"
+SOURCE_NEVER_READ = "never-read"  # no read of the GPU-health source has succeeded since the controller started
+SOURCE_SLOW = "slow"  # a read takes longer than the interval it is asked every
 UPDATE_ATTEMPTS = 5  # one write and four re-reads after a 409: more means a writer that never lets go
+
+
+@dataclass(frozen=True)
+class SourceProblem:
+    """The detect loop's word on its source, for ``status``: ``problem`` is SOURCE_NEVER_READ or SOURCE_SLOW."""
+
+    problem: str
+    detail: str
+    since: float
+    by: str = ""  # the replica that said it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SourceProblem:
+        """Inverse of to_dict; raises ValueError naming the bad field."""
+        try:
+            return cls(problem=str(data["problem"]), detail=str(data.get("detail", "")), since=float(data["since"]),
+                       by=str(data.get("by", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed source state: {exc}") from exc
 
 
 class BreakerStore:
@@ -52,11 +82,13 @@ class BreakerStore:
         self.dry_run = dry_run
         self.read_only = read_only
         self._memory: CircuitBreaker | None = None  # dry-run: never written
+        self.on_dry_run_save: Callable[[CircuitBreaker], None] | None = None  # the dry-run journal's
         self._rv: str | None = None
         self._kept: dict[str, Any] = {}  # labels and annotations of the ConfigMap as read (a PUT replaces them)
         self._latest: CircuitBreaker | None = None  # as last read, watched or saved
         self._pause = Pause()  # the data key, as last read or saved
         self._annotation_pause: Pause | None = None  # the tool's annotation, as last read
+        self._source: SourceProblem | None = None  # the data key, as last read or saved
         self.reset_requested: str | None = None  # the reset annotation's value, while one is on the ConfigMap
         self._echoes: list[str] = []  # resourceVersions we wrote that the watch has not sent back yet, oldest first
         self._informer: Informer | None = None
@@ -123,6 +155,13 @@ class BreakerStore:
                 self.load()
             return self._annotation_pause or self._pause
 
+    def latest_source(self) -> SourceProblem | None:
+        """What the controller last said about its GPU-health source (None: it reads it)."""
+        with self._lock:
+            if self._latest is None:
+                self.load()
+            return self._source
+
     def holds_in_flight(self, in_flight: str) -> str:
         """Why a step under way waits ("" when it goes on): paused with ``[pause] in_flight = "hold"``."""
         pause = self.latest_pause()
@@ -152,13 +191,14 @@ class BreakerStore:
     def _adopt(self, cm: dict[str, Any] | None) -> None:
         if cm is None:
             self._rv, self._kept, self.reset_requested = None, {}, None
-            self._pause, self._annotation_pause = Pause(), None
+            self._pause, self._annotation_pause, self._source = Pause(), None, None
             self._latest = CircuitBreaker()
             return
         self._rv = _rv_of(cm)
         self._kept = _kept_metadata(cm)
         self._pause = _parse_pause(cm)
         self._annotation_pause = _annotation_pause(cm)
+        self._source = _parse_source(cm)
         requested = (cm["metadata"].get("annotations") or {}).get(RESET_ANNOTATION)
         self.reset_requested = None if requested is None else str(requested)
         self._latest = self._parse(cm)
@@ -219,6 +259,8 @@ class BreakerStore:
     def _save(self, breaker: CircuitBreaker) -> None:
         if self.dry_run:
             self._memory = breaker
+            if self.on_dry_run_save is not None:
+                self.on_dry_run_save(breaker)
             self.reset_requested = None
             return
         body: dict[str, Any] = {
@@ -226,7 +268,8 @@ class BreakerStore:
             "kind": "ConfigMap",
             "metadata": {"name": BREAKER_CONFIGMAP, "namespace": self.namespace, **self._kept},
             "data": {"state": json.dumps(breaker.to_dict(), sort_keys=True),
-                     PAUSE_KEY: json.dumps(self._pause.to_dict(), sort_keys=True)},
+                     PAUSE_KEY: json.dumps(self._pause.to_dict(), sort_keys=True),
+                     **({SOURCE_KEY: json.dumps(self._source.to_dict(), sort_keys=True)} if self._source else {})},
         }
         if self._rv:
             body["metadata"]["resourceVersion"] = self._rv
@@ -257,6 +300,34 @@ class BreakerStore:
             self._pause = pause
             self.save(breaker)
             return self.latest_pause()
+
+    def set_source(self, problem: SourceProblem | None) -> None:
+        """Say (or, with None, stop saying) that the GPU-health source cannot be read; the breaker's state and
+        the pause are written back as they are. A 409 reads the ConfigMap again and writes once more."""
+        with self._lock:
+            for attempt in range(UPDATE_ATTEMPTS):
+                breaker = self.latest()
+                if self._source == problem:
+                    return
+                before, self._source = self._source, problem
+                try:
+                    self.save(self._with_pending_reset(breaker))
+                    return
+                except BaseException as exc:
+                    self._source = before  # as the server still has it
+                    if not isinstance(exc, errors.Conflict) or attempt == UPDATE_ATTEMPTS - 1:
+                        raise
+                self._read()
+
+
+def _parse_source(cm: dict[str, Any]) -> SourceProblem | None:
+    text = (cm.get("data") or {}).get(SOURCE_KEY)
+    if text is None:
+        return None
+    try:
+        return SourceProblem.from_dict(json.loads(text))
+    except (ValueError, TypeError, AttributeError) as exc:
+        return SourceProblem(SOURCE_NEVER_READ, f"source state unreadable: {exc}", 0.0)
 
 
 def _rv_of(cm: dict[str, Any] | None) -> str:

@@ -17,6 +17,7 @@ finished node). A stale informer elsewhere can only count such a node out, never
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping
@@ -47,8 +48,8 @@ def is_done(view: safety.NodeView) -> bool:
 def with_claimed(views: Collection[safety.NodeView], claimed: Collection[str], candidate: str
                  ) -> list[safety.NodeView]:
     """The informer's views with every claimed node but the candidate counted out of service."""
-    return [safety.NodeView(v.name, unschedulable=True, ready=v.ready, state=v.state, first_seen=v.first_seen,
-                            labels=v.labels) if v.name in claimed and v.name != candidate else v for v in views]
+    return [dataclasses.replace(v, unschedulable=True, waiting=False) if v.name in claimed and v.name != candidate
+            else v for v in views]
 
 
 def budget_refusal(views: Collection[safety.NodeView], candidate: str, waiting: Collection[str], budget: safety.Budget,

@@ -22,6 +22,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import Resource
 from gpuremediate.state.maintenance import RequestError, parse_time
+from gpuremediate.state.record import NodeRecord, occurrence
 
 # NVSentinel's label for the node a DrainRequest is about.
 NVSENTINEL_NODE_LABEL = "nvsentinel.nvidia.com/node-name"
@@ -55,6 +56,12 @@ def _digest(text: str, length: int) -> str:
 def event_id(fingerprint: str) -> str:
     """The health event id of a fault: DNS-safe, stable for the fault's fingerprint."""
     return _digest(fingerprint, 12)
+
+
+def fault_event_id(record: NodeRecord) -> str:
+    """The health event id of the record's fault occurrence (a recurring fingerprint gets a new one): the one
+    a custom drain's request and a custom action's resources are labelled with."""
+    return event_id(occurrence(record))
 
 
 def dns_name(*parts: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 from gpuremediate.policy.schema import PolicyError, _show, setting
 from gpuremediate.policy.workflow import one_of
 from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.state.record import NodeRecord, isolated_at_gpu
 
 REMEDIATION_CONDITION = "GPURemediation"
 DEFAULT_TAINT_KEY = "gpuremediate.io/unhealthy"
@@ -185,6 +185,7 @@ def _taints_patch(node: Mapping[str, Any], taints: list[dict[str, Any]]) -> dict
 def remediation_taint(
     node: Mapping[str, Any], record: NodeRecord | None, policy: TaintPolicy, tainted_by_us: bool
 ) -> TaintChange:
-    """The taint while we hold the node, off again when it is healthy (only if we put it there)."""
-    held = record is not None and record.state != states.HEALTHY
+    """The taint while we hold the node, off again when it is healthy (only if we put it there). A GPU-level
+    isolation holds one GPU, not the node: no node taint."""
+    held = record is not None and record.state != states.HEALTHY and not isolated_at_gpu(record)
     return taint_change(node, policy.as_taint(), policy.enabled and held, tainted_by_us)

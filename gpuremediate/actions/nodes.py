@@ -25,11 +25,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuremediate.actions import held
+from gpuremediate.actions.dry_run_journal import DryRunJournal
 from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
 from gpuremediate.actions.node_status import (
+    REMEDIATION_CONDITION,
     STATUS_PATCH_TYPE,
     TaintPolicy,
+    build_condition,
     conditions_patch,
+    find_condition,
     remediation_condition,
     remediation_taint,
 )
@@ -40,7 +45,7 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
 from gpuremediate.obs.controller_metrics import ControllerMetrics
-from gpuremediate.obs.notify import WebhookNotifier, for_transition
+from gpuremediate.obs.notify import DRAIN_KIND, KIND_DRAIN_STARTED, WebhookNotifier, drain_started, for_transition
 from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
 from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
@@ -118,6 +123,11 @@ def keeps_cordoned(node: Mapping[str, Any]) -> bool:
 
 def node_unschedulable_of(node: Mapping[str, Any]) -> bool:
     return bool((node.get("spec") or {}).get("unschedulable", False))
+
+
+def unschedulable_before_us(node: Mapping[str, Any]) -> bool:
+    """Unschedulable, and not by a cordon of ours that has no record yet (``held``: annotations full)."""
+    return node_unschedulable_of(node) and not held.held_by_us(node)
 
 
 def boot_id(node: Mapping[str, Any]) -> str:
@@ -199,6 +209,9 @@ class NodeWriter:
         self.notifier: WebhookNotifier | None = None  # set by the controller when [notifications] is enabled
         self.taint = TaintPolicy()  # [taint]: set by the controller from the policy (default: no taint)
         self.clock: Callable[[], float] = time.time
+        self.journal: DryRunJournal | None = None  # dry-run: what it would have written, for the CLI
+        self._refused: dict[str, str] = {}  # node -> the fault whose record its full annotations refused
+        self._refused_lock = threading.Lock()
 
     def apply(self, node: Node, decision: Decision) -> Node | None:
         """Write the decision; returns the node as written, or None on a 409 (re-read and re-decide).
@@ -233,19 +246,33 @@ class NodeWriter:
             if not ours_before:
                 record = dataclasses.replace(record, cordoned_by_us=False)
         unschedulable = True if cordon else (False if uncordon else None)
-        patch = node_patch(record, unschedulable=unschedulable, resource_version=rv or None)
+        patch = node_patch(record, unschedulable=unschedulable, resource_version=rv or None, owner=node)
         if taints is not None:
             patch.setdefault("spec", {}).update(taints["spec"])
+        if held.held_by_us(node):
+            patch["metadata"]["labels"][held.HELD_LABEL] = None  # the record fits now: it says why from here
         before = _blocked_text(node)
         if self.dry_run:
             self.view.overlay(name, patch)
             result = merge_patch(node, _without_rv(patch))
+            if self.journal is not None:
+                self.journal.note_record(name, record)
+        elif (held.held_by_us(node) or name in self._refused) and held.would_overflow(node, patch):
+            self._record_refused(node, record, cordon, patch)  # still full: not asked again every cycle
+            return None
         else:
             try:
                 result = self.client.patch(NODES, name, patch)
             except errors.Conflict:
                 log.info("node changed since read; deciding again", extra={"node": name})
                 return None
+            except errors.Invalid as exc:
+                if not held.annotations_full(exc):
+                    raise
+                self._record_refused(node, record, cordon, patch)
+                return None  # decided again next cycle: the record is written once it fits
+            self._record_written(name)
+            self._notify_drain_start(node, record)
             self.view.remember_write(rv, result)
             published = self._publish_condition(result, record)
             if published is not None:  # the status patch moved the resourceVersion again: that is the truth now
@@ -253,6 +280,81 @@ class NodeWriter:
                 result = published
         self._report_blocked(name, before, record)
         return result
+
+    # ---- a record that does not fit (actions/held.py) -------------------------------------------------------
+
+    def _record_refused(self, node: Node, record: NodeRecord, cordon: bool, patch: Mapping[str, Any]) -> None:
+        """Said once per fault; a node the fault asks to cordon, and that has no record of ours yet, is
+        cordoned and labelled (held) so that no work lands on the faulty GPU meanwhile."""
+        name = name_of(node)
+        what = record.fault.fingerprint if record.fault is not None else record.state
+        with self._refused_lock:
+            first = self._refused.get(name) != what
+            self._refused[name] = what
+            self.metrics.records_refused.set(float(len(self._refused)))
+        hold = cordon and record_from_node(node) is None and not node_unschedulable_of(node)
+        if not first and not hold:
+            return
+        why = held.describe_full(self._with_managed_fields(node), held.record_bytes(patch))
+        fault = record.fault.message if record.fault is not None else record.message or record.state
+        outcome = (f"the node is cordoned and labelled {held.HELD_LABEL} until the record fits" if hold or
+                   held.held_by_us(node) else "the flow waits until it fits")
+        message = f"cannot write the gpuremediate record ({fault}): {why}; {outcome}"
+        if first:
+            log.error("node record not writable: annotations full", extra={"node": name, "detail": message})
+            self.events.node_event(name, "GPURemediationRecordRefused", message, WARNING)
+        if hold:
+            self._hold(node, record, message)
+
+    def _hold(self, node: Node, record: NodeRecord, message: str) -> None:
+        name = name_of(node)
+        try:
+            result = self.client.patch(NODES, name, held.hold_patch(node, record.reason))
+        except errors.Conflict:
+            return  # the next cycle decides again
+        self.view.remember_write(_rv(node), result)
+        condition = build_condition(find_condition(result, REMEDIATION_CONDITION), REMEDIATION_CONDITION, "True",
+                                    held.HELD_REASON, message[:1024], self.clock())
+        self._patch_condition(name, condition)
+
+    def lift_hold(self, node: Node) -> Node | None:
+        """The fault of a held node is gone before its record could be written: uncordon, drop the label."""
+        name = name_of(node)
+        if self.dry_run:
+            return node
+        try:
+            result = self.client.patch(NODES, name, held.lift_patch(node))
+        except errors.Conflict:
+            return None
+        self._record_written(name)
+        self.view.remember_write(_rv(node), result)
+        condition = build_condition(find_condition(result, REMEDIATION_CONDITION), REMEDIATION_CONDITION, "False",
+                                    "Healthy", "no open GPU fault (it cleared before its record could be written)",
+                                    self.clock())
+        self._patch_condition(name, condition)
+        self.events.node_event(name, "GPUNodeHealthy", "the fault cleared: hold lifted, uncordoned", NORMAL)
+        return result
+
+    def _record_written(self, name: str) -> None:
+        with self._refused_lock:
+            if self._refused.pop(name, None) is not None:
+                self.metrics.records_refused.set(float(len(self._refused)))
+
+    def _with_managed_fields(self, node: Node) -> Node:
+        """The node with its managedFields (the informer drops them): one GET, only on this rare path."""
+        if (node.get("metadata") or {}).get("managedFields"):
+            return node
+        try:
+            return self.client.get(NODES, name_of(node))
+        except (errors.ApiError, errors.TransportError):
+            return node
+
+    def _patch_condition(self, name: str, condition: Mapping[str, Any]) -> None:
+        try:
+            self.client.patch(NODES, name, conditions_patch([condition]), patch_type=STATUS_PATCH_TYPE,
+                              subresource="status")
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("cannot set the GPURemediation condition", extra={"node": name, "error": str(exc)})
 
     def _with_taint(self, node: Node, record: NodeRecord) -> tuple[NodeRecord, dict[str, Any] | None]:
         """The record with ``tainted_by_us`` as it will be after this write, and the taints patch (None: no
@@ -303,11 +405,29 @@ class NodeWriter:
             "transition",
             extra={"node": name, "from": move.from_state, "to": move.to_state, "reason": move.reason, "dry_run": dry},
         )
+        if self.journal is not None:
+            self.journal.note_transition(name, move.from_state, move.to_state, move.reason, move.message)
         uid = str((node.get("metadata") or {}).get("uid", ""))
         self.events.node_event(name, EVENT_REASONS[move.to_state], text, WARNING if bad else NORMAL, uid=uid)
-        note = for_transition(name, move.from_state, move.to_state, move.reason, move.message, decision.record.since)
-        if self.notifier is not None and note is not None and not self.dry_run:
-            self.notifier.notify(note)  # queued: never waits for the receiver
+        if self.notifier is not None and not self.dry_run:
+            note = for_transition(name, move.from_state, move.to_state, move.reason, move.message,
+                                  decision.record.since, self.notifier.events)
+            if note is not None:
+                self.notifier.notify(note)  # queued: never waits for the receiver
+
+    def _notify_drain_start(self, node: Node, record: NodeRecord) -> None:
+        """``drain-started`` once per drain, when the record that starts it (admitted: budget, breaker, gates) is
+        written; the node as read shows whether that drain had started before."""
+        notifier, action = self.notifier, record.action
+        if notifier is None or action is None or action.kind != DRAIN_KIND or not notifier.wants(KIND_DRAIN_STARTED):
+            return
+        before = record_from_node(node)
+        if isinstance(before, NodeRecord) and before.action is not None and before.action.kind == DRAIN_KIND \
+                and before.action.started == action.started:
+            return  # the same drain, written again
+        from_state = before.state if isinstance(before, NodeRecord) else states.HEALTHY
+        notifier.notify(drain_started(name_of(node), from_state, record.state, record.reason, record.message,
+                                      action.started))
 
     def _report_blocked(self, name: str, before: str, record: NodeRecord) -> None:
         after = "" if record.blocked is None else f"{record.blocked.reason}: {record.blocked.detail}"

@@ -110,7 +110,7 @@ def restore_patch(node: Node, record: NodeRecord | None, saved: SavedLabels | No
 
 def _record_patch(node: Node, record: NodeRecord) -> dict[str, Any]:
     rv = str((node.get("metadata") or {}).get("resourceVersion", "")) or None
-    return node_patch(record, resource_version=rv)
+    return node_patch(record, resource_version=rv, owner=node)
 
 
 def _guarded_patch(node: Node) -> dict[str, Any]:

@@ -8,10 +8,12 @@ repair and validation pods are skipped whatever the scope. Pods in the policy's
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuremediate.gpu_resources import DEFAULT_NAMES, requests_gpu
+from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
 
@@ -103,3 +105,71 @@ def list_node_pods(client: KubeClient, node: str) -> list[dict[str, Any]]:
     result = client.list(PODS, None, field_selector=f"spec.nodeName={node}")
     items: list[dict[str, Any]] = result.get("items", [])
     return items
+
+
+MAX_NODE_WATCHES = 64  # nodes whose pods are watched at once; a drain beyond them lists its pods each step
+SYNC_WAIT_S = 10.0  # how long a first read waits for a node's watch to list its pods before it lists them itself
+
+
+class NodePods:
+    """The pods of the nodes being drained, each node from a watch of its own (``fieldSelector=spec.nodeName=<node>``,
+    every namespace), started by the drain's first look at its pods and stopped when it is over (``stop_node``, or
+    ``keep_only`` at each resync). A drain step reads its node's pods from that cache, not a LIST per retry (187
+    LISTs in 40 s while 5 nodes drained at 1,000 nodes: every Node update and requeue listed again), and each
+    change of one of its pods calls ``on_change(node)`` so the drain sees a pod gone at once. ``confirm`` is the
+    LIST a drain makes before it calls itself done: a cache may lag, the API server does not. Watches are
+    bounded (``max_watches``); beyond them, and while a watch has not listed yet, a read is a LIST as before."""
+
+    def __init__(self, client: KubeClient, on_change: Callable[[str], None] | None = None,
+                 max_watches: int = MAX_NODE_WATCHES, sync_wait_s: float = SYNC_WAIT_S) -> None:
+        self.client = client
+        self.on_change = on_change
+        self.max_watches = max_watches
+        self.sync_wait_s = sync_wait_s
+        self._informers: dict[str, Informer] = {}
+        self._lock = threading.Lock()
+
+    def pods(self, node: str) -> list[dict[str, Any]]:
+        """The node's pods as its watch shows them (started on the first call); a LIST while it cannot."""
+        informer = self._informer(node)
+        if informer is None or not informer.wait_for_sync(self.sync_wait_s):
+            return list_node_pods(self.client, node)
+        return informer.list()
+
+    def confirm(self, node: str) -> list[dict[str, Any]]:
+        """The node's pods as the API server has them now (one LIST)."""
+        return list_node_pods(self.client, node)
+
+    def watched(self) -> set[str]:
+        with self._lock:
+            return set(self._informers)
+
+    def stop_node(self, node: str) -> None:
+        with self._lock:
+            informer = self._informers.pop(node, None)
+        if informer is not None:
+            informer.stop(timeout=0)
+
+    def keep_only(self, nodes: Iterable[str]) -> None:
+        """Stop the watches of nodes no longer draining."""
+        keep = set(nodes)
+        for node in self.watched() - keep:
+            self.stop_node(node)
+
+    def stop(self) -> None:
+        self.keep_only(())
+
+    def _informer(self, node: str) -> Informer | None:
+        if not callable(getattr(self.client, "watch", None)):
+            return None  # a client that cannot watch (replay's cluster): a LIST each read, as before
+        with self._lock:
+            informer = self._informers.get(node)
+            if informer is not None or len(self._informers) >= self.max_watches:
+                return informer
+            informer = Informer(self.client, PODS, None, field_selector=f"spec.nodeName={node}")
+            self._informers[node] = informer
+        if self.on_change is not None:
+            changed = self.on_change
+            informer.add_handler(on_add=lambda _pod: changed(node), on_update=lambda _old, _new: changed(node),
+                                 on_delete=lambda _pod: changed(node))
+        return informer.start()

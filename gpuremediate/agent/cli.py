@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import threading
+from typing import Any
 
 from gpuremediate.agent.kmsg import BOOT_ID_PATH, KMSG_PATH
 from gpuremediate.agent.publish import DEFAULT_HEARTBEAT_S
@@ -17,7 +18,7 @@ from gpuremediate.config import SettingsError, parse_addr, parse_duration
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.errors import KubeError
-from gpuremediate.obs.log import setup_logging
+from gpuremediate.obs.log import add_log_flags, setup_logging
 from gpuremediate.obs.server import ObservabilityServer
 from gpuremediate.policy.config import PolicyError, default_policy, load_policy
 from gpuremediate.shutdown import Shutdown
@@ -46,11 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--boot-id", default=BOOT_ID_PATH,
                    help="the file naming this boot (a new value: the kernel log starts again)")
     p.add_argument("--metrics-addr", default=":9500", help="[HOST]:PORT for /metrics /healthz /readyz")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    add_log_flags(p)
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_arguments(subparsers.add_parser(
         "agent", help="node agent (DaemonSet): kernel-log XIDs/SXIDs, nvidia-smi, GPU count → NodeConditions"))
 

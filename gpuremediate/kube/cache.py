@@ -3,7 +3,8 @@
 A ``transform`` (client-go's SetTransform) is applied to every object before it is stored or handed to
 a handler, so the store keeps only what the controller reads: ``strip_node`` drops what a kubelet
 writes in bulk (managedFields, the image list, volumes). Pods are never cached cluster-wide: an
-Informer on pods must name a namespace (the exporter pods'); a drain lists one node's pods instead.
+Informer on pods must name a namespace (the exporter pods') or one node (``fieldSelector=spec.nodeName=<node>``,
+the pods of a node being drained).
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ class Informer:
         error_backoff: float = 1.0,
         transform: Transform | None = None,
     ) -> None:
-        if res.kind == "Pod" and not namespace:
-            raise ValueError("pods are never cached cluster-wide: an Informer on pods needs a namespace")
+        if res.kind == "Pod" and not namespace and not (field_selector or "").startswith("spec.nodeName="):
+            raise ValueError("pods are never cached cluster-wide: an Informer on pods needs a namespace, or "
+                             "fieldSelector spec.nodeName=<node> (one node's pods)")
         self.client = client
         self.transform = transform or default_transform(res)
         self.last_error = ""  # why the last list failed ("" once one succeeded)

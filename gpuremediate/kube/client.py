@@ -17,6 +17,7 @@ from gpuremediate import __version__
 from gpuremediate.kube import errors, resources
 from gpuremediate.kube.config import ClusterConfig
 from gpuremediate.kube.resources import PODS, Resource
+from gpuremediate.kube.server_time import ServerTime
 from gpuremediate.kube.transport import ConnectionPool, RateLimiter
 from gpuremediate.kube.watch import WatchStream
 
@@ -73,6 +74,7 @@ class KubeClient:
         self.watch_idle_timeout = watch_idle_timeout
         self.limiter = RateLimiter(qps, burst)
         self.pool = ConnectionPool(config, timeout)
+        self.server_time = ServerTime()  # the API server's clock, from its responses' Date
         self._discovered: dict[str, dict[str, Resource]] = {}
         self._discovery_lock = threading.Lock()
         self.write_fence: WriteFence | None = None
@@ -325,6 +327,7 @@ class KubeClient:
             conn.close()
         else:
             self.pool.give_back(conn)
+        self.server_time.note(response.headers.get("Date"))
         return _Reply(response.status, data, response.headers)
 
     def _send(

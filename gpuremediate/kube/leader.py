@@ -21,9 +21,9 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
@@ -231,6 +231,14 @@ class LeaseLock:
                 self.on_new_holder(holder)
 
 
+class ModeGuard(Protocol):
+    """What the elector asks before it takes or keeps the Lease (``handover.ModeGuard``)."""
+
+    def observe(self, leases: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def must_wait(self) -> str: ...
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -245,7 +253,14 @@ class LeaderElector:
         on_stopped_leading: Callable[[], None] | None = None,
         on_new_leader: Callable[[str], None] | None = None,
         clock: Callable[[], float] | None = None,
+        guard: ModeGuard | None = None,
+        annotations: Mapping[str, str] | None = None,
+        on_conflict: Callable[[str], None] | None = None,
     ) -> None:
+        """``guard``: replicas of another mode (--shards) may act instead; each round then LISTs the
+        namespace's Leases (in place of the GET), takes the Lease only when the guard says nobody else acts,
+        leads from the round after it took it, and stands down when the guard says so. ``on_conflict(why)``:
+        we started ("": stopped) waiting for another mode."""
         if not identity:
             raise ValueError("leader election needs a non-empty identity")
         if not lease_duration > renew_deadline > retry_period * JITTER_FACTOR > 0:
@@ -265,7 +280,10 @@ class LeaderElector:
         self._leading = threading.Event()
         self._clock = clock or lease_clock  # it keeps counting while the process is stopped
         self.lock = LeaseLock(client, namespace, name, identity, lease_duration, renew_deadline, self._clock,
-                              on_new_holder=on_new_leader)
+                              on_new_holder=on_new_leader, annotations=annotations)
+        self.guard = guard
+        self.on_conflict = on_conflict
+        self.waiting_for = ""  # why another mode's replicas act instead of us ("" when none do)
         self.refused_writes = 0
         self._refused_lock = threading.Lock()
         self._lease_paths = (LEASES.path(namespace), LEASES.path(namespace, name))
@@ -332,16 +350,33 @@ class LeaderElector:
 
     def _acquire(self) -> bool:
         while not self._stop.is_set():
-            if self._try_acquire_or_renew():
+            if self._try_acquire_or_renew() and self._settled():
                 log.info("%s acquired lease %s/%s", self.identity, self.namespace, self.name)
                 return True
             self._stop.wait(self.retry_period * (1 + random.random() * JITTER_FACTOR))
+        return False
+
+    def _settled(self) -> bool:
+        """With a guard, the Lease taken is led from the next round, whose read shows whether a replica of
+        another mode took its own Lease meanwhile (the two reads crossed); else at once."""
+        if self.guard is None:
+            return True
+        self._stop.wait(self.retry_period)
+        if not self._stop.is_set() and self._try_acquire_or_renew():
+            return True
+        if self.waiting_for:
+            self.lock.release()
         return False
 
     def _renew_until_lost(self) -> None:
         while not self._stop.is_set():
             while not self._try_acquire_or_renew():
                 if self._stop.is_set():
+                    return
+                if self.waiting_for:
+                    log.warning("%s stands down from lease %s/%s: %s", self.identity, self.namespace, self.name,
+                                self.waiting_for)
+                    self.lock.release()
                     return
                 # Counted from the last success, as the fence counts: past it we are no leader any more.
                 deadline = (self.lock.renewed_at or 0.0) + self.renew_deadline
@@ -353,4 +388,33 @@ class LeaderElector:
             self._stop.wait(self.retry_period)
 
     def _try_acquire_or_renew(self) -> bool:
-        return self.lock.try_acquire_or_renew()
+        if self.guard is None:
+            return self.lock.try_acquire_or_renew()
+        sent_at = self._clock()
+        try:
+            leases = self.client.list(LEASES, self.namespace).get("items") or []
+        except errors.Forbidden as exc:  # an older Role (get/update of our Lease only): elect without the guard
+            log.error("cannot list leases in %s (%s): a rollout to or from --shards is not handed over; grant "
+                      "list on leases (manifests/base/rbac.yaml)", self.namespace, exc.message)
+            self.guard = None
+            return self.lock.try_acquire_or_renew()
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("listing leases in %s failed: %s", self.namespace, exc)
+            return False
+        self.guard.observe(leases)
+        self._note_waiting(self.guard.must_wait())
+        if self.waiting_for:
+            return False
+        ours = next((lease for lease in leases if (lease.get("metadata") or {}).get("name") == self.name), None)
+        return self.lock.acquire_or_renew_from(ours, sent_at)
+
+    def _note_waiting(self, why: str) -> None:
+        if why == self.waiting_for:
+            return
+        self.waiting_for = why
+        if why:
+            log.warning("%s waits for another mode: %s", self.identity, why)
+        else:
+            log.info("%s: no other mode acts any more", self.identity)
+        if self.on_conflict is not None:
+            self.on_conflict(why)

@@ -8,6 +8,10 @@ literal `|` and folded `>` block scalars with chomping and indentation indicator
 (`---`, `...`), and plain JSON documents. Mapping keys are always strings (as in Kubernetes, where
 YAML becomes JSON). Anything else (anchors, aliases, tags, complex keys, directives, flow pairs,
 duplicate keys) raises YamlError naming the line.
+
+`dump(value)` writes JSON-shaped data (dicts with string keys, lists, str, int, float, bool, None) as
+block YAML that this loader, and YAML 1.1 loaders such as PyYAML, read back as the same value: a string
+is plain only where no loader could read it as anything else, else double-quoted with escapes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["YamlError", "load", "load_all", "loads"]
+__all__ = ["YamlError", "dump", "load", "load_all", "loads"]
 
 
 class YamlError(ValueError):
@@ -686,3 +690,106 @@ def loads(text: str) -> Any:
 
 
 load = loads
+
+
+# ---- the emitter ------------------------------------------------------------------------------
+
+_PLAIN_SAFE = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*", re.ASCII)
+# Plain words some YAML loader (1.1's booleans and nulls included) reads as something other than a string.
+_NOT_STRINGS = frozenset({"y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off",
+                          "OFF"}) | _NULLS | _TRUES | _FALSES
+_SHORT_ESCAPES = {"\0": "\\0", "\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v",
+                  "\f": "\\f", "\r": "\\r", "\x1b": "\\e", '"': '\\"', "\\": "\\\\"}
+
+
+def _printable(char: str) -> bool:
+    code = ord(char)
+    if code in (0x2028, 0x2029, 0xFEFF):  # line and paragraph separators (line breaks to YAML 1.1), the BOM
+        return False
+    return 0x20 <= code < 0x7F or 0xA0 <= code <= 0xD7FF or 0xE000 <= code <= 0xFFFD or code >= 0x10000
+
+
+def _quoted(text: str) -> str:
+    out = []
+    for char in text:
+        if char in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[char])
+        elif _printable(char):
+            out.append(char)
+        elif ord(char) <= 0xFF:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ".nan"
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)
+        if "." not in text and "e" in text:  # 1e+16: YAML 1.1 wants the dot (1.0e+16)
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
+    if isinstance(value, str):
+        return value if _PLAIN_SAFE.fullmatch(value) and value not in _NOT_STRINGS else _quoted(value)
+    raise TypeError(f"cannot write a {type(value).__name__} as YAML")
+
+
+def _block(value: Any, indent: int) -> list[str]:
+    """``value`` (a non-empty dict or list) as lines at ``indent``."""
+    pad = " " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"a mapping key must be a string, got {type(key).__name__}")
+            if isinstance(item, (dict, list)) and item:
+                lines.append(f"{pad}{_scalar(key)}:")
+                lines += _block(item, indent + 2)
+            else:
+                lines.append(f"{pad}{_scalar(key)}: {_inline(item)}")
+        return lines
+    for item in value:
+        if isinstance(item, (dict, list)) and item:
+            nested = _block(item, indent + 2)
+            lines.append(f"{pad}- {nested[0][indent + 2:]}")
+            lines += nested[1:]
+        else:
+            lines.append(f"{pad}- {_inline(item)}")
+    return lines
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list | tuple):
+        return "[]"
+    return _scalar(value)
+
+
+def dump(value: Any) -> str:
+    """``value`` as a YAML document (block style, keys in their order); tuples are written as lists."""
+    value = _listed(value)
+    if isinstance(value, (dict, list)) and value:
+        return "\n".join(_block(value, 0)) + "\n"
+    return _inline(value) + "\n"
+
+
+def _listed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _listed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_listed(v) for v in value]
+    return value

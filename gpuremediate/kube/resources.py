@@ -63,9 +63,22 @@ CLUSTERROLEBINDINGS = Resource(
     "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False
 )
 
+# Dynamic Resource Allocation (resource.k8s.io): v1 since Kubernetes 1.34. A cluster older than that, or one
+# without DRA, answers 404 for these paths.
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False)
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False)
+
+# DeviceTaintRule (KEP-5055) has no static version: resource.k8s.io/v1alpha3 from 1.33 (alpha, gate
+# DRADeviceTaints), v1beta2 in 1.36 (gate DRADeviceTaintRules and --runtime-config=resource.k8s.io/v1beta2=true),
+# v1 (GA, always on) from 1.37. Discover it (KubeClient.resolve), preferring the most stable version served.
+DEVICE_TAINT_RULE_KIND = "DeviceTaintRule"
+DEVICE_TAINT_RULE_API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1alpha3")
+
 BUILTINS: tuple[Resource, ...] = (
     NODES, PODS, EVENTS, EVENTS_V1, PDBS, LEASES, CONFIGMAPS, SECRETS, JOBS, NAMESPACES, CRDS,
     SERVICEACCOUNTS, SERVICES, DAEMONSETS, DEPLOYMENTS, CLUSTERROLES, CLUSTERROLEBINDINGS,
+    RESOURCE_SLICES, RESOURCE_CLAIMS, DEVICE_CLASSES,
 )
 
 _BUILTIN_INDEX: dict[tuple[str, str], Resource] = {(r.api_version, r.kind): r for r in BUILTINS}

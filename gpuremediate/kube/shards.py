@@ -12,10 +12,9 @@ first, and only that one in our first round. A dead replica's shards are free on
 so live replicas take them over: no consensus of our own.
 
 A shard is acted on from the round after it was taken (that round's read is the check below), and no shard
-at all while a live shard Lease carries another ``--shards`` (annotation ``gpuremediate.io/shards``): two
-counts map nodes differently, so during a rollout that changes S the replicas of one count wait. The larger
-count always sees the smaller one's Leases, and a replica takes nothing while it sees such a Lease, so two
-replicas of different counts never act at once.
+at all while ``handover.ModeGuard`` says another mode acts: a live shard Lease of another ``--shards``
+(annotation ``gpuremediate.io/shards``) or the ``--leader-elect`` Lease. Two modes map nodes differently, so
+during a rollout that changes the mode or S the replicas of one mode wait, holding and asking for nothing.
 
 A replica holding fewer than ``floor(S / live)`` shards while another holds more than the cap (a replica that
 came back finds its shards taken over) says so on one of that holder's Leases (annotation
@@ -43,14 +42,22 @@ from typing import Any
 from gpuremediate.config import MAX_SHARDS
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.handover import (
+    HANDOVER_ANNOTATION,
+    HANDOVER_VERSION,
+    SHARD_LEASE_PREFIX,
+    SHARDS_ANNOTATION,
+    ModeGuard,
+    shard_index_of,
+    shards_mode,
+)
 from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, duration_of, lease_clock, micro_time
 from gpuremediate.kube.resources import LEASES, NODES
 
 log = logging.getLogger(__name__)
 
-SHARD_LEASE_PREFIX = "gpuremediate-shard-"
 WANTED_ANNOTATION = "gpuremediate.io/shard-wanted-by"
-SHARDS_ANNOTATION = "gpuremediate.io/shards"  # the holder's --shards: its node -> shard mapping
+DEAF_FOR_LEASES = 10  # a replica handed a shard it did not take is not heard for this many lease durations
 
 _acting_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpuremediate_acting_for", default=None)
 
@@ -114,7 +121,11 @@ class ShardSet:
         retry_period: float = 2,
         clock: Callable[[], float] | None = None,
         on_change: Callable[[frozenset[int]], None] | None = None,
+        leader_lease: str = "gpuremediate",
+        on_conflict: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_change(owned)``: the shards ours to act on changed; ``on_conflict(why)``: we started ("" :
+        stopped) waiting for replicas of another mode (``leader_lease``: the --leader-elect Lease's name)."""
         if not identity:
             raise ValueError("shard leases need a non-empty identity")
         if not 1 <= shards <= MAX_SHARDS:
@@ -129,13 +140,16 @@ class ShardSet:
         self.renew_deadline = renew_deadline
         self.lease_duration = lease_duration
         self.on_change = on_change
+        self.on_conflict = on_conflict
         self._clock = clock or lease_clock
         self.locks = [self._lock_for(i) for i in range(shards)]
-        self._foreign: dict[int, LeaseLock] = {}  # shard Leases beyond our count (another --shards), watched only
+        self.guard = ModeGuard(namespace, identity, shards_mode(shards), leader_lease, self._watcher)
         self.preferred = preferred_shard(identity, shards)
         self._held: set[int] = set()  # acquired and not yet given up or lost
         self._settled: set[int] = set()  # held since before the last round's read: ours to act on
-        self.conflict = ""  # a live shard Lease of another --shards: we act on nothing while it lasts
+        self.conflict = ""  # another mode acts (handover.ModeGuard): we hold and act on nothing while it lasts
+        self._handed: dict[int, tuple[str, float]] = {}  # shard -> (to whom we handed it, when)
+        self._deaf: dict[str, float] = {}  # identity -> until when its wishes are not heard
         self._wishes: dict[int, tuple[str, float]] = {}  # shard -> (wanted-by value, clock time it changed)
         self._wished_at: dict[int, float] = {}  # shard -> when we last wrote our own wish on it
         self._lease_paths = {LEASES.path(namespace)} | {lock.path for lock in self.locks}
@@ -206,21 +220,26 @@ class ShardSet:
         """Renew, read the others, hand back what a waiting replica wants, take free shards up to the cap."""
         before = self.owned()
         listed = self._list()
-        self._renew_held(listed)
         if listed is not None:
-            self._observe_others(listed)
-        conflict = self._shard_count_conflict() if listed is not None else self.conflict
-        with self._lock:
-            self.conflict = conflict
-            if listed is not None:  # settling needs this round's read (it is what shows another --shards)
-                self._settled = set(self._held)  # what we held before this read is ours from now on
+            self.guard.observe(listed.values())
+        conflict = self.guard.must_wait() if listed is not None else self.conflict
         if conflict:
-            log.warning("not acting on any shard", extra={"identity": self.identity, "reason": conflict})
-        live = self._live()
-        self._hand_back(live)
-        if listed is not None and not conflict:
-            self._acquire_free(live, listed)
-        self._ask_if_short(live)
+            self._release_all()  # the incumbent mode may need these very names (another --shards)
+        shards = None if listed is None else {i: lease for name, lease in listed.items()
+                                              if (i := shard_index_of(name)) is not None}
+        self._renew_held(shards)
+        if shards is not None:
+            self._observe_others(shards)
+        self._note_conflict(conflict)
+        with self._lock:
+            if shards is not None:  # settling needs this round's read (it is what shows another mode)
+                self._settled = set(self._held)  # what we held before this read is ours from now on
+        if not conflict:
+            live = self._live()
+            self._hand_back(live)
+            if shards is not None:
+                self._acquire_free(live, shards)
+            self._ask_if_short(live)
         self.rounds += 1
         after = self.owned()
         if after != before:
@@ -230,14 +249,27 @@ class ShardSet:
 
     # ---- one round's parts ---------------------------------------------------------------------------------
 
-    def _list(self) -> dict[int, dict[str, Any]] | None:
-        """One LIST of the namespace's Leases: every shard Lease, of any shard count (None: it failed)."""
+    def _list(self) -> dict[str, dict[str, Any]] | None:
+        """One LIST of the namespace's Leases, by name (None: it failed)."""
         try:
             leases = self.client.list(LEASES, self.namespace).get("items") or []
         except (errors.ApiError, errors.TransportError) as exc:
             log.warning("listing shard leases in %s failed: %s", self.namespace, exc)
             return None
-        return {index: lease for lease in leases if (index := _index_of(lease)) is not None}
+        return {str((lease.get("metadata") or {}).get("name")): lease for lease in leases}
+
+    def _note_conflict(self, conflict: str) -> None:
+        """Said once when waiting for another mode starts and once when it ends (not every round)."""
+        with self._lock:
+            changed, self.conflict = conflict != self.conflict, conflict
+        if not changed:
+            return
+        if conflict:
+            log.warning("not acting on any shard", extra={"identity": self.identity, "reason": conflict})
+        else:
+            log.info("no other mode acts any more: taking shards", extra={"identity": self.identity})
+        if self.on_conflict is not None:
+            self.on_conflict(conflict)
 
     def _renew_held(self, listed: dict[int, dict[str, Any]] | None) -> None:
         """Renew each held shard from the Lease as listed (no GET; a GET each when the LIST failed)."""
@@ -256,29 +288,22 @@ class ShardSet:
                 lock.renewed_at = None
 
     def _observe_others(self, listed: dict[int, dict[str, Any]]) -> None:
-        for index in sorted(set(listed) | set(range(self.shards)) | set(self._foreign)):
+        for index in range(self.shards):
             if index in self._held:
                 continue  # renewed just now: our own write is the latest
-            lock = self.locks[index] if index < self.shards else self._foreign.setdefault(index, self._lock_for(index))
-            lock.observe(listed.get(index))
-            if index < self.shards:
-                self._note_wish(index)
-
-    def _shard_count_conflict(self) -> str:
-        """A live shard Lease held under another --shards maps nodes differently: acting now could act on a
-        node another replica acts on (a rollout changing --shards). "" when there is none."""
-        mine = str(self.shards)
-        for lock in [*self.locks, *self._foreign.values()]:
-            theirs = _annotation(lock, SHARDS_ANNOTATION)
-            if lock.held_by_other() and theirs != mine:
-                return (f"lease {self.namespace}/{lock.name} is held by {lock.holder()} with --shards={theirs or '?'}, "
-                        f"ours is {mine}: waiting until it expires or is released")
-        return ""
+            self.locks[index].observe(listed.get(index))
+            self._note_wish(index)
+        self._note_ignored_hand_backs()
 
     def _lock_for(self, index: int) -> LeaseLock:
         return LeaseLock(self.client, self.namespace, shard_lease_name(index), self.identity, self.lease_duration,
                          self.renew_deadline, self._clock, takeover_drops=(WANTED_ANNOTATION,),
-                         annotations={SHARDS_ANNOTATION: str(self.shards)})
+                         annotations={SHARDS_ANNOTATION: str(self.shards), HANDOVER_ANNOTATION: HANDOVER_VERSION})
+
+    def _watcher(self, name: str) -> LeaseLock:
+        """An observe-only lock for the mode guard (it never writes)."""
+        return LeaseLock(self.client, self.namespace, name, self.identity, self.lease_duration, self.renew_deadline,
+                         self._clock)
 
     def _live(self) -> set[str]:
         return {lock.holder() for lock in self.locks if lock.held_by_other()} | {self.identity} | {
@@ -309,6 +334,7 @@ class ShardSet:
                 with self._lock:
                     self._held.discard(index)
                 self.locks[index].release()
+                self._handed[index] = (who, self._clock())
 
     def _ask_if_short(self, live: set[str]) -> None:
         """Fewer than our share while another holder has more than the cap: ask for one of its shards."""
@@ -336,10 +362,25 @@ class ShardSet:
             self._wishes[index] = (value, self._clock())
 
     def _fresh_wishes(self) -> dict[int, tuple[str, float]]:
-        """Wishes rewritten within one lease duration, as (who, when we saw it change)."""
+        """Wishes rewritten within one lease duration, as (who, when we saw it change); not those of a replica
+        that did not take what it was handed (an older controller of another --shards asks, and cannot take)."""
         now = self._clock()
-        return {i: (value.split(" ", 1)[0], at) for i, (value, at) in self._wishes.items()
-                if now - at < self.lease_duration}
+        fresh = {i: (value.split(" ", 1)[0], at) for i, (value, at) in self._wishes.items()
+                 if now - at < self.lease_duration}
+        return {i: wish for i, wish in fresh.items() if self._deaf.get(wish[0], -math.inf) <= now}
+
+    def _note_ignored_hand_backs(self) -> None:
+        """A shard handed back and not taken by the asker within a lease duration: the asker is not heard for
+        a while (taking it back at once and handing it over again would leave the shard's nodes unhandled)."""
+        now = self._clock()
+        for index, (who, at) in list(self._handed.items()):
+            if self.locks[index].holder() == who:
+                self._handed.pop(index)
+            elif now - at >= self.lease_duration:
+                self._handed.pop(index)
+                self._deaf[who] = now + DEAF_FOR_LEASES * self.lease_duration
+                log.warning("%s did not take shard %d it asked for: not heard for %gs", who, index,
+                            DEAF_FOR_LEASES * self.lease_duration)
 
     def _wanted_by_other(self, index: int) -> bool:
         wish = self._fresh_wishes().get(index)
@@ -381,11 +422,7 @@ def _annotation(lock: LeaseLock, key: str) -> str:
 
 
 def _index_of(lease: dict[str, Any]) -> int | None:
-    name = str((lease.get("metadata") or {}).get("name") or "")
-    suffix = name[len(SHARD_LEASE_PREFIX):] if name.startswith(SHARD_LEASE_PREFIX) else ""
-    if not (suffix.isascii() and suffix.isdigit() and len(suffix) < 6) or suffix != str(int(suffix)):
-        return None  # "-01" is not shard 1's Lease: only the name shard_lease_name(1) is
-    return int(suffix)
+    return shard_index_of(str((lease.get("metadata") or {}).get("name") or ""))
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,11 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuremediate.kube import errors
 
 if TYPE_CHECKING:
-    from gpuremediate.kube.client import KubeClient
     from gpuremediate.kube.resources import Resource
 
 log = logging.getLogger(__name__)
@@ -107,13 +106,30 @@ class WatchStream(Iterator[WatchEvent]):
         self.close()
 
 
+class WatchSource(Protocol):
+    """What resumable_watch needs of a client: start one watch. This module owns the interface and
+    KubeClient implements it, so watch.py does not import the client (client.py imports watch.py)."""
+
+    def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int | None = None,
+        allow_bookmarks: bool = True,
+    ) -> WatchStream: ...
+
+
 def retry_delay(error_backoff: float, failures: int) -> float:
     """Seconds to wait after `failures` failed list or watch starts in a row: doubling, at most 30 s."""
     return min(30.0, error_backoff * 2 ** min(failures, 5))
 
 
 def resumable_watch(
-    client: KubeClient,
+    client: WatchSource,
     res: Resource,
     namespace: str | None = None,
     *,

@@ -14,6 +14,7 @@ from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.actions.budget_claims import BudgetClaims
 from gpuremediate.actions.custom import PermissionBackoff, PermissionDenied, conditions_problem
 from gpuremediate.actions.events import WARNING, EventRecorder
+from gpuremediate.actions.jobs import ActionJobs
 from gpuremediate.actions.nodes import (
     Node,
     NodeView,
@@ -60,6 +61,8 @@ class LoopContext:
     readings: dict[str, NodeReadings] = field(default_factory=dict)
     # Plugin kinds RBAC refused (403): not asked again until their backoff has passed.
     permissions: PermissionBackoff = field(init=False)
+    # The controller's own Jobs, from one watch shared by the loops that run them (started by the first look).
+    jobs: ActionJobs = field(init=False)
     # --shards > 1: the shard Leases this replica holds (None: one controller owns every node) and the
     # fleet-wide admitted set drains are claimed in (None: this replica's informer is the whole truth).
     shards: ShardSet | None = None
@@ -67,6 +70,7 @@ class LoopContext:
 
     def __post_init__(self) -> None:
         self.permissions = PermissionBackoff(lambda: self.clock())
+        self.jobs = ActionJobs(self.client, self.settings.jobs_namespace)
 
     def policy_for(self, node: Mapping[str, Any]) -> Policy:
         return self.policy.for_node(labels_of(node))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuremediate.actions.custom import (
     FAULT_LABEL,
@@ -36,27 +36,25 @@ from gpuremediate.actions.custom import (
     condition_is,
     created_at,
     dns_name,
-    event_id,
+    fault_event_id,
     label_value,
 )
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import pod_key
+from gpuremediate.loops.drainer import DrainContext
+from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
+from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomDrainPolicy, DrainPolicy
-from gpuremediate.state import decide
 from gpuremediate.state.record import (
     BLOCK_WINDOW,
     Fault,
     NodeRecord,
     block,
     mark_created,
-    occurrence,
     start_action,
     unblock,
 )
-
-if TYPE_CHECKING:
-    from gpuremediate.loops.drain import DrainLoop
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +64,6 @@ FALLBACK = "builtin-fallback"  # action.detail once a timed-out custom drain fel
 
 def fell_back(record: NodeRecord) -> bool:
     return record.action is not None and record.action.detail == FALLBACK
-
-
-def fault_event_id(record: NodeRecord) -> str:
-    """The health event id: one per fault occurrence (a recurring fingerprint gets a new one)."""
-    return event_id(occurrence(record))
 
 
 def request_name(node: str, record: NodeRecord) -> str:
@@ -123,33 +116,41 @@ def request_body(ref: Ref, node: str, record: NodeRecord, pods: Sequence[Mapping
     return body
 
 
-class CustomDrain:
-    """One step of a custom drain for one node (called from ``DrainLoop._step``)."""
+def requested(policy: Policy, record: NodeRecord) -> bool:
+    """The table's row (``loops.drainers``): ``[customDrain]`` is on, and this drain did not fall back."""
+    return policy.customDrain.enabled and not fell_back(record)
 
-    def __init__(self, loop: DrainLoop, policy: CustomDrainPolicy) -> None:
-        self.loop = loop
-        self.ctx = loop.ctx
+
+class DrainRequestDrain:
+    """The ``Drainer`` for a drain plugin (issue 5 hook): a DrainRequest per fault (``loops.drainers``)."""
+
+    def step(self, ctx: DrainContext, node: Node, record: NodeRecord) -> StepResult:
+        return CustomDrain(ctx, ctx.policy.customDrain).step(node, record, ctx.policy.drain)
+
+
+class CustomDrain:
+    """One step of a custom drain for one node."""
+
+    def __init__(self, ctx: DrainContext, policy: CustomDrainPolicy) -> None:
+        self.ctx = ctx
         self.policy = policy
         self.ref = Ref(policy.api_version, policy.kind, policy.namespace)
-        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run, permissions=self.ctx.permissions)
+        self.api = CustomResources(ctx.client, dry_run=ctx.writer.dry_run, permissions=ctx.permissions)
 
-    def step(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> float | None:
-        return self.loop.guarded_step(node, record, lambda: self._step(node, record, drain))
-
-    def _step(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> float | None:
+    def step(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> StepResult:
         assert record.action is not None
         now = self.ctx.clock()
         name = request_name(name_of(node), record)
         existing = self._find(name_of(node), name)
         if existing is not None:
-            self.loop.check_shape(node, self.ref.kind, existing)
+            self.ctx.check_shape(node, self.ref.kind, existing)
         if existing is not None and condition_is(existing, self.policy.statusConditionType,
                                                  self.policy.statusConditionStatus):
             return self._complete(node, record, name, now)
         if existing is not None and not record.action.created and not self.api.dry_run:
             # The deadline counts from the request's creation; a 409 is noted again on the next step.
             self.ctx.writer.write(node, mark_created(record, created_at(existing, now), self.policy.timeout))
-            return 0.0
+            return InProgress(0.0)
         deadline = self.deadline(record)
         if now >= deadline:
             return self._timed_out(node, record, name, now, drain)
@@ -161,7 +162,7 @@ class CustomDrain:
             self._create(node, record, drain)
         else:
             self._note_deferral(node, record, existing, now)
-        return max(0.1, min(drain.retry_s, deadline - now))
+        return InProgress(max(0.1, min(drain.retry_s, deadline - now)))
 
     def deadline(self, record: NodeRecord) -> float:
         """From the request's creation once it exists (recorded), else from the drain's start."""
@@ -198,7 +199,7 @@ class CustomDrain:
         return mine
 
     def _create(self, node: Node, record: NodeRecord, drain: DrainPolicy) -> None:
-        pods = self.loop.targets(node, record, drain)
+        pods = self.ctx.targets(node, record, confirm=True)  # once: a LIST, no watch
         body = request_body(self.ref, name_of(node), record, pods)
         self.api.ensure(self.ref, body)
         name = body["metadata"]["name"]
@@ -208,16 +209,13 @@ class CustomDrain:
                                    "a drain plugin drains the node", NORMAL)
         log.info("drain request created", extra={"node": name_of(node), "request": name, "pods": len(pods)})
 
-    def _complete(self, node: Node, record: NodeRecord, name: str, now: float) -> float | None:
+    def _complete(self, node: Node, record: NodeRecord, name: str, now: float) -> StepResult:
         assert record.action is not None
-        # The record first: a crash before the delete leaves a completed request, removed next time.
-        if self.loop.apply(node, decide.complete_drain(record, now)) is None:
-            return self.loop.retry_after_conflict()
-        self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
-        self.api.delete(self.ref, name)
-        return None
+        # The record first (the loop writes it): a crash before the delete leaves a completed request, removed
+        # next time.
+        return Done(at=now, then=lambda: self.api.delete(self.ref, name))
 
-    def _timed_out(self, node: Node, record: NodeRecord, name: str, now: float, drain: DrainPolicy) -> float | None:
+    def _timed_out(self, node: Node, record: NodeRecord, name: str, now: float, drain: DrainPolicy) -> StepResult:
         # The request first: a crash before the record write finds no request and times out again.
         self.api.delete(self.ref, name)
         detail = (f"drain plugin did not set {self.policy.statusConditionType}={self.policy.statusConditionStatus} "
@@ -225,17 +223,14 @@ class CustomDrain:
         return self._gave_up(node, record, name, now, drain, detail)
 
     def _gave_up(self, node: Node, record: NodeRecord, name: str, now: float, drain: DrainPolicy,
-                 detail: str) -> float | None:
+                 detail: str) -> StepResult:
         """The plugin's drain ended without completing: ``onTimeout`` decides (built-in drain, or quarantine)."""
         if self.policy.onTimeout == "builtin":
             fallback = start_action(record, record.action.kind if record.action else "drain", "", 1, now,
                                     drain.timeout_s, FALLBACK)
             if self.ctx.writer.write(node, fallback) is None:
-                return self.loop.retry_after_conflict()
+                return CONFLICT
             self.ctx.events.node_event(name_of(node), "GPUDrainPluginTimedOut", f"{detail}; built-in drain takes over",
                                        WARNING)
-            return 0.0
-        if self.loop.apply(node, decide.drain_failed(record, now, detail)) is None:
-            return self.loop.retry_after_conflict()
-        self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
-        return None
+            return InProgress(0.0)
+        return Failed(detail, at=now)  # the loop records it and says GPUDrainTimedOut

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuremediate.actions.custom import (
     ACTION_LABEL,
@@ -39,18 +39,18 @@ from gpuremediate.actions.custom import (
     condition,
     created_at,
     dns_name,
+    fault_event_id,
     label_value,
     outcome,
     render,
 )
 from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.nodes import Node, name_of
-from gpuremediate.loops.custom_drain import fault_event_id
+from gpuremediate.loops.repair import RepairContext, RepairRequest
+from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
+from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomAction, Rung
 from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, start_action
-
-if TYPE_CHECKING:
-    from gpuremediate.loops.remediate import RemediateLoop
 
 log = logging.getLogger(__name__)
 
@@ -106,24 +106,32 @@ def build_resource(name: str, action: CustomAction, node: str, record: NodeRecor
     return {**rendered, **body}
 
 
+def any_other(policy: Policy, node: Node, record: NodeRecord, kind: str) -> bool:
+    """The table's last row (``loops.repairs``): a kind no built-in row took names an ``[actions.<kind>]``."""
+    return True
+
+
+class CustomResourceRepair:
+    """The ``Repair`` for a custom action (a plugin's resource, issue 5 hook), with the rung's attempts and timeout
+    where it sets them (``loops.repairs``)."""
+
+    def step(self, ctx: RepairContext, node: Node, record: NodeRecord, request: RepairRequest) -> StepResult:
+        return CustomRemediation(ctx, request.rung).step(node, record, request.kind)
+
+
 class CustomRemediation:
-    """One step of a custom remediation for one node (called from ``RemediateLoop.custom``)."""
+    """One step of a custom remediation for one node."""
 
-    def __init__(self, loop: RemediateLoop, rung: Rung | None = None) -> None:
-        self.loop = loop
+    def __init__(self, ctx: RepairContext, rung: Rung | None = None) -> None:
         self.rung = rung  # the escalation ladder rung running this action: its attempts and timeout win
-        self.ctx = loop.ctx
-        self.actions: Mapping[str, CustomAction] = self.ctx.policy.cluster.actions
-        self.api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run, permissions=self.ctx.permissions)
+        self.ctx = ctx
+        self.actions: Mapping[str, CustomAction] = ctx.actions
+        self.api = CustomResources(ctx.client, dry_run=ctx.writer.dry_run, permissions=ctx.permissions)
 
-    def step(self, node: Node, record: NodeRecord, name: str) -> float | None:
-        return self.loop.guarded_step(node, record, lambda: self._step(node, record, name))
-
-    def _step(self, node: Node, record: NodeRecord, name: str) -> float | None:
+    def step(self, node: Node, record: NodeRecord, name: str) -> StepResult:
         action = self._for_rung(self.actions.get(name))
         if action is None:
-            return self.loop.finish_attempt(node, record, ok=False, detail=f"no [actions.{name}] is configured",
-                                            max_attempts=1)
+            return Failed(f"no [actions.{name}] is configured", max_attempts=1)
         current = record.action
         if current is None or not current.name:
             return self._start(node, record, name, action, current.attempt if current else 1)
@@ -138,7 +146,7 @@ class CustomRemediation:
 
     # ---- starting an attempt ---------------------------------------------------------------------
 
-    def _start(self, node: Node, record: NodeRecord, name: str, action: CustomAction, attempt: int) -> float | None:
+    def _start(self, node: Node, record: NodeRecord, name: str, action: CustomAction, attempt: int) -> StepResult:
         now = self.ctx.clock()
         covering = self._covering(name_of(node), record, name, action)
         if covering is not None:
@@ -146,25 +154,25 @@ class CustomRemediation:
             other = str(obj["metadata"]["name"])
             adopted = start_action(record, name, other, attempt, now, action.timeout, ref.encode())
             if self.ctx.writer.write(node, adopted) is None:
-                return self.loop.retry_after_conflict()
+                return CONFLICT
             self.ctx.events.node_event(name_of(node), "GPURemediationCovered",
                                        f"{name}: {ref.kind} {other} of an equivalent or superseding group is in "
                                        "progress or done; no new resource", NORMAL)
-            return POLL_S
-        _, uuids = self.loop.gpu_ids(node, record)
+            return InProgress(POLL_S)
+        _, uuids = self.ctx.jobs.gpu_ids(node, record)
         body = build_resource(name, action, name_of(node), record, attempt, uuids or self._fault_uuids(record))
         started = start_action(record, name, body["metadata"]["name"], attempt, now, action.timeout,
                                ref_of(action).encode())
         written = self.ctx.writer.write(node, started)
         if written is None:  # the name is in the record before the create
-            return self.loop.retry_after_conflict()
+            return CONFLICT
         obj = self.api.ensure(ref_of(action), body)
         self.ctx.events.node_event(name_of(node), "GPURemediationRequested",
                                    f"{'would create' if self.api.dry_run else 'created'} {action.kind} "
                                    f"{body['metadata']['name']} (action {name}, attempt {attempt})", NORMAL)
         if not self.api.dry_run:  # its deadline counts from its creation; a 409: noted by the next step instead
             self.ctx.writer.write(written, mark_created(started, created_at(obj, now), action.timeout))
-        return POLL_S
+        return InProgress(POLL_S)
 
     @staticmethod
     def _fault_uuids(record: NodeRecord) -> list[str]:
@@ -211,46 +219,44 @@ class CustomRemediation:
     # ---- an attempt in progress --------------------------------------------------------------------
 
     def _progress(self, node: Node, record: NodeRecord, name: str, action: CustomAction,
-                  current: ActionInProgress) -> float | None:
+                  current: ActionInProgress) -> StepResult:
         ref = Ref.decode(current.detail) or ref_of(action)
         obj = self.api.get(ref, current.name)
         if obj is None:
             return self._missing(node, record, name, action, current)
-        self.loop.check_shape(node, ref.kind, obj)
+        self.ctx.check_shape(node, ref.kind, obj)
         if not current.created and not self.api.dry_run:  # the write after the create was lost, or adopted
             self.ctx.writer.write(node, mark_created(record, created_at(obj, self.ctx.clock()), action.timeout))
-            return POLL_S
+            return InProgress(POLL_S)
         state = self._outcome(obj, action)
         label = f"{ref.kind} {current.name}"
         if state == SUCCEEDED:
-            return self.loop.finish_attempt(node, record, ok=True, detail=f"{name} done ({label})",
-                                            max_attempts=action.maxAttempts)
+            return Done(f"{name} done ({label})", max_attempts=action.maxAttempts)
         if state == FAILED:
             cond = condition(obj, (self.actions.get(name) or action).completeConditionType) or {}
             why = cond.get("message") or cond.get("reason") or "no message"
-            return self.loop.finish_attempt(node, record, ok=False, detail=f"{name}: {label} failed ({why})",
-                                            max_attempts=action.maxAttempts)
+            return Failed(f"{name}: {label} failed ({why})", max_attempts=action.maxAttempts)
         now = self.ctx.clock()
         if current.deadline is not None and now >= current.deadline:
             # The resource stays: its plugin may still act, so it keeps covering its group (no duplicate).
             detail = f"{name} attempt {current.attempt} timed out ({label})"
-            return self.loop.finish_attempt(node, record, ok=False, detail=detail, max_attempts=action.maxAttempts)
-        return POLL_S
+            return Failed(detail, max_attempts=action.maxAttempts)
+        return InProgress(POLL_S)
 
     def _missing(self, node: Node, record: NodeRecord, name: str, action: CustomAction,
-                 current: ActionInProgress) -> float | None:
+                 current: ActionInProgress) -> StepResult:
         """Killed between writing the record and creating: create it now (same name). A resource we
         adopted, or one deleted by someone else (the record says it was created), is gone: that attempt
         failed, evented, and the next attempt gets a new name — a person's delete is never undone."""
         own = resource_name(name, name_of(node), record, current.attempt)
         never_created = current.name == own and not current.created and current.detail == ref_of(action).encode()
         if never_created and not self.ctx.writer.dry_run:
-            _, uuids = self.loop.gpu_ids(node, record)
+            _, uuids = self.ctx.jobs.gpu_ids(node, record)
             body = build_resource(name, action, name_of(node), record, current.attempt,
                                   uuids or self._fault_uuids(record))
             self.api.ensure(ref_of(action), body)
-            return POLL_S
+            return InProgress(POLL_S)
         if self.ctx.writer.dry_run:
-            return POLL_S
+            return InProgress(POLL_S)
         detail = f"{name}: {current.name} was deleted before it completed"
-        return self.loop.finish_attempt(node, record, ok=False, detail=detail, max_attempts=action.maxAttempts)
+        return Failed(detail, max_attempts=action.maxAttempts)

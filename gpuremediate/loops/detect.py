@@ -14,34 +14,114 @@ metrics are unknown, so a stale XID does not come back as "new" when the exporte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from gpuremediate.actions.breaker import SOURCE_NEVER_READ, SOURCE_SLOW, SourceProblem
 from gpuremediate.actions.events import NORMAL, WARNING
-from gpuremediate.actions.nodes import Node, is_excluded, name_of, node_unschedulable_of
+from gpuremediate.actions.held import held_by_us
+from gpuremediate.actions.jobs import delete_job
+from gpuremediate.actions.nodes import (
+    Node,
+    is_excluded,
+    labels_of,
+    name_of,
+    node_unschedulable_of,
+    unschedulable_before_us,
+)
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import EVENTS
 from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.base import LoopContext, state_of
+from gpuremediate.loops.validate import VALIDATE
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, KIND_THERMAL, Finding
+from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
+from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
-from gpuremediate.signals.sources import FaultFastPath, Source
+from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
 from gpuremediate.state import decide, states
-from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, block, record_from_node
+from gpuremediate.state.record import (
+    BLOCK_BREAKER,
+    MAX_TIMESTAMP,
+    NodeRecord,
+    RecordError,
+    block,
+    isolated_at_gpu,
+    record_from_node,
+)
 
 log = logging.getLogger(__name__)
 
 FLEET_MIN_NODES = 5  # below this, every node's unknown is evented on its own
 FLEET_UNKNOWN_FRACTION = 0.5  # more than this share unknown at once: one fleet Event instead of per node
 BREAKER_DETAIL = "circuit breaker open: no new work"  # decide.on_findings' words for the open breaker
+GAUGES_EVERY_S = 1.0  # a long batch updates the fleet gauges this often (a storm is seen as it happens)
+DECIDE_WORKERS = 8  # a batch's decisions written this many at once (a burst of cordons; the client paces them)
+SHARE_MIN_NODES = 20  # with --shards, a replica's own nodes count as a sample of the fleet from this many
+FLOW_LIFT_HOLD = "lift-hold"
+FLOW_PERSON_UNCORDONED = "person-uncordoned"
+FLOW_THERMAL_CLEARED = "thermal-cleared"
+FLOW_FINDINGS = "findings"
+
+POLL_COST_SHARE = 20.0  # a fault poll is followed by at least this many times its own duration without one
+T = TypeVar("T")
+
+
+class PollPacer:
+    """When the next fault poll may start. One ``period_s`` after the last one started; later when it was slow:
+    at least ``POLL_COST_SHARE`` times its own duration after its start, so polling keeps Prometheus busy at
+    most 1/20 of the time however slow it gets (a 1.6 s fault query at 5,000 nodes was asked back to back,
+    most of a core of someone else's Prometheus); after a failure, twice the last spacing, up to ``cap_s``.
+    Polls never overlap: one thread asks them, one after the other."""
+
+    def __init__(self, period_s: float, cap_s: float) -> None:
+        self.period_s, self.cap_s = period_s, cap_s
+        self.next_at = 0.0  # monotonic time the next poll is due (the past: at once)
+        self.spacing_s = period_s  # the last poll's start to the next's
+        self.failures = 0  # in a row
+
+    def not_before(self, when: float) -> None:
+        self.next_at = max(self.next_at, when)
+
+    def at_once(self, now: float) -> None:
+        """Due now (a full read just ended: a fault that came during it waits no period more), unless the last
+        polls were slow or failed: then their spacing holds."""
+        if self.failures == 0 and self.spacing_s <= self.period_s:
+            self.next_at = min(self.next_at, now)
+
+    def done(self, started: float, ended: float, failed: bool) -> None:
+        spacing = max(self.period_s, POLL_COST_SHARE * max(0.0, ended - started))
+        self.failures = self.failures + 1 if failed else 0
+        if self.failures:
+            spacing = max(spacing, min(self.cap_s, self.period_s * 2.0 ** self.failures))
+        if spacing > self.period_s and spacing != self.spacing_s:
+            log.info("fault fast path spaced out", extra={"next_in_s": round(spacing, 2),
+                                                          "poll_s": round(ended - started, 3), "failed": failed})
+        self.spacing_s = spacing
+        self.next_at = started + spacing
+
+
+@dataclass(frozen=True)
+class Assessed:
+    """A node read and judged, waiting for its decision (made once the batch's faults are counted)."""
+
+    node: Node
+    record: NodeRecord | None
+    findings: tuple[Finding, ...]
+    memory: PolicyMemory
+    now: float
+    metrics_known: bool
+    hold_s: float = 0.0  # the node's [thermal].hold_s: a watched GPU's hold ends hold_s after it got hot
 
 
 class DetectLoop:
@@ -57,6 +137,13 @@ class DetectLoop:
         self.evented_unknown: set[str] = set()  # nodes that got a GPUHealthUnknown Event (they get Known back)
         self.fleet_unknown = False  # most nodes unknown: one Event on the controller, none per node
         self.source_error = ""  # why the last read failed as a whole ("" when it did not)
+        self.reads_ok = 0  # full reads of the source that succeeded since start
+        self.reads_failed = 0  # full reads that failed since the last that succeeded
+        # What the loop says about its source (never read since start, slower than its interval): an Event on the
+        # controller's Pod, gpuremediate_source_problem, and the breaker ConfigMap's ``source`` key (status' banner).
+        self.source_problem: SourceProblem | None = None
+        self._problem_saved: SourceProblem | None = None  # as the ConfigMap holds it (a failed write is retried)
+        self._started = time.monotonic()
         # Events are written by a worker: a storm of them never delays detection.
         self.events = EventQueue(ctx.events, ctx.metrics.events_dropped)
         self.excluded_seen: set[tuple[str, str]] = set()
@@ -64,10 +151,15 @@ class DetectLoop:
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._monotonic = time.monotonic  # the fast path's poll clock (a test's own)
+        self.workers = DECIDE_WORKERS  # replay decides one node at a time: 1
+        self._state_counts: dict[str, int] = {}  # the nodes gauge as last computed, moved by each transition
+        self._pace = PollPacer(0.0, 0.0)  # the fast path's (_poll_period sets it from the source)
 
     # ---- thread --------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._started = time.monotonic()
+        self.ctx.metrics.fleet_unknown.set(1.0)  # nothing read yet: health unknown until the first read says
         start_source = getattr(self.source, "start", None)
         if callable(start_source):
             start_source()  # e.g. the exporter source's pod informer, so the first cycle finds it synced
@@ -103,23 +195,30 @@ class DetectLoop:
                 return
 
     def _between_cycles(self, deadline: float) -> None:
-        """Wait for the next cycle; a source with a fault fast path (``fault_poll_s``) is polled meanwhile: at
-        once (a fault that came during the full read waits no poll more), then one poll every ``fault_poll_s``
-        from start to start (a poll's own time, at 5,000 nodes mostly Prometheus', is not added to the wait)."""
-        poll = self.source.fault_poll_s if isinstance(self.source, FaultFastPath) else None
-        next_poll = self._monotonic()
+        """Wait for the next cycle; a source with a fault fast path (``fault_poll_s``) is polled meanwhile, as the
+        pacer allows: at once when it is due (a fault that came during the full read waits no poll more), one
+        poll every ``fault_poll_s`` from start to start, further apart when Prometheus is slow or failing."""
+        poll = self._poll_period()
         while (now := self._monotonic()) < deadline and not self._wake.is_set():
-            if poll and now >= next_poll:
-                next_poll = now + poll
+            if poll and now >= self._pace.next_at:
                 self._fast_cycle_logged()
-            elif self._wake.wait(min(deadline, next_poll) - now if poll else deadline - now):
+            elif self._wake.wait(min(deadline, self._pace.next_at) - now if poll else deadline - now):
                 return
+
+    def _poll_period(self) -> float | None:
+        """The source's fault poll period (None: no fast path), handed to the pacer as it is now."""
+        if not isinstance(self.source, FaultFastPath) or not self.source.fault_poll_s:
+            return None
+        self._pace.period_s = self.source.fault_poll_s
+        self._pace.cap_s = max(self._pace.period_s, self.ctx.settings.scrape_interval_s)
+        return self.source.fault_poll_s
 
     def _fast_cycle_logged(self) -> dict[str, NodeReadings]:
         try:
             return self.fast_cycle()
         except Exception as exc:  # the next full cycle reads every node anyway
             log.warning("fault fast path failed; the next cycle reads every node", extra={"error": str(exc)})
+            self._pace.done(self._monotonic(), self._monotonic(), failed=True)
             return {}
 
     def fast_cycle(self) -> dict[str, NodeReadings]:
@@ -127,17 +226,19 @@ class DetectLoop:
         and checked at once: a fault is acted on about one poll after Prometheus has it, not one interval.
         Returns the readings it checked."""
         source = self.source
-        started = time.monotonic()
+        started, polled_at = time.monotonic(), self._monotonic()
         changed = source.changed_nodes() if isinstance(source, FaultFastPath) else set()
-        owned = [n for n in self.ctx.owned_gpu_nodes() if name_of(n) in changed] if changed else []
+        self._pace.done(polled_at, self._monotonic(), failed=bool(getattr(source, "fault_error", "")))
+        mine = self.ctx.owned_gpu_nodes() if changed else []
+        owned = [n for n in mine if name_of(n) in changed]
         if not owned or not isinstance(source, FaultFastPath):
             return {}
         asked = time.monotonic()
+        log.info("fault fast path: fault series changed", extra={  # rare: the moment a poll shows a fault
+            "nodes": len(owned), "fault_query_s": round(asked - started, 3)})
         by_node = {r.node: r for r in source.read(nodes=sorted(name_of(n) for n in owned))}
         read = time.monotonic()
-        fleet = len(self.ctx.nodes.gpu_nodes())
-        for node in (n for n in owned if name_of(n) in by_node):
-            self._check_guarded(node, by_node[name_of(node)], fleet)
+        self._check_batch([n for n in owned if name_of(n) in by_node], by_node, self.ctx.nodes.gpu_nodes(), mine)
         log.info("fault fast path: changed nodes read and checked", extra={  # rare: only when a fault changes
             "nodes": len(by_node), "fault_query_s": round(asked - started, 3), "read_s": round(read - asked, 3),
             "check_s": round(time.monotonic() - read, 3)})
@@ -146,28 +247,78 @@ class DetectLoop:
     # ---- one cycle -----------------------------------------------------------------------------------
 
     def cycle(self) -> None:
-        readings = self._read()
-        by_node = {r.node: r for r in readings}
+        """Read, then decide in batches: each wave of readings (the exporter source hands on most nodes first
+        and each straggler as it answers; Prometheus, everything at once) is one batch, whose new faults the
+        breaker counts together before any of them is acted on."""
         fleet = self.ctx.nodes.gpu_nodes()
         nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
         self._forget_others(nodes)
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
-        self._fleet_state(nodes, by_node)
-        for node in nodes:
-            self._check_guarded(node, by_node.get(name_of(node)), len(fleet))
-        self._gauges(nodes, fleet)
+        if not self._state_counts:
+            self._gauges()  # the counts a long batch then moves as it goes
+        seen: dict[str, NodeReadings] = {}
+        for wave in self._read_waves():
+            by_node = {r.node: r for r in wave}
+            if not seen:  # the first wave: nodes with no readings yet count as unknown for the fleet's state
+                self._fleet_state(nodes, by_node)
+            seen.update(by_node)
+            self._check_batch([n for n in nodes if name_of(n) in by_node], by_node, fleet, nodes)
+        if not seen:
+            self._fleet_state(nodes, seen)
+        self._check_batch([n for n in nodes if name_of(n) not in seen], {}, fleet, nodes)  # no readings at all
+        self._gauges()
+        self._save_source_problem()
         self.cycles += 1
 
-    def _check_guarded(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
-        """``check_node`` with its writes fenced by the node's shard; one node's API failure is not the fleet's
-        (the next cycle retries it)."""
+    def check_nodes(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
+        """Decide for these nodes from these readings, as one batch (replay drives the loop through this)."""
+        self._check_batch(batch, by_node, self.ctx.nodes.gpu_nodes(), self.ctx.owned_gpu_nodes())
+
+    def _check_batch(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings], fleet: Sequence[Node],
+                     owned: Sequence[Node]) -> None:
+        """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
+        storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
+        is not the batch's (the next cycle retries it); the fleet gauges follow a long batch as it goes."""
+        pending: list[Assessed] = []
+        for node in batch:
+            assessed = self._guarded(node, functools.partial(self._assess, node, by_node.get(name_of(node))))
+            if assessed is not None:
+                pending.append(assessed)
+        pending = [p for p in pending if p.record is not None or p.findings or held_by_us(p.node)
+                   or _watched(p.memory.to_dict())]  # else: nothing to decide
+        faulted = [name_of(p.node) for p in pending if self._trips(p)]
+        if faulted and not self._trip_guarded(faulted, len(fleet), owned, self.ctx.clock()):
+            faulted_set = set(faulted)  # the breaker could not count them: none of them is acted on now
+            pending = [p for p in pending if name_of(p.node) not in faulted_set]
+        shown, moved = time.monotonic(), False
+        for move in self._each(pending, lambda p: self._guarded(p.node, functools.partial(self._decide, p))):
+            if isinstance(move, decide.Transition) and move.from_state in self._state_counts:
+                self._state_counts[move.from_state] -= 1  # the state gauges follow the batch's own moves
+                self._state_counts[move.to_state] = self._state_counts.get(move.to_state, 0) + 1
+                moved = True
+            if moved and time.monotonic() - shown > GAUGES_EVERY_S:
+                self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in self._state_counts.items())
+                shown, moved = time.monotonic(), False
+
+    def _each(self, pending: Sequence[Assessed], step: Callable[[Assessed], object]) -> Iterator[object]:
+        """``step`` for each node, ``workers`` at once when there are several (their writes are independent:
+        each node's own, guarded by its resourceVersion); yields as each one ends."""
+        if self.workers <= 1 or len(pending) <= 1:
+            yield from map(step, pending)
+            return
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(pending)), thread_name_prefix="decide") as pool:
+            yield from pool.map(step, pending)
+
+    def _guarded(self, node: Node, step: Callable[[], T]) -> T | None:
+        """``step`` with its writes fenced by the node's shard; an API failure is logged and counted."""
         try:
             with acting_for(name_of(node)):
-                self.check_node(node, readings, total_nodes)
+                return step()
         except (errors.ApiError, errors.TransportError) as exc:
             self.ctx.metrics.count_api_error(exc)
             log.warning("detect: node step failed; next cycle retries it",
                         extra={"node": name_of(node), "error": str(exc)})
+            return None
 
     def _forget_others(self, owned: Sequence[Node]) -> None:
         """Nodes of shards no longer held: their holder reports and remembers them (the record keeps the policy
@@ -180,33 +331,128 @@ class DetectLoop:
                 del table[name]
         self.evented_unknown &= mine
 
+    def _read_waves(self) -> Iterator[list[NodeReadings]]:
+        """The cycle's readings, in the source's waves (one wave for a source without them); a source that
+        fails as a whole yields nothing more (the nodes not read are unknown, said once)."""
+        if not isinstance(self.source, InWaves):
+            yield self._read()
+            return
+        try:
+            for wave in self.source.read_waves():
+                self._count_malformed(wave)
+                yield wave
+        except Exception as exc:
+            self._source_failed(exc)
+            return
+        self._source_ok()
+
     def _read(self) -> list[NodeReadings]:
         started = time.monotonic()
         source = self.ctx.settings.source
         try:
             readings = self._read_polling()
         except Exception as exc:
-            if not self.source_error:
-                log.error("reading GPU metrics failed; every node's health is unknown", extra={"error": str(exc)})
-            self.source_error = f"reading GPU metrics failed: {exc}"
-            self.ctx.metrics.scrape_errors.inc(source=source)
+            self._source_failed(exc)
             return []
         finally:
+            took = time.monotonic() - started
             if getattr(self.source, "observer", None) is None:  # sources with an observer time each scrape
-                self.ctx.metrics.scrape_seconds.observe(time.monotonic() - started, source=source)
+                self.ctx.metrics.scrape_seconds.observe(took, source=source)
+        self._source_ok(took)
+        self._count_malformed(readings)
+        return readings
+
+    def _source_failed(self, exc: Exception) -> None:
+        if not self.source_error:
+            log.error("reading GPU metrics failed; every node's health is unknown", extra={"error": str(exc)})
+        self.source_error = f"reading GPU metrics failed: {exc}"
+        self.reads_failed += 1
+        self.ctx.metrics.scrape_errors.inc(source=self.ctx.settings.source)
+        if self.reads_ok == 0:
+            self._never_read(exc)
+
+    def _source_ok(self, took: float | None = None) -> None:
         if self.source_error:
             log.info("reading GPU metrics works again")
         self.source_error = ""
-        return readings
+        self.reads_ok += 1
+        self.reads_failed = 0
+        problem = self.source_problem
+        if problem is not None and problem.problem == SOURCE_NEVER_READ:
+            message = (f"GPU health read from the {self.ctx.settings.source} source for the first time, "
+                       f"{time.monotonic() - self._started:.0f} s after start")
+            log.info(message)
+            self._controller_event("GPUHealthSourceRead", message, NORMAL)
+            self._say_problem(None)
+        if took is not None and took > self.ctx.settings.scrape_interval_s:
+            self._slow(took, done=True)
+        elif problem is not None and problem.problem == SOURCE_SLOW:
+            log.info("the GPU-health source keeps up with its interval again", extra={"read_s": round(took or 0, 2)})
+            self._say_problem(None)
+
+    def _timeout_words(self) -> str:
+        timeout = getattr(self.source, "timeout_s", None)
+        if not isinstance(timeout, int | float):
+            return ""
+        if self.ctx.settings.source != "prometheus":
+            return f"; each scrape's timeout is {timeout:g} s (--scrape-timeout)"
+        return (f"; the query timeout is {timeout:g} s for {len(self.ctx.nodes.gpu_nodes())} GPU nodes "
+                f"(--prometheus-query-timeout)")
+
+    def _never_read(self, exc: Exception) -> None:
+        """The source has never been read since start: said at its first failure, loudly (the fleet's health has
+        never been known: no fault anywhere would be seen)."""
+        if self.source_problem is not None and self.source_problem.problem == SOURCE_NEVER_READ:
+            return
+        detail = (f"no read of the {self.ctx.settings.source} source has succeeded since the controller started "
+                  f"({self.reads_failed} tried, {time.monotonic() - self._started:.0f} s ago): {exc}"
+                  f"{self._timeout_words()}")
+        log.error("GPU health never read: every node's health is unknown", extra={"detail": detail})
+        self._controller_event("GPUHealthSourceNeverRead", detail, WARNING)
+        self._say_problem(SourceProblem(SOURCE_NEVER_READ, detail, self.ctx.clock(), self.ctx.settings.who))
+
+    def _slow(self, took: float, done: bool) -> None:
+        """A read longer than the interval (or still running past it): the source cannot keep up. Said once, while
+        it lasts; a never-read problem is the louder one and stays."""
+        if self.source_problem is not None:
+            return
+        interval = self.ctx.settings.scrape_interval_s
+        detail = (f"a read of the {self.ctx.settings.source} source {'took' if done else 'has taken'} {took:.1f} s"
+                  f"{'' if done else ' so far'}, longer than --scrape-interval {interval:g} s{self._timeout_words()}")
+        log.warning("the GPU-health source cannot keep up with its interval", extra={"detail": detail})
+        self._controller_event("GPUHealthSourceSlow", detail, WARNING)
+        self._say_problem(SourceProblem(SOURCE_SLOW, detail, self.ctx.clock(), self.ctx.settings.who))
+
+    def _say_problem(self, problem: SourceProblem | None) -> None:
+        self.source_problem = problem
+        for kind in (SOURCE_NEVER_READ, SOURCE_SLOW):
+            self.ctx.metrics.source_problem.set(1.0 if problem is not None and problem.problem == kind else 0.0,
+                                                problem=kind)
+        self._save_source_problem()
+
+    def _save_source_problem(self) -> None:
+        """The problem in the breaker ConfigMap for ``status`` (a write only when it changed; retried each cycle)."""
+        if self.source_problem == self._problem_saved:
+            return
+        try:
+            self.breakers.set_source(self.source_problem)
+        except (errors.ApiError, errors.TransportError) as exc:
+            self.ctx.metrics.count_api_error(exc)
+            log.warning("could not record the source's state for status; retried next cycle", extra={"error": str(exc)})
+            return
+        self._problem_saved = self.source_problem
+
+    def _count_malformed(self, readings: Sequence[NodeReadings]) -> None:
+        malformed = sum(r.malformed_lines for r in readings)
+        if malformed:
+            self.ctx.metrics.scrape_malformed.inc(malformed, source=self.ctx.settings.source)
 
     def _read_polling(self) -> list[NodeReadings]:
-        """The full read; with a fault fast path it runs in a thread of its own and this one polls meanwhile
-        (at 5,000 nodes a read takes seconds: a fault that came during it is acted on one poll later, not
-        after it). A node a poll read is newer than in the full read (asked earlier): its polled readings
-        are the cycle's."""
-        poll = self.source.fault_poll_s if isinstance(self.source, FaultFastPath) else None
-        if not poll:
-            return self.source.read()
+        """The full read, in a thread of its own. This one watches it (a read still running one interval after it
+        began is said at once: the source cannot keep up) and, with a fault fast path, polls meanwhile (at 5,000
+        nodes a read takes seconds: a fault that came during it is acted on one poll later, not after it). A
+        node a poll read is newer than in the full read (asked earlier): its polled readings are the cycle's."""
+        poll = self._poll_period()
         outcome: list[list[NodeReadings] | Exception] = []
         done = threading.Event()
 
@@ -218,19 +464,33 @@ class DetectLoop:
             finally:
                 done.set()
 
+        started = time.monotonic()
+        watch_until: float | None = started + self.ctx.settings.scrape_interval_s
         threading.Thread(target=read, name="detect-read", daemon=True).start()
         polled: dict[str, NodeReadings] = {}
-        next_poll = self._monotonic() + poll
-        while not done.wait(max(0.0, next_poll - self._monotonic())):
-            next_poll = self._monotonic() + poll
-            if not self._wake.is_set():  # stopping: the read is waited for, as it always was
-                polled.update(self._fast_cycle_logged())
+        if poll:
+            self._pace.not_before(self._monotonic() + poll)
+        while True:
+            waits = [watch_until - time.monotonic()] if watch_until is not None else []
+            if poll:
+                waits.append(self._pace.next_at - self._monotonic())
+            if done.wait(max(0.0, min(waits)) if waits else None):
+                break
+            if watch_until is not None and time.monotonic() >= watch_until:
+                self._slow(time.monotonic() - started, done=False)
+                watch_until = None
+            if poll and not self._wake.is_set() and self._monotonic() >= self._pace.next_at:  # stopping: the read
+                polled.update(self._fast_cycle_logged())                                     # is waited for
+        if poll:
+            self._pace.at_once(self._monotonic())
         result = outcome[0]
         if isinstance(result, Exception):
             raise result
         return [polled.pop(r.node, r) for r in result] + list(polled.values())
 
-    def check_node(self, node: Node, readings: NodeReadings | None, total_nodes: int) -> None:
+    def _assess(self, node: Node, readings: NodeReadings | None) -> Assessed | None:
+        """The node's findings (metrics and conditions), reported when unknown or excluded; None when there is
+        nothing to decide here (unknown, excluded, another loop's state, a malformed record replaced)."""
         name = name_of(node)
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
@@ -240,7 +500,7 @@ class DetectLoop:
             verdict = merge_node((), False, reason, view)
             if verdict.unknown:
                 self._report_unknown(name, verdict.unknown)
-                return
+                return None
             self._acted_on_while_unknown(name)
             readings = None
         else:
@@ -249,7 +509,7 @@ class DetectLoop:
         record = record_from_node(node)
         if isinstance(record, RecordError):
             self._apply(node, decide.on_malformed(record, node_unschedulable_of(node), now))
-            return
+            return None
         memory = self._memory_for(name, record)
         metric_findings: Sequence[Finding] = ()
         if readings is not None:
@@ -259,54 +519,87 @@ class DetectLoop:
         verdict = merge_node(metric_findings, readings is not None, "", view)
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
-            return
-        if record is not None and record.state not in self.owned:
-            return  # another loop owns it; its findings wait until it is back
-        self._decide(node, record, verdict.findings, memory, total_nodes, now, metrics_known=verdict.metrics_known)
+            return None
+        if record is not None and record.state not in self.owned and not _isolated_in_flow(record):
+            return None  # another loop owns it; its findings wait until it is back (a GPU-level flow escalates)
+        return Assessed(node, record, tuple(verdict.findings), memory, now, verdict.metrics_known,
+                        policy.thermal.hold_s)
 
-    def _decide(
-        self,
-        node: Node,
-        record: NodeRecord | None,
-        findings: Sequence[Finding],
-        memory: PolicyMemory,
-        total_nodes: int,
-        now: float,
-        metrics_known: bool = True,
-    ) -> None:
-        unschedulable = node_unschedulable_of(node)
-        if record is not None and decide.person_uncordoned(record, unschedulable):
-            self._apply(node, decide.on_person_uncordoned(record, now))
-            return
+    def _flow(self, a: Assessed) -> tuple[str, NodeRecord | None]:
+        """Which step the node takes (FLOW_*), with its record pruned of the fingerprints no longer reported."""
+        unschedulable = unschedulable_before_us(a.node)  # a held cordon (annotations full) is ours
+        if a.record is None and held_by_us(a.node) and not any(f.action != ACTION_NONE for f in a.findings):
+            return FLOW_LIFT_HOLD, None
+        if a.record is not None and decide.person_uncordoned(a.record, unschedulable):
+            return FLOW_PERSON_UNCORDONED, a.record
         # Metrics unknown: only the conditions are current, so only their fingerprints may be forgotten.
-        keep = None if metrics_known else decide.keep_metric_fingerprints
-        pruned = decide.prune_handled(record, findings, keep) if record is not None else None
-        if pruned is not None and _thermal_cleared(pruned, findings):
+        keep = None if a.metrics_known else decide.keep_metric_fingerprints
+        pruned = decide.prune_handled(a.record, a.findings, keep) if a.record is not None else None
+        if pruned is not None and _thermal_cleared(pruned, a.findings):
+            return FLOW_THERMAL_CLEARED, pruned
+        return FLOW_FINDINGS, pruned
+
+    def _trips(self, a: Assessed) -> bool:
+        """The node has a new fault the breaker counts: actionable, and nothing (pause, breaker) holds it (a
+        held fault counts once let go)."""
+        flow, pruned = self._flow(a)
+        if flow != FLOW_FINDINGS or not self.ctx.policy.cluster.breaker.enabled:
+            return False
+        actionable = [f for f in decide.new_findings(pruned, a.findings) if f.action != ACTION_NONE]
+        if pruned is not None and pruned.state == states.CORDONED:
+            actionable = [f for f in actionable if f.action != ACTION_CORDON]
+        return bool(actionable) and self._held(a.node) is None
+
+    def _decide(self, a: Assessed) -> decide.Transition | None:
+        """Decide and write; the transition written, if any."""
+        node, record, now = a.node, a.record, a.now
+        flow, pruned = self._flow(a)
+        if flow == FLOW_LIFT_HOLD:
+            self.ctx.writer.lift_hold(node)  # the fault went before its record could be written
+            return None
+        if flow == FLOW_PERSON_UNCORDONED and record is not None:
+            uncordoned = decide.on_person_uncordoned(record, now)
+            return uncordoned.transition if self._apply(node, uncordoned) is not None else None
+        if flow == FLOW_THERMAL_CLEARED and pruned is not None:
             decision = decide.thermal_cleared(pruned, now)
         else:
-            opts = self._options(node, pruned, findings, total_nodes, now)
             held = self._held(node)
-            decision = _name_hold(record, decide.on_findings(pruned, findings, unschedulable, now, opts), held, now)
-        if decision.transition is not None or (pruned is not None and pruned != record):
-            stored = dataclasses.replace(decision.record, policy_memory=memory.to_dict())
+            decision = _name_hold(record, decide.on_findings(pruned, a.findings, unschedulable_before_us(node), now,
+                                                              self._options(held, node, record)), held, now)
+        memory, hold_ends = a.memory.to_dict(), _hold_ends(a.memory, a.hold_s)
+        watching = hold_ends != (dict(record.thermal_hold_ends) if record is not None else {})
+        if decision.transition is not None or (pruned is not None and pruned != record) or watching:
+            # A GPU starting or ending its thermal hold is written too: `explain` shows what is watched, and
+            # when its hold ends (the cordon, if it stays hot)
+            stored = dataclasses.replace(decision.record, policy_memory=memory, thermal_hold_ends=hold_ends)
             decision = dataclasses.replace(decision, record=stored, changed=True)
-        if self._apply(node, decision) is not None:  # counted once written: a 409 decides (and counts) again
-            self._count_fault(decision)
+        if self._apply(node, decision) is None:
+            return None
+        self._count_fault(decision)  # counted once written: a 409 decides (and counts) again
+        return decision.transition
 
-    def _options(
-        self, node: Node, record: NodeRecord | None, findings: Sequence[Finding], total_nodes: int, now: float
-    ) -> decide.DecideOptions:
+    def _options(self, held: tuple[str, str] | None, node: Node, record: NodeRecord | None) -> decide.DecideOptions:
         cluster = self.ctx.policy.cluster
-        actionable = [f for f in decide.new_findings(record, findings) if f.action != ACTION_NONE]
-        if record is not None and record.state == states.CORDONED:
-            actionable = [f for f in actionable if f.action != ACTION_CORDON]
-        if actionable and cluster.breaker.enabled and self._held(node) is None:  # a held fault counts once let go
-            self._trip_breaker(name_of(node), total_nodes, now)
         return decide.DecideOptions(
             repeat_count=cluster.repeat_offender.count,
             repeat_window_s=cluster.repeat_offender.window_s,
-            breaker_open=self._held(node) is not None,
+            breaker_open=held is not None,
+            isolation=self._isolation(node, record),
         )
+
+    def _isolation(self, node: Node, record: NodeRecord | None) -> Callable[[Finding], str] | None:
+        """``[isolation] scope = "gpu"``: why a finding on this node is node-level ("" = its GPU alone)."""
+        policy = self.ctx.policy_for(node)
+        if not policy.isolation.gpu_level:
+            return None
+        labels, capacity = labels_of(node), (node.get("status") or {}).get("capacity") or {}
+        history, now = (record.history if record is not None else ()), self.ctx.clock()
+        window_s = self.ctx.policy.cluster.repeat_offender.window_s
+
+        def why(finding: Finding) -> str:
+            return node_level_reason(finding, labels, capacity, ladder=policy.remediation.ladder_for(finding.action),
+                                     gpu_operator=policy.gpu_operator, history=history, now=now, window_s=window_s)
+        return why
 
     def _held(self, node: Node) -> tuple[str, str] | None:
         """Why no new work may start on this node (blocked reason, detail): a pause, the open breaker, or the
@@ -322,36 +615,70 @@ class DetectLoop:
         why = breaker.blocks(safety.node_view(node)) if breaker.domains else ""
         return (BLOCK_BREAKER, why) if why else None
 
-    def _trip_breaker(self, name: str, total_nodes: int, now: float) -> None:
+    def _trip_guarded(self, names: Sequence[str], total_nodes: int, owned: Sequence[Node], now: float) -> bool:
+        """``_trip_breaker``; False when the breaker's state could not be written (those faults wait a cycle)."""
+        try:
+            self._trip_breaker(names, total_nodes, owned, now)
+        except (errors.ApiError, errors.TransportError) as exc:
+            self.ctx.metrics.count_api_error(exc)
+            log.warning("detect: the breaker could not count the new faults; they are acted on next cycle",
+                        extra={"nodes": len(names), "error": str(exc)})
+            return False
+        return True
+
+    def _trip_breaker(self, names: Sequence[str], total_nodes: int, owned: Sequence[Node], now: float) -> None:
+        """Count a batch's new faults at once, in one write, and open the breaker when they pass its threshold:
+        of the fleet (every replica's faults, through the shared ConfigMap), or, with --shards, of this
+        replica's own nodes (a storm split across shards opens it in each, before either acts)."""
         cfg = self.ctx.policy.cluster.breaker
         views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if cfg.domain_labels else []
+        mine = {name_of(n) for n in owned} if self.ctx.shards is not None else set()
 
-        def with_fault(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
-            after = breaker.record_fault(name, now).evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s,
-                                                             cfg.min_nodes)
+        def with_faults(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
+            after = breaker
+            for name in names:
+                after = after.record_fault(name, now)
+            after = after.evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
+            if len(mine) >= SHARE_MIN_NODES:
+                after = after.evaluate_share(mine, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
             return after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent,
                                           cfg.window_s, cfg.domain_min_nodes) if cfg.domain_labels else after
-        before, after = self.breakers.update(with_fault)
-        if after.is_open:
+        before, after = self.breakers.update(with_faults)
+        first = names[0]
+        if after.is_open and not before.is_open:
             log.error("circuit breaker opened: no new remediation until a person resets it",
-                      extra={"reason": after.reason})
-            self.events.node_event(name, "GPURemediationBreakerOpen",
-                                       f"circuit breaker opened: {after.reason}; run `gpuremediate breaker reset`",
-                                       WARNING)
-            self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", "breaker-open", after.reason, now))
+                      extra={"reason": after.reason, "new_faults": len(names)})
+            self.events.node_event(first, "GPURemediationBreakerOpen",
+                                   f"circuit breaker opened: {after.reason} ({len(names)} new in one read); run "
+                                   f"`gpuremediate breaker reset`", WARNING)
+            self._controller_event("GPURemediationBreakerOpen", f"circuit breaker opened: {after.reason}", WARNING)
+            faulted = tuple(sorted({node for node, _ in after.faults}))
+            self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", "breaker-open", after.reason, now,
+                                             nodes=faulted))
         for trip in after.domains[len(before.domains):]:
             text = (f"domain breaker opened for {trip.label}={trip.value} (the faults' common label): {trip.reason}; "
                     f"no new work there until `gpuremediate breaker reset`")
             log.error("domain breaker opened", extra={"label": trip.label, "value": trip.value, "reason": trip.reason})
-            self.events.node_event(name, "GPURemediationDomainBreakerOpen", text, WARNING)
-            self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", f"{trip.label}={trip.value}", text, now))
+            self.events.node_event(first, "GPURemediationDomainBreakerOpen", text, WARNING)
+            recent = {node for node, _ in after.faults}
+            in_domain = tuple(sorted(v.name for v in views if v.labels.get(trip.label) == trip.value
+                                     and v.name in recent))
+            self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", f"{trip.label}={trip.value}", text, now,
+                                             nodes=in_domain or tuple(names)))
 
     def _notify(self, note: notify.Notification) -> None:
         if self.ctx.writer.notifier is not None and not self.ctx.settings.dry_run:
             self.ctx.writer.notifier.notify(note)  # queued: never waits for the receiver
 
     def _apply(self, node: Node, decision: decide.Decision) -> Node | None:
-        return self.ctx.writer.apply(node, decision)  # None on a 409: decided again next cycle
+        written = self.ctx.writer.apply(node, decision)  # None on a 409: decided again next cycle
+        if written is not None and decision.escalation is not None:
+            self.ctx.events.node_event(name_of(node), "GPUIsolationEscalated", decision.escalation.message, WARNING)
+        cancel = decision.cancel  # a GPU-level flow escalated mid-attempt: its reset or validation Job goes
+        if written is not None and cancel is not None and cancel.kind in (ACTION_RESET_GPU, VALIDATE) \
+                and not self.ctx.writer.dry_run:
+            delete_job(self.ctx.client, cancel.name, self.ctx.settings.jobs_namespace)
+        return written
 
     def _count_fault(self, decision: decide.Decision) -> None:
         move, fault = decision.transition, decision.record.fault
@@ -402,10 +729,10 @@ class DetectLoop:
         """Most nodes unknown at once is the source's failure, said once on the controller, not per node."""
         unknown = [n for n in map(name_of, nodes) if (r := by_node.get(n)) is None or r.status != SOURCE_OK]
         now_fleet = len(nodes) >= FLEET_MIN_NODES and len(unknown) > len(nodes) * FLEET_UNKNOWN_FRACTION
+        self.ctx.metrics.fleet_unknown.set(1.0 if now_fleet else 0.0)  # 1 from start until the first read said
         if now_fleet == self.fleet_unknown:
             return
         self.fleet_unknown = now_fleet
-        self.ctx.metrics.fleet_unknown.set(1.0 if now_fleet else 0.0)
         if now_fleet:
             example = self.source_error or next(
                 (r.reason for n in unknown if (r := by_node.get(n)) is not None and r.reason), "no readings")
@@ -440,24 +767,42 @@ class DetectLoop:
                     f"{finding.message} (node labelled gpuremediate.io/exclude=true: not acting)", WARNING,
                 )
 
-    def _gauges(self, nodes: Sequence[Node], fleet: Sequence[Node]) -> None:
-        """Node states of the nodes this replica acts on; the budget of the whole fleet."""
+    def _gauges(self) -> None:
+        """Node states of the nodes this replica acts on; the budget of the whole fleet (as the node view
+        shows them now, our own writes of this cycle included)."""
+        nodes, fleet = self.ctx.owned_gpu_nodes(), self.ctx.nodes.gpu_nodes()
         counts = dict.fromkeys(states.STATES, 0)
         blocked: dict[str, int] = {}
+        isolated = 0
+        out: list[tuple[dict[str, str], float]] = []  # per node, for alerts that name them: not healthy only
         for node in nodes:
             state = state_of(node)
             counts[state] = counts.get(state, 0) + 1
+            if state != states.HEALTHY:
+                out.append(({"node": name_of(node), "state": state}, 1.0))
             record = record_from_node(node)
             if isinstance(record, NodeRecord) and record.blocked is not None:
                 blocked[record.blocked.reason] = blocked.get(record.blocked.reason, 0) + 1
+            if isinstance(record, NodeRecord) and isolated_at_gpu(record) and record.isolation is not None \
+                    and record.isolation.rule:
+                isolated += 1
+        self.ctx.metrics.isolated_gpus.set(float(isolated))
         self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
+        self._state_counts = counts
         self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())
         self.ctx.metrics.unknown_nodes.set(float(len(self.unknown)))
+        self.ctx.metrics.node_state.replace_all(out)
+        self.ctx.metrics.node_unknown.replace_all(
+            [] if self.fleet_unknown else (({"node": n}, 1.0) for n in sorted(self.unknown)))
         views = [safety.node_view(n) for n in fleet]
-        budget = safety.Budget(self.ctx.policy.cluster.budget.as_budget_value())
-        self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if v.out_of_service)))
+        cfg = self.ctx.policy.cluster.budget
+        budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
+        self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if safety.counts_against(v, budget))))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
         self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
+        mode = getattr(self.source, "mode", "")  # the Prometheus source: recording rules' output, or raw series
+        if isinstance(mode, str) and mode:
+            self.ctx.metrics.prometheus_mode.replace_all([({"mode": mode}, 1.0)])
         if self.ctx.shards is not None:
             self._shard_gauges(nodes)
 
@@ -472,12 +817,17 @@ class DetectLoop:
         self.ctx.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
 
 
+def _isolated_in_flow(record: NodeRecord) -> bool:
+    """A GPU-level flow under way: a new fault on the node escalates it (``decide.on_findings``)."""
+    return isolated_at_gpu(record) and record.state in states.ACTIVE_STATES
+
+
 def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple[str, str] | None,
                now: float) -> decide.Decision:
     """The decision's generic breaker block said as what holds this node (a pause, a domain breaker)."""
     blocked = decision.record.blocked
     if held is None and decision.transition is None and blocked is not None and blocked.reason == safety.BLOCK_PAUSED:
-        after = dataclasses.replace(decision.record, blocked=None)  # resumed, and the fault is gone
+        after = dataclasses.replace(decision.record, blocked=None, held=None)  # resumed, and the fault is gone
         return dataclasses.replace(decision, record=after, changed=after != stored)
     if held is None or decision.transition is not None or blocked is None or blocked.reason != BLOCK_BREAKER:
         return decision
@@ -492,3 +842,19 @@ def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
     if record.state != states.CORDONED or record.fault is None or record.fault.kind != KIND_THERMAL:
         return False
     return not any(f.kind == KIND_THERMAL and f.action == ACTION_CORDON for f in findings)
+
+
+
+def _hold_ends(memory: PolicyMemory, hold_s: float) -> dict[str, float]:
+    """The GPUs running hot within their thermal hold, each with when the hold ends."""
+    return {key: min(timer.hot_since + hold_s, MAX_TIMESTAMP) for key, timer in memory.thermal.items()
+            if timer.hot_since is not None and timer.cordoned_since is None}
+
+
+def _watched(policy_memory: Mapping[str, Any]) -> frozenset[str]:
+    """The GPUs running hot within their thermal hold (not cordoned yet), from a record's policy memory."""
+    timers = policy_memory.get("thermal") if isinstance(policy_memory, Mapping) else None
+    if not isinstance(timers, Mapping):
+        return frozenset()
+    return frozenset(key for key, timer in timers.items() if isinstance(timer, Mapping) and timer.get("hot_since")
+                     is not None and timer.get("cordoned_since") is None)

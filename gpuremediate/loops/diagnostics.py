@@ -14,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED, job_name
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT
+from gpuremediate.loops.repair import RepairContext, RepairRequest
+from gpuremediate.loops.step import CONFLICT, InProgress, StepResult
+from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import DiagnosticsPolicy
 from gpuremediate.state.record import (
     DIAGNOSTICS_FAILED,
@@ -30,9 +33,6 @@ from gpuremediate.state.record import (
     NodeRecord,
     start_action,
 )
-
-if TYPE_CHECKING:
-    from gpuremediate.loops.remediate import RemediateLoop
 
 log = logging.getLogger(__name__)
 
@@ -65,77 +65,89 @@ def output_location(policy: DiagnosticsPolicy, name: str) -> str:
     return f"{policy.output_dir.rstrip('/')}/{name}.log"
 
 
+def due_step(policy: Policy, node: Node, record: NodeRecord, kind: str) -> bool:
+    """The table's row (``loops.repairs``): diagnostics come first, before any rung's action."""
+    return due(policy.remediation.diagnostics, record)
+
+
+class DiagnosticsStep:
+    """The ``Repair`` for the diagnostics step (``loops.repairs``). Its outcome is the fault's, not the repair's:
+    the step writes it into the record itself (the state stays repairing) and the repair starts right after."""
+
+    def step(self, ctx: RepairContext, node: Node, record: NodeRecord, request: RepairRequest) -> StepResult:
+        return DiagnosticsJob(ctx).step(node, record, request.remediation.diagnostics)
+
+
 class DiagnosticsJob:
-    """One step of a fault's diagnostics Job for one node (called from ``RemediateLoop.reconcile``)."""
+    """One step of a fault's diagnostics Job for one node."""
 
-    def __init__(self, loop: RemediateLoop) -> None:
-        self.loop = loop
-        self.ctx = loop.ctx
+    def __init__(self, ctx: RepairContext) -> None:
+        self.ctx = ctx
 
-    def step(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> float | None:
+    def step(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> StepResult:
         action = record.action
         if action is None or not action.name:
             if reported_not_ready(node):  # no Job could run there: waiting for its timeout would hold the repair
                 return self._skip(node, record)
             return self._start(node, record, policy)
-        outcome = self.loop.attempt_outcome(action, lambda: self._recreate(node, record, policy, action.name),
-                                            lambda job: self.loop.note_created(node, record, job))
+        outcome = self.ctx.jobs.attempt_outcome(action, lambda: self._recreate(node, record, policy, action.name),
+                                            lambda job: self.ctx.jobs.note_created(node, record, job))
         if outcome not in OUTCOMES:
-            return POLL_S
+            return InProgress(POLL_S)
         return self._finish(node, record, OUTCOMES[outcome])
 
-    def _start(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> float | None:
-        name = job_name(DIAGNOSTICS, name_of(node), self.loop.fingerprint(record), 1)
+    def _start(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy) -> StepResult:
+        name = job_name(DIAGNOSTICS, name_of(node), self.ctx.jobs.fingerprint(record), 1)
         location = output_location(policy, name)
         started = start_action(record, DIAGNOSTICS, name, 1, self.ctx.clock(), policy.job.timeout_s, location)
         written = self.ctx.writer.write(node, started)  # the name is in the record before the create
         if written is None:
-            return self.loop.retry_after_conflict()
+            return CONFLICT
         job = self._create(written, started, policy, name)
         if job is not None:
-            self.loop.note_created(written, started, job)
-        return POLL_S
+            self.ctx.jobs.note_created(written, started, job)
+        return InProgress(POLL_S)
 
     def _recreate(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy, name: str) -> None:
         """Killed between the record write and the create: create it now, under the recorded name."""
         job = self._create(node, record, policy, name)
         if job is not None:
-            self.loop.note_created(node, record, job)
+            self.ctx.jobs.note_created(node, record, job)
 
     def _create(self, node: Node, record: NodeRecord, policy: DiagnosticsPolicy,
                 name: str) -> Mapping[str, Any] | None:
         """The Job unless it exists (lookup before create); None in dry-run."""
         env = {"DIAGNOSTICS_DIR": policy.output_dir, "DIAGNOSTICS_OUTPUT": output_location(policy, name)}
-        return self.loop.create_job(node, record, DIAGNOSTICS, name, 1, policy.job, False, env=env)
+        return self.ctx.jobs.create_job(node, record, DIAGNOSTICS, name, 1, policy.job, False, env=env)
 
-    def _skip(self, node: Node, record: NodeRecord) -> float | None:
+    def _skip(self, node: Node, record: NodeRecord) -> StepResult:
         """The node is not Ready (the case a reboot rung is for): no diagnostics for this fault, said once."""
         assert record.fault is not None
         result = Diagnostics(outcome=DIAGNOSTICS_SKIPPED, job="", location="", at=self.ctx.clock())
         if self.ctx.writer.write(node, dataclasses.replace(record, fault=dataclasses.replace(
                 record.fault, diagnostics=result))) is None:
-            return self.loop.retry_after_conflict()
+            return CONFLICT
         self.ctx.metrics.diagnostics.inc(outcome=DIAGNOSTICS_SKIPPED)
         self.ctx.events.node_event(name_of(node), "GPUDiagnosticsCollected", describe(result, name_of(node)),
                                    WARNING)
-        return 0.0
+        return InProgress(0.0)
 
-    def _finish(self, node: Node, record: NodeRecord, outcome: str) -> float | None:
+    def _finish(self, node: Node, record: NodeRecord, outcome: str) -> StepResult:
         """Record the outcome (the repair starts on the next step), then delete a timed-out Job and report."""
         action = record.action
         assert action is not None and record.fault is not None
         result = Diagnostics(outcome=outcome, job=action.name, location=action.detail, at=self.ctx.clock())
         after = dataclasses.replace(record, fault=dataclasses.replace(record.fault, diagnostics=result), action=None)
         if self.ctx.writer.write(node, after) is None:
-            return self.loop.retry_after_conflict()
+            return CONFLICT
         if outcome == DIAGNOSTICS_TIMED_OUT:
-            self.loop.cancel(DIAGNOSTICS, action.name)
+            self.ctx.jobs.cancel(DIAGNOSTICS, action.name)
         self.ctx.metrics.diagnostics.inc(outcome=outcome)
         text = describe(result, name_of(node))
         self.ctx.events.node_event(name_of(node), "GPUDiagnosticsCollected", text,
                                    NORMAL if outcome == DIAGNOSTICS_OK else WARNING)
         log.info("diagnostics ended", extra={"node": name_of(node), "detail": text})
-        return 0.0
+        return InProgress(0.0)
 
 
 def describe(result: Diagnostics, node: str) -> str:

@@ -3,33 +3,44 @@
 First the node waits until no new work is stopped (a pause, the circuit breaker, its failure domain's
 breaker), for the budget (fleet-wide and per failure domain) and for the gates (blocking alerts, blocking
 pods, the settle delay after a node returned); each wait is the record's ``blocked``, checked again on the
-next retry. Once admitted, the drain
-is recorded as the action in progress (so it holds a budget slot across restarts), and each
-step lists the node's pods, evicts (or waits for, or deletes) what the mode says, records the
-outcome — a PDB's refusal names the PDB in ``blocked`` — and requeues. When no pod of the
-drain's scope is left, the node moves on to repairing (or validating / quarantined).
+next retry. Before those waits, the variant the table picks may act (``before_admission``): a GPU-level
+isolation's NoSchedule DeviceTaintRule goes on at once, as a node-level fault's cordon did at detection.
+Once admitted, the drain is recorded as the action in progress (so it holds a budget slot across restarts), and each
+step runs one drain variant (``loops.drainer``) picked from the table in ``loops.drainers``: a DrainRequest for a
+drain plugin (``loops.custom_drain``), else the built-in eviction drain (``loops.drain_evict``: the node's pods from
+a watch of that node's pods, started with the drain, no LIST per retry; a LIST confirms that none is left before
+the drain is done). The variant returns in progress, done or failed; this loop writes what follows: when no pod
+of the drain's scope is left, the node moves on to repairing (or validating / quarantined); a failed drain
+quarantines it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuremediate.actions import budget_claims
-from gpuremediate.actions import evict as eviction
-from gpuremediate.actions.events import WARNING
-from gpuremediate.actions.nodes import Node, name_of
-from gpuremediate.actions.pods import SCOPE_GPU, SCOPE_IMPACTED, is_terminating, list_node_pods, pod_key, pods_to_drain
-from gpuremediate.kube import errors
-from gpuremediate.kube.resources import PODS
-from gpuremediate.loops import custom_drain
-from gpuremediate.loops.base import LoopContext, NodeLoop
+from gpuremediate.actions.custom import PermissionBackoff
+from gpuremediate.actions.events import WARNING, EventRecorder
+from gpuremediate.actions.nodes import Node, NodeWriter, name_of
+from gpuremediate.actions.pods import (
+    SCOPE_GPU,
+    SCOPE_IMPACTED,
+    NodePods,
+    list_node_pods,
+    pods_to_drain,
+)
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.loops.base import LoopContext, NodeLoop, state_of
 from gpuremediate.loops.drain_scope import drain_scope
+from gpuremediate.loops.drainer import Drainer, DrainRow
+from gpuremediate.loops.drainers import select as select_drainer
+from gpuremediate.loops.step import Done, InProgress, StepResult
 from gpuremediate.obs import notify
+from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy import gates, safety
+from gpuremediate.policy.config import Policy
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.policy.workflow import DrainPolicy, budget_value
 from gpuremediate.signals.alerts import AlertsReader
@@ -37,7 +48,6 @@ from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
-    BLOCK_PDB,
     NodeRecord,
     block,
     record_from_node,
@@ -77,8 +87,10 @@ class DrainLoop(NodeLoop):
         super().__init__(ctx)
         self.alerts = alerts
         self.alerts_problem = alerts_problem
-        self._next_attempt: dict[str, float] = {}  # pod uid -> monotonic time of its next eviction attempt
         self._notified_blocked: set[tuple[str, str, float]] = set()  # (node, fingerprint, first seen) told once
+        # The pods of the nodes being drained, watched per node (started by a drain's first step, stopped when it
+        # ends): a step reads them from here, and a pod that changes queues its node.
+        self.node_pods = NodePods(ctx.client, on_change=self.queue.add)
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node).drain
@@ -94,7 +106,21 @@ class DrainLoop(NodeLoop):
         pause = self.ctx.breakers.latest_pause()  # the detect loop reloads it every cycle
         self.ctx.metrics.paused.set(1.0 if pause.paused else 0.0)
         self.ctx.metrics.domains_tripped.set(float(len(self.ctx.breakers.latest().domains)))
+        draining = {name_of(n) for n in self.ctx.owned_gpu_nodes() if state_of(n) == states.DRAINING}
+        self.node_pods.keep_only(draining)
+        for drainer in self._made_drainers().values():
+            keep_only = getattr(drainer, "keep_only", None)
+            if callable(keep_only):
+                keep_only(draining)  # what it keeps per node, for the nodes still draining only
         super().resync()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
+        self.node_pods.stop()
+        for drainer in self._made_drainers().values():
+            close = getattr(drainer, "close", None)
+            if callable(close):
+                close()  # its evictions still in flight end on their own; none is sent after this
 
     def _notify_if_blocked_long(self, node: Node, record: NodeRecord) -> None:
         """One notification per fault whose drain stays blocked longer than ``drain_blocked_after_s``."""
@@ -113,6 +139,9 @@ class DrainLoop(NodeLoop):
     # ---- admission ---------------------------------------------------------------------------------
 
     def _admit(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> float | None:
+        prepared = self._before_admission(node, record)
+        if prepared is not None:
+            return prepared.requeue_s
         now = self.ctx.clock()
         cluster = self.ctx.policy.cluster
         name = name_of(node)
@@ -122,14 +151,18 @@ class DrainLoop(NodeLoop):
         held = self._stopped(view) or self._fleet_gate(nodes, now)
         if held:
             return self._wait(node, block(record, *held, now))
-        budget = safety.Budget(cluster.budget.as_budget_value())
+        budget = safety.Budget(cluster.budget.as_budget_value(), cluster.budget.count_held)
         domains = [safety.DomainBudget(d.label, budget_value(d.max_unavailable)) for d in cluster.budget.domains]
         result = safety.budget_check(views, name, budget, domains)
         self.ctx.metrics.budget_in_use.set(float(result.in_use))
         self.ctx.metrics.budget_limit.set(float(result.limit))
         if not result.allowed:
             return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
-        if name not in safety.admit(views, [*waiting_for_budget(nodes), name], budget, domains):
+        # With --shards the claim decides the order too (budget_refusal): a node whose claim is in the admitted set
+        # already holds its slot, and yielding it here to an older fault, whose replica counts that claim and
+        # waits for it, would leave both waiting for ever.
+        if self.ctx.claims is None and name not in safety.admit(views, [*waiting_for_budget(nodes), name], budget,
+                                                                domains):
             return self._wait(node, block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now))
         pods = self._blocking_pods(name)
         if pods:
@@ -146,6 +179,16 @@ class DrainLoop(NodeLoop):
         log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": scope.scope,
                                          **({"scope_why": scope.why} if scope.why else {})})
         return 0.0
+
+    def _before_admission(self, node: Node, record: NodeRecord) -> InProgress | None:
+        """A variant's ``before_admission(ctx, node, record)``, if it has one: what it does while the drain waits
+        for admission (a GPU-level isolation's NoSchedule rule, as a cordon would be); its InProgress: requeue."""
+        node_policy = self.ctx.policy_for(node)
+        prepare = getattr(self._drainer(select_drainer(node_policy, record)), "before_admission", None)
+        if not callable(prepare):
+            return None
+        result = prepare(DrainView(self, node_policy), node, record)
+        return result if isinstance(result, InProgress) else None
 
     def _stopped(self, view: safety.NodeView) -> tuple[str, str] | None:
         """A pause, the circuit breaker or the node's failure-domain breaker: no new drain (the detect loop
@@ -190,37 +233,51 @@ class DrainLoop(NodeLoop):
     # ---- one step -----------------------------------------------------------------------------------
 
     def _step(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> float | None:
-        custom = self.ctx.policy_for(node).customDrain
-        if custom.enabled and not custom_drain.fell_back(record):  # hook: a drain plugin drains (issue 5)
-            return custom_drain.CustomDrain(self, custom).step(node, record, policy)
-        now = self.ctx.clock()
-        pods = self.targets(node, record, policy)
-        if not pods:
-            return self._complete(node, record, now)
-        assert record.action is not None
-        if record.action.deadline is not None and now >= record.action.deadline:
-            return self._timed_out(node, record, pods, now, policy)
-        immediate = [p for p in pods if policy.mode_of(pod_key(p)[0]) == "Immediate"]
-        if immediate:  # the others (AllowCompletion, DeleteAfterTimeout) are waited for meanwhile
-            return self._evict(node, record, immediate, now, policy)
-        return self._note_waiting(node, record, pods, now, policy)
+        """One step of the admitted drain by the variant the table picks (``loops.drainers``)."""
+        node_policy = self.ctx.policy_for(node)
+        row = select_drainer(node_policy, record)
+        drainer = self._drainer(row)
+        view = DrainView(self, node_policy)
 
-    def _timed_out(
-        self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
-    ) -> float | None:
-        """At the drain's timeout: pods whose mode is DeleteAfterTimeout (all of them with ``timeout_action =
-        delete``) are deleted and waited for; any other pod left fails the drain (quarantine: a person decides)."""
-        deletable = [p for p in pods if policy.timeout_action == "delete"
-                     or policy.mode_of(pod_key(p)[0]) == "DeleteAfterTimeout"]
-        self._delete(deletable, policy)
-        left = [p for p in pods if p not in deletable]
-        if left:
-            return self._failed(node, record, left, now)
-        return self._note_waiting(node, record, pods, now, policy)
+        def step() -> float | None:
+            return self._outcome(node, record, drainer.step(view, node, record))
+        return self.guarded_step(node, record, step) if row.guarded else step()
 
-    def targets(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> list[Mapping[str, Any]]:
-        """The pods this drain must see gone (the same set a custom drain hands to its plugin)."""
-        pods = list_node_pods(self.ctx.client, name_of(node))
+    def _drainer(self, row: DrainRow) -> Drainer:
+        """The row's variant, made once per loop (the eviction drain paces attempts per pod across steps)."""
+        made = self._made_drainers()
+        if row.kind not in made:
+            made[row.kind] = row.make()
+        return made[row.kind]
+
+    def _made_drainers(self) -> dict[str, Drainer]:
+        made: dict[str, Drainer] = self.__dict__.setdefault("_drainers", {})
+        return made
+
+    def _outcome(self, node: Node, record: NodeRecord, result: StepResult) -> float | None:
+        """What a variant's step leads to: a requeue, or the drain's end (written here, never by the variant)."""
+        if isinstance(result, InProgress):
+            return result.requeue_s
+        now = result.at if result.at is not None else self.ctx.clock()
+        if isinstance(result, Done):
+            if self.apply(node, decide.complete_drain(record, now)) is None:
+                return self.retry_after_conflict()
+            if record.action is not None:
+                self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
+        else:
+            if self.apply(node, decide.drain_failed(record, now, result.reason)) is None:
+                return self.retry_after_conflict()
+            self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", result.reason, WARNING)
+        if result.then is not None:
+            result.then()
+        return None
+
+    def targets(self, node: Node, record: NodeRecord, policy: DrainPolicy,
+                confirm: bool = False) -> list[Mapping[str, Any]]:
+        """The pods this drain must see gone (the same set a custom drain hands to its plugin): from the node's
+        pod watch, or with ``confirm`` from a LIST (what the API server has now)."""
+        name = name_of(node)
+        pods = self.node_pods.confirm(name) if confirm else self.node_pods.pods(name)
         scope = drain_scope(self.ctx.policy_for(node), node, record).scope  # widened for a reboot, say
         impacted = self._impacted(name_of(node), record)
         if scope == SCOPE_IMPACTED and impacted is None:
@@ -246,72 +303,47 @@ class DrainLoop(NodeLoop):
         faulty = set(record.fault.gpus) if record.fault else set()
         return {(p.namespace, p.name) for g in readings.gpus if g.key in faulty or not faulty for p in g.pods}
 
-    def _evict(
-        self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
-    ) -> float:
-        grace = None if policy.grace_period_s < 0 else policy.grace_period_s
-        dry = "true" if self.ctx.writer.dry_run else "false"
-        blocked: eviction.EvictionOutcome | None = None
-        attempted = False
-        for pod in pods:
-            if is_terminating(pod) or not self._attempt_due(pod, policy.retry_s):
-                continue
-            attempted = True
-            outcome = eviction.evict(self.ctx.client, pod, dry_run=self.ctx.writer.dry_run, grace_period_seconds=grace)
-            self.ctx.metrics.evictions.inc(result=outcome.result, dry_run=dry)
-            log.info("eviction", extra={"node": name_of(node), "pod": f"{outcome.namespace}/{outcome.name}",
-                                        "result": outcome.result, "pdb": outcome.pdb, "dry_run": dry})
-            if outcome.result in (eviction.BLOCKED, eviction.FAILED) and blocked is None:
-                blocked = outcome
-        if not attempted:
-            return policy.retry_s  # nothing new learnt: keep what the record says
-        after = unblock(record)
-        if blocked is not None:
-            detail = f"{blocked.namespace}/{blocked.pdb}" if blocked.pdb else \
-                f"{blocked.namespace}/{blocked.name}: {blocked.message}"
-            after = block(record, BLOCK_PDB, detail, now)
-        if after != record and self.ctx.writer.write(node, after) is None:
-            return self.retry_after_conflict()
-        return policy.retry_s
 
-    def _attempt_due(self, pod: Mapping[str, Any], retry_s: float) -> bool:
-        """One eviction attempt per pod per ``retry_s``, however often the node is reconciled
-        (informer events, resyncs and requeues all queue it)."""
-        uid = str((pod.get("metadata") or {}).get("uid") or "/".join(pod_key(pod)))
-        now = time.monotonic()
-        if now < self._next_attempt.get(uid, 0.0):
-            return False
-        self._next_attempt = {k: t for k, t in self._next_attempt.items() if t > now}
-        self._next_attempt[uid] = now + retry_s
-        return True
+class DrainView:
+    """The narrow context a drain variant gets (``loops.drainer.DrainContext``): read from the loop's context when
+    used, with the loop's pod watch for the drain's pods and the node's policy."""
 
-    def _note_waiting(
-        self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float, policy: DrainPolicy
-    ) -> float:
-        log.info("drain waiting for pods to finish", extra={"node": name_of(node), "pods": len(pods)})
-        return policy.retry_s
+    def __init__(self, loop: DrainLoop, policy: Policy) -> None:
+        self._loop = loop
+        self._ctx: LoopContext = loop.ctx
+        self.policy = policy
 
-    def _delete(self, pods: Sequence[Mapping[str, Any]], policy: DrainPolicy) -> None:
-        grace = None if policy.grace_period_s < 0 else policy.grace_period_s
-        for pod in pods:
-            if is_terminating(pod):
-                continue
-            namespace, name = pod_key(pod)
-            with contextlib.suppress(errors.NotFound):
-                self.ctx.client.delete(PODS, name, namespace, grace_period_seconds=grace,
-                                       dry_run=self.ctx.writer.dry_run)
+    @property
+    def writer(self) -> NodeWriter:
+        return self._ctx.writer
 
-    def _failed(self, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]], now: float) -> float | None:
-        left = ", ".join("/".join(pod_key(p)) for p in pods[:5])
-        detail = f"drain timed out with {len(pods)} pod(s) left ({left})"
-        if self.apply(node, decide.drain_failed(record, now, detail)) is None:
-            return self.retry_after_conflict()
-        self.ctx.events.node_event(name_of(node), "GPUDrainTimedOut", detail, WARNING)
-        return None
+    @property
+    def client(self) -> KubeClient:
+        return self._ctx.client
 
-    def _complete(self, node: Node, record: NodeRecord, now: float) -> float | None:
-        if self.apply(node, decide.complete_drain(record, now)) is None:
-            return self.retry_after_conflict()
-        if record.action is not None:
-            self.ctx.metrics.drain_seconds.observe(max(0.0, now - record.action.started))
-        return None
+    @property
+    def events(self) -> EventRecorder:
+        return self._ctx.events
+
+    @property
+    def metrics(self) -> ControllerMetrics:
+        return self._ctx.metrics
+
+    @property
+    def permissions(self) -> PermissionBackoff:
+        return self._ctx.permissions
+
+    def clock(self) -> float:
+        return self._ctx.clock()
+
+    def targets(self, node: Node, record: NodeRecord, confirm: bool = False) -> list[Mapping[str, Any]]:
+        return self._loop.targets(node, record, self.policy.drain, confirm)
+
+    def stop_watching(self, node: str) -> None:
+        self._loop.node_pods.stop_node(node)
+
+    def requeue(self, node: str) -> None:
+        self._loop.queue.add(node)
+
+    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
+        self._loop.check_shape(node, kind, obj)

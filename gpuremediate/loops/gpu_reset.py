@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED, job_name
@@ -69,8 +69,9 @@ from gpuremediate.actions.operands import (
     write_node,
 )
 from gpuremediate.actions.pods import list_node_pods
-from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT
+from gpuremediate.loops.repair import RepairContext, RepairRequest, WritesNodes
+from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.findings import ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import SCOPE_NODE, GpuOperatorPolicy
@@ -84,9 +85,6 @@ from gpuremediate.state.record import (
     record_from_node,
     start_action,
 )
-
-if TYPE_CHECKING:
-    from gpuremediate.loops.remediate import RemediateLoop
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +130,13 @@ def abandoned(node: Node) -> str:
     return f"the node is {record.state} ({record.reason or '-'}), not in a reset"
 
 
-def restore_abandoned(ctx: LoopContext, node: Node, why: str, said: set[str]) -> Node | None:
+def resync_node(ctx: WritesNodes, node: Node, said: set[str]) -> Node | None:
+    """The remediate loop's resync hook: put back the operand labels of a sequence that no longer runs."""
+    why = abandoned(node)
+    return restore_abandoned(ctx, node, why, said) if why else None
+
+
+def restore_abandoned(ctx: WritesNodes, node: Node, why: str, said: set[str]) -> Node | None:
     """Put back the labels of a sequence that no longer runs (only those still holding our value), drop the
     annotation; the record is left as it is. None on a 409, or on an unreadable annotation: which labels were
     ours is unknown, so none is touched (said once per node in ``said``)."""
@@ -195,17 +199,31 @@ def all_gpu_indexes(node: Node, readings_gpus: list[str]) -> list[str]:
     return [str(i) for i in range(int(count))]
 
 
-class GpuResetSequence:
-    """One step of the sequence for one node (called from ``RemediateLoop.reconcile``)."""
+def applies_to(policy: Policy, node: Node, record: NodeRecord, kind: str) -> bool:
+    """The table's row (``loops.repairs``): a reset-gpu step that belongs to the sequence."""
+    return kind == ACTION_RESET_GPU and applies(policy, node, record)
 
-    def __init__(self, loop: RemediateLoop, job: JobPolicy, max_attempts: int) -> None:
-        self.loop = loop
-        self.ctx = loop.ctx
+
+class GpuOperatorReset:
+    """The ``Repair`` for reset-gpu on a GPU Operator node: one step of the sequence (``loops.repairs``)."""
+
+    def step(self, ctx: RepairContext, node: Node, record: NodeRecord, request: RepairRequest) -> StepResult:
+        remediation = request.remediation
+        job = dataclasses.replace(remediation.reset_gpu, timeout_s=request.rung.timeout_s) if request.rung.timeout_s \
+            else remediation.reset_gpu
+        return GpuResetSequence(ctx, job, request.attempts).step(node, record)
+
+
+class GpuResetSequence:
+    """One step of the sequence for one node."""
+
+    def __init__(self, ctx: RepairContext, job: JobPolicy, max_attempts: int) -> None:
+        self.ctx = ctx
         self.job = job  # [remediation.reset_gpu] with the ladder rung's timeout; the command is [gpu_operator]'s
         self.max_attempts = max_attempts
 
-    def step(self, node: Node, record: NodeRecord) -> float | None:
-        policy = self.ctx.policy_for(node)
+    def step(self, node: Node, record: NodeRecord) -> StepResult:
+        policy = self.ctx.policy
         action = record.action
         if action is None or not action.step:
             return self._operands_off(node, record, policy)
@@ -225,11 +243,11 @@ class GpuResetSequence:
 
     # ---- 1. operands off -------------------------------------------------------------------------------
 
-    def _operands_off(self, node: Node, record: NodeRecord, policy: Policy) -> float | None:
+    def _operands_off(self, node: Node, record: NodeRecord, policy: Policy) -> StepResult:
         gop = policy.gpu_operator
         now = self.ctx.clock()
         attempt = record.action.attempt if record.action else 1
-        name = job_name(ACTION_RESET_GPU, name_of(node), self.loop.fingerprint(record), attempt)
+        name = job_name(ACTION_RESET_GPU, name_of(node), self.ctx.jobs.fingerprint(record), attempt)
         labels = gop.operands_on(labels_of(node))
         started = start_action(record, ACTION_RESET_GPU, name, attempt, now)
         started = with_step(started, STEP_GONE, now, gop.gone_timeout_s, self._running_detail(node, gop, labels))
@@ -240,15 +258,15 @@ class GpuResetSequence:
             earlier = None  # unreadable: what it said is lost either way; the labels deployed now are saved
         patch, saved = off_patch(node, started, labels, gop.off_value, earlier)
         if write_node(self.ctx.writer, node, patch) is None:
-            return self.loop.retry_after_conflict()
+            return CONFLICT
         self._event(node, "GPUOperandsOff", f"set {', '.join(sorted(saved.previous))} to {gop.off_value!r} for "
                     f"reset-gpu attempt {attempt}; waiting for their pods to leave", NORMAL)
-        return POLL_S
+        return InProgress(POLL_S)
 
     # ---- 2. operands gone ------------------------------------------------------------------------------
 
     def _wait_gone(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy,
-                   saved: SavedLabels | None) -> float | None:
+                   saved: SavedLabels | None) -> StepResult:
         gop = policy.gpu_operator
         apps = {label: app for label, app in gop.apps.items() if saved is None or label in saved.previous}
         left = [] if self.ctx.writer.dry_run else \
@@ -258,14 +276,14 @@ class GpuResetSequence:
             at_reset = with_step(record, STEP_RESET, now, self.job.timeout_s)
             written = self.ctx.writer.write(node, at_reset)
             if written is None:
-                return self.loop.retry_after_conflict()
+                return CONFLICT
             self._create_job(written, at_reset, policy)
-            return POLL_S
+            return InProgress(POLL_S)
         if action.deadline is not None and now >= action.deadline:
             names = ", ".join(sorted(name_of(p) for p in left))
             return self._fail(node, record, policy, saved,
                               f"operand pods still on the node after {gop.gone_timeout_s:g}s: {names}")
-        return POLL_S
+        return InProgress(POLL_S)
 
     # ---- 3. the reset Job ------------------------------------------------------------------------------
 
@@ -275,10 +293,10 @@ class GpuResetSequence:
         assert action is not None
         gop = policy.gpu_operator
         job_policy = dataclasses.replace(self.job, command=gop.command)
-        found = self.loop.create_job(node, record, ACTION_RESET_GPU, action.name, action.attempt, job_policy, False,
+        found = self.ctx.jobs.create_job(node, record, ACTION_RESET_GPU, action.name, action.attempt, job_policy, False,
                                      targets=self._targets(node, record, gop))
         if found is not None:
-            self.loop.note_created(node, record, found)
+            self.ctx.jobs.note_created(node, record, found)
 
     def _targets(self, node: Node, record: NodeRecord, gop: GpuOperatorPolicy) -> tuple[list[str], list[str]]:
         """(indexes, UUIDs) to reset: those the attempt recorded when it turned the operands off, else the faulty
@@ -286,7 +304,7 @@ class GpuResetSequence:
         action = record.action
         if action is not None and action.kind == ACTION_RESET_GPU and action.gpu_ids:
             return list(action.gpu_ids), list(action.gpu_uuids)
-        indexes, uuids = self.loop.gpu_ids(node, record)
+        indexes, uuids = self.ctx.jobs.gpu_ids(node, record)
         readings = self.ctx.readings.get(name_of(node))
         every = all_gpu_indexes(node, [g.gpu for g in readings.gpus] if readings else [])
         if gop.reset_scope(labels_of(node)) == SCOPE_NODE or not indexes:
@@ -295,9 +313,9 @@ class GpuResetSequence:
         return indexes, uuids
 
     def _reset(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy,
-               saved: SavedLabels | None) -> float | None:
-        outcome = self.loop.attempt_outcome(action, lambda: self._create_job(node, record, policy),
-                                            lambda job: self.loop.note_created(node, record, job))
+               saved: SavedLabels | None) -> StepResult:
+        outcome = self.ctx.jobs.attempt_outcome(action, lambda: self._create_job(node, record, policy),
+                                            lambda job: self.ctx.jobs.note_created(node, record, job))
         if outcome == SUCCEEDED:
             return self._restore(node, record, policy, saved)
         if outcome == FAILED:
@@ -308,30 +326,30 @@ class GpuResetSequence:
         if outcome == TIMED_OUT:  # written (with the restore) first; the Job is deleted only after
             return self._fail(node, record, policy, saved, f"reset-gpu attempt {action.attempt} timed out",
                               cancel=True)
-        return POLL_S
+        return InProgress(POLL_S)
 
     # ---- 4. restore ------------------------------------------------------------------------------------
 
-    def _restore(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None) -> float | None:
+    def _restore(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None) -> StepResult:
         after = with_step(record, STEP_BACK, self.ctx.clock(), policy.gpu_operator.back_timeout_s)
         if self._write_restore(node, after, saved) is None:
-            return self.loop.retry_after_conflict()
-        return POLL_S
+            return CONFLICT
+        return InProgress(POLL_S)
 
     def _fail(self, node: Node, record: NodeRecord, policy: Policy, saved: SavedLabels | None, detail: str, *,
               cancel: bool = False, warning: tuple[str, str] | None = None,
-              drop_annotation: bool = False) -> float | None:
+              drop_annotation: bool = False) -> StepResult:
         """The labels back and the failure in the record (one patch), then the attempt fails. ``warning``: an Event
         (reason, message) that the write, once it landed, is to be followed by. ``drop_annotation``: the
         annotation goes in that patch even though nothing could be read from it."""
         after = with_step(record, STEP_FAILED, self.ctx.clock(), None, detail)
         written = self._write_restore(node, after, saved, drop_annotation)
         if written is None:
-            return self.loop.retry_after_conflict()
+            return CONFLICT
         if warning is not None:
             self._event(node, warning[0], warning[1], WARNING)
         if cancel and record.action is not None:
-            self.loop.cancel(ACTION_RESET_GPU, record.action.name)
+            self.ctx.jobs.cancel(ACTION_RESET_GPU, record.action.name)
         return self._finish(written, after, policy, ok=False, detail=detail)
 
     def _write_restore(self, node: Node, record: NodeRecord, saved: SavedLabels | None,
@@ -348,7 +366,7 @@ class GpuResetSequence:
         self._event(node, "GPUOperandsRestored", text, WARNING if restore.left else NORMAL)
         return written
 
-    def _unreadable_annotation(self, node: Node, record: NodeRecord, policy: Policy, problem: str) -> float | None:
+    def _unreadable_annotation(self, node: Node, record: NodeRecord, policy: Policy, problem: str) -> StepResult:
         """A person broke the annotation: which labels were ours is unknown, so none is touched (said loudly)."""
         gop = policy.gpu_operator
         off = sorted(label for label in gop.apps if labels_of(node).get(label) == gop.off_value)
@@ -361,7 +379,7 @@ class GpuResetSequence:
 
     # ---- 5. operands back ------------------------------------------------------------------------------
 
-    def _wait_back(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy) -> float | None:
+    def _wait_back(self, node: Node, record: NodeRecord, action: ActionInProgress, policy: Policy) -> StepResult:
         gop = policy.gpu_operator
         missing = [] if self.ctx.writer.dry_run else self._not_back(node, gop, action.step_since or 0.0, action.detail)
         if not missing:
@@ -372,7 +390,7 @@ class GpuResetSequence:
             return self._finish(node, record, policy, ok=False,
                                 detail=f"reset-gpu done but not back after {gop.back_timeout_s:g}s: "
                                        f"{', '.join(missing)}")
-        return POLL_S
+        return InProgress(POLL_S)
 
     def _running_detail(self, node: Node, gop: GpuOperatorPolicy, labels: list[str] | tuple[str, ...]) -> str:
         """The operands that have a pod on the node now (``running=app,app``): only those are waited for when
@@ -404,8 +422,11 @@ class GpuResetSequence:
 
     # ---- 6. the attempt's end --------------------------------------------------------------------------
 
-    def _finish(self, node: Node, record: NodeRecord, policy: Policy, *, ok: bool, detail: str) -> float | None:
-        return self.loop.finish_attempt(node, record, ok=ok, detail=detail, max_attempts=self.max_attempts)
+    def _finish(self, node: Node, record: NodeRecord, policy: Policy, *, ok: bool, detail: str) -> StepResult:
+        """The attempt ended: the loop writes what follows (validation, the next attempt, quarantine)."""
+        if ok:
+            return Done(detail, max_attempts=self.max_attempts, written=(node, record))
+        return Failed(detail, max_attempts=self.max_attempts, written=(node, record))
 
     def _event(self, node: Node, reason: str, message: str, kind: str) -> None:
         self.ctx.events.node_event(name_of(node), reason, message, kind)  # the recorder says "(dry-run)"

@@ -28,7 +28,6 @@ from gpuremediate.actions.jobs import (
     delete_job,
     job_name,
     job_outcome,
-    read_job,
 )
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.gpu_resources import validation_hold
@@ -132,7 +131,7 @@ class JobLoop(NodeLoop):
         before deleting anything. ``note_created`` writes ``created`` for a running Job the record does not
         know as created yet (the write after the create was lost).
         """
-        job = read_job(self.ctx.client, action.name, self.ctx.settings.jobs_namespace)
+        job = self.ctx.jobs.read(action.name)
         outcome = job_outcome(job)
         if outcome == FAILED and deadline_exceeded(job):
             return TIMED_OUT  # activeDeadlineSeconds (the same timeout) ended it first: its Job goes too

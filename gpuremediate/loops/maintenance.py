@@ -8,7 +8,9 @@ One thread, an informer on the requests, a work queue of request names, a resync
    a missing (or non-GPU) node → ``Invalid``, re-checked every resync;
 3. the claim: annotation ``gpuremediate.io/maintenance-request=<name>/<uid>`` on the Node, written
    with the node's resourceVersion (the API server decides a race); a node claimed by another
-   live request → ``Blocked``; a claim whose request is gone (checked with a GET) is taken over;
+   live request → ``Blocked``, unless that request has not started (its fault is not in the node's
+   record) and this one starts earlier: then the claim is taken over (a startTime in year 9999 held
+   its node for ever); a claim whose request is gone (checked with a GET) is taken over;
 4. at ``startTime - prepare_lead_s`` (at once without startTime), on a healthy node: the fault
    ``maintenance/<name>/<uid>`` enters the record (healthy → maintenance → draining, cordoned);
    the drain loop drains (within the budget unless ``respect_budget = false``), then the
@@ -197,7 +199,7 @@ class MaintenanceLoop:
             return mr.waiting("Blocked", f"node {request.node} is labelled gpuremediate.io/exclude=true"), resync
         holder = claim_of(node)
         if holder != request.claim and not _finished(record_from_node(node), request):
-            if holder and self._request_alive(holder):
+            if holder and self._request_alive(holder) and not self._yields_to(holder, request, node):
                 other = mr.parse_claim(holder)
                 who = f"MaintenanceRequest {other[0]} (uid {other[1]})" if other else f"claim {holder!r}"
                 return mr.waiting("Blocked", f"node {request.node} is held by {who}; one request per node"), resync
@@ -264,6 +266,27 @@ class MaintenanceLoop:
         if self._apply(node, decision) is None:
             return None, CONFLICT_RETRY_S
         return None, 0.0
+
+    def _yields_to(self, holder: str, request: mr.Request, node: Node) -> bool:
+        """A claim held by a request that has not started (its fault never entered the node's record) yields to
+        one that starts earlier; a started one keeps the node until it is done. The claim's write is guarded by
+        the node's resourceVersion, as the holder's entering the pipeline is: one of the two wins."""
+        parsed = mr.parse_claim(holder)
+        obj = self.informer.get(parsed[0]) if parsed is not None else None
+        if parsed is None or obj is None or mr.identity(obj)[1] != parsed[1]:
+            return False  # not in the cache (yet): it keeps the claim
+        try:
+            other = mr.parse_request(obj)
+        except mr.RequestError:
+            return False
+        record = record_from_node(node)
+        if (isinstance(record, NodeRecord) and _knows(record, other)) or (obj.get("status") or {}).get("startedAt"):
+            return False
+        if not request.starts_before(other):
+            return False
+        log.info("maintenance request takes the claim of one that starts later", extra={
+            "request": request.name, "node": request.node, "from": other.name})
+        return True
 
     def _apply(self, node: Node, decision: decide.Decision) -> Node | None:
         written = self.ctx.writer.apply(node, decision)

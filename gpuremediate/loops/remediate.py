@@ -1,9 +1,8 @@
-"""The remediate loop: owns ``repairing``. Built-in actions run as Jobs on the node:
-
-- ``reset-gpu``: done when its Job succeeds;
-- ``reboot``: done when the node's ``status.nodeInfo.bootID`` differs from the one recorded before
-  the reboot and the node is Ready again (or, with ``reboot_wait_for_boot_id = false``, when the
-  Job succeeds — for simulated nodes that cannot really reboot).
+"""The remediate loop: owns ``repairing``. Each step runs one repair variant (``loops.repair``), picked from the
+table in ``loops.repairs`` by the step's action kind: built-in Jobs (``reset-gpu``, ``reboot``: ``loops.repair_job``),
+the GPU Operator reset sequence (``loops.gpu_reset``), a custom resource (``loops.custom_remediate``), the
+diagnostics step (``loops.diagnostics``). The variant returns in progress, done or failed; this loop owns what
+follows.
 
 A failed or timed-out attempt is followed by a new attempt (a new Job name) up to
 ``remediation.max_attempts``; then the node is quarantined.
@@ -23,22 +22,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
+from typing import Any
 
-from gpuremediate.actions.events import WARNING
-from gpuremediate.actions.jobs import FAILED, SUCCEEDED
-from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
-from gpuremediate.loops import custom_remediate, diagnostics, gpu_reset
+from gpuremediate.actions.custom import PermissionBackoff
+from gpuremediate.actions.events import WARNING, EventRecorder
+from gpuremediate.actions.nodes import Node, NodeWriter, name_of
+from gpuremediate.kube.client import KubeClient
 from gpuremediate.loops.base import LoopContext
-from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
-from gpuremediate.policy.workflow import JobPolicy, RemediationPolicy, Rung
+from gpuremediate.loops.jobs import JobLoop
+from gpuremediate.loops.repair import JobActions, RepairRequest
+from gpuremediate.loops.repairs import REPAIRS, select
+from gpuremediate.loops.step import Done, InProgress, StepResult
+from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.workflow import CustomAction, RemediationPolicy, Rung
+from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import ActionInProgress, NodeRecord
 
 log = logging.getLogger(__name__)
-
-BUILTIN_REPAIRS = (ACTION_RESET_GPU, ACTION_REBOOT)
-
 
 def current_rung(policy: RemediationPolicy, record: NodeRecord) -> tuple[int, tuple[Rung, ...]]:
     """(index of the current rung, the ladder) for the open fault; the index is clamped to the ladder's last rung
@@ -66,79 +69,40 @@ class RemediateLoop(JobLoop):
         held = self.held_by_pause(node, record)
         if held is not None:
             return held
-        policy = self.ctx.policy_for(node).remediation
-        if diagnostics.due(policy.diagnostics, record):
-            return diagnostics.DiagnosticsJob(self).step(node, record, policy.diagnostics)
-        index, ladder = current_rung(policy, record)
+        policy = self.ctx.policy_for(node)
+        index, ladder = current_rung(policy.remediation, record)
         rung = ladder[index]
         kind = attempt_kind(record, rung)
-        if kind not in BUILTIN_REPAIRS:
-            return self.custom(node, record, kind, rung)
-        job_policy = policy.reset_gpu if kind == ACTION_RESET_GPU else policy.reboot
-        if rung.timeout_s:
-            job_policy = dataclasses.replace(job_policy, timeout_s=rung.timeout_s)
-        attempts = policy.attempts_of(rung, self.ctx.policy.cluster.actions)
-        if kind == ACTION_RESET_GPU and gpu_reset.applies(self.ctx.policy_for(node), node, record):
-            return gpu_reset.GpuResetSequence(self, job_policy, attempts).step(node, record)  # GPU Operator node
-        action = record.action
-        if action is None or not action.name:
-            attempt = action.attempt if action else 1
-            timeout = job_policy.timeout_s + (policy.reboot_ready_timeout_s if kind == ACTION_REBOOT else 0.0)
-            detail = boot_id(node) if kind == ACTION_REBOOT else ""
-            return self.start_job(node, record, kind, attempt, job_policy, timeout_s=timeout, detail=detail)
-        return self._progress(node, record, action, kind, policy, job_policy, attempts)
+        attempts = policy.remediation.attempts_of(rung, self.ctx.policy.cluster.actions)
+        request = RepairRequest(kind=kind, rung=rung, attempts=attempts, remediation=policy.remediation)
+        row = select(policy, node, record, kind)
+        view = RepairView(self, policy)
+
+        def step() -> float | None:
+            return self._outcome(node, record, request, row.make().step(view, node, record, request))
+        return self.guarded_step(node, record, step) if row.guarded else step()
+
+    def _outcome(self, node: Node, record: NodeRecord, request: RepairRequest, result: StepResult) -> float | None:
+        """What a variant's step leads to: a requeue, or the attempt's end (written here, never by the variant)."""
+        if isinstance(result, InProgress):
+            return result.requeue_s
+        at_node, at_record = result.written or (node, record)
+        attempts = result.max_attempts if result.max_attempts is not None else request.attempts
+        if isinstance(result, Done):
+            return self.finish_attempt(at_node, at_record, ok=True, detail=result.detail, max_attempts=attempts)
+        return self.finish_attempt(at_node, at_record, ok=False, detail=result.reason, max_attempts=attempts,
+                                   cancel=result.cancel)
 
     def resync(self) -> None:
-        """Queue the nodes in repairing; put back the operand labels of reset sequences that no longer run (the
-        node left repairing some other way): nothing else would, and a node without its device plugin serves
-        no GPU. In this loop's thread, so never beside a sequence's own step."""
+        """Queue the nodes in repairing; run the variants' resync hooks per owned node (the GPU Operator reset puts
+        back the operand labels of sequences that no longer run: the node left repairing some other way, nothing
+        else would, and a node without its device plugin serves no GPU). In this loop's thread, so never beside a
+        variant's own step."""
         super().resync()
+        hooks = [row.resync for row in REPAIRS if row.resync is not None]
         for node in self.ctx.owned_gpu_nodes():
-            why = gpu_reset.abandoned(node)
-            if why:
-                gpu_reset.restore_abandoned(self.ctx, node, why, self._unreadable_operands)
-
-    def custom(self, node: Node, record: NodeRecord, kind: str, rung: Rung | None = None) -> float | None:
-        """A custom remediation action (``actions.<name>``): a plugin's resource (issue 5 hook), with the rung's
-        attempts and timeout where it sets them."""
-        return custom_remediate.CustomRemediation(self, rung).step(node, record, kind)
-
-    def _progress(
-        self, node: Node, record: NodeRecord, action: ActionInProgress, kind: str,
-        policy: RemediationPolicy, job_policy: JobPolicy, attempts: int,
-    ) -> float | None:
-        outcome = self.attempt_outcome(action, lambda: self._recreate(node, record, kind, action, job_policy),
-                                       lambda job: self.note_created(node, record, job))
-        done = outcome == SUCCEEDED
-        by_boot_id = kind == ACTION_REBOOT and policy.reboot_wait_for_boot_id
-        rebooted = bool(action.detail) and boot_id(node) != action.detail
-        if by_boot_id:
-            done = rebooted and is_ready(node)
-        if done:
-            return self.finish_attempt(node, record, ok=True, detail=f"{kind} done ({action.name})",
-                                max_attempts=attempts)
-        # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is back,
-        # or the Job hits its activeDeadlineSeconds while the node is down. Until the record's deadline, only a
-        # node that neither rebooted nor went down makes a failed reboot Job a failed attempt.
-        before_deadline = action.deadline is None or self.ctx.clock() < action.deadline
-        if by_boot_id and before_deadline and (rebooted or not is_ready(node)) and outcome in (FAILED, TIMED_OUT,
-                                                                                                DELETED):
-            return 1.0
-        if outcome == DELETED:  # someone stopped this attempt: it failed, the next one gets a new Job
-            return self.finish_attempt(node, record, ok=False, max_attempts=attempts,
-                                       detail=f"{kind} Job {action.name} was deleted before it finished")
-        if outcome == FAILED:
-            return self.finish_attempt(node, record, ok=False, detail=f"{kind} Job {action.name} failed",
-                                max_attempts=attempts)
-        if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
-            return self.finish_attempt(node, record, ok=False, detail=f"{kind} attempt {action.attempt} timed out",
-                                max_attempts=attempts, cancel=action)
-        return 1.0
-
-    def _recreate(self, node: Node, record: NodeRecord, kind: str, action: ActionInProgress, job: JobPolicy) -> None:
-        created = self.create_job(node, record, kind, action.name, action.attempt, job, False)
-        if created is not None:
-            self.note_created(node, record, created)
+            for hook in hooks:
+                hook(self.ctx, node, self._unreadable_operands)
 
     def finish_attempt(
         self, node: Node, record: NodeRecord, *, ok: bool, detail: str, max_attempts: int,
@@ -167,3 +131,51 @@ class RemediateLoop(JobLoop):
         self.ctx.events.node_event(name_of(node), "GPURemediationEscalated", text, WARNING)
         self.ctx.metrics.escalations.inc(1.0, **{"from": move.from_action, "to": move.to_action})
         log.warning("repair escalated", extra={"node": name_of(node), "detail": text})
+
+
+class RepairView:
+    """The narrow context a repair variant gets (``loops.repair.RepairContext``): read from the loop's context when
+    used, with this loop as its Job actions and the node's policy."""
+
+    def __init__(self, loop: RemediateLoop, policy: Policy) -> None:
+        self._loop = loop
+        self._ctx: LoopContext = loop.ctx
+        self.policy = policy
+
+    @property
+    def writer(self) -> NodeWriter:
+        return self._ctx.writer
+
+    @property
+    def client(self) -> KubeClient:
+        return self._ctx.client
+
+    @property
+    def jobs(self) -> JobActions:
+        return self._loop
+
+    @property
+    def events(self) -> EventRecorder:
+        return self._ctx.events
+
+    @property
+    def metrics(self) -> ControllerMetrics:
+        return self._ctx.metrics
+
+    @property
+    def permissions(self) -> PermissionBackoff:
+        return self._ctx.permissions
+
+    @property
+    def readings(self) -> Mapping[str, NodeReadings]:
+        return self._ctx.readings
+
+    @property
+    def actions(self) -> Mapping[str, CustomAction]:
+        return self._ctx.policy.cluster.actions
+
+    def clock(self) -> float:
+        return self._ctx.clock()
+
+    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
+        self._loop.check_shape(node, kind, obj)

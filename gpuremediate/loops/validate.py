@@ -1,4 +1,12 @@
-"""The validate loop: owns ``validating``. A Job pinned to the node asks for every GPU slice it has (the
+"""The validate loop: owns ``validating``.
+
+A GPU-level isolation (``record.isolation`` at gpu, docs/dra.md) validates its GPU only while the other GPUs keep
+running: the Job asks for no GPU resource (the others are in use; on a DRA node GPUs are not extended resources),
+runs on the node with GPU_IDS = that GPU, and needs the access the Job policy gives it (privileged by default).
+Pinning it to that one device with a ResourceClaim tolerating our taint is the better version, not built yet.
+On success the GPU's DeviceTaintRule is deleted first, then the record goes healthy (a restart in between
+deletes nothing twice and writes healthy). Node-level validation of a node whose isolation was escalated also
+deletes the rule it kept. A Job pinned to the node asks for every GPU slice it has (the
 capacity of each ``[gpu_resources]`` resource: ``nvidia.com/gpu``, each ``nvidia.com/mig-<profile>``) and runs
 DCGM diagnostics (``dcgmi diag -r 2`` by default). Success → healthy and uncordoned (only if we cordoned it);
 failure or timeout → quarantined.
@@ -11,12 +19,19 @@ naming the short resources — a GPU its device plugin calls unhealthy is not fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import time
 
+from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
+from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key
 from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu, validation_hold
+from gpuremediate.kube import errors
+from gpuremediate.kube.resources import NODES
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state import decide, states
@@ -26,16 +41,34 @@ from gpuremediate.state.record import (
     ActionInProgress,
     Blocked,
     NodeRecord,
+    RecordError,
     block,
+    isolated_at_gpu,
     occurrence,
+    record_from_node,
 )
 
 VALIDATE = "validate"
+# Rules of ours no flow holds are looked for at the first resync, then this often: one label-selected LIST of
+# DeviceTaintRules each time (a leftover costs the GPU it isolates, so minutes are soon enough; every resync
+# would be six LISTs a minute at steady state, where the controller otherwise only watches).
+ORPHAN_SWEEP_S = 300.0
+
+log = logging.getLogger(__name__)
+
+
+def _holds(record: NodeRecord | None, rule: str) -> bool:
+    """The record's flow holds (or is about to record) that rule."""
+    isolation = record.isolation if record is not None else None
+    if isolation is None:
+        return False
+    return isolation.rule == rule or (isolation.at_gpu and not isolation.rule)
 
 
 class ValidateLoop(JobLoop):
     name = "validate"
     owned = frozenset({states.VALIDATING})
+    _next_sweep = 0.0  # monotonic time of the next look for rules no flow holds (the first resync looks)
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         held = self.held_by_pause(node, record)
@@ -45,7 +78,10 @@ class ValidateLoop(JobLoop):
         if not policy.enabled:
             return self._finish(node, record, True, "validation disabled by policy")
         action = record.action
+        one_gpu = isolated_at_gpu(record)
         if action is None or action.kind != VALIDATE or not action.name:
+            if one_gpu:
+                return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s)
             gpus = self.ctx.policy_for(node).gpu_resources
             busy = self.gpu_pods(node, gpus.names)
             if busy:
@@ -67,6 +103,61 @@ class ValidateLoop(JobLoop):
             return self._finish(node, record, False, f"validation Job {action.name} timed out", cancel=action)
         return 1.0
 
+    def resync(self) -> None:
+        super().resync()
+        policies = (self.ctx.policy.defaults, *(g.policy for g in self.ctx.policy.groups))
+        if not any(p.isolation.gpu_level for p in policies):
+            return
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + ORPHAN_SWEEP_S
+            self._sweep_orphan_rules()
+
+    def _sweep_orphan_rules(self) -> None:
+        """Delete rules of ours no flow holds any more: the node's record names no isolation, or another rule (the
+        flow ended some other way: a person deleted the record, a malformed record was replaced). A rule whose
+        flow has not recorded it yet (``isolation`` at gpu, no rule) is left to that flow to adopt; a rule for a
+        node this replica does not own, or does not know, is left alone."""
+        taints = DeviceTaints(self.ctx.client, dry_run=self.ctx.writer.dry_run)
+        try:
+            rules = taints.owned()
+        except DeviceTaintsNotServed:
+            return
+        except (errors.ApiError, errors.TransportError) as exc:
+            self.ctx.metrics.count_api_error(exc)
+            log.warning("DeviceTaintRules could not be listed; the next resync retries", extra={"error": str(exc)})
+            return
+        owned = {name_of(n): n for n in self.ctx.owned_gpu_nodes()}
+        for rule in rules:
+            if rule.node not in owned or self._held_by_flow(owned[rule.node], rule.name):
+                continue
+            # The cache may not show yet the record that names the rule (written right after it): a read of the Node
+            # as the API server has it now decides.
+            with contextlib.suppress(errors.NotFound):
+                if self._held_by_flow(self.ctx.client.get(NODES, rule.node), rule.name):
+                    continue
+                if taints.release_rule(rule.name):
+                    log.warning("orphaned DeviceTaintRule deleted", extra={"node": rule.node, "rule": rule.name})
+
+    @staticmethod
+    def _held_by_flow(node: Node, rule: str) -> bool:
+        record = record_from_node(node)
+        return isinstance(record, RecordError) or _holds(record, rule)
+
+    def _release_rule(self, node: Node, record: NodeRecord) -> None:
+        """The isolated GPU passed (or its node did): its DeviceTaintRule goes, before the record says healthy."""
+        isolation = record.isolation
+        if isolation is None or not isolation.rule:
+            return
+        try:
+            released = DeviceTaints(self.ctx.client, dry_run=self.ctx.writer.dry_run).release(name_of(node),
+                                                                                              isolation.uuid)
+        except DeviceTaintsNotServed:
+            return  # the API was switched off: no rule of ours is left to act
+        if released:
+            self.ctx.events.node_event(name_of(node), "GPUReturned", f"GPU {isolation.uuid} validated: DeviceTaintRule "
+                                       f"{', '.join(released)} deleted", NORMAL)
+
     def fingerprint(self, record: NodeRecord) -> str:
         """Each validation run has its own Job: a node released again after a failed validation must not
         find the first run's (kept) failed Job under its name. ``since`` is when this run began (entering
@@ -74,7 +165,7 @@ class ValidateLoop(JobLoop):
         return f"{occurrence(record)}/validation@{int(record.since * 1000)}"
 
     def _recreate(self, node: Node, record: NodeRecord, action: ActionInProgress, job: JobPolicy) -> None:
-        created = self.create_job(node, record, VALIDATE, action.name, action.attempt, job, True)
+        created = self.create_job(node, record, VALIDATE, action.name, action.attempt, job, not isolated_at_gpu(record))
         if created is not None:
             self.note_created(node, record, created)
 
@@ -116,6 +207,8 @@ class ValidateLoop(JobLoop):
         self, node: Node, record: NodeRecord, ok: bool, detail: str, cancel: ActionInProgress | None = None
     ) -> float | None:
         decision = dataclasses.replace(decide.complete_validation(record, ok, self.ctx.clock(), detail), cancel=cancel)
+        if ok:
+            self._release_rule(node, record)
         if self.apply(node, decision) is None:
             return self.retry_after_conflict()
         return None

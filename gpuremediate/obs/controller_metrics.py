@@ -17,6 +17,14 @@ class ControllerMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.nodes = Gauge(PREFIX + "nodes", "GPU nodes by remediation state.", ["state"])
+        self.node_state = Gauge(
+            PREFIX + "node_state", "1 per GPU node out of healthy, labelled with its state (healthy nodes have no "
+            "series: as many series as nodes out of service).", ["node", "state"]
+        )
+        self.node_unknown = Gauge(
+            PREFIX + "node_health_unknown", "1 per GPU node whose health is unknown (none while most of the fleet's "
+            "is: gpuremediate_fleet_health_unknown says so).", ["node"]
+        )
         self.transitions = Counter(
             PREFIX + "transitions_total", "Node state transitions.", ["from", "to", "reason", "dry_run"]
         )
@@ -34,6 +42,9 @@ class ControllerMetrics:
         )
         self.budget_in_use = Gauge(PREFIX + "budget_in_use", "GPU nodes out of service, counted against the budget.")
         self.budget_limit = Gauge(PREFIX + "budget_limit", "Most GPU nodes allowed out of service at once.")
+        self.isolated_gpus = Gauge(
+            PREFIX + "isolated_gpus", "GPUs taken out alone by a DeviceTaintRule of ours (their nodes stay in service)."
+        )
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
         self.paused = Gauge(PREFIX + "paused", "1 while new work is paused (`gpuremediate pause` or the annotation).")
         self.domains_tripped = Gauge(
@@ -47,9 +58,14 @@ class ControllerMetrics:
             PREFIX + "scrape_seconds",
             "Time to read one node's GPU metrics.",
             ["source"],
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
         )
         self.scrape_errors = Counter(PREFIX + "scrape_errors_total", "Failed metric reads.", ["source"])
+        self.scrape_malformed = Counter(
+            PREFIX + "scrape_malformed_lines_total",
+            "Lines of a node's metrics that could not be read (skipped, never guessed at), per detect cycle's read.",
+            ["source"],
+        )
         self.unknown_nodes = Gauge(
             PREFIX + "nodes_unknown", "GPU nodes whose health is unknown (exporter down or stale)."
         )
@@ -67,6 +83,16 @@ class ControllerMetrics:
         self.fleet_unknown = Gauge(
             PREFIX + "fleet_health_unknown", "1 while most GPU nodes' health is unknown (the source itself failing)."
         )
+        self.source_problem = Gauge(
+            PREFIX + "source_problem",
+            "1 while the detect loop says its GPU-health source cannot be read: never-read (no read succeeded since "
+            "start), slow (a read longer than --scrape-interval).", ["problem"],
+        )
+        self.prometheus_mode = Gauge(
+            PREFIX + "prometheus_mode",
+            "--source=prometheus: 1 for how the source reads (recorded: gpuremediate's recording rules' output; "
+            "raw: dcgm-exporter's series, aggregated at every query).", ["mode"],
+        )
         self.events_dropped = Counter(
             PREFIX + "events_dropped_total", "Events not written (queue full or rate-limited).", ["reason"]
         )
@@ -77,8 +103,23 @@ class ControllerMetrics:
         self.shards = Gauge(PREFIX + "shards", "--shards: the number of shard Leases (1: not sharded, one leader).")
         self.shards_held = Gauge(PREFIX + "shards_held", "Shard Leases (--shards) this replica holds now.")
         self.shard_nodes = Gauge(PREFIX + "shard_nodes", "GPU nodes in each shard this replica holds.", ["shard"])
+        self.clock_offset = Gauge(
+            PREFIX + "clock_offset_seconds",
+            "This machine's wall clock minus the controller's (the API server's time, advanced by the monotonic "
+            "clock): a step of the machine's clock shows here and moves no timeout.",
+        )
+        self.records_refused = Gauge(
+            PREFIX + "nodes_record_refused",
+            "GPU nodes whose record the API server refuses (annotations full): their fault is held, not acted on.",
+        )
+        self.mode_waiting = Gauge(
+            PREFIX + "mode_handover_waiting",
+            "1 while this replica acts on nothing because replicas of another --leader-elect / --shards mode act.",
+        )
         for metric in (
             self.nodes,
+            self.node_state,
+            self.node_unknown,
             self.transitions,
             self.faults,
             self.evictions,
@@ -88,12 +129,14 @@ class ControllerMetrics:
             self.diagnostics,
             self.budget_in_use,
             self.budget_limit,
+            self.isolated_gpus,
             self.circuit_breaker_open,
             self.paused,
             self.domains_tripped,
             self.notifications,
             self.scrape_seconds,
             self.scrape_errors,
+            self.scrape_malformed,
             self.unknown_nodes,
             self.leader,
             self.blocked_nodes,
@@ -101,12 +144,17 @@ class ControllerMetrics:
             self.maintenance_request_age,
             self.api_errors,
             self.fleet_unknown,
+            self.source_problem,
+            self.prometheus_mode,
             self.events_dropped,
             self.permission_denied,
             self.fenced_writes,
             self.shards,
             self.shards_held,
             self.shard_nodes,
+            self.mode_waiting,
+            self.records_refused,
+            self.clock_offset,
         ):
             r.register(metric)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -38,6 +39,14 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+def add_log_flags(p: argparse.ArgumentParser) -> None:
+    """``--log-format`` and ``--log-level``, the same on every long-running command (run, agent, plugins)."""
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="text for people, json (one object a line) for log collectors")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="the least severe log lines written")
 
 
 def setup_logging(fmt: str = "text", level: str = "info", stream: Any = None) -> None:

@@ -23,7 +23,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +37,7 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import PODS, Resource
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
-from gpuremediate.obs.log import setup_logging
+from gpuremediate.obs.log import add_log_flags, setup_logging
 from gpuremediate.plugins.window import Window, WindowError
 from gpuremediate.shutdown import Shutdown
 
@@ -219,25 +219,42 @@ class DrainWindowPlugin:
 # ---- the command ----------------------------------------------------------------------------------
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of a flag that still works and says, once on stderr, which flag replaced it."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, replaced_by: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.replaced_by = replaced_by
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated: use {self.replaced_by}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG, else ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context to use")
     p.add_argument("--days", default="Mon,Tue,Wed,Thu,Fri", help="weekdays the window opens, e.g. Mon,Tue or Sat-Sun")
     p.add_argument("--hours", default="00:00-24:00", help="HH:MM-HH:MM; may cross midnight (22:00-06:00)")
     p.add_argument("--timezone", default="UTC", help="IANA time zone of --days/--hours (default UTC)")
-    p.add_argument("--namespace", default="", help="only requests in this namespace (default: all)")
+    p.add_argument("--request-namespace", default="", metavar="NS",
+                   help="only requests in this namespace (default: all); not -n/--namespace, which everywhere "
+                        "else names the controller's namespace")
+    p.add_argument("--namespace", dest="request_namespace", action=DeprecatedAlias, default=argparse.SUPPRESS,
+                   metavar="NS", replaced_by="--request-namespace",
+                   help="deprecated: the old spelling of --request-namespace (still works)")
     p.add_argument("--api-version", default=PluginSettings.api_version, help="API version of the request kind")
     p.add_argument("--kind", default=PluginSettings.kind, help="the request kind (plural from discovery)")
     p.add_argument("--complete-condition", default=DRAIN_COMPLETE, help="condition set True when drained")
     p.add_argument("--retry", default="5s", help="recheck interval while pods terminate or a PDB refuses")
     p.add_argument("--resync", default="60s", help="how often every request is looked at again")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    add_log_flags(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[Window, PluginSettings]:
     window = Window.parse(args.days, args.hours, args.timezone)
-    settings = PluginSettings(api_version=args.api_version, kind=args.kind, namespace=args.namespace,
+    settings = PluginSettings(api_version=args.api_version, kind=args.kind, namespace=args.request_namespace,
                               complete_condition=args.complete_condition,
                               retry_s=parse_duration(args.retry, "--retry"),
                               resync_s=parse_duration(args.resync, "--resync"))

@@ -7,7 +7,8 @@ dataclass and one field, not new parsing code. Per-node sections go on ``Policy`
 can override them); cluster-wide ones go on ``ClusterSettings``.
 
 Errors name the key path: ``groups[1].thermal.gpu_cordon_c: expected a number, got "hot"``
-(group indices count from 0).
+(group indices count from 0); a bad value longer than 80 characters is cut to its start and its size
+(``got "xxxx"… (20000 bytes)``, ``schema.excerpt``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gpuremediate.policy.findings import (
     BUILTIN_ACTIONS,
 )
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
+from gpuremediate.policy.isolation import IsolationPolicy
 from gpuremediate.policy.schema import (
     MAX_DURATION_S,
     PolicyError,
@@ -175,6 +177,9 @@ class Policy:
     )
     gpu_resources: GpuResourcesPolicy = field(
         default_factory=GpuResourcesPolicy, metadata={"doc": "which extended resources are GPUs (MIG slices too)"}
+    )
+    isolation: IsolationPolicy = field(
+        default_factory=IsolationPolicy, metadata={"doc": "one bad GPU out, or its whole node (docs/dra.md)"}
     )
 
 

@@ -69,6 +69,12 @@ class GpuView:
 
 
 def merge_readings(node: str, key: str, readings: Sequence[GpuReading]) -> GpuView:
+    if len(readings) == 1:  # a whole GPU (no MIG instances): nothing to merge
+        return _one_reading(node, key, readings[0])
+    return merge_many(node, key, readings)
+
+
+def merge_many(node: str, key: str, readings: Sequence[GpuReading]) -> GpuView:
     counts: dict[int, float] = {}
     for reading in readings:
         for code, count in reading.xid_counts.items():
@@ -92,6 +98,22 @@ def merge_readings(node: str, key: str, readings: Sequence[GpuReading]) -> GpuVi
         uncorrectable_remapped_rows=_largest(usable_count(r.uncorrectable_remapped_rows) for r in readings),
         gpu_temp=_largest(usable_temp(r.gpu_temp) for r in readings),
         memory_temp=_largest(usable_temp(r.memory_temp) for r in readings),
+    )
+
+
+def _one_reading(node: str, key: str, reading: GpuReading) -> GpuView:
+    """merge_readings of one reading (the fleet's common case, on the hot path), without the merging."""
+    counts = {code: max(0.0, usable) for code, count in reading.xid_counts.items()
+              if (usable := usable_count(count)) is not None and plausible_xid(code) is not None}
+    xid = plausible_xid(reading.xid)
+    messages = {code: tuple(texts) for code, texts in reading.xid_messages.items()}
+    return GpuView(
+        node=node, key=key, xids=frozenset(() if xid is None else (xid,)), xid_counts=counts, xid_messages=messages,
+        ecc_dbe_volatile=usable_count(reading.ecc_dbe_volatile),
+        row_remap_failure=usable_flag(reading.row_remap_failure),
+        row_remap_pending=usable_flag(reading.row_remap_pending),
+        uncorrectable_remapped_rows=usable_count(reading.uncorrectable_remapped_rows),
+        gpu_temp=usable_temp(reading.gpu_temp), memory_temp=usable_temp(reading.memory_temp),
     )
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,7 @@ class NodeView:
     state: str = states.HEALTHY  # our record's state (healthy when none)
     waiting: bool = False  # we cordoned it for a fault but have not started draining it
     first_seen: float | None = None  # when its open fault was first seen (admission order)
+    since: float | None = None  # when its record entered its state (a budget's reason says since when it holds)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)  # for failure domains
 
     @property
@@ -90,6 +92,31 @@ class NodeView:
         if self.waiting:
             return False
         return self.unschedulable or self.state in states.ACTIVE_STATES
+
+    @property
+    def held(self) -> bool:
+        """Out of service while it only waits: for a person (quarantined) or to cool down (thermal cordon)."""
+        return self.ready and self.state in (states.QUARANTINED, states.CORDONED)
+
+    def describe(self) -> str:
+        """``gpu-node-2: quarantined since 2026-11-01T10:00:00Z, needs a person`` for a budget's reason (since
+        when: from its record; a node NotReady or cordoned by someone else has no such time to say)."""
+        if not self.ready:
+            return f"{self.name}: not Ready"
+        if self.state == states.HEALTHY:
+            return f"{self.name}: unschedulable"
+        since = f" since {_utc(self.since)}" if self.since else ""
+        then = {states.QUARANTINED: ", needs a person", states.CORDONED: ", cooling down"}.get(self.state, "")
+        return f"{self.name}: {self.state}{since}{then}"
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def counts_against(view: NodeView, budget: Budget) -> bool:
+    """Whether the node takes a slot of ``budget`` now."""
+    return view.out_of_service and (budget.count_held or not view.held)
 
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
@@ -106,6 +133,7 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         state=record.state,
         waiting=is_waiting(record),
         first_seen=record.fault.first_seen if record.fault else None,
+        since=record.since or None,
     )
 
 
@@ -129,6 +157,7 @@ def _ready(node: Mapping[str, Any]) -> bool:
 @dataclass(frozen=True)
 class Budget:
     max_unavailable: int | str = "25%"
+    count_held: bool = True  # nodes that only wait (quarantined, thermal-cordoned) count against the limit
 
     def __post_init__(self) -> None:
         value = self.max_unavailable
@@ -184,14 +213,18 @@ def budget_check(
     budget = budget or Budget()
     _require_known(gpu_nodes, [candidate])
     limit = budget.limit(len(gpu_nodes))
-    others = sorted(v.name for v in gpu_nodes if v.name != candidate and v.out_of_service)
-    in_use = len(others) + sum(1 for v in gpu_nodes if v.name == candidate and v.out_of_service)
+    others = sorted((v for v in gpu_nodes if v.name != candidate and counts_against(v, budget)), key=lambda v: v.name)
+    in_use = len(others) + sum(1 for v in gpu_nodes if v.name == candidate and counts_against(v, budget))
     if len(others) >= limit:
-        names = ", ".join(others) if others else "none"
-        return BudgetResult(False, in_use, limit, f"budget full: {len(others)} of {limit} out of service ({names})")
+        names = "; ".join(v.describe() for v in others) if others else "none"
+        held = " ([budget].count_held = false lets repairs pass nodes that only wait)" if any(
+            v.held for v in others) else ""
+        reason = f"budget full: {len(others)} of {limit} out of service ({names}){held}"
+        return BudgetResult(False, in_use, limit, reason)
     by_name = {v.name: v for v in gpu_nodes}
     for domain in domains:
-        full = _domain_full(gpu_nodes, by_name[candidate], domain, {v.name for v in gpu_nodes if v.out_of_service})
+        full = _domain_full(gpu_nodes, by_name[candidate], domain,
+                            {v.name for v in gpu_nodes if counts_against(v, budget)})
         if full:
             return BudgetResult(False, in_use, limit, full)
     return BudgetResult(True, in_use, limit, f"within budget: {len(others)} other of {limit} in use")
@@ -208,7 +241,7 @@ def admit(
     budget = budget or Budget()
     _require_known(gpu_nodes, candidates)
     limit = budget.limit(len(gpu_nodes))
-    out = {v.name for v in gpu_nodes if v.out_of_service}
+    out = {v.name for v in gpu_nodes if counts_against(v, budget)}
     by_name = {v.name: v for v in gpu_nodes}
     admitted = []
     for name in sorted(set(candidates), key=lambda n: (_first_seen_key(by_name[n]), n)):
@@ -335,6 +368,20 @@ class CircuitBreaker:
             return pruned
         reason = f"{faulted} of {total_gpu_nodes} GPU nodes faulted within {window_s:g}s (more than {threshold_pct:g}%)"
         return dataclasses.replace(pruned, open=True, opened_at=now, reason=reason)
+
+    def evaluate_share(
+        self, members: set[str], now: float, threshold_pct: float, window_s: float, min_nodes: int = 1
+    ) -> CircuitBreaker:
+        """Open when more than threshold_pct % of ``members`` (a replica's own nodes with --shards: a sample of
+        the fleet, the shard of a node being a hash of its name) faulted within the window."""
+        if self.open or not members:
+            return self
+        faulted = len({node for node, at in self.faults if at >= now - window_s and node in members})
+        if faulted < max(1, min_nodes) or faulted * 100 <= threshold_pct * len(members):
+            return self
+        reason = (f"{faulted} of this replica's {len(members)} GPU nodes faulted within {window_s:g}s (more than "
+                  f"{threshold_pct:g}%: its shards are a sample of the fleet)")
+        return dataclasses.replace(self, open=True, opened_at=now, reason=reason)
 
     def reset(self, by: str, now: float) -> CircuitBreaker:
         """Closed again by a person; the faults that opened it are forgotten."""

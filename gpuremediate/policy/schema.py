@@ -23,11 +23,30 @@ class PolicyError(ValueError):
     """A bad policy file; the message starts with the key path of what is wrong."""
 
 
+EXCERPT_CHARS = 80  # the most of a bad value an error repeats (quoted, escapes counted); beyond, its size
+
+
+def excerpt(text: str, quote: Callable[[str], str] = json.dumps) -> str:
+    """``text`` quoted for an error message; one whose quoted form is longer than EXCERPT_CHARS (quotes aside)
+    is cut to the longest start that fits, with its size: a 20 KB bad value is named, not repeated."""
+    limit = EXCERPT_CHARS + 2
+    if len(text) <= EXCERPT_CHARS and len(shown := quote(text)) <= limit:
+        return shown
+    low, high = 0, EXCERPT_CHARS  # every character quotes to one or more
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(quote(text[:middle])) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return f"{quote(text[:low])}… ({len(text.encode('utf-8', 'surrogatepass'))} bytes)"
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return json.dumps(value)
+        return excerpt(value)
     if isinstance(value, Mapping):
         return "a table"
     if isinstance(value, list):
@@ -36,6 +55,8 @@ def _show(value: Any) -> str:
 
 
 def _join(path: str, key: str) -> str:
+    if len(key) > EXCERPT_CHARS:  # a key of the file's own (a name, a table): no key of ours is that long
+        key = f"{key[:EXCERPT_CHARS]}…({len(key.encode('utf-8', 'surrogatepass'))} bytes)"
     return f"{path}.{key}" if path else key
 
 

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuremediate.policy.schema import excerpt
+
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _KEY_RE = re.compile(rf"({_PREFIX}/)?{_NAME}")
@@ -77,13 +79,13 @@ def _split_top_level(text: str) -> list[str]:
 def check_label_key(key: str) -> str:
     name = key.rsplit("/", 1)[-1]
     if not _KEY_RE.fullmatch(key) or len(name) > 63 or len(key) - len(name) > 254:
-        raise SelectorError(f"invalid label key {key!r}")
+        raise SelectorError(f"invalid label key {excerpt(key, repr)}")
     return key
 
 
 def _check_value(value: str) -> str:
     if len(value) > 63 or not _VALUE_RE.fullmatch(value):
-        raise SelectorError(f"invalid label value {value!r}")
+        raise SelectorError(f"invalid label value {excerpt(value, repr)}")
     return value
 
 
@@ -91,7 +93,7 @@ def _parse_requirement(part: str) -> Requirement:
     if match := _SET_RE.match(part):
         values = [value.strip() for value in match["values"].split(",")]
         if values == [""]:
-            raise SelectorError(f"{part!r}: a set needs at least one value")
+            raise SelectorError(f"{excerpt(part, repr)}: a set needs at least one value")
         op = OP_IN if match["op"] == "in" else OP_NOT_IN
         return Requirement(check_label_key(match["key"]), op, frozenset(_check_value(v) for v in values))
     if match := _EQ_RE.match(part):
@@ -100,7 +102,7 @@ def _parse_requirement(part: str) -> Requirement:
     if match := _EXISTS_RE.match(part):
         op = OP_NOT_EXISTS if match["neg"] else OP_EXISTS
         return Requirement(check_label_key(match["key"]), op)
-    raise SelectorError(f"cannot parse requirement {part!r}")
+    raise SelectorError(f"cannot parse requirement {excerpt(part, repr)}")
 
 
 def parse_selector(text: str) -> Selector:

@@ -9,6 +9,7 @@ sit on ``ClusterSettings``. Durations are seconds.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +26,7 @@ from gpuremediate.policy.schema import (
     dns_label,
     dns_subdomain,
     duration,
+    excerpt,
     image_reference,
     is_dns_label,
     merge_section,
@@ -47,7 +49,7 @@ MAX_ATTEMPTS = 100
 def one_of(*allowed: str) -> Any:
     def check(value: Any, path: str) -> None:
         if value not in allowed:
-            raise PolicyError(f"{path}: expected one of {', '.join(allowed)}, got {value!r}")
+            raise PolicyError(f"{path}: expected one of {', '.join(allowed)}, got {excerpt(str(value), repr)}")
 
     return check
 
@@ -320,7 +322,8 @@ def check_budget_value(text: str, path: str) -> None:
     value = text.strip()
     counted = value.isascii() and value.isdigit()
     if not (counted or _PERCENT.fullmatch(value)) or (value.endswith("%") and int(value[:-1]) > 100):
-        raise PolicyError(f"{path}: expected a count like \"2\" or a percentage like \"25%\", got {text!r}")
+        raise PolicyError(f"{path}: expected a count like \"2\" or a percentage like \"25%\", "
+                          f"got {excerpt(text, repr)}")
 
 
 def budget_value(text: str) -> int | str:
@@ -352,7 +355,7 @@ def parse_domain_budgets(raw: Any, path: str, _current: Any) -> tuple[DomainBudg
     labels = [d.label for d in domains]
     for index, label in enumerate(labels):
         if label in labels[:index]:
-            raise PolicyError(f"{path}[{index}].label: {label!r} has a budget already")
+            raise PolicyError(f"{path}[{index}].label: {excerpt(label, repr)} has a budget already")
     return tuple(domains)
 
 
@@ -360,6 +363,9 @@ def parse_domain_budgets(raw: Any, path: str, _current: Any) -> tuple[DomainBudg
 class BudgetPolicy:
     max_unavailable: str = setting("25%", "most GPU nodes out of service at once: a count (\"2\") or a percentage "
                                    "(\"25%\"); nodes unschedulable for any reason count")
+    count_held: bool = setting(True, "nodes that only wait count too (quarantined, needing a person; cordoned for "
+                               "heat): false lets repairs go on while they wait, which a small cluster may need "
+                               "(docs/operations.md, \"Choosing the budget and the breaker\")")
     domains: tuple[DomainBudgetPolicy, ...] = field(default=(), metadata={
         "doc": "[[budget.domains]] {label, max_unavailable}: also at most this many nodes out per value of the "
                "label (a rack, an NVLink domain, a node pool)",
@@ -416,17 +422,49 @@ class GatesPolicy:
     def validate(self, path: str) -> None:
         url = self.prometheus_url
         if url and not url.startswith(("http://", "https://")):
-            raise PolicyError(f"{path}.prometheus_url: must start with http:// or https://, got {url!r}")
+            raise PolicyError(f"{path}.prometheus_url: must start with http:// or https://, got {excerpt(url, repr)}")
 
 
 NOTIFY_FORMATS = ("json", "slack")
+# What may notify (obs/notify.py's kinds): the first four need a person and are the default; the others follow
+# every repair (kured's one message per reboot): a drain admitted and started, a repair done, back in service.
+NOTIFY_EVENTS = ("quarantined", "repair-failed", "breaker-open", "drain-blocked", "drain-started", "repaired",
+                 "returned")
+NOTIFY_DEFAULT_EVENTS = NOTIFY_EVENTS[:4]
+# The named fields a [notifications].template may use, as {node}.
+NOTIFY_FIELDS = ("node", "from", "to", "reason", "message", "cluster", "kind", "time")
+
+
+def notify_template(value: Any, path: str) -> None:
+    """A message template: text with {field} for the fields of NOTIFY_FIELDS (and {{ }} for braces)."""
+    try:
+        parts = list(string.Formatter().parse(value))
+    except ValueError as exc:
+        raise PolicyError(f"{path}: {exc} (write {{{{ and }}}} for a brace)") from None
+    for _literal, name, spec, _conversion in parts:
+        if name is None:
+            continue
+        if name not in NOTIFY_FIELDS:
+            raise PolicyError(f"{path}: unknown field {{{excerpt(name, str)}}}; the fields: "
+                              f"{', '.join('{' + f + '}' for f in NOTIFY_FIELDS)}")
+        if spec and "{" in spec:
+            raise PolicyError(f"{path}: a field's format must not hold another field")
 
 
 @dataclass(frozen=True)
 class NotificationsPolicy:
-    """``[notifications]``: a webhook for what needs a person; its URL lives in a Secret."""
+    """``[notifications]``: a webhook for what needs a person (and, if chosen, every repair); its URL lives in a
+    Secret."""
 
-    enabled: bool = setting(False, "post quarantines, an open breaker, long-blocked drains and failed repairs")
+    enabled: bool = setting(False, "post the events below to the webhook")
+    events: tuple[str, ...] = field(default=NOTIFY_DEFAULT_EVENTS, metadata={
+        "doc": f"what notifies: {', '.join(NOTIFY_EVENTS)} (drain-started, repaired and returned: every repair's "
+               "steps, one message each)",
+        "parse": string_list(one_of(*NOTIFY_EVENTS)), "example": [*NOTIFY_DEFAULT_EVENTS, "drain-started",
+                                                                  "returned"]})
+    template: str = setting("", "the message text, with {node} {from} {to} {reason} {message} {cluster} {kind} "
+                            "{time}: Slack's text, and `text` in the json body (empty: the built-in text)",
+                            check=notify_template)
     secret: str = setting("gpuremediate-notifications", "Secret (in the controller's namespace) holding the URL",
                           check=dns_subdomain)
     secret_key: str = setting("url", "the Secret's key holding the webhook URL", check=_any_text)
@@ -567,7 +605,8 @@ class CustomAction:
             if not getattr(self, key).strip():
                 raise PolicyError(f"{path}.{key}: required (the custom resource's {key})")
         if self.scope == "Namespaced" and not is_dns_label(self.namespace):
-            raise PolicyError(f"{path}.namespace: a Namespaced action needs a namespace name, got {self.namespace!r}")
+            raise PolicyError(f"{path}.namespace: a Namespaced action needs a namespace name, "
+                              f"got {excerpt(self.namespace, repr)}")
 
     @property
     def api_version(self) -> str:

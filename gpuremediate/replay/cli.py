@@ -139,13 +139,17 @@ def run(args: argparse.Namespace) -> list[ReplayResult]:
 
 
 def main(args: argparse.Namespace) -> int:
+    logger = logging.getLogger("gpuremediate")
+    level = logger.level
     if not args.verbose:
-        logging.getLogger("gpuremediate").setLevel(logging.CRITICAL)  # the loops narrate every step
+        logger.setLevel(logging.CRITICAL)  # the loops narrate every step
     try:
         results = run(args)
     except (HistoryError, ReplayError, PolicyError, KubeError, OSError) as exc:
         print(f"gpuremediate replay: {exc}", file=sys.stderr)
         return 2
+    finally:
+        logger.setLevel(level)  # a caller in the same process (a test, a notebook) keeps its logging
     if args.format == "json":
         sys.stdout.write(render_json(results))
     else:

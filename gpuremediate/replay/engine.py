@@ -176,6 +176,7 @@ class Replay:
         self.events = _Events(self.clock)
         self.ctx = self._context()
         self.detect = DetectLoop(self.ctx, _Source())
+        self.detect.workers = 1  # one node at a time: a replay decides the same way every run
         self.loops: list[NodeLoop] = [DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx)]
         self.cursor = Cursor(history)
         self._moved: set[str] = set()
@@ -223,12 +224,10 @@ class Replay:
         return self.result
 
     def _instant(self, visit: set[str], changed: set[str]) -> None:
-        total = len(self.cluster.nodes)
         self.detect.breakers.load()
-        for name in sorted(visit):
-            node = self.ctx.nodes.get(name)
-            if node is not None:
-                self.detect.check_node(node, self._scraped_now(name), total)
+        nodes = [node for name in sorted(visit) if (node := self.ctx.nodes.get(name)) is not None]
+        readings = {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))}
+        self.detect.check_nodes(nodes, readings)
         self._note_breaker()
         self._watch_signals(visit, changed)
         for loop in self.loops:

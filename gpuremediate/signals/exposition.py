@@ -4,11 +4,23 @@
 anchored regular expression built without nested quantifiers that could backtrack; anything it does
 not match goes through a slower scanner that knows every rule and says which one a line breaks.
 
-Strict mode raises ``ParseError`` at the first violation. Lenient mode is for real exporters:
-it repairs what is unambiguous (dcgm-exporter writes label values unescaped, so a raw quote or a
-stray backslash inside a value is kept as text), skips a line it cannot read, and lists every
-skipped line (and a missing ``# EOF``) in ``ParseResult.malformed``. Cosmetic violations that lose
-nothing (blank lines or stray comments in OpenMetrics, interleaved families) are accepted silently.
+Strict mode raises ``ParseError`` at the first violation. Lenient mode is for real exporters: it
+skips a line it cannot read and lists every skipped line (and a missing ``# EOF``) in
+``ParseResult.malformed``. It tolerates only what exporters really write and what has one reading:
+
+- CRLF line ends, and a last line without its line feed (read, as prometheus_client reads it);
+- a stray backslash in a label value or HELP text (dcgm-exporter writes values unescaped): ``\\d``
+  stays those two characters; ``\\\\``, ``\\"`` and ``\\n`` are escapes as always;
+- a raw ``"`` inside a label value: the value ends at the first quote followed (blanks aside) by
+  ``,`` or ``}``, and holds no ``="`` up to there. A value that would hold one has swallowed the
+  next label (a comma, a quote or a label name's character lost: ``UUID="GPU-1"pci_bus_id="0"``);
+  that line is malformed, never a sample with a different GPU's labels;
+- cosmetic violations that lose nothing (blank lines or stray comments in OpenMetrics, interleaved
+  families), accepted silently.
+
+Everything else about a label set is as strict as strict mode: ``tests/signals/test_exposition_corruption.py``
+checks that a one-character corruption of a valid line is malformed, reads as the original labels,
+or is itself a valid line under these rules.
 
 Timestamps are unix seconds as floats in both formats (0.0.4 writes integer milliseconds).
 """
@@ -17,9 +29,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 PROMETHEUS_004 = "0.0.4"
 OPENMETRICS_100 = "openmetrics-1.0"
@@ -38,6 +51,11 @@ _FLOAT = (
 _REAL = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _LABEL_SET = r"\{((?:" + _PAIR + r"(?:," + _PAIR + r")*)?)\}"
 
+# The shape of a plain label text (see _plain_labels): name=" then ,name=" per further label, a trailing comma.
+_PLAIN_SHAPE = re.compile(_LABEL_NAME + '="(?:,' + _LABEL_NAME + '=")*,?' + r"\Z")
+_Shape = Callable[[list[str]], Labels]
+_SHAPES: dict[str, _Shape | Literal[False]] = {}
+_MAX_SHAPES = 1024  # distinct label-name sequences kept; an exporter has a handful
 _LABELS_004 = re.compile("(?:" + _PAIR + "(?:," + _PAIR + r")*,?)?\Z")
 _FAST_OM = re.compile(
     "(" + _NAME + ")(?:" + _LABEL_SET + ")? (" + _FLOAT + ")(?: (" + _REAL + r"))?"
@@ -55,20 +73,24 @@ _VALUE_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*')
 _ESCAPE = re.compile(r"\\(.?)", re.S)
 _UNIT_FULL = re.compile(r"[a-zA-Z0-9_:]*\Z")
 _EOF_LINE = re.compile(r"^# EOF$", re.M)
-# Where a raw quote inside an unescaped label value may really close it: before the next label or the end.
-_LENIENT_CLOSE = re.compile(r'"[ \t]*(?:,[ \t]*(?:' + _LABEL_NAME + r'[ \t]*=[ \t]*"|\})|\})')
+# Lenient: the quote that closes a label value is the first one followed (blanks aside) by ',' or '}';
+# an earlier raw quote is the value's text (dcgm-exporter writes values unescaped).
+_LENIENT_CLOSE = re.compile(r'"[ \t]*[,}]')
 # A closing quote followed by another label without a comma (NVIDIA's README sample has one): reject,
 # for taking the rest as the value garbles every label after it.
-_MISSING_COMMA = re.compile(r'"[ \t]+' + _LABEL_NAME + r'[ \t]*=[ \t]*"')
+_MISSING_COMMA = re.compile(r'"[ \t]*' + _LABEL_NAME + r'[ \t]*=[ \t]*"')
+# A value read past a raw quote that holds '="' has swallowed the start of another label.
+_SWALLOWED_LABEL = re.compile(r'=[ \t]*"')
 _COMMENT_004 = re.compile(r"#[ \t]*(HELP|TYPE)(?:[ \t]+(.*))?\Z", re.S)
 _DESCRIPTOR_OM = re.compile(r"# (HELP|TYPE|UNIT) (.*)\Z", re.S)
 
 _TYPES_004 = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
+_UNTYPED = ("",)  # _SUFFIXES_004["untyped"]
 _TYPES_OM = frozenset({"counter", "gauge", "histogram", "gaugehistogram", "stateset", "info", "summary", "unknown"})
 _SUFFIXES_004: Mapping[str, tuple[str, ...]] = {
     "counter": ("",),
     "gauge": ("",),
-    "untyped": ("",),
+    "untyped": _UNTYPED,
     "histogram": ("_bucket", "_count", "_sum"),
     "summary": ("", "_count", "_sum"),
 }
@@ -92,7 +114,11 @@ _NON_NEGATIVE = {
 # Sum and Count are counters: never NaN or negative (Gsum may be negative, never NaN)
 _NOT_NAN = {"gaugehistogram": ("_gsum",)}
 _UNESCAPE = {"\\": "\\", "n": "\n", '"': '"'}
+_NEEDS_LABEL = frozenset({"histogram", "summary"})  # 0.0.4 types whose samples need an le / quantile label
+# a value made of only these is a decimal (or not a number at all): float() and _FLOAT agree on it
+_DECIMAL_CHARS = "0123456789.eE+-"
 _MAX_EXEMPLAR_LABEL_CHARS = 128
+_new = object.__new__
 _INT64 = 2**63
 
 
@@ -135,12 +161,50 @@ class Sample:
         return default
 
 
+class _SampleFields:
+    """Sample's slots without its frozen ``__init__``: the parser's hot loop sets the fields and then makes
+    the object a Sample (``__class__`` assignment, allowed between classes with the same slots), which
+    costs a third of calling ``Sample(...)``. What comes out is a Sample like any other."""
+
+    __slots__ = Sample.__slots__
+    name: str
+    labels: Labels
+    value: float
+    timestamp: float | None
+    exemplar: Exemplar | None
+
+
 @dataclass(frozen=True, slots=True)
 class MetricFamily:
     name: str
     type: str  # "untyped" (0.0.4) / "unknown" (OpenMetrics) when no TYPE line says otherwise
     help: str = ""
     unit: str = ""
+
+
+# MetricFamily objects (immutable) by their fields: every scrape of an exporter fleet describes the same families.
+_FROZEN: dict[tuple[str, str, str, str], MetricFamily] = {}
+_MAX_FROZEN = 4096
+
+
+def _frozen_family(key: tuple[str, str, str, str]) -> MetricFamily:
+    family = object.__new__(_MetricFamilyFields)  # MetricFamily(*key) at a third of the cost (see _SampleFields)
+    family.name, family.type, family.help, family.unit = key
+    family.__class__ = MetricFamily  # type: ignore[assignment]
+    if len(_FROZEN) >= _MAX_FROZEN:
+        _FROZEN.clear()
+    _FROZEN[key] = family  # type: ignore[assignment]
+    return family  # type: ignore[return-value]
+
+
+class _MetricFamilyFields:
+    """MetricFamily's slots without its frozen ``__init__`` (see _SampleFields)."""
+
+    __slots__ = MetricFamily.__slots__
+    name: str
+    type: str
+    help: str
+    unit: str
 
 
 @dataclass(frozen=True)
@@ -181,6 +245,8 @@ def parse(text: str, *, content_type: str | None = None, strict: bool = True) ->
         raise TypeError(f"parse() needs the exposition as str, got {type(text).__name__}")
     if not strict and "\r" in text:
         text = text.replace("\r\n", "\n")  # CRLF: every line alike, comments and # EOF included
+    if (_FORMAT_OF.get(content_type) is False) if content_type is not None else "# EOF" not in text:
+        return _Prometheus004Parser(strict).run(text)  # the common case: 0.0.4 (as _is_openmetrics says)
     try:
         openmetrics = _is_openmetrics(text, content_type)
     except _LineError as err:
@@ -190,9 +256,17 @@ def parse(text: str, *, content_type: str | None = None, strict: bool = True) ->
         malformed = [(0, err.reason)]
     else:
         malformed = []
+        if content_type is not None and len(_FORMAT_OF) < _MAX_FORMATS:
+            _FORMAT_OF[content_type] = openmetrics
     parser = _OpenMetricsParser(strict) if openmetrics else _Prometheus004Parser(strict)
     parser.malformed.extend(malformed)
     return parser.run(text)
+
+
+# Whether a content type (as an exporter sends it, byte for byte) is OpenMetrics: the few an exporter
+# fleet sends, remembered once _is_openmetrics has accepted them.
+_FORMAT_OF: dict[str, bool] = {}
+_MAX_FORMATS = 64
 
 
 def _is_openmetrics(text: str, content_type: str | None) -> bool:
@@ -221,6 +295,7 @@ def _content_type_param(params: str, key: str) -> str | None:
 class _Parser:
     """What both formats share: family bookkeeping, label decoding, the result."""
 
+    __slots__ = ("families", "label_cache", "malformed", "samples", "strict")
     suffixes: Mapping[str, tuple[str, ...]]
     default_type: str
 
@@ -233,8 +308,19 @@ class _Parser:
         self.label_cache: dict[str, Labels] = {}
 
     def result(self, fmt: str) -> ParseResult:
-        families = MappingProxyType({name: fam.frozen() for name, fam in self.families.items()})
-        return ParseResult(self.samples, families, self.malformed, fmt)
+        frozen: dict[str, MetricFamily] = {}
+        known = _FROZEN
+        for name, fam in self.families.items():  # fam.frozen() for each, mostly made before
+            key = (fam.name, fam.type, fam.help, fam.unit)
+            family = known.get(key)
+            frozen[name] = _frozen_family(key) if family is None else family
+        result = object.__new__(ParseResult)  # ParseResult(...) without its frozen __init__'s object.__setattr__ calls
+        fields = result.__dict__
+        fields["samples"] = self.samples
+        fields["families"] = MappingProxyType(frozen)
+        fields["malformed"] = self.malformed
+        fields["format"] = fmt
+        return result
 
     def fail(self, line_no: int, reason: str) -> None:
         if self.strict:
@@ -259,6 +345,10 @@ class _Parser:
         """Decode the inside of a ``{...}`` already matched by a fast pattern (cached per text)."""
         labels = self.label_cache.get(text)
         if labels is None:
+            labels = _plain_labels(text)
+            if labels is not None:
+                self.label_cache[text] = labels
+                return labels
             pairs = _decode_pairs(text)
             if "\\" in text:
                 pairs = [(key, self.unescape(value)) for key, value in pairs]
@@ -324,9 +414,88 @@ class _Parser:
         if not self.strict and _LENIENT_CLOSE.match(line, end) is None:
             if _MISSING_COMMA.match(line, end):
                 raise _LineError(f"missing ',' after the value of label {key!r}")
-            end = _lenient_close(line, end)
+            close = _lenient_close(line, end)
+            if close != end and _SWALLOWED_LABEL.search(line, pos, close + 1):
+                raise _LineError(f"label value of {key!r} runs into another label ('=\"' after a raw '\"'): "
+                                 "a ',' or a '\"' is missing")
+            end = close
         raw = line[pos:end]
         return (self.unescape(raw) if "\\" in raw else raw), end + 1
+
+
+def _split_sample(line: str) -> tuple[str, str | None, str] | None:
+    """(name, the text between the braces or None without braces, what follows) of a sample line of the common
+    shape; None where the braces do not close right before a space (the general path reads it)."""
+    brace = line.find("{")
+    if brace == -1:
+        name, _, rest = line.partition(" ")
+        return name, None, rest
+    close = line.rfind("}")  # values and timestamps hold no brace: the last one closes the labels
+    if close < brace or not line.startswith(" ", close + 1):
+        return None
+    return line[:brace], line[brace + 1 : close], line[close + 2 :]
+
+
+def _plain_labels(text: str) -> Labels | None:
+    """The labels of a label text with no backslash whose names are plain and distinct (never ``__``-
+    prefixed), as ``checked_labels(_decode_pairs(text))`` gives them; None for any other text (the
+    general path then reads it or says what is wrong). Split at the quotes (a value holds none), the
+    text is values between the pieces of its *shape*: ``name="`` for the first label, ``,name="`` for
+    each further one, and an optional trailing comma; everything to check is in the shape, which is
+    the same on every series of an exporter, so what it yields (or that it yields nothing) is kept."""
+    if "\\" in text:
+        return None
+    parts = text.split('"')
+    if not len(parts) & 1:
+        return None  # an odd number of quotes
+    shape = '"'.join(parts[::2])
+    known = _SHAPES.get(shape)
+    if known is None:
+        known = _shape(shape)
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        _SHAPES[shape] = known
+    if known is False:
+        return None
+    return known(parts)
+
+
+def _shape(shape: str) -> _Shape | Literal[False]:
+    """For ``_plain_labels``: a function that makes the labels out of the text split at its quotes
+    (values at odd indices); False for a shape it leaves to the general path."""
+    if not shape:
+        return _no_labels
+    if _PLAIN_SHAPE.match(shape) is None:
+        return False
+    names = shape.removesuffix(",")[:-2].split('=",')
+    if len(set(names)) != len(names) or any(name.startswith("__") for name in names):
+        return False  # a duplicate or reserved name: the general path says which
+    order = sorted(range(len(names)), key=names.__getitem__)
+    keys, picks = tuple(names[i] for i in order), tuple(2 * i + 1 for i in order)
+    uses = 0
+
+    def build(parts: list[str]) -> Labels:
+        nonlocal uses
+        uses += 1
+        if uses == 2 and _SHAPES.get(shape) is build:  # seen again: worth code of its own
+            _SHAPES[shape] = _compiled(keys, picks) or build
+        return tuple(zip(keys, [parts[i] for i in picks], strict=True))
+
+    return build
+
+
+def _compiled(keys: tuple[str, ...], picks: tuple[int, ...]) -> _Shape | None:
+    """``lambda p: ((keys[0], p[picks[0]]), ...)`` as code: three times as fast as tuple(zip()), and
+    costs a compilation (80 µs), so made for a shape only once it recurs."""
+    if any(_LABEL_NAME_FULL.match(key) is None for key in keys):
+        return None  # cannot happen (the shape's pattern took them), but they go into code
+    pairs = "".join(f"({key!r}, p[{pick}]), " for key, pick in zip(keys, picks, strict=True))
+    made: _Shape = eval(f"lambda p: ({pairs})", {"__builtins__": {}})
+    return made
+
+
+def _no_labels(parts: list[str]) -> Labels:
+    return ()
 
 
 def _decode_pairs(text: str) -> list[tuple[str, str]]:
@@ -356,7 +525,7 @@ def _label_problem(line: str, pos: int) -> str:
 
 
 def _lenient_close(line: str, end: int) -> int:
-    """For an unescaped value holding a raw quote, the first later quote that can really close it."""
+    """For an unescaped value holding a raw quote, the first later quote that can close it (``end``: none)."""
     candidate = line.find('"', end + 1)
     while candidate != -1:
         if _LENIENT_CLOSE.match(line, candidate):
@@ -372,17 +541,124 @@ def _float(text: str, what: str) -> float:
 
 
 class _Prometheus004Parser(_Parser):
+    __slots__ = ()
     suffixes = _SUFFIXES_004
     default_type = "untyped"
 
     def run(self, text: str) -> ParseResult:
-        lines = text.split("\n")
-        unterminated = lines.pop()  # "" when the text ends with a line feed, as it must
-        if unterminated.strip(" \t") and not self.strict:
-            lines.append(unterminated)  # lenient: read it, as prometheus_client and Prometheus do
+        """The loop of ``run_reference`` with its common cases inlined: ``# HELP`` / ``# TYPE`` lines and
+        ``name{labels} value`` lines whose label text was seen before (or is plain) and whose value is a
+        plain decimal. Anything else on a line goes to the same methods ``run_reference`` calls, so both
+        give the same result (tests/signals/test_exposition_fast.py checks it)."""
+        lines = text.split("\n")  # as lines_of() does
+        unterminated = lines.pop()
+        if unterminated and unterminated.strip(" \t") and not self.strict:
+            lines.append(unterminated)
             unterminated = ""
+        families = self.families
         resolved: dict[str, _Family] = {}
-        samples = self.samples
+        cache = self.label_cache
+        append = self.samples.append
+        line_no = 0
+        for line in lines:
+            line_no += 1
+            if not line:
+                continue
+            try:
+                if line[0] == "#":
+                    known = _COMMENTS.get(line)
+                    if known is None:
+                        known = _comment_004(line)
+                        if len(_COMMENTS) >= _MAX_COMMENTS:
+                            _COMMENTS.clear()
+                        _COMMENTS[line] = known
+                    if known.__class__ is not tuple:
+                        if known is False:
+                            self.comment(line)
+                        continue  # True: "# HELP name" / "# TYPE name" alone says nothing
+                    name, said, suffixes = known
+                    described = families.get(name)
+                    if described is None:  # self.new_family(name, "untyped"), inline
+                        described = families[name] = _new(_Family)
+                        described.name, described.type, described.suffixes = name, "untyped", _UNTYPED
+                        described.help = described.unit = ""
+                        described.has_help = described.has_type = described.has_unit = described.has_samples = False
+                    if suffixes is not None:  # a TYPE line
+                        if suffixes and not (described.has_type or described.has_samples):
+                            described.type, described.has_type, described.suffixes = said, True, suffixes
+                        else:
+                            self.set_type(described, said)
+                    elif described.has_help or "\\" in said:
+                        self.set_help(described, said)
+                    else:
+                        described.help, described.has_help = said, True
+                    continue
+                split = _split_sample(line)
+                if split is None:
+                    self.sample_line(line, resolved)
+                    continue
+                name, label_text, rest = split
+                if label_text is None:
+                    labels: Labels = ()
+                else:
+                    cached = cache.get(label_text)
+                    if cached is None:
+                        cached = _plain_labels(label_text)
+                        if cached is not None:
+                            cache[label_text] = cached
+                        elif _LABELS_004.match(label_text) is None:
+                            self.sample_line(line, resolved)
+                            continue
+                        else:
+                            cached = self.labels_of(label_text, False)
+                    labels = cached
+                if rest.strip(_DECIMAL_CHARS):
+                    self.sample_line(line, resolved)  # a timestamp, NaN / ±Inf, or something to report
+                    continue
+                fam = resolved.get(name)  # resolved and known names were checked when they were first read
+                if fam is None:
+                    described = families.get(name)
+                    if described is None and not (name.isidentifier() and name.isascii()) and \
+                            _NAME_FULL.match(name) is None:
+                        self.sample_line(line, resolved)
+                        continue
+                try:
+                    value = float(rest)
+                except ValueError:
+                    self.sample_line(line, resolved)
+                    continue
+                if fam is None:  # self.family_for(name), its common case inline
+                    fam = described if described is not None and "" in described.suffixes else self.family_for(name)
+                    resolved[name] = fam
+                if fam.type in _NEEDS_LABEL:
+                    _check_required_label(fam.type, fam.name, name, labels)
+                fam.has_samples = True
+                sample = _new(_SampleFields)  # a Sample built field by field (see _SampleFields)
+                sample.name = name
+                sample.labels = labels
+                sample.value = value
+                sample.timestamp = sample.exemplar = None
+                sample.__class__ = Sample  # type: ignore[assignment]
+                append(sample)  # type: ignore[arg-type]
+            except _LineError as err:
+                self.fail(line_no, err.reason)
+        if unterminated:
+            return self.finish(len(lines), unterminated)
+        return self.result(PROMETHEUS_004)
+
+    def new_family(self, name: str, type_: str) -> _Family:
+        """A family with what 0.0.4 reads; OpenMetrics' bookkeeping (``seen``, ``buckets``, ``group``…) is
+        left unset, a third of the cost of ``_Family()``."""
+        fam = self.families[name] = object.__new__(_Family)
+        fam.name, fam.type, fam.suffixes = name, type_, _SUFFIXES_004[type_]
+        fam.help = fam.unit = ""
+        fam.has_help = fam.has_type = fam.has_unit = fam.has_samples = False
+        return fam
+
+    def run_reference(self, text: str) -> ParseResult:
+        """Line by line through the general methods: what ``run`` must agree with."""
+        lines, unterminated = self.lines_of(text)
+        resolved: dict[str, _Family] = {}
         for line_no, line in enumerate(lines, 1):
             if not line:
                 continue
@@ -390,36 +666,48 @@ class _Prometheus004Parser(_Parser):
                 if line[0] == "#":
                     self.comment(line)
                     continue
-                parsed = self.quick_sample(line) or self.slow_line(line)
-                if parsed is None:
-                    continue
-                name, labels, value, stamp = parsed
-                fam = resolved.get(name)
-                if fam is None:
-                    fam = resolved[name] = self.family_for(name)
-                if fam.type in ("histogram", "summary"):
-                    _check_required_label(fam.type, fam.name, name, labels)
-                fam.has_samples = True
-                samples.append(Sample(name, labels, value, stamp))
+                self.sample_line(line, resolved)
             except _LineError as err:
                 self.fail(line_no, err.reason)
+        return self.finish(len(lines), unterminated)
+
+    def lines_of(self, text: str) -> tuple[list[str], str]:
+        lines = text.split("\n")
+        unterminated = lines.pop()  # "" when the text ends with a line feed, as it must
+        if unterminated.strip(" \t") and not self.strict:
+            lines.append(unterminated)  # lenient: read it, as prometheus_client and Prometheus do
+            unterminated = ""
+        return lines, unterminated
+
+    def finish(self, line_count: int, unterminated: str) -> ParseResult:
         if unterminated.strip(" \t"):
-            self.fail(len(lines) + 1, "the last line does not end with a line feed (truncated?)")
+            self.fail(line_count + 1, "the last line does not end with a line feed (truncated?)")
         return self.result(PROMETHEUS_004)
+
+    def sample_line(self, line: str, resolved: dict[str, _Family]) -> None:
+        """A line that is not a comment: its sample (if any) into ``samples``; ``resolved`` caches families."""
+        parsed = self.quick_sample(line) or self.slow_line(line)
+        if parsed is None:
+            return
+        name, labels, value, stamp = parsed
+        fam = resolved.get(name)
+        if fam is None:
+            fam = resolved[name] = self.family_for(name)
+        if fam.type in _NEEDS_LABEL:
+            _check_required_label(fam.type, fam.name, name, labels)
+        fam.has_samples = True
+        self.samples.append(Sample(name, labels, value, stamp))
 
     def quick_sample(self, line: str) -> tuple[str, Labels, float, float | None] | None:
         """The common shape ``name{labels} value [ms]`` with single spaces, by string operations;
         None for anything else (the slow path then reads it, or says what is wrong)."""
-        brace = line.find("{")
-        if brace == -1:
-            name, _, rest = line.partition(" ")
+        split = _split_sample(line)
+        if split is None:
+            return None
+        name, label_text, rest = split
+        if label_text is None:
             labels: Labels = ()
         else:
-            close = line.rfind("}")  # values and timestamps hold no brace: the last one closes the labels
-            if close < brace or not line.startswith(" ", close + 1):
-                return None
-            name, rest = line[:brace], line[close + 2 :]
-            label_text = line[brace + 1 : close]
             cached = self.label_cache.get(label_text)
             if cached is None:
                 if _LABELS_004.match(label_text) is None:
@@ -529,6 +817,30 @@ class _Prometheus004Parser(_Parser):
         fam.type, fam.has_type, fam.suffixes = type_, True, self.suffixes[type_]
 
 
+def _comment_004(line: str) -> tuple[str, str, tuple[str, ...] | None] | bool:
+    """What ``comment()`` reads in a ``# HELP name text`` / ``# TYPE name type`` line as its fast path
+    takes it: (the name, the text, for TYPE the type's suffixes or () for no 0.0.4 type, for HELP None);
+    True for such a line with no text (it says nothing), False for any other comment line."""
+    head = line[:7]
+    if head != "# HELP " and head != "# TYPE ":
+        return False
+    name, _, said = line[7:].partition(" ")
+    # an ASCII identifier is a metric name; the pattern decides the rest (a ':')
+    if not (name.isidentifier() and name.isascii()) and _NAME_FULL.match(name) is None:
+        return False
+    if said[:1] in (" ", "\t"):
+        return False
+    if not said:
+        return True
+    return name, said, (_SUFFIXES_004.get(said, ()) if head == "# TYPE " else None)
+
+
+# Comment lines read by _comment_004, by their text: an exporter fleet writes the same HELP and TYPE
+# lines in every scrape, so they are read once, and their names and texts are shared between scrapes.
+_COMMENTS: dict[str, tuple[str, str, tuple[str, ...] | None] | bool] = {}
+_MAX_COMMENTS = 4096
+
+
 def _timestamp_ms(text: str) -> float:
     if _INT_FULL.match(text) is None:
         raise _LineError(f"invalid timestamp {text!r} (0.0.4 wants integer milliseconds)")
@@ -552,6 +864,7 @@ def _check_required_label(type_: str, family: str, name: str, labels: Labels) ->
 
 
 class _OpenMetricsParser(_Parser):
+    __slots__ = ("current", "line_no")
     suffixes = _SUFFIXES_OM
     default_type = "unknown"
     keeps_unknown_escapes = True

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 OVERRUN_GRACE_S = 1.0  # past its deadline (plus this), a scrape no longer holds up the cycle
+# Once all scrapes but a few stragglers (a tenth, at least one) have answered, the others' readings are handed
+# on after this long at most: a node's fault never waits for another node's hung or trickling exporter.
+STRAGGLER_WAIT_S = 0.5
 # The series the policy reads (design §4); Prometheus is asked for these and nothing else.
 POLICY_METRICS = (
     "DCGM_FI_DEV_XID_ERRORS",
@@ -51,6 +54,13 @@ POLICY_METRICS = (
 
 class Source(Protocol):
     def read(self) -> list[NodeReadings]: ...
+
+
+@runtime_checkable
+class InWaves(Protocol):
+    """A source whose read comes in waves: most nodes first, stragglers as they answer (the exporter source)."""
+
+    def read_waves(self) -> Iterator[list[NodeReadings]]: ...
 
 
 @runtime_checkable
@@ -321,11 +331,22 @@ class ExporterSource:
         self._start_lock = threading.Lock()
 
     def read(self) -> list[NodeReadings]:
-        targets = exporter_targets(self._pods(), self.port, self.path)
-        return self._scrape_all(targets) + self._missing({t.node for t in targets})
+        return [reading for wave in self.read_waves() for reading in wave]
 
-    def _scrape_all(self, targets: Sequence[ExporterTarget]) -> list[NodeReadings]:
-        """Every target's reading, never waiting on a scrape past its deadline.
+    def read_waves(self) -> Iterator[list[NodeReadings]]:
+        """Every node's readings: a first wave once all but the stragglers answered (STRAGGLER_WAIT_S after that,
+        or when all did), then each straggler's as it answers or times out."""
+        targets = exporter_targets(self._pods(), self.port, self.path)
+        missing = self._missing({t.node for t in targets})
+        first = True
+        for wave in self._scrape_all(targets):
+            yield wave + missing if first else wave
+            first = False
+        if first:
+            yield missing
+
+    def _scrape_all(self, targets: Sequence[ExporterTarget]) -> Iterator[list[NodeReadings]]:
+        """Every target's reading, never waiting on a scrape past its deadline, in waves (``read_waves``).
 
         Nodes that failed last cycle go last, so a few slow exporters do not hold the healthy ones in
         the queue. A scrape that overruns its deadline (a thread stuck outside a socket read) is left
@@ -335,21 +356,24 @@ class ExporterSource:
         pool = ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(ordered))),
                                   thread_name_prefix="scrape")
         pending: dict[Future[NodeReadings], ExporterTarget] = {}
-        results: list[NodeReadings] = []
+        first: list[NodeReadings] = []
+        failed: set[str] = set()
         try:
             for target in ordered:
                 if target.node in self._in_flight:
-                    results.append(self._still_running(target))
+                    first.append(self._still_running(target))
                 else:
                     pending[pool.submit(self._scrape_once, target)] = target
-            results += self._collect(pending)
+            for wave in self._collect(pending, first, max(1, len(ordered) // 10)):
+                failed |= {r.node for r in wave if r.status == SOURCE_UNKNOWN}
+                yield wave
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        self._failed = {r.node for r in results if r.status == SOURCE_UNKNOWN}
-        return results
+            self._failed = failed
 
-    def _collect(self, pending: dict[Future[NodeReadings], ExporterTarget]) -> list[NodeReadings]:
-        results: list[NodeReadings] = []
+    def _collect(self, pending: dict[Future[NodeReadings], ExporterTarget], results: list[NodeReadings],
+                 stragglers: int) -> Iterator[list[NodeReadings]]:
+        handed_on_at: float | None = None  # when only ``stragglers`` were left: the first wave goes then
         while pending:
             done, _ = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
             for future in done:
@@ -360,7 +384,13 @@ class ExporterSource:
                 if started is not None and now - started > self.timeout_s + OVERRUN_GRACE_S:
                     del pending[future]
                     results.append(self._still_running(target))
-        return results
+            if handed_on_at is None and 0 < len(pending) <= stragglers:
+                handed_on_at = now + STRAGGLER_WAIT_S
+            if pending and handed_on_at is not None and now >= handed_on_at and results:
+                yield results  # the first wave, then each straggler as it answers
+                results = []
+        if results:
+            yield results
 
     def _outcome(self, future: Future[NodeReadings], target: ExporterTarget) -> NodeReadings:
         try:
@@ -474,22 +504,81 @@ IDENTITY_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS")  # every e
 IDENTITY_QUERY_MAX_NODES = 50  # the nodes whose identity is fetched in the cycle they show a fault
 FAULT_METRICS = tuple(m for m in POLICY_METRICS if m not in DENSE_METRICS)
 FAULT_POLL_S = 1.0  # how often the fault fast path asks between full reads
+QUERY_TIMEOUT_BASE_S = 10.0  # the default query timeout: this, plus QUERY_TIMEOUT_PER_NODE_S per GPU node
+QUERY_TIMEOUT_PER_NODE_S = 0.004  # (30 s at 5,000 nodes)
+FAULT_QUERY_TIMEOUT_S = 10.0  # the fast path's query waits no longer (or the query timeout, if shorter)
+
+
+# dcgm-exporter >= 3.3 writes an XID into labels (err_code/err_msg: a new series per XID): Prometheus finds those
+# by its index, reading no sample of the fleet's 40,000 quiet XID series. Older exporters (no err_code label)
+# hold the XID in the value, which only a read of every series can filter.
+XID_IN_LABELS = 'err_code!~"|0"'
+XID_IN_VALUE = 'err_code=""'
+# Freshness from two GPUs' series per node: every series of a scrape shares its time (and one GPU may be gone).
+FRESHNESS_MATCHER = 'gpu=~"0|1"'
+
+# The recording rules (signals/recording.py renders them; the source reads them once it finds RULES_INFO).
+RULES_VERSION = "1"
+RULES_INFO = "gpuremediate:recording_rules_info"
+RECORDED_FAULTS = "gpuremediate:gpu_faults:max"  # the policy's non-zero fault series, one per (node, GPU, signal)
+RECORDED_NEWEST = "gpuremediate:node_newest_sample_timestamp_seconds:max"  # each node's newest raw sample
+RECORDED_OPEN_FAULTS = "gpuremediate:node_open_faults:count"  # per node with an open fault: the fault signals
+MODE_RAW = "raw"  # the source aggregates dcgm-exporter's series itself, every query
+MODE_RECORDED = "recorded"  # Prometheus' recording rules did it once per evaluation; the source reads their output
+MODE_CHECK_EVERY = 10  # full reads between two looks for the recording rules
+
+
+def _selector(metric: str, matcher: str = "", extra: str = "") -> str:
+    """``metric{...}`` with the node matcher's (``{Hostname=~"a|b"}``) and ``extra``'s label matchers."""
+    inner = ", ".join(part for part in (matcher[1:-1] if matcher else "", extra) if part)
+    return f"{metric}{{{inner}}}" if inner else metric
+
+
+def _by(node_labels: Sequence[str], metric: str) -> str:
+    return ", ".join((*node_labels, *KEY_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
+
+
+def fault_selector(metric: str, matcher: str = "", recorded: bool = False) -> str:
+    """The non-zero values of one fault series. The XID gauge is taken from the index where the exporter puts the
+    XID in labels, and from the values only where it does not (raw; with ``recorded``, only the index: the
+    value-held XIDs are the recording rules' to aggregate)."""
+    if metric != dcgm.XID_FIELD:
+        return f"{_selector(metric, matcher)} != 0"
+    indexed = f"{_selector(metric, matcher, XID_IN_LABELS)} != 0"
+    return indexed if recorded else f"({indexed}) or ({_selector(metric, matcher, XID_IN_VALUE)} != 0)"
+
+
+def fault_rule_exprs(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES) -> list[tuple[str, str]]:
+    """(metric, expr) of each fault series' recording rule: what the raw readings query asks for, minus the XIDs
+    the index finds (the source asks for those itself: no rule evaluation stands between them and a poll)."""
+    exprs = []
+    for metric in FAULT_METRICS:
+        selector = (f"{metric}{{{XID_IN_VALUE}}} != 0" if metric == dcgm.XID_FIELD else f"{metric} != 0")
+        exprs.append((metric, f"max by ({_by(node_labels, metric)}) ({selector})"))
+    return exprs
 
 
 def policy_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
-                 metrics: Sequence[str] = POLICY_METRICS, matcher: str = "") -> str:
+                 metrics: Sequence[str] = POLICY_METRICS, matcher: str = "", recorded: bool = False) -> str:
     """One instant query: one value per (node, GPU, signal), with only the labels that say which GPU.
 
     Prometheus does the work: ``max by`` drops every other label and collapses duplicate series (two
     exporter pods during a rollout); the metric's name, which aggregation drops, is put back in
     ``gpuremediate_metric``. The counters and flags the policy reads fire only when non-zero, so only
-    their non-zero values are asked for: a healthy fleet answers with its temperatures alone.
+    their non-zero values are asked for: a healthy fleet answers with its temperatures alone. With
+    ``recorded`` the fault series are the recording rules' (``RECORDED_FAULTS``, already in that shape), but
+    for the XIDs the index finds.
     """
     parts = []
     for metric in metrics:
-        by = ", ".join((*node_labels, *KEY_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
-        selector = f"{metric}{matcher}" if metric in DENSE_METRICS else f"{metric}{matcher} != 0"
-        parts.append(f'label_replace(max by ({by}) ({selector}), "{NAME_LABEL}", "{metric}", "", "")')
+        if recorded and metric not in DENSE_METRICS and metric != dcgm.XID_FIELD:
+            continue  # in RECORDED_FAULTS
+        selector = _selector(metric, matcher) if metric in DENSE_METRICS else fault_selector(metric, matcher,
+                                                                                                 recorded)
+        parts.append(f'label_replace(max by ({_by(node_labels, metric)}) ({selector}), "{NAME_LABEL}", "{metric}", '
+                     f'"", "")')
+    if recorded and any(m not in DENSE_METRICS for m in metrics):
+        parts.append(_selector(RECORDED_FAULTS, matcher))
     return " or ".join(parts)
 
 
@@ -508,10 +597,18 @@ def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def fault_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES) -> str:
-    """The readings query without the temperatures: only the non-zero fault series. A healthy fleet answers
-    with nothing, so it is cheap to ask often (``PrometheusSource.changed_nodes``)."""
-    return policy_query(node_labels, FAULT_METRICS)
+def polled_metrics(recorded: bool) -> tuple[str, ...]:
+    """The fault series the fast path asks for: every one from the recording rules' output; without the rules,
+    only the XID gauge (its XIDs in labels cost Prometheus no sample read; filtering every ECC and row-remap
+    series by value once a second costs a core at 5,000 nodes: those wait for the full read)."""
+    return FAULT_METRICS if recorded else (dcgm.XID_FIELD,)
+
+
+def fault_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES, recorded: bool = False) -> str:
+    """The fast path's query (``PrometheusSource.changed_nodes``): the readings query's non-zero fault series of
+    ``polled_metrics`` alone. A healthy fleet answers with nothing, and the XIDs dcgm-exporter puts in labels
+    come from Prometheus' index, so it is cheap to ask often."""
+    return policy_query(node_labels, polled_metrics(recorded), recorded=recorded)
 
 
 def node_matcher(label: str, nodes: Sequence[str]) -> str:
@@ -521,14 +618,19 @@ def node_matcher(label: str, nodes: Sequence[str]) -> str:
 
 
 def freshness_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
-                    metrics: Sequence[str] = IDENTITY_METRICS, matcher: str = "") -> str:
+                    metrics: Sequence[str] = IDENTITY_METRICS, matcher: str = "", recorded: bool = False) -> str:
     """Each node's newest sample time (of the series every exporter sends: every scrape refreshes them).
 
     ``timestamp()`` is applied to each raw selector: on the output of label_replace or an aggregation
     it would return the evaluation time, never the sample's. One metric per ``timestamp()`` (it drops
-    ``__name__``, and two metrics' series would then clash), each tagged apart so ``or`` keeps them all.
+    ``__name__``, and two metrics' series would then clash), each tagged apart so ``or`` keeps them all. Two
+    GPUs' series per node say it (``FRESHNESS_MATCHER``: a scrape writes all its series at one time), an
+    eighth of the series to read. With ``recorded``: the recording rule's output of this very expression.
     """
-    stamped = " or ".join(f'label_replace(timestamp({m}{matcher}), "{NAME_LABEL}", "{m}", "", "")' for m in metrics)
+    if recorded:
+        return _selector(RECORDED_NEWEST, matcher)
+    stamped = " or ".join(f'label_replace(timestamp({_selector(m, matcher, FRESHNESS_MATCHER)}), "{NAME_LABEL}", '
+                          f'"{m}", "", "")' for m in metrics)
     return f"max by ({', '.join(node_labels)}) ({stamped})"
 
 
@@ -538,11 +640,13 @@ class PrometheusSource:
     Each GPU's identity and workload (model, PCI bus, driver, pods) changes rarely and is the bulk of
     the labels: it is asked for every ``identity_every`` reads, and at once for a node showing a fault.
 
-    ``query_timeout_s`` (None: 10 s plus 4 ms per node seen, so it scales with the fleet) is sent to
-    Prometheus as the query's ``timeout`` and bounds the HTTP exchange; ``max_bytes`` caps the
-    (gzip-decompressed) answer. A node whose newest sample is older than ``stale_after_s`` is unknown,
-    as is an ``expected_nodes`` node that Prometheus has no series for (its target is down: Prometheus
-    marks the series stale and drops them from instant queries).
+    ``query_timeout_s`` (None: 10 s plus 4 ms per GPU node, so it scales with the fleet) is sent to
+    Prometheus as the query's ``timeout`` and bounds the HTTP exchange. The node count is the larger of
+    the last read's and ``fleet_size()`` (the Node informer's GPU nodes): the first read, before any node
+    was seen, is sized for the fleet too (at 5,000 nodes a first read sized for none timed out for ever).
+    ``max_bytes`` caps the (gzip-decompressed) answer. A node whose newest sample is older than
+    ``stale_after_s`` is unknown, as is an ``expected_nodes`` node that Prometheus has no series for (its
+    target is down: Prometheus marks the series stale and drops them from instant queries).
     """
 
     name = "prometheus"
@@ -560,6 +664,8 @@ class PrometheusSource:
         expected_nodes: Callable[[], Iterable[str]] | None = None,
         identity_every: int = 8,
         fault_poll_s: float = FAULT_POLL_S,
+        fleet_size: Callable[[], int] | None = None,
+        recording_rules: bool = True,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -574,6 +680,7 @@ class PrometheusSource:
         self.query_timeout_s, self.stale_after_s, self.max_bytes = timeout_s, stale_after_s, max_bytes
         self.clock = clock
         self.expected_nodes = expected_nodes
+        self.fleet_size = fleet_size
         self.nodes_seen = 0
         self.reads = 0
         self.identity_every = max(1, identity_every)
@@ -585,6 +692,11 @@ class PrometheusSource:
         self._named_by: dict[str, str] = {}  # node -> the node label its changed fault series carried
         self.fault_poll_s = fault_poll_s  # 0: no fast path
         self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
+        self.mode = ""  # MODE_RECORDED while Prometheus has our recording rules, else MODE_RAW ("": not looked yet)
+        self.mode_detail = ""  # what the last look found, in words
+        if not recording_rules:  # never looked for: the raw series, always
+            self.mode, self.mode_detail = MODE_RAW, "recording rules not looked for"
+        self.recording_rules = recording_rules
         # the fast path may ask while a full read runs (the detect loop polls during it): what both change
         self._state_lock = threading.Lock()
 
@@ -592,7 +704,17 @@ class PrometheusSource:
     def timeout_s(self) -> float:
         if self.query_timeout_s is not None:
             return self.query_timeout_s
-        return 10.0 + 0.004 * self.nodes_seen
+        return QUERY_TIMEOUT_BASE_S + QUERY_TIMEOUT_PER_NODE_S * self.nodes_known()
+
+    def nodes_known(self) -> int:
+        """The GPU nodes a query answers for: the last full read's, or the fleet's before it (the informer's)."""
+        fleet = 0
+        if self.fleet_size is not None:
+            try:
+                fleet = self.fleet_size()
+            except Exception:  # a timeout is never worth failing a read for
+                log.exception("fleet size for the Prometheus query timeout failed; using the nodes seen")
+        return max(self.nodes_seen, fleet)
 
     def read(self, nodes: Sequence[str] = ()) -> list[NodeReadings]:
         """Every node's readings; with ``nodes``, only theirs (the fast path's follow-up: a small answer),
@@ -606,10 +728,50 @@ class PrometheusSource:
                 by_label.setdefault(self._named_by.get(node, self.node_labels[0]), []).append(node)
         return [r for label, group in by_label.items() for r in self._read(node_matcher(label, group), group)]
 
+    @property
+    def recorded(self) -> bool:
+        return self.mode == MODE_RECORDED
+
+    def detect_mode(self) -> str:
+        """Look for the recording rules (their info series, of our version and carrying our node labels): read
+        their output while they are there, aggregate the raw series when not. Looked for at the first full read
+        and every MODE_CHECK_EVERY after (rules installed or removed later are followed); a change is logged. A
+        failed look keeps the mode (the read's own queries say what is wrong)."""
+        try:
+            found, _ = self._query(RULES_INFO, "recording rules")
+        except PrometheusError as exc:
+            if not self.mode:
+                self.mode, self.mode_detail = MODE_RAW, f"recording rules not looked for: {exc}"
+            return self.mode
+        infos = [dict(point[0]) for item in found if (point := _point(item)) is not None]
+        ours = [i for i in infos if i.get("version") == RULES_VERSION
+                and set(self.node_labels) <= set(i.get("node_labels", "").split(","))]
+        if ours:
+            mode, detail = MODE_RECORDED, (f"reading the output of gpuremediate's recording rules (version "
+                                           f"{RULES_VERSION}, evaluated every {ours[0].get('interval', '?')})")
+        elif infos:
+            other = infos[0]
+            mode, detail = MODE_RAW, (f"gpuremediate recording rules found but not usable (version "
+                                      f"{other.get('version', '?')}, node labels {other.get('node_labels', '?')}; "
+                                      f"this controller needs version {RULES_VERSION} with "
+                                      f"{','.join(self.node_labels)}): aggregating the raw series")
+        else:
+            mode, detail = MODE_RAW, ("no gpuremediate recording rules in Prometheus: aggregating the raw series at "
+                                      "every read (docs/operations.md: the recording rules)")
+        if mode != self.mode or detail != self.mode_detail:
+            log.info("Prometheus source mode", extra={"mode": mode, "detail": detail})
+        self.mode, self.mode_detail = mode, detail
+        return mode
+
     def _read(self, matcher: str, nodes: Sequence[str]) -> list[NodeReadings]:
+        if self.recording_rules and not nodes and (not self.mode or self.reads % MODE_CHECK_EVERY == 0):
+            self.detect_mode()
+        recorded = self.recorded
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:  # evaluated side by side
-            asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher), "freshness")
-            values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher), "readings")
+            asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher, recorded=recorded),
+                                "freshness")
+            values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher, recorded=recorded),
+                                            "readings")
             stamps, _ = asked.result()
         raw: dict[str, list[Sample]] = {}
         for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
@@ -639,7 +801,8 @@ class PrometheusSource:
         if self.reads == 0:
             return set()
         try:
-            values, _ = self._query(fault_query(self.node_labels), "fault")
+            values, _ = self._query(fault_query(self.node_labels, recorded=self.recorded), "fault",
+                                    timeout=min(self.timeout_s, FAULT_QUERY_TIMEOUT_S))
         except PrometheusError as exc:  # said once: the full read reports Prometheus' trouble every cycle
             if not self.fault_error:
                 log.warning("fault fast path query failed; faults wait for the next full read",
@@ -653,8 +816,10 @@ class PrometheusSource:
             if named := self._naming_label(sample.label):
                 now.setdefault(named[1], set()).add((sample.name, sample.labels, sample.value))
                 named_by[named[1]] = named[0]
+        watched = polled_metrics(self.recorded)
         with self._state_lock:
-            changed = {node for node, faults in now.items() if faults != self._faults_seen.get(node, set())}
+            changed = {node for node, faults in now.items()
+                       if faults != {f for f in self._faults_seen.get(node, ()) if f[0] in watched}}
             self._named_by = {node: named_by[node] for node in changed}
             return changed
 
@@ -741,8 +906,8 @@ class PrometheusSource:
         """(the node label, the node) of a series: its first node label that has a value."""
         return next(((n, v) for n in self.node_labels if (v := label(n))), None)
 
-    def _query(self, query: str, what: str) -> tuple[list[Any], float]:
-        timeout = self.timeout_s
+    def _query(self, query: str, what: str, timeout: float | None = None) -> tuple[list[Any], float]:
+        timeout = self.timeout_s if timeout is None else timeout
         params = {"query": query, "timeout": f"{max(1, int(timeout * 1000))}ms"}
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
         headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}

@@ -54,18 +54,23 @@ from gpuremediate.state.record import (
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
     OUTCOME_STOPPED,
+    SCOPE_GPU,
+    SCOPE_NODE,
     ActionInProgress,
     Fault,
     HistoryEntry,
+    Isolation,
     NodeRecord,
     RecordError,
     add_handled,
     add_history,
     block,
+    isolated_at_gpu,
     transition,
 )
 
 DETECT_STATES = frozenset({states.HEALTHY, states.CORDONED})
+ISOLATE_GPU = "isolate-gpu"  # Escalation.from_action of a GPU-level isolation gone node-level
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,9 @@ class DecideOptions:
     budget_full: bool = False  # safety.budget_check said no for this node
     budget_detail: str = ""  # its reason, kept in record.blocked.detail
     breaker_open: bool = False  # start no new work (not even a cordon)
+    # ``[isolation] scope = "gpu"``: why a finding that opens a repair is node-level ("" = its GPU alone is taken
+    # out, policy.isolation.node_level_reason); None: node-level, nothing recorded (scope "node").
+    isolation: Callable[[Finding], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,9 @@ class Decision:
     cancel: ActionInProgress | None = None  # the running action to clean up (person took over)
     notices: tuple[Finding, ...] = ()  # action-none findings: an Event each, nothing else
     kept_cordoned: bool = False  # an uncordon the writer left out: a person said keep it cordoned
-    escalation: Escalation | None = None  # complete_repair moved to the next ladder rung (an Event, a metric)
+    # complete_repair moved to the next ladder rung (an Event, a metric); or on_findings made a GPU-level isolation
+    # node-level (from_action ISOLATE_GPU: an Event)
+    escalation: Escalation | None = None
 
 
 def fresh_record(now: float) -> NodeRecord:
@@ -208,20 +218,28 @@ def on_findings(
     """
     opts = opts or DecideOptions()
     base = record if record is not None else fresh_record(now)
-    if base.state not in DETECT_STATES:
+    isolated = isolated_at_gpu(base) and base.state in states.ACTIVE_STATES
+    if base.state not in DETECT_STATES and not isolated:
         return _decide(record, base)
     fresh = new_findings(base, findings)
     notices = tuple(f for f in fresh if f.action == ACTION_NONE)
     after = add_handled(base, *(f.fingerprint for f in notices))
     actionable = [f for f in fresh if f.action != ACTION_NONE]
+    if isolated:
+        return _escalate_isolation(record, after, actionable, node_unschedulable, now, notices)
     if base.state == states.CORDONED:
         actionable = [f for f in actionable if f.action != ACTION_CORDON]
     if not actionable:
         if after.blocked is not None and after.blocked.reason == BLOCK_BREAKER:
             after = dataclasses.replace(after, blocked=None)
+        if after.held is not None:
+            after = dataclasses.replace(after, held=None)  # the held fault is gone
         return _decide(record, after, notices=notices)
     if opts.breaker_open:
-        after = block(after, BLOCK_BREAKER, "circuit breaker open: no new work", now)
+        chosen = worst(actionable)
+        kept = after.held is not None and chosen is not None and after.held.fingerprint == chosen.fingerprint
+        held = after.held if kept or chosen is None else fault_from_finding(chosen, now)
+        after = block(dataclasses.replace(after, held=held), BLOCK_BREAKER, "circuit breaker open: no new work", now)
         return _decide(record, after, notices=notices)
     chosen = worst(actionable)
     covered = (f.fingerprint for f in actionable if f is not chosen and covers(chosen, f))
@@ -252,17 +270,70 @@ def _open_fault(
     notices: tuple[Finding, ...],
 ) -> Decision:
     first_touch = base.state == states.HEALTHY
-    cordon = first_touch and not node_unschedulable
+    to, reason = _target(base, finding, now, opts)
+    isolation = _isolation_for(base, finding, opts) if to == states.DRAINING else None
+    cordon = first_touch and not node_unschedulable and not (isolation is not None and isolation.at_gpu)
     if base.fault is not None:  # escalation: the soft fault is superseded by this one
         base = add_handled(base, base.fault.fingerprint)
-    changes: dict[str, object] = {"fault": fault_from_finding(finding, now), "action": None, "stopped": False}
+    changes: dict[str, object] = {"fault": fault_from_finding(finding, now), "action": None, "stopped": False,
+                                  "held": None, "isolation": isolation}
     if first_touch:
         changes.update(cordoned_by_us=cordon, was_unschedulable=node_unschedulable)
-    to, reason = _target(base, finding, now, opts)
-    after = transition(base, to, reason, now, finding.message, **changes)
+    message = finding.message
+    if isolation is not None:
+        message += f"; GPU {isolation.uuid} isolated alone" if isolation.at_gpu else f"; node-level: {isolation.why}"
+    after = transition(base, to, reason, now, message, **changes)
     if to == states.DRAINING and opts.budget_full:
         after = block(after, BLOCK_BUDGET, opts.budget_detail or "disruption budget full", now)
     return _moved(record, after, cordon=cordon, notices=notices)
+
+
+def _isolation_for(base: NodeRecord, finding: Finding, opts: DecideOptions) -> Isolation | None:
+    """How the flow ``finding`` opens takes GPUs out (None: scope "node", nothing to record)."""
+    if opts.isolation is None:
+        return None
+    why = opts.isolation(finding) if base.state == states.HEALTHY else "the node is cordoned already (a soft fault)"
+    return Isolation(SCOPE_NODE, why=why) if why else Isolation(SCOPE_GPU, uuid=finding.gpus[0])
+
+
+def _within_isolation(isolation: Isolation, finding: Finding) -> bool:
+    """A finding the isolated GPU's own reset repairs (a second XID of that GPU): handled with the fault."""
+    return finding.action == ACTION_RESET_GPU and bool(finding.gpus) and set(finding.gpus) <= {isolation.uuid}
+
+
+def _escalate_isolation(record: NodeRecord | None, base: NodeRecord, actionable: Sequence[Finding],
+                        node_unschedulable: bool, now: float, notices: tuple[Finding, ...]) -> Decision:
+    """A node whose one GPU is isolated reports a new fault: on that GPU and repaired by its reset, it is handled
+    with it; anything else (another GPU, a reboot, a quarantine) makes the flow node-level at once: cordoned,
+    drained again by the drain loop (admission, budget and breaker as for any drain), the fault widened to both
+    GPUs where both are reset, the GPU's rule kept until the node is validated. A soft (cordon) finding waits
+    for the flow's end. The running attempt's Job is cancelled."""
+    isolation, fault = base.isolation, base.fault
+    assert isolation is not None
+    repairs = [f for f in actionable if f.action != ACTION_CORDON]
+    inside = [f for f in repairs if _within_isolation(isolation, f)]
+    after = add_handled(base, *(f.fingerprint for f in inside))
+    beyond = [f for f in repairs if f not in inside]
+    if not beyond or fault is None:
+        return _decide(record, after, notices=notices)
+    chosen = worst(beyond)
+    widened = chosen.action == ACTION_RESET_GPU and bool(chosen.gpus)
+    gpus = tuple(sorted({*fault.gpus, *chosen.gpus})) if widened else chosen.gpus
+    escalated = _with_history(add_handled(after, fault.fingerprint), now, OUTCOME_ESCALATED)
+    why = f"{chosen.message} while GPU {isolation.uuid} is isolated: node-level"
+    cordon = not node_unschedulable
+    changes = {"fault": dataclasses.replace(fault_from_finding(chosen, now), gpus=gpus), "action": None, "held": None,
+               "isolation": dataclasses.replace(isolation, scope=SCOPE_NODE, why=why), "cordoned_by_us": cordon,
+               "was_unschedulable": node_unschedulable}
+    move = Escalation(from_action=ISOLATE_GPU, to_action=chosen.action, to_rung=0, message=why)
+    action = base.action
+    cancel = action if action is not None and action.name else None
+    if base.state == states.DRAINING:  # no move: the drain is admitted again, node-level (a state is no transition)
+        after = dataclasses.replace(escalated, message=why, **changes)  # type: ignore[arg-type]
+        return _decide(record, after, cordon=cordon, notices=notices, escalation=move)
+    moved = transition(escalated, states.DRAINING, states.fault_reason(chosen.kind, chosen.code), now, why,
+                       **changes)
+    return _moved(record, moved, cordon=cordon, notices=notices, cancel=cancel, escalation=move)
 
 
 def _target(base: NodeRecord, finding: Finding, now: float, opts: DecideOptions) -> tuple[str, str]:
@@ -325,7 +396,9 @@ def _history_entry(record: NodeRecord, now: float, outcome: str, action: str = "
     fault = record.fault
     if fault is None:
         return None
-    return HistoryEntry(at=now, kind=fault.kind, code=fault.code, action=action or fault.action, outcome=outcome)
+    scope = record.isolation.scope if record.isolation is not None else ""
+    return HistoryEntry(at=now, kind=fault.kind, code=fault.code, action=action or fault.action, outcome=outcome,
+                        gpus=fault.gpus, scope=scope)
 
 
 def _close_flow(record: NodeRecord, reason: str, now: float, message: str, outcome: str | None) -> NodeRecord:
@@ -345,6 +418,7 @@ def _close_flow(record: NodeRecord, reason: str, now: float, message: str, outco
         action=None,
         cordoned_by_us=False,
         was_unschedulable=False,
+        isolation=None,
     )
 
 

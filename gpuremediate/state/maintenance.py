@@ -93,6 +93,15 @@ class Request:
         """When preparation starts; None: at once."""
         return None if self.start is None else self.start - lead_s
 
+    def starts_before(self, other: Request) -> bool:
+        """This request asks for its node earlier than ``other``: its startTime, or (none: now) its creation,
+        is earlier. Never both ways, so a claim handed over by it is never handed back."""
+        return _asks_at(self) < _asks_at(other)
+
+
+def _asks_at(request: Request) -> float:
+    return request.start if request.start is not None else request.created
+
 
 def fingerprint(name: str, uid: str) -> str:
     return f"{MAINTENANCE_KIND}/{name}/{uid}"

@@ -34,6 +34,9 @@ STATE_LABEL = "gpuremediate.io/state"
 VERSION = 1
 HISTORY_LIMIT = 20  # repair history entries kept (newest last)
 HANDLED_LIMIT = 64  # handled fault fingerprints kept (newest last)
+# Free text (messages, a block's detail: a plugin's status message may be any length) is cut to this when
+# written, so the record stays small on a Node whose annotations other tools share (256 KiB in all).
+TEXT_LIMIT = 1024
 # Record times are unix seconds written by a controller: a hand-edited 1e308 is finite but overflows
 # every computation on it (int(t * 1000) in a name). Anything outside 1970..2100 is garbage.
 MAX_TIMESTAMP = 4102444800.0  # 2100-01-01T00:00:00Z
@@ -134,6 +137,38 @@ class HistoryEntry:
     code: str
     action: str
     outcome: str  # OUTCOME_*
+    # The GPUs the flow was about and whether it isolated them alone (SCOPE_GPU): the same GPU failing again
+    # after a GPU-level return goes node-level. A record from before isolation has neither.
+    gpus: tuple[str, ...] = ()
+    scope: str = ""
+
+
+SCOPE_NODE = "node"  # the whole node is taken out (cordon, drain)
+SCOPE_GPU = "gpu"  # only the faulty GPU is (a DRA DeviceTaintRule); the node stays schedulable
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How the open fault takes GPUs out (``[isolation] scope = "gpu"`` only; None: node-level as always).
+
+    ``scope`` gpu: the GPU ``uuid`` is isolated by the DeviceTaintRule ``rule`` (DRA device ``driver``/``pool``/
+    ``device``) with ``effect``, and the node is not cordoned. ``scope`` node: node-level after all, ``why``
+    says why (not eligible, not a DRA cluster, escalated); a rule written before an escalation stays until
+    the flow ends (``rule`` still names it)."""
+
+    scope: str
+    uuid: str = ""
+    why: str = ""
+    rule: str = ""
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+    effect: str = ""
+    effect_since: float | None = None  # when ``effect`` was written (NoExecute: the eviction clock)
+
+    @property
+    def at_gpu(self) -> bool:
+        return self.scope == SCOPE_GPU
 
 
 @dataclass(frozen=True)
@@ -166,6 +201,18 @@ class NodeRecord:
     # Owned by the policy layer (thermal timers...): JSON-serialisable; replace it, never mutate it.
     policy_memory: Mapping[str, Any] = field(default_factory=dict, hash=False)
     stopped: bool = False  # a person uncordoned mid-flow: we stopped working on the last fault
+    # The Node the record was written on (stamped by node_patch's owner): a record copied onto another Node
+    # (a restore, YAML re-applied, `kubectl annotate` from the wrong node) is not that node's own.
+    node: str = ""
+    node_uid: str = ""
+    # A fault seen but not acted on while a hold lasts (the open breaker, a pause): shown, acted on once let go.
+    held: Fault | None = None
+    # The GPUs running hot within their thermal hold, each with when its hold ends (then cordoned, if still hot):
+    # written by detect as a hold starts, for people (`explain` counts down without the policy file). The timers
+    # themselves are the policy layer's, in policy_memory.
+    thermal_hold_ends: Mapping[str, float] = field(default_factory=dict, hash=False)
+    # GPU-level isolation of the open fault (issue 26); None: node-level (every record from before it).
+    isolation: Isolation | None = None
 
     def __post_init__(self) -> None:
         if self.state not in states.STATES:
@@ -252,6 +299,7 @@ def to_dict(record: NodeRecord) -> dict[str, Any]:
     """The record as the JSON-ready dict written in the annotation."""
     data = dataclasses.asdict(record)
     data["policy_memory"] = dict(record.policy_memory)
+    data["thermal_hold_ends"] = dict(record.thermal_hold_ends)
     data["v"] = VERSION
     return data
 
@@ -308,7 +356,34 @@ def from_dict(data: object) -> NodeRecord:
         blocked=obj.nested("blocked", _blocked),
         policy_memory=obj.opt("policy_memory", dict, {}),
         stopped=obj.opt("stopped", bool, False),
+        node=obj.opt("node", str, ""),
+        node_uid=obj.opt("node_uid", str, ""),
+        held=obj.nested("held", _fault),
+        thermal_hold_ends=_hold_ends(obj),
+        isolation=obj.nested("isolation", _isolation),
     )
+
+
+def isolated_at_gpu(record: NodeRecord | None) -> bool:
+    """The open fault takes only its GPU out: the node is not cordoned and not drained."""
+    return record is not None and record.isolation is not None and record.isolation.at_gpu
+
+
+def _isolation(obj: _Obj) -> Isolation:
+    scope = obj.get("scope", str)
+    if scope not in (SCOPE_NODE, SCOPE_GPU):
+        raise RecordError(f"{obj.where}.scope must be {SCOPE_NODE} or {SCOPE_GPU}, got {scope!r}")
+    return Isolation(
+        scope=scope, uuid=obj.opt("uuid", str, ""), why=obj.opt("why", str, ""), rule=obj.opt("rule", str, ""),
+        driver=obj.opt("driver", str, ""), pool=obj.opt("pool", str, ""), device=obj.opt("device", str, ""),
+        effect=obj.opt("effect", str, ""), effect_since=obj.timestamp("effect_since", None),
+    )
+
+
+def _hold_ends(obj: _Obj) -> dict[str, float]:
+    """``thermal_hold_ends``: GPU key -> a plausible time (a record from before it has none)."""
+    ends = _Obj(obj.opt("thermal_hold_ends", dict, {}), f"{obj.where}.thermal_hold_ends")
+    return {str(key): at for key in ends.data if (at := ends.timestamp(key, None)) is not None}
 
 
 def _fault(obj: _Obj) -> Fault:
@@ -365,6 +440,8 @@ def _history(obj: _Obj) -> HistoryEntry:
         code=obj.opt("code", str, ""),
         action=obj.opt("action", str, ""),
         outcome=obj.opt("outcome", str, ""),
+        gpus=tuple(obj.strings("gpus")),
+        scope=obj.opt("scope", str, ""),
     )
 
 
@@ -447,20 +524,55 @@ def record_from_node(node: Mapping[str, Any]) -> NodeRecord | RecordError | None
     if text is None:
         return None
     try:
-        return decode(text)
+        record = decode(text)
     except RecordError as exc:
         return exc
+    return foreign_record(record, metadata) or record
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT - 1] + "…"
+
+
+def bounded(record: NodeRecord) -> NodeRecord:
+    """The record with its free text cut to TEXT_LIMIT (lists are bounded where they grow)."""
+    fault, blocked, held, isolation = record.fault, record.blocked, record.held, record.isolation
+    return dataclasses.replace(
+        record, message=_cut(record.message),
+        isolation=None if isolation is None else dataclasses.replace(isolation, why=_cut(isolation.why)),
+        fault=None if fault is None else dataclasses.replace(fault, message=_cut(fault.message)),
+        held=None if held is None else dataclasses.replace(held, message=_cut(held.message)),
+        blocked=None if blocked is None else dataclasses.replace(blocked, detail=_cut(blocked.detail)))
+
+
+def foreign_record(record: NodeRecord, metadata: Mapping[str, Any]) -> RecordError | None:
+    """Why the record is not this Node's own (written on another node, or on an earlier Node of this name),
+    else None. A record from before owners were stamped proves nothing either way and is taken."""
+    name, uid = str(metadata.get("name") or ""), str(metadata.get("uid") or "")
+    if record.node and name and record.node != name:
+        return RecordError(f"the record was written on node {record.node!r}, not on {name!r} (copied from another "
+                           f"node?); it is not acted on")
+    if record.node_uid and uid and record.node_uid != uid:
+        return RecordError(f"the record was written on an earlier node {name!r} (uid {record.node_uid}, this one is "
+                           f"{uid}: re-created); it is not acted on")
+    return None
 
 
 def node_patch(
-    record: NodeRecord, *, unschedulable: bool | None = None, resource_version: str | None = None
+    record: NodeRecord, *, unschedulable: bool | None = None, resource_version: str | None = None,
+    owner: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON merge patch writing the record annotation and the state label.
 
     ``unschedulable`` also sets ``spec.unschedulable`` in the same (atomic) patch: the cordon and the
     record that explains it land together. ``resource_version`` makes the API server refuse the
     patch with 409 Conflict when the node changed since it was read (optimistic concurrency).
+    ``owner``: the Node written to; its name and uid are stamped in the record (``foreign_record``).
     """
+    if owner is not None:
+        meta = owner.get("metadata") or {}
+        record = dataclasses.replace(record, node=str(meta.get("name") or ""), node_uid=str(meta.get("uid") or ""))
+    record = bounded(record)
     metadata: dict[str, Any] = {
         "annotations": {RECORD_ANNOTATION: encode(record)},
         "labels": {STATE_LABEL: record.state},

@@ -99,10 +99,12 @@ TRANSITIONS: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
         REPAIRING: _edges(
             validating=(REPAIR_COMPLETE,),
             quarantined=(REPAIR_FAILED,),
+            draining=(FAULT,),  # a GPU-level isolation escalated to node-level (another GPU failed)
         ),
         VALIDATING: _edges(
             healthy=(VALIDATION_PASSED, PERSON_UNCORDONED),
             quarantined=(VALIDATION_FAILED,),
+            draining=(FAULT,),  # a GPU-level isolation escalated to node-level (another GPU failed)
         ),
         QUARANTINED: _edges(
             validating=(RELEASED,),

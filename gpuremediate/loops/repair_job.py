@@ -1,0 +1,87 @@
+"""The built-in repairs, each a Job on the node (``loops.jobs``: its name in the record before the create):
+
+- ``reset-gpu``: done when its Job succeeds;
+- ``reboot``: done when the node's ``status.nodeInfo.bootID`` differs from the one recorded before the reboot
+  and the node is Ready again (or, with ``reboot_wait_for_boot_id = false``, when the Job succeeds — for
+  simulated nodes that cannot really reboot).
+
+A failed, deleted or timed-out Job is a failed attempt; the remediate loop decides what follows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from gpuremediate.actions.jobs import FAILED, SUCCEEDED
+from gpuremediate.actions.nodes import Node, boot_id, is_ready
+from gpuremediate.loops.jobs import DELETED, TIMED_OUT
+from gpuremediate.loops.repair import RepairContext, RepairRequest
+from gpuremediate.loops.step import Done, Failed, InProgress, StepResult
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.policy.workflow import JobPolicy
+from gpuremediate.state.record import ActionInProgress, NodeRecord
+
+POLL_S = 1.0
+
+
+def kind_is(kind: str) -> Callable[[Policy, Node, NodeRecord, str], bool]:
+    """A table row's ``matches``: the step's action kind is ``kind``."""
+    def matches(policy: Policy, node: Node, record: NodeRecord, step_kind: str) -> bool:
+        return step_kind == kind
+    return matches
+
+
+class JobRepair:
+    """The ``Repair`` for a built-in Job action (``reset-gpu``, ``reboot``)."""
+
+    def step(self, ctx: RepairContext, node: Node, record: NodeRecord, request: RepairRequest) -> StepResult:
+        kind, policy = request.kind, request.remediation
+        job_policy = policy.reset_gpu if kind == ACTION_RESET_GPU else policy.reboot
+        if request.rung.timeout_s:
+            job_policy = dataclasses.replace(job_policy, timeout_s=request.rung.timeout_s)
+        action = record.action
+        if action is None or not action.name:
+            attempt = action.attempt if action else 1
+            timeout = job_policy.timeout_s + (policy.reboot_ready_timeout_s if kind == ACTION_REBOOT else 0.0)
+            detail = boot_id(node) if kind == ACTION_REBOOT else ""
+            return InProgress(ctx.jobs.start_job(node, record, kind, attempt, job_policy, timeout_s=timeout,
+                                                 detail=detail))
+        return self._progress(ctx, node, record, action, request, job_policy)
+
+    def _progress(
+        self, ctx: RepairContext, node: Node, record: NodeRecord, action: ActionInProgress, request: RepairRequest,
+        job_policy: JobPolicy,
+    ) -> StepResult:
+        kind = request.kind
+        outcome = ctx.jobs.attempt_outcome(action, lambda: self._recreate(ctx, node, record, kind, action, job_policy),
+                                           lambda job: ctx.jobs.note_created(node, record, job))
+        done = outcome == SUCCEEDED
+        by_boot_id = kind == ACTION_REBOOT and request.remediation.reboot_wait_for_boot_id
+        rebooted = bool(action.detail) and boot_id(node) != action.detail
+        if by_boot_id:
+            done = rebooted and is_ready(node)
+        if done:
+            return Done(f"{kind} done ({action.name})")
+        # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is back,
+        # or the Job hits its activeDeadlineSeconds while the node is down. Until the record's deadline, only a
+        # node that neither rebooted nor went down makes a failed reboot Job a failed attempt.
+        before_deadline = action.deadline is None or ctx.clock() < action.deadline
+        if by_boot_id and before_deadline and (rebooted or not is_ready(node)) and outcome in (FAILED, TIMED_OUT,
+                                                                                                DELETED):
+            return InProgress(POLL_S)
+        if outcome == DELETED:  # someone stopped this attempt: it failed, the next one gets a new Job
+            return Failed(f"{kind} Job {action.name} was deleted before it finished")
+        if outcome == FAILED:
+            return Failed(f"{kind} Job {action.name} failed")
+        if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
+            return Failed(f"{kind} attempt {action.attempt} timed out", cancel=action)
+        return InProgress(POLL_S)
+
+    @staticmethod
+    def _recreate(ctx: RepairContext, node: Node, record: NodeRecord, kind: str, action: ActionInProgress,
+                  job: JobPolicy) -> None:
+        created = ctx.jobs.create_job(node, record, kind, action.name, action.attempt, job, False)
+        if created is not None:
+            ctx.jobs.note_created(node, record, created)

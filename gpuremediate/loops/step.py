@@ -1,0 +1,53 @@
+"""What one step of a drain or repair variant returns to its loop (controller-runtime's read → decide → write →
+requeue, kured's one-method Drainer/Rebooter): still going with a requeue, done, or failed with a reason.
+
+The loop that ran the step owns what follows: the terminal state transition written into the record (drain
+complete or failed; the repair attempt's end, the next attempt, escalation or quarantine), its metrics and Events,
+then ``then`` (a clean-up that must come after the record, such as deleting a completed DrainRequest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuremediate.actions.nodes import Node
+from gpuremediate.state.record import ActionInProgress, NodeRecord
+
+CONFLICT_RETRY_S = 0.2  # a 409 on a write: the next step reads the node again and decides again
+
+
+@dataclass(frozen=True)
+class InProgress:
+    """Not finished: the loop requeues the node after ``requeue_s`` (None: only an event or a resync queues it)."""
+
+    requeue_s: float | None
+
+
+CONFLICT = InProgress(CONFLICT_RETRY_S)
+
+
+@dataclass(frozen=True)
+class Done:
+    """Finished well. ``detail`` says what was done (the repair attempt's history line)."""
+
+    detail: str = ""
+    at: float | None = None  # when the variant saw it done (None: the loop's clock now)
+    then: Callable[[], None] | None = None  # run once the record says so
+    max_attempts: int | None = None  # the attempts this action runs under where its own policy says (repair)
+    written: tuple[Node, NodeRecord] | None = None  # the node and record as the variant last wrote them
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Finished badly, for ``reason``. ``cancel``: the action's object to delete once the record says so."""
+
+    reason: str
+    at: float | None = None
+    then: Callable[[], None] | None = None
+    max_attempts: int | None = None
+    cancel: ActionInProgress | None = None
+    written: tuple[Node, NodeRecord] | None = None
+
+
+StepResult = InProgress | Done | Failed

@@ -1,0 +1,61 @@
+"""``[isolation]``: whether a fault takes its node out or only its GPU (issue 26), and the rule that decides it.
+
+``scope = "node"`` (the default) is what the controller always did: cordon, drain, repair, validate the node.
+``scope = "gpu"`` takes one faulty GPU out instead, where that is safe: the finding names exactly one GPU, every
+rung of its ladder is a per-GPU reset (``reset-gpu``), the node's GPUs can be reset one at a time (not a
+``[gpu_operator] whole_node_products`` board), the node has no MIG, and the same GPU was not isolated already
+within the repeat-offender window (it failed again after its return). Anything else is node-level, and
+:func:`node_level_reason` says why. Whether the cluster can isolate it (DRA device taints served, the GPU in a
+ResourceSlice) is only known to the drain, which falls back to node-level the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuremediate.policy.findings import ACTION_RESET_GPU, Finding
+from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE, GpuOperatorPolicy
+from gpuremediate.policy.schema import setting
+from gpuremediate.policy.workflow import Rung, one_of
+from gpuremediate.state.record import SCOPE_GPU, HistoryEntry
+
+ISOLATION_SCOPES = ("node", "gpu")
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+@dataclass(frozen=True)
+class IsolationPolicy:
+    scope: str = setting("node", "node (cordon and drain the node for any fault) | gpu (a fault on one GPU whose "
+                         "repair is a per-GPU reset takes only that GPU out with a DRA DeviceTaintRule: the node "
+                         "stays schedulable; anything else, or a cluster without DRA device taints, is node-level)",
+                         check=one_of(*ISOLATION_SCOPES))
+
+    @property
+    def gpu_level(self) -> bool:
+        return self.scope == SCOPE_GPU
+
+
+def node_level_reason(
+    finding: Finding, labels: Mapping[str, str], capacity: Mapping[str, Any], *, ladder: Sequence[Rung],
+    gpu_operator: GpuOperatorPolicy, history: Sequence[HistoryEntry], now: float, window_s: float,
+) -> str:
+    """Why ``finding`` on this node (its labels, its ``status.capacity``) is node-level under ``scope = "gpu"``;
+    "" when its one GPU may be isolated alone."""
+    if len(finding.gpus) != 1:
+        return "the finding names no GPU" if not finding.gpus else f"the finding names {len(finding.gpus)} GPUs"
+    wider = [rung.action for rung in ladder if rung.action != ACTION_RESET_GPU]
+    if finding.action != ACTION_RESET_GPU or wider:
+        return f"its repair is not a per-GPU reset only ({', '.join(dict.fromkeys([finding.action, *wider]))})"
+    if gpu_operator.reset_scope(labels) == SCOPE_NODE:
+        return f"{labels.get(PRODUCT_LABEL) or 'this node'}'s GPUs reset only together"
+    if labels.get(MIG_STRATEGY_LABEL, "none") not in ("", "none") or any(
+            str(name).startswith(MIG_RESOURCE_PREFIX) for name in capacity):
+        return "the node has MIG GPUs"
+    gpu = finding.gpus[0]
+    again = [h for h in history if h.scope == SCOPE_GPU and gpu in h.gpus and now - h.at <= window_s]
+    if again:
+        return f"GPU {gpu} was isolated before ({len(again)} time(s) within the repeat window) and failed again"
+    return ""
