@@ -324,3 +324,42 @@ def test_timeout_option(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path
     for bad in ("0", "-1", "nan", "inf", "1e9", "soon"):
         with pytest.raises(argparse.ArgumentError, match="timeout"):
             _check_parser().parse_args(["--timeout", bad])
+
+
+def _entry_point(*argv: str) -> tuple[int, str, str]:
+    """``python -m gpuremediate ARGV``: the real entry point, exit code and all."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "gpuremediate", *argv], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["check", "--timeout", "0"], "--timeout"),
+    (["check", "--timeout=-1"], "--timeout"),
+    (["check", "--timeout", "abc"], "--timeout"),
+    (["check", "--timeout"], "--timeout"),
+    (["check", "--kernel-log", "maybe"], "--kernel-log"),
+    (["check", "--bogus"], "--bogus"),
+    (["--bogus", "check"], "--bogus"),
+    (["check", "--json", "extra"], "extra"),
+])
+def test_a_usage_error_of_check_is_its_own_exit_code_never_a_verdict(argv: list[str], named: str) -> None:
+    code, out, err = _entry_point(*argv)
+    assert code == check.EXIT_USAGE and code not in check.VERDICTS, (code, err)
+    assert out == "" and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith("gpuremediate check: error:") and named in line, err
+
+
+def test_check_help_lists_every_exit_code() -> None:
+    code, out, _ = _entry_point("check", "--help")
+    assert code == 0
+    for exit_code in (*check.VERDICTS, check.EXIT_USAGE):
+        assert f"{exit_code} " in out.split("exit codes:", 1)[1], out
+
+
+def test_the_other_commands_keep_exit_2_for_a_usage_error() -> None:
+    code, _, err = _entry_point("status", "--bogus")
+    assert code == 2 and "gpuremediate status: error: unrecognized arguments: --bogus" in err

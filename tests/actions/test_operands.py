@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -37,7 +38,7 @@ def test_off_sets_the_labels_saves_their_values_and_writes_the_record_in_one_gua
     assert saved.previous == {DP: "true", EXP: "true", GFD: None}  # None: the label was absent
     assert json.loads(patch["metadata"]["annotations"][OPERAND_ANNOTATION]) == {
         "off": "false", "previous": {DP: "true", EXP: "true", GFD: None}}
-    assert decode(patch["metadata"]["annotations"][RECORD_ANNOTATION]) == RECORD
+    assert decode(patch["metadata"]["annotations"][RECORD_ANNOTATION]) == dataclasses.replace(RECORD, node="n1")
     after = merge_patch(before, {k: v for k, v in patch.items()})
     assert saved_labels(after) == saved
 

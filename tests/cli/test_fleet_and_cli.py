@@ -16,6 +16,7 @@ from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
 from gpuremediate.policy.safety import CircuitBreaker
+from gpuremediate.state import record as r
 from gpuremediate.state import states
 from gpuremediate.state.record import (
     Fault,
@@ -104,7 +105,7 @@ def test_explain_says_why_and_what_a_person_can_do() -> None:
     text = fleet.explain(_quarantined(now=1000.0), "gpu-a", now=1000.0 + 7200)
     assert "gpu-a: quarantined for 2h (reason row-remap-failure)" in text
     assert "row remapping failed" in text and "gpuremediate release gpu-a" in text
-    assert "will uncordon it once validation passes" in text
+    assert "will uncordon it only after a person releases it and validation passes" in text
     assert "never acted" in fleet.explain(None, "gpu-b")
     assert "cannot be read" in fleet.explain(RecordError("bad json"), "gpu-c")
 
@@ -196,3 +197,121 @@ def test_release_reads_again_when_another_writer_changed_the_node(api: tuple[Kub
     with pytest.raises(fleet.FleetError, match="kept changing"):
         fleet.release(person, "gpu-b", by="alice")
     person.close()
+
+
+def test_explain_says_what_ends_each_state_and_what_a_hold_keeps_waiting() -> None:
+    now = 10_000.0
+    hot = r.Fault(kind="thermal", code="gpu_temp", gpus=("GPU-1",), fingerprint="thermal:GPU-1", action="cordon",
+                  first_seen=now - 60, last_seen=now, message="GPU GPU-1 ran hot")
+    thermal = r.NodeRecord(state=states.CORDONED, since=now - 60, reason="thermal", fault=hot, cordoned_by_us=True)
+    text = fleet.explain(thermal, "gpu-t", now)
+    assert "uncordon it once its GPUs have stayed cool" in text and "validation passes" not in text, text
+    assert "Ends: the GPU cooling down" in text
+    xid = r.Fault(kind="xid", code="48", gpus=("GPU-2",), fingerprint="xid:GPU-2:48", action="reset-gpu",
+                  first_seen=now - 30, last_seen=now, message="GPU GPU-2 last reported XID 48")
+    held = r.NodeRecord(state=states.HEALTHY, since=now - 30, held=xid,
+                        blocked=r.Blocked(r.BLOCK_BREAKER, "circuit breaker open: no new work", now - 30))
+    text = fleet.explain(held, "gpu-h", now)
+    assert "Held fault: xid 48 on GPU(s) GPU-2" in text and "reset-gpu once it ends" in text, text
+    assert "Waiting: breaker" in text
+    row = fleet.row_for({"metadata": {"name": "gpu-h", "annotations": {r.RECORD_ANNOTATION: r.encode(held)}}})
+    assert row.fault == "xid 48 (held)" and row.blocked.startswith("breaker: ")
+    waiting = r.NodeRecord(state=states.DRAINING, since=now, fault=xid, cordoned_by_us=True,
+                           blocked=r.Blocked(r.BLOCK_BUDGET, "budget full: 1 of 1 out of service (gpu-q: "
+                                                             "quarantined, needs a person)", now))
+    row = fleet.row_for({"metadata": {"name": "gpu-w", "annotations": {r.RECORD_ANNOTATION: r.encode(waiting)}},
+                         "spec": {"unschedulable": True}})
+    assert row.state == "draining (waiting)" and "gpu-q: quarantined, needs a person" in row.blocked
+    failed = r.NodeRecord(state=states.QUARANTINED, since=now, reason=states.VALIDATION_FAILED, fault=xid,
+                          history=(r.HistoryEntry(at=now - 5, kind="xid", code="48", action="reset-gpu",
+                                                  outcome=r.OUTCOME_REPAIRED),))
+    assert "reset-gpu: repaired, then its validation failed (quarantined)" in fleet.explain(failed, "gpu-f", now)
+
+
+def test_explain_shows_a_gpu_watched_within_its_thermal_hold() -> None:
+    now = 10_000.0
+    memory = {"v": 1, "thermal": {"GPU-7": {"hot_since": now - 50, "cool_since": None, "cordoned_since": None,
+                                            "cause": ""}}}
+    watched = r.NodeRecord(state=states.HEALTHY, since=now - 50, policy_memory=memory)
+    text = fleet.explain(watched, "gpu-w", now, hold_s=60.0)  # a record from before thermal_hold_ends: the policy's
+    assert ("Watching: GPU GPU-7 hot for 50s of its 60 s hold: cordoned in 10s (at 1970-01-01T02:46:50Z) if it stays "
+            "hot.") in text, text
+    assert "(cordoned when [thermal].hold_s is over)" in fleet.explain(watched, "gpu-w", now)
+    ends = r.NodeRecord(state=states.HEALTHY, since=now - 50, policy_memory=memory,
+                        thermal_hold_ends={"GPU-7": now + 70})  # the controller's own: no --policy needed
+    text = fleet.explain(ends, "gpu-w", now)
+    assert ("Watching: GPU GPU-7 hot for 50s of its 120 s hold: cordoned in 1m (at 1970-01-01T02:47:50Z) if it stays "
+            "hot.") in text, text
+    assert "of its 120 s hold" in fleet.explain(ends, "gpu-w", now, hold_s=60.0)  # the record's end wins
+    late = fleet.explain(ends, "gpu-w", now + 75)
+    assert "over at 1970-01-01T02:47:50Z: cordoned at its next reading if it is still hot" in late, late
+    row = fleet.row_for({"metadata": {"name": "gpu-w", "annotations": {r.RECORD_ANNOTATION: r.encode(ends)}}}, now=now)
+    assert (row.state, row.fault) == (states.HEALTHY, "thermal (watched, cordon in 1m)"), row
+
+
+def test_a_dry_run_says_what_it_would_do_and_says_waiting_as_waiting() -> None:
+    now = 10_000.0
+    xid = r.Fault(kind="xid", code="48", gpus=("GPU-2",), fingerprint="xid:GPU-2:48", action="reset-gpu",
+                  first_seen=now - 30, last_seen=now, message="GPU GPU-2 last reported XID 48")
+    budget = r.Blocked(r.BLOCK_BUDGET, "budget full: 1 of 1 out of service (gpu-a: repairing since ...)", now)
+    waiting = r.NodeRecord(state=states.DRAINING, since=now, fault=xid, cordoned_by_us=True, blocked=budget)
+    assert fleet.would(waiting) == "would drain (waiting)"
+    assert fleet.would(r.NodeRecord(state=states.DRAINING, since=now, fault=xid, cordoned_by_us=True,
+                                    action=r.ActionInProgress("drain", "", 1, now))) == "would drain"
+    held = r.NodeRecord(state=states.HEALTHY, since=now, held=xid, blocked=r.Blocked(r.BLOCK_BREAKER, "open", now))
+    assert fleet.would(held) == "would wait (healthy)"
+    text = fleet.explain(waiting, "gpu-w", now, dry_run=True)
+    assert "gpuremediate would cordon this node, and uncordon it once validation passes." in text, text
+    assert "gpuremediate cordoned this node" not in text
+
+
+def _explained(kubeconfig: str, node: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert cli.main(["explain", node, "--kubeconfig", kubeconfig]) == 0
+    return capsys.readouterr().out
+
+
+def test_every_state_s_explanation_says_what_ends_it(api: tuple[KubeClient, str],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`explain` of a person's cordon, a cordon-only fault, draining, repairing, validating and maintenance: each
+    says what ends it (thermal, quarantined and a held fault: test_explain_says_what_ends_each_state_...)."""
+    client, kubeconfig = api
+    now = 10_000.0
+    xid = Fault("xid", "48", ("GPU-2",), "xid:GPU-2:48", "reset-gpu", now, now, "XID 48")
+    cordon_only = Fault("xid", "63", ("GPU-3",), "xid:GPU-3:63", "cordon", now, now, "XID 63")
+    flows = {
+        "gpu-person": None,  # cordoned by a person; gpuremediate never acted on it
+        "gpu-cordon": NodeRecord(state=states.CORDONED, since=now, reason="xid-63", fault=cordon_only,
+                                 cordoned_by_us=True),
+        "gpu-cordon-before": NodeRecord(state=states.CORDONED, since=now, reason="xid-63", fault=cordon_only,
+                                        was_unschedulable=True),
+        "gpu-drain": start_action(NodeRecord(state=states.DRAINING, since=now, reason="xid-48", fault=xid,
+                                             cordoned_by_us=True), "drain", "", 1, now),
+        "gpu-repair": start_action(NodeRecord(state=states.REPAIRING, since=now, reason="drain-complete", fault=xid,
+                                              cordoned_by_us=True), "reset-gpu", "gpur-reset-1", 1, now),
+        "gpu-validate": start_action(NodeRecord(state=states.VALIDATING, since=now, reason="repair-complete",
+                                                fault=xid, cordoned_by_us=True), "validate", "gpur-validate-1", 1,
+                                     now),
+        "gpu-maint": NodeRecord(state=states.MAINTENANCE, since=now, reason="maintenance-requested",
+                                cordoned_by_us=True),
+    }
+    for name, record in flows.items():
+        _node(client, name, record, unschedulable=True)
+    person = _explained(kubeconfig, "gpu-person", capsys)
+    assert person.startswith("gpu-person: healthy, but unschedulable: a person (or another tool) cordoned it."), person
+    assert "Ends: a person uncordoning it (`kubectl uncordon`); until then it counts against [budget]" in person
+    cordon = _explained(kubeconfig, "gpu-cordon", capsys)
+    assert "Ends: a person uncordoning it (a cordon-only fault gets no repair and is not lifted by gpuremediate), " \
+           "or a worse fault (then it drains, or is quarantined)." in cordon, cordon
+    assert "will uncordon it only if a worse fault takes it through a repair" in cordon, cordon
+    before = _explained(kubeconfig, "gpu-cordon-before", capsys)
+    assert "The node was unschedulable before gpuremediate touched it: it will never uncordon it." in before, before
+    assert "Ends: a person uncordoning it" in before
+    ends = {name: _explained(kubeconfig, name, capsys) for name in ("gpu-drain", "gpu-repair", "gpu-validate",
+                                                                   "gpu-maint")}
+    assert "Ends: its pods gone (evicted, PodDisruptionBudgets honoured); then the repair starts." in ends["gpu-drain"]
+    assert "Ends: the repair's Job or resource finishing; then validation (a failure climbs the ladder)." in \
+        ends["gpu-repair"], ends["gpu-repair"]
+    assert "Ends: the validation Job: passed, the node is healthy and uncordoned; failed, quarantined." in \
+        ends["gpu-validate"], ends["gpu-validate"]
+    assert "Ends: the MaintenanceRequest completing, or being deleted." in ends["gpu-maint"], ends["gpu-maint"]
+    assert all(text.count("Ends: ") == 1 for text in (person, cordon, before, *ends.values()))

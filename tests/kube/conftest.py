@@ -5,12 +5,16 @@ a real cluster: each test gets its own namespace, deleted afterwards. The test b
 
 The emulator's namespace holds what a real one does: the ``kube-root-ca.crt`` ConfigMap that
 kube-controller-manager's root-ca-cert-publisher puts in every namespace (on a real cluster it may appear
-a moment after the namespace, so tests select their own objects by the ``TEST_LABEL`` their objects carry)."""
+a moment after the namespace, so tests select their own objects by the ``TEST_LABEL`` their objects carry).
+A test starts once the namespace's ``default`` ServiceAccount exists: until kube-controller-manager's
+serviceaccount controller made it, a pod in the namespace is refused (403 Forbidden, the ServiceAccount
+admission plugin: ``serviceaccount "default" not found``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,10 +25,11 @@ import pytest
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, load_config
-from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES
+from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, SERVICEACCOUNTS
 
 REAL_KUBECONFIG = os.environ.get("GPUREMEDIATE_TEST_KUBECONFIG")
 ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+SERVICE_ACCOUNT_WAIT_S = 30.0
 
 
 @dataclass
@@ -60,6 +65,7 @@ def _emulator_target() -> Iterator[KubeTarget]:
     admin.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
                               "metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": "kube-test"},
                               "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\n(emulated)\n"}}, "kube-test")
+    wait_for_default_service_account(admin, "kube-test")
     try:
         yield target
     finally:
@@ -75,12 +81,27 @@ def _real_target(path: str) -> Iterator[KubeTarget]:
     admin = target.client()
     admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     try:
+        wait_for_default_service_account(admin, namespace)
         yield target
     finally:
         with contextlib.suppress(errors.NotFound):
             admin.delete(NAMESPACES, namespace)
         for c in target.clients:
             c.close()
+
+
+def wait_for_default_service_account(client: KubeClient, namespace: str) -> None:
+    """The namespace's ``default`` ServiceAccount exists (a controller makes it after the namespace)."""
+    deadline = time.monotonic() + SERVICE_ACCOUNT_WAIT_S
+    while True:
+        try:
+            client.get(SERVICEACCOUNTS, "default", namespace)
+            return
+        except errors.NotFound:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no default ServiceAccount in namespace {namespace} after "
+                                     f"{SERVICE_ACCOUNT_WAIT_S:g}s: is kube-controller-manager running?") from None
+            time.sleep(0.05)
 
 
 class _Token:

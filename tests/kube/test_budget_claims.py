@@ -55,7 +55,7 @@ def test_a_claim_made_between_a_read_and_a_write_wins_and_the_other_is_refused(k
 
     why = first.claim("gpu-0", first_refusal)
     assert calls == [frozenset(), frozenset({"gpu-1"})]  # the 409 made it read and decide again
-    assert why.startswith("budget full: 1 of 1 out of service (gpu-1)")
+    assert why.startswith("budget full: 1 of 1 out of service (gpu-1: ")
     assert set(first.admitted()) == {"gpu-1"}
 
 

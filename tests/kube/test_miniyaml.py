@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuremediate.kube import miniyaml
 from gpuremediate.kube.miniyaml import YamlError, load, load_all, loads
 
 # -- a small block-style dumper, used to round-trip generated data ----------------------------
@@ -337,3 +338,47 @@ def test_loads_refuses_a_stream_of_several_documents_that_load_all_reads() -> No
 def test_digits_with_a_leading_zero_stay_text() -> None:
     doc = loads("token: 0123\nport: 8080\nzero: 0\nneg: -012\n")
     assert doc == {"token": "0123", "port": 8080, "zero": 0, "neg": "-012"}
+
+
+# -- dump: the emitter behind `status -o yaml` / `explain -o yaml` -----------------------------
+
+_JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**63)
+                 | st.floats(allow_nan=False, allow_infinity=True) | st.text(max_size=12))
+_JSON_VALUES = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+
+
+def _pyyaml() -> Any:
+    """PyYAML where it happens to be installed (never a dependency): a second, independent reader."""
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return yaml
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_dump_reads_back_as_the_same_value(value: Any) -> None:
+    text = miniyaml.dump(value)
+    assert loads(text) == value, text
+    yaml = _pyyaml()
+    if yaml is not None:
+        assert yaml.safe_load(text) == value, text
+
+
+def test_dump_writes_plain_words_and_quotes_what_could_read_as_something_else() -> None:
+    doc = {"node": "gpu-node-1", "state": "quarantined", "yes": "no", "on": "null", "n": "1e3",
+           "code": "079", "blocked": "pdb: work/llm", "gpus": 8, "since": 1e16, "nested": [{"a": []}, ["x"]],
+           "text": "two\nlines \u2028 \x85 \"q\" \\", "empty": {}}
+    text = miniyaml.dump(doc)
+    assert "node: gpu-node-1\n" in text and "state: quarantined\n" in text and "gpus: 8\n" in text
+    assert '"yes": "no"\n' in text and '"on": "null"\n' in text and '"n": "1e3"\n' in text and 'code: "079"\n' in text
+    assert 'blocked: "pdb: work/llm"\n' in text and "since: 1.0e+16\n" in text
+    assert "nested:\n  - a: []\n  - - x\n" in text and "empty: {}\n" in text
+    assert loads(text) == doc
+    assert miniyaml.dump([]) == "[]\n" and miniyaml.dump("x") == "x\n" and loads(miniyaml.dump(None)) is None
+    with pytest.raises(TypeError, match="mapping key must be a string"):
+        miniyaml.dump({1: "a"})

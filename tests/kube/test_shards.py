@@ -214,7 +214,7 @@ def test_replicas_of_another_shard_count_never_act_at_once(kube_target: KubeTarg
     assert old.owned() == frozenset({0, 1})
     new, _ = _shard_set(kube_target, "new-replica", clock, shards=4)
     _rounds(old, new, count=3, clock=clock)
-    assert new.owned() == frozenset() and "--shards=2, ours is 4" in new.conflict
+    assert new.owned() == frozenset() and "(--shards=2)" in new.conflict and "ours is --shards=4" in new.conflict
     assert _holders(kube_target) == ["old-replica", "old-replica"]  # shards 2 and 3 were not taken either
     runner = threading.Thread(target=old.run, daemon=True)
     runner.start()
@@ -237,7 +237,7 @@ def test_a_replica_sees_a_larger_shard_count_beyond_its_own_leases(kube_target: 
 def test_a_failing_round_does_not_stop_the_renewals(kube_target: KubeTarget, monkeypatch: pytest.MonkeyPatch) -> None:
     shard_set = ShardSet(kube_target.client(), kube_target.namespace, "replica-a", 2, lease_duration=3,
                          renew_deadline=2, retry_period=0.2)
-    real = shard_set._shard_count_conflict
+    real = shard_set.guard.must_wait
     calls = []
 
     def fails_once() -> str:
@@ -246,7 +246,7 @@ def test_a_failing_round_does_not_stop_the_renewals(kube_target: KubeTarget, mon
             raise RuntimeError("a bug in one round")
         return real()
 
-    monkeypatch.setattr(shard_set, "_shard_count_conflict", fails_once)
+    monkeypatch.setattr(shard_set.guard, "must_wait", fails_once)
     runner = threading.Thread(target=shard_set.run, daemon=True)
     runner.start()
     try:

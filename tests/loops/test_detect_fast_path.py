@@ -16,6 +16,7 @@ from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.loops.detect import PollPacer
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.signals.sources import FaultFastPath
@@ -96,6 +97,8 @@ def _run_settings(*flags: str) -> Settings:
 
 def test_the_fast_path_poll_is_a_flag_and_can_be_off() -> None:
     assert _run_settings().prometheus_fault_poll_s == 1.0
+    assert _run_settings().scrape_interval_s == 60.0  # the poll finds faults between the full reads
+    assert _run_settings("--scrape-interval", "15s").scrape_interval_s == 15.0
     assert _run_settings("--prometheus-fault-poll", "250ms").prometheus_fault_poll_s == 0.25
     assert _run_settings("--prometheus-fault-poll", "off").prometheus_fault_poll_s == 0.0
     with pytest.raises(SettingsError, match="--prometheus-fault-poll: expected a duration"):
@@ -154,26 +157,66 @@ class _StepClock:
         return False
 
 
-def test_polls_are_one_period_apart_from_start_to_start(world: tuple[KubeClient, Controller, FastSource]) -> None:
+def test_polls_are_one_period_apart_and_a_slow_one_spaces_the_next(
+        world: tuple[KubeClient, Controller, FastSource]) -> None:
+    """From start to start while Prometheus answers fast; a slow answer keeps the next poll away for 20 times its
+    length (a 1.6 s fault query at 5,000 nodes was asked back to back: most of a core of the user's Prometheus)."""
     _, controller, src = world
     clock = _StepClock()
     src.fault_poll_s = 1.0
     started: list[float] = []
 
-    def slow_poll() -> set[str]:  # Prometheus takes 0.6 s to answer, or 1.5 s when loaded
+    def poll() -> set[str]:  # Prometheus answers in 8 ms, once in 125 ms (binary fractions: exact sums)
         started.append(clock.now)
-        clock.now += 0.6 if len(started) < 3 else 1.5
+        clock.now += 0.125 if len(started) == 3 else 0.0078125
         return set()
 
-    src.changed_nodes = slow_poll  # type: ignore[method-assign]
+    src.changed_nodes = poll  # type: ignore[method-assign]
     detect, wake = controller.detect, controller.detect._wake
     detect._monotonic, detect._wake = clock, clock  # type: ignore[assignment]
     try:
-        detect._between_cycles(6.0)
+        detect._between_cycles(8.0)
     finally:
         detect._monotonic, detect._wake = time.monotonic, wake
-    assert started == [0.0, 1.0, 2.0, 3.5, 5.0]  # the first at once; one late poll is followed at once by the next
-    assert clock.now == 6.5  # the last poll ends past the deadline: no wait after it
+    assert started == [0.0, 1.0, 2.0, 4.5, 5.5, 6.5, 7.5]  # the first at once; 2.0 took 1/8 s: the next 2.5 s on
+
+
+def test_the_pacer_backs_off_on_failures_and_never_past_its_cap() -> None:
+    pacer = PollPacer(1.0, 8.0)
+    spacings = []
+    for failed in (True, True, True, True, False):
+        pacer.done(0.0, 0.01, failed)
+        spacings.append(pacer.next_at)
+    assert spacings == [2.0, 4.0, 8.0, 8.0, 1.0]
+    pacer.done(10.0, 12.0, False)  # a 2 s poll: 40 s until the next, whatever the cap (it bounds failures)
+    assert pacer.next_at == 50.0
+    pacer.at_once(20.0)  # a full read ended: still spaced out
+    assert pacer.next_at == 50.0
+    pacer.done(50.0, 50.01, False)
+    pacer.at_once(50.5)
+    assert pacer.next_at == 50.5
+
+
+def test_a_failing_poll_is_asked_less_often(world: tuple[KubeClient, Controller, FastSource]) -> None:
+    _, controller, src = world
+    clock = _StepClock()
+    src.fault_poll_s = 1.0
+    started: list[float] = []
+
+    def failing() -> set[str]:
+        started.append(clock.now)
+        clock.now += 0.0078125
+        src.fault_error = "Prometheus fault query failed: HTTP 503"  # type: ignore[attr-defined]
+        return set()
+
+    src.changed_nodes = failing  # type: ignore[method-assign]
+    detect, wake = controller.detect, controller.detect._wake
+    detect._monotonic, detect._wake = clock, clock  # type: ignore[assignment]
+    try:
+        detect._between_cycles(40.0)
+    finally:
+        detect._monotonic, detect._wake = time.monotonic, wake
+    assert started == [0.0, 2.0, 6.0, 14.0, 30.0]  # doubling, up to --scrape-interval
 
 
 def test_a_fault_during_a_long_full_read_is_cordoned_before_the_read_ends_and_its_readings_kept(

@@ -4,20 +4,26 @@ ordinary API errors in the cycle logged as one line (issue 17 item 10)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from gpuremediate import fleet
+from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, BreakerStore
 from gpuremediate.actions.events import EventRecorder
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.kube.resources import EVENTS, NAMESPACES, NODES
+from gpuremediate.kube.resources import CONFIGMAPS, EVENTS, NAMESPACES, NODES
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.signals.sources import SourceError, unknown
@@ -29,15 +35,20 @@ POD_NS = "gpuremediate-system"
 
 
 class ScriptedSource:
-    """Readings chosen by the test: per node healthy, unknown, or an XID 79; or the whole read fails."""
+    """Readings chosen by the test: per node healthy, unknown, or an XID 79; or the whole read fails (or takes
+    ``delay_s``)."""
+
+    timeout_s = 30.0
 
     def __init__(self, nodes: list[str]) -> None:
         self.nodes = nodes
         self.down: dict[str, str] = {}
         self.xid: set[str] = set()
         self.fail: str = ""
+        self.delay_s = 0.0
 
     def read(self) -> list[NodeReadings]:
+        time.sleep(self.delay_s)
         if self.fail:
             raise SourceError(self.fail)
         out = []
@@ -116,6 +127,84 @@ def test_source_failure_is_one_controller_event_not_one_per_node(
     assert event_creates(srv, "GPUHealthKnownFleet", controller.client) == 1
     assert event_creates(srv, "GPUHealthKnown", controller.client) == 0
     assert controller.metrics.fleet_unknown.value() == 0
+
+
+def controller_events(controller: Controller, reason: str) -> list[dict[str, Any]]:
+    return [e for e in controller.client.list(EVENTS, POD_NS)["items"] if e.get("reason") == reason
+            and e["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": POD_NS,
+                                        "name": "gpuremediate-abc"}]
+
+
+def status_banner(controller: Controller) -> list[str]:
+    """The lines ``gpuremediate status`` prints above its table, from what a reader's store sees."""
+    store = BreakerStore(controller.client, POD_NS, read_only=True)
+    breaker = store.load()
+    return fleet.safety_lines(store.latest_pause(), breaker, source=store.latest_source())
+
+
+def test_a_source_never_read_since_start_is_said_loudly_within_one_cycle(
+        world: tuple[KubeAPIServer, Controller, ScriptedSource]) -> None:
+    """At 5,000 nodes every read of a user's Prometheus failed from the start: all nodes unknown, and nothing but a
+    log line said so (issue 21). The first failed cycle now says it on the Pod, the metrics and status."""
+    _, controller, src = world
+    src.fail = "Prometheus readings query to http://prom:9090 failed: timed out after 12 s"
+    cycle(controller)
+    (event,) = controller_events(controller, "GPUHealthSourceNeverRead")
+    assert event["type"] == "Warning" and "no read of the exporter source has succeeded since the controller " \
+        "started (1 tried" in event["message"] and "timed out after 12 s" in event["message"]
+    assert "the query timeout" not in event["message"] and "each scrape's timeout is 30 s" in event["message"]
+    metrics = controller.metrics
+    assert metrics.source_problem.value(problem="never-read") == 1 and metrics.fleet_unknown.value() == 1
+    (banner,) = status_banner(controller)
+    assert banner.startswith("GPU HEALTH SOURCE NEVER READ (since ") and "timed out after 12 s" in banner
+    cm = controller.client.get(CONFIGMAPS, BREAKER_CONFIGMAP, POD_NS)
+    assert json.loads(cm["data"]["source"])["problem"] == "never-read"
+    assert json.loads(cm["data"]["state"])["open"] is False  # the breaker is written back as it was
+    for _ in range(2):
+        cycle(controller)
+    assert len(controller_events(controller, "GPUHealthSourceNeverRead")) == 1  # said once, not per cycle
+
+    src.fail = ""
+    cycle(controller)
+    assert len(controller_events(controller, "GPUHealthSourceRead")) == 1
+    assert metrics.source_problem.value(problem="never-read") == 0 and metrics.fleet_unknown.value() == 0
+    assert status_banner(controller) == []
+    assert "source" not in controller.client.get(CONFIGMAPS, BREAKER_CONFIGMAP, POD_NS)["data"]
+    src.fail = "down again"
+    cycle(controller)  # read once: a later failure is the ordinary fleet-unknown one
+    assert len(controller_events(controller, "GPUHealthSourceNeverRead")) == 1
+    assert metrics.source_problem.value(problem="never-read") == 0
+
+
+def test_fleet_health_is_unknown_from_start_until_the_first_read(
+        world: tuple[KubeAPIServer, Controller, ScriptedSource]) -> None:
+    _, controller, src = world
+    src.delay_s = 0.5
+    controller.detect.start()
+    try:
+        assert controller.metrics.fleet_unknown.value() == 1  # the first read has not answered yet
+        wait_for(lambda: controller.detect.cycles >= 1, 20, "the first cycle")
+        assert controller.metrics.fleet_unknown.value() == 0
+    finally:
+        controller.detect.stop()
+
+
+def test_a_read_longer_than_the_interval_is_said_while_it_still_runs(
+        world: tuple[KubeAPIServer, Controller, ScriptedSource]) -> None:
+    _, controller, src = world
+    controller.ctx.settings = dataclasses.replace(controller.ctx.settings, scrape_interval_s=0.3)
+    src.delay_s = 1.5
+    done = threading.Event()
+    threading.Thread(target=lambda: (controller.detect.cycle(), done.set()), daemon=True).start()
+    wait_for(lambda: controller.metrics.source_problem.value(problem="slow") == 1, 5, "the slow read said")
+    assert not done.is_set()  # before the read ended
+    assert done.wait(10) and controller.detect.events.flush()
+    (event,) = controller_events(controller, "GPUHealthSourceSlow")
+    assert re.search(r"has taken \d+\.\d s so far, longer than --scrape-interval 0\.3 s", event["message"])
+    assert status_banner(controller)[0].startswith("GPU HEALTH SOURCE TOO SLOW (since ")
+    src.delay_s = 0.0
+    cycle(controller)
+    assert controller.metrics.source_problem.value(problem="slow") == 0 and status_banner(controller) == []
 
 
 def test_a_blocked_event_write_never_delays_detection(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpuremediate.actions.pods import NodePods
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, PODS
@@ -76,6 +77,7 @@ def loop_for(kube: KubeClient, policy: PolicyFile) -> DrainLoop:
     loop.ctx = SimpleNamespace(  # type: ignore[assignment]
         client=kube, policy=policy, readings={NODE: readings()},
         policy_for=lambda node: policy.for_node(node["metadata"].get("labels") or {}))
+    loop.node_pods = NodePods(kube, max_watches=0)  # no watch: each read a LIST
     return loop
 
 

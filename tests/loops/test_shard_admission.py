@@ -5,6 +5,8 @@ so only the claim in ConfigMap gpuremediate-budget stops the second one (without
 from __future__ import annotations
 
 import copy
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +16,8 @@ from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP
+from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from gpuremediate.kube.shards import preferred_shard, shard_of
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.policy.config import loads_policy
@@ -100,7 +103,7 @@ def test_two_shards_admitting_the_last_slot_at_once_start_one_drain(server: Kube
     quiet = [n for n in names if n not in (node_0, node_1)][:2]
     for i, name in enumerate([node_0, node_1, *quiet]):
         admin.create(NODES, _waiting(name, 100.0 + i) if name in (node_0, node_1) else _node(name))
-    stored = {n: admin.get(NODES, n) for n in (node_0, node_1, *quiet)}  # as stored (the unschedulable taint added)
+    stored = {n: _as_settled(admin, n) for n in (node_0, node_1, *quiet)}
 
     def view_of(mine: str, theirs: str) -> list[dict[str, Any]]:
         """Our node as stored; the other shard's as it was before its cordon (our informer lags)."""
@@ -113,9 +116,79 @@ def test_two_shards_admitting_the_last_slot_at_once_start_one_drain(server: Kube
     first.reconcile_name(node_0)
     second.reconcile_name(node_1)
 
-    records = {n: record_from_node(admin.get(NODES, n)) for n in (node_0, node_1)}
-    started = [n for n, r in records.items() if isinstance(r, NodeRecord) and r.action is not None]
+    started, records = _started(admin, node_0, node_1)
     assert started == [node_0], records
     held = records[node_1]
     assert isinstance(held, NodeRecord) and held.blocked is not None and held.blocked.reason == "budget"
-    assert held.blocked.detail.startswith(f"budget full: 1 of 1 out of service ({node_0})"), held.blocked
+    assert held.blocked.detail.startswith(f"budget full: 1 of 1 out of service ({node_0}: "), held.blocked
+
+
+def _as_settled(admin: KubeClient, name: str) -> dict[str, Any]:
+    """The node as stored once the emulator's node lifecycle has written its unschedulable taint. That write
+    follows the create asynchronously: a frozen informer holding the node from before it would make every
+    guarded write 409 and the decision start again from the same stale copy, so nothing would be admitted."""
+    deadline = time.monotonic() + 30
+    while True:
+        node = admin.get(NODES, name)
+        spec = node.get("spec") or {}
+        tainted = any(t.get("key") == "node.kubernetes.io/unschedulable" for t in spec.get("taints") or [])
+        cordoned = bool(spec.get("unschedulable"))
+        if tainted or not cordoned or time.monotonic() > deadline:
+            return node
+        time.sleep(0.02)
+
+
+def _started(admin: KubeClient, *names: str) -> tuple[list[str], dict[str, Any]]:
+    """Which of the nodes started a drain, and every node's record, as the server has them."""
+    records = {n: record_from_node(admin.get(NODES, n)) for n in names}
+    return [n for n, r in records.items() if isinstance(r, NodeRecord) and r.action is not None], records
+
+
+def _older_on_shard_1(server: KubeAPIServer) -> tuple[KubeClient, str, str]:
+    """A node of each shard waiting for a drain, the older fault on shard 1's."""
+    admin = _client(server)
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    names = [f"gpu-{i}" for i in range(20)]
+    node_0 = next(n for n in names if shard_of(n, 2) == 0)
+    node_1 = next(n for n in names if shard_of(n, 2) == 1)
+    admin.create(NODES, _waiting(node_1, 100.0))
+    admin.create(NODES, _waiting(node_0, 101.0))
+    return admin, node_0, node_1
+
+
+def test_a_node_that_holds_its_claim_starts_although_an_older_fault_waits(server: KubeAPIServer) -> None:
+    """A claim whose node write failed (a 409: a real cluster's kube-controller-manager writes the Node right
+    after a cordon) still holds its slot in the admitted set. Its node must use it even when its informer now
+    shows an older fault waiting: that node's replica counts the claim and waits for it, so yielding to it
+    would leave both waiting forever (seen on a real v1.36 control plane: e2e test_a_budget_of_one_holds_...)."""
+    admin, node_0, node_1 = _older_on_shard_1(server)
+    admin.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                              "metadata": {"name": BUDGET_CONFIGMAP, "namespace": NAMESPACE},
+                              "data": {ADMITTED_KEY: json.dumps({node_0: 101.5})}}, NAMESPACE)
+    stored = [_as_settled(admin, n) for n in (node_0, node_1)]
+
+    first, second = _replicas(server, {0: stored, 1: stored})
+    first.reconcile_name(node_0)
+    second.reconcile_name(node_1)
+
+    started, records = _started(admin, node_0, node_1)
+    assert started == [node_0], records
+    held = records[node_1]
+    assert isinstance(held, NodeRecord) and held.blocked is not None
+    assert held.blocked.detail.startswith(f"budget full: 1 of 1 out of service ({node_0}: "), held.blocked
+
+
+def test_without_a_claim_the_younger_fault_still_waits_for_the_older(server: KubeAPIServer) -> None:
+    """The order is kept with --shards too: the claim's refusal puts older faults first."""
+    admin, node_0, node_1 = _older_on_shard_1(server)
+    stored = [_as_settled(admin, n) for n in (node_0, node_1)]
+
+    first, second = _replicas(server, {0: stored, 1: stored})
+    first.reconcile_name(node_0)  # the younger asks first
+    second.reconcile_name(node_1)
+
+    started, records = _started(admin, node_0, node_1)
+    assert started == [node_1], records
+    held = records[node_0]
+    assert isinstance(held, NodeRecord) and held.blocked is not None
+    assert held.blocked.detail.startswith("older faults go first"), held.blocked

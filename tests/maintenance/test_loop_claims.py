@@ -101,11 +101,13 @@ def _served(client: KubeClient) -> bool:
     return True
 
 
-def _request(client: KubeClient, res: Resource, name: str = "mr-1") -> dict[str, Any]:
+def _request(client: KubeClient, res: Resource, name: str = "mr-1", start: str | None = None) -> dict[str, Any]:
     body = {"apiVersion": f"gpuremediate.io/{mr.VERSION}", "kind": mr.KIND, "metadata": {"name": name},
             "spec": {"healthEvent": {"nodeName": NODE, "isHealthy": False, "recommendedAction": "NONE",
                                      "message": "planned maintenance", "checkName": "maintenance",
                                      "componentClass": "GPU"}}}
+    if start is not None:
+        body["spec"]["startTime"] = start
     created: dict[str, Any] = client.create(res, body)
     return created
 
@@ -119,8 +121,8 @@ def _state(client: KubeClient) -> str:
     return record.state if isinstance(record, NodeRecord) else "-"
 
 
-def _phase(client: KubeClient, res: Resource) -> str:
-    return str((client.get(res, "mr-1").get("status") or {}).get("phase", ""))
+def _phase(client: KubeClient, res: Resource, name: str = "mr-1") -> str:
+    return str((client.get(res, name).get("status") or {}).get("phase", ""))
 
 
 def test_a_phase_a_person_writes_does_not_release_a_node_in_maintenance(
@@ -193,3 +195,42 @@ def test_a_maintenance_flow_repeats_nothing_when_every_other_node_write_conflict
               == "gpuremediate"]
     seen = Counter((e["reason"], e["message"]) for e in events for _ in range(int(e.get("count") or 1)))
     assert [k for k, n in seen.items() if n > 1] == []
+
+
+def _emitted(client: KubeClient, res: Resource, name: str) -> tuple[str, str]:
+    """(reason, message) of a request's HealthEventEmitted condition."""
+    for cond in (client.get(res, name).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == mr.EMITTED:
+            return str(cond.get("reason", "")), str(cond.get("message", ""))
+    return "", ""
+
+
+def test_a_claim_not_started_yet_yields_to_a_request_that_starts_earlier(
+    world: tuple[KubeAPIServer, LosesOneRelease, Resource]
+) -> None:
+    _, client, res = world
+    _request(client, res, "far", start="9999-12-31T00:00:00Z")
+    wait_for(lambda: _claim(client).startswith("far/") and _emitted(client, res, "far")[0] == "WaitingForStartTime",
+             15, f"the far request claims the node and waits (claim {_claim(client)!r})")
+    _request(client, res, "now")
+    wait_for(lambda: _state(client) == states.MAINTENANCE and _claim(client).startswith("now/"), 15,
+             f"the node held for the request that starts now (state {_state(client)}, claim {_claim(client)!r})")
+    wait_for(lambda: _emitted(client, res, "far")[0] == "Blocked", 10, "the far request reports the node taken")
+    assert "MaintenanceRequest now" in _emitted(client, res, "far")[1]
+    assert _claim(client).startswith("now/"), "the claim went back to the request that starts later"
+    client.delete(res, "now")
+    wait_for(lambda: _state(client) == states.HEALTHY and _claim(client).startswith("far/"), 15,
+             f"the node back, claimed again by the far request (state {_state(client)}, claim {_claim(client)!r})")
+    wait_for(lambda: _emitted(client, res, "far")[0] == "WaitingForStartTime", 10, "the far request waits again")
+
+
+def test_a_started_request_keeps_its_claim_against_one_that_starts_earlier(
+    world: tuple[KubeAPIServer, LosesOneRelease, Resource]
+) -> None:
+    _, client, res = world
+    _request(client, res, "held")  # starts now: enters the pipeline and holds the node
+    wait_for(lambda: _state(client) == states.MAINTENANCE and _phase(client, res, "held") == mr.PREPARED, 15,
+             "the node held for maintenance")
+    _request(client, res, "earlier", start="2001-01-01T00:00:00Z")  # asks earlier, but the node is taken
+    wait_for(lambda: _emitted(client, res, "earlier")[0] == "Blocked", 10, "the second request blocked")
+    assert _claim(client).startswith("held/") and _state(client) == states.MAINTENANCE

@@ -87,6 +87,18 @@ def test_gpu_entities_resolve_by_uuid_or_index_and_unknown_means_all() -> None:
     assert resolve_gpus(req.gpus, None) == ()
 
 
+@settings(max_examples=100, deadline=None)
+@given(starts=st.lists(st.none() | st.integers(0, 4_000_000_000), min_size=2, max_size=2),
+       created=st.lists(st.integers(0, 4_000_000_000), min_size=2, max_size=2))
+def test_which_request_starts_first_is_decided_one_way(starts: list[int | None], created: list[int]) -> None:
+    """A claim yields to a request that starts earlier: never both ways (a claim would pass to and fro)."""
+    a, b = (m.Request("a", "1", 1, float(c), "gpu-1", "NONE", "none", None if t is None else float(t), (), "")
+            for t, c in zip(starts, created, strict=True))
+    assert not (a.starts_before(b) and b.starts_before(a))
+    asks = [t if t is not None else c for t, c in zip(starts, created, strict=True)]
+    assert a.starts_before(b) == (asks[0] < asks[1])  # startTime; without one (now): its creation
+
+
 def test_claims_round_trip_and_reject_garbage() -> None:
     assert m.parse_claim(m.claim_value("mr-1", "uid-1")) == ("mr-1", "uid-1")
     assert m.parse_claim("") is None and m.parse_claim("no-uid/") is None

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import secrets
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +22,16 @@ MANIFESTS = ROOT / "manifests"
 KUSTOMIZATION = "kustomization.yaml"
 CONTROLLER_SA = ("gpuremediate-system", "gpuremediate")
 AGGREGATE_LABEL = "gpuremediate.io/aggregate-to-controller"
+# Every kustomization a person (or a GitOps tool) applies, in an order that applies: a root's namespaces first.
+KUSTOMIZE_ROOTS = ["base", "agent", "overlays/dry-run", "overlays/kind", "overlays/nvsentinel-compat",
+                   "overlays/sharded", "plugins/drain-window", "dcgm-exporter", "monitoring", "crds"]
+
+
+PROMTOOL_TESTS = MANIFESTS / "monitoring" / "tests"  # `promtool test rules` files: not Kubernetes objects
 
 
 def manifest_files() -> list[Path]:
-    return sorted(MANIFESTS.rglob("*.yaml"))
+    return sorted(p for p in MANIFESTS.rglob("*.yaml") if PROMTOOL_TESTS not in p.parents)
 
 
 def patch_files() -> set[Path]:
@@ -158,3 +170,35 @@ def controller_calls(cluster: Any) -> list[tuple[str, str, str, str | None, str 
     return [(verb, group, f"{res}/{sub}" if sub else res, ns, name)
             for user, verb, group, res, sub, ns, name in list(cluster.api.requests) if user == CONTROLLER_USER and res]
 
+
+def kubeconfig_under_rbac(cluster: Any, tmp: Path, grants: list[Grant]) -> str:
+    """A kubeconfig for the controller's ServiceAccount, whose requests the emulator allows by ``grants`` only."""
+    token = secrets.token_hex(16)
+    cluster.api.add_token(token, CONTROLLER_USER, ["system:serviceaccounts", "system:authenticated"])
+    rules, namespaced = rules_by_scope(grants)
+    cluster.api.enforce_rbac(CONTROLLER_USER, rules, namespaced=namespaced)
+    return str(cluster.api.write_kubeconfig(tmp / "controller.kubeconfig", token))
+
+
+@contextlib.contextmanager
+def controller_under_rbac(cluster: Any, tmp: Path, policy_text: str) -> Iterator[Path]:
+    """``gpuremediate run`` with the base Deployment's args as the controller's ServiceAccount, under the rules
+    the base manifests bind to it (the emulator enforces them); yields the path of its log, SIGTERMed after."""
+    kubeconfig = kubeconfig_under_rbac(cluster, tmp, controller_grants())
+    policy = tmp / "policy.toml"
+    policy.write_text(policy_text, encoding="utf-8")
+    env = {**os.environ, "POD_NAMESPACE": "gpuremediate-system", "POD_NAME": "gpuremediate-rbac-test",
+           "PYTHONPATH": str(ROOT)}
+    log_path = tmp / "controller.log"
+    with log_path.open("w") as log:
+        argv = [sys.executable, "-m", "gpuremediate", *deployment_args(policy, cluster, kubeconfig)]
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield log_path
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

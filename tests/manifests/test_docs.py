@@ -39,16 +39,17 @@ def test_readme_numbers_are_what_e2e_count_prints() -> None:
     assert counted.scenarios >= 20
 
 
-def test_count_counts_test_functions_their_asserts_and_holds(tmp_path: Path) -> None:
+def test_count_counts_test_functions_their_asserts_holds_and_metric_waits(tmp_path: Path) -> None:
     count = _count_module()
     (tmp_path / "test_a.py").write_text(
         "def helper():\n    assert True\n\n"
         "def test_one():\n    assert 1\n    for x in []:\n        assert x\n\n"
         "class TestGroup:\n    async def test_two(self):\n        assert 2\n\n"
-        "def test_three(c):\n    c.holds(lambda: True, 1.0, 'x')\n    c.wait(lambda: True, 1.0, 'y')\n",
+        "def test_three(c):\n    c.holds(lambda: True, 1.0, 'x')\n    c.wait(lambda: True, 1.0, 'y')\n"
+        "    c.wait_metric('m', 1)\n",
         encoding="utf-8")
     (tmp_path / "harness.py").write_text("def test_not_a_test_file():\n    assert 0\n", encoding="utf-8")
-    assert count.count(tmp_path) == count.Count(scenarios=3, checks=4)
+    assert count.count(tmp_path) == count.Count(scenarios=3, checks=5)
 
 
 def _links(path: Path) -> list[str]:

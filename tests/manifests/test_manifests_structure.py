@@ -17,7 +17,9 @@ import pytest
 from manifests_support import (
     AGGREGATE_LABEL,
     KUSTOMIZATION,
+    KUSTOMIZE_ROOTS,
     MANIFESTS,
+    PROMTOOL_TESTS,
     ROOT,
     controller_grants,
     known_series,
@@ -67,7 +69,8 @@ def test_kustomizations_list_only_existing_files_and_every_manifest_is_listed() 
             if ref.is_dir():
                 assert (ref / KUSTOMIZATION).exists(), f"{kfile}: {ref} is a directory without {KUSTOMIZATION}"
             listed.add(ref.resolve())
-    files = [p for p in MANIFESTS.rglob("*") if p.suffix in (".yaml", ".json") and p.name != KUSTOMIZATION]
+    files = [p for p in MANIFESTS.rglob("*") if p.suffix in (".yaml", ".json") and p.name != KUSTOMIZATION
+             and PROMTOOL_TESTS not in p.parents]  # promtool's unit tests: beside the rules, not resources
     unlisted = [str(p.relative_to(MANIFESTS)) for p in files if p.resolve() not in listed]
     assert not unlisted, f"manifests no kustomization lists: {unlisted}"
 
@@ -159,10 +162,22 @@ def test_no_rbac_rule_uses_a_wildcard() -> None:
 def test_the_controller_cluster_role_aggregates_and_holds_no_rules_itself() -> None:
     role = named("ClusterRole", "gpuremediate-controller")
     assert role["aggregationRule"]["clusterRoleSelectors"] == [{"matchLabels": {AGGREGATE_LABEL: "true"}}]
-    assert role["rules"] == []
+    assert "rules" not in role
     grants = controller_grants()
     assert {g.role for g in grants} >= {"gpuremediate-controller-core", "gpuremediate-controller"}
     assert all(g.namespace in (None, "gpuremediate-system", "gpuremediate-jobs", "default") for g in grants)
+
+
+def test_an_aggregated_cluster_role_declares_no_rules_field() -> None:
+    """kube-controller-manager's clusterrole-aggregation-controller owns an aggregated ClusterRole's .rules
+    (it writes them by a forced server-side apply): a manifest that declares the field, even ``rules: []``,
+    fails its second ``kubectl apply --server-side`` (conflict with "clusterrole-aggregation-controller":
+    .rules), as GitOps tools apply. tests/manifests/test_server_side_apply.py applies every kustomization
+    twice."""
+    aggregated = [r for r in of_kind("ClusterRole") if "aggregationRule" in r]
+    assert aggregated, "no aggregated ClusterRole found"
+    for role in aggregated:
+        assert "rules" not in role, f"{role['metadata']['name']}: an aggregated ClusterRole declares rules"
 
 
 def test_plugin_kinds_sit_in_their_own_aggregated_cluster_roles() -> None:
@@ -317,6 +332,49 @@ def test_grafana_dashboard_parses_and_uses_only_known_metrics() -> None:
     assert not unknown, f"the dashboard queries metrics the controller does not export: {unknown}"
     assert {"gpuremediate_nodes", "gpuremediate_transitions_total", "gpuremediate_blocked_nodes",
             "gpuremediate_remediation_seconds_bucket"} <= used
+    # what an operator asks of it first: what holds work back, what cannot be seen, who was not told, API trouble
+    assert {"gpuremediate_paused", "gpuremediate_nodes_unknown", "gpuremediate_fleet_health_unknown",
+            "gpuremediate_domain_breaker_open", "gpuremediate_notifications_total",
+            "gpuremediate_api_errors_total", "gpuremediate_node_state"} <= used
+
+
+def test_grafana_dashboard_has_a_node_table_and_panels_that_do_not_overlap() -> None:
+    dashboard = json.loads((MANIFESTS / "monitoring/grafana-dashboard.json").read_text(encoding="utf-8"))
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels), "two panels share an id"
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        box = panel["gridPos"]
+        assert box["x"] + box["w"] <= 24, panel["title"]
+        for x in range(box["x"], box["x"] + box["w"]):
+            for y in range(box["y"], box["y"] + box["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
+    tables = [p for p in panels if p["type"] == "table"]
+    assert tables, "no table of nodes: a person cannot find the node behind a graph"
+    for table in tables:  # one row per node, its state beside it
+        (target,) = table["targets"]
+        assert target["format"] == "table" and target["instant"] is True
+        assert "by (node, state)" in target["expr"] and "gpuremediate_node_state" in target["expr"]
+        columns = table["transformations"][0]["options"]["renameByName"]
+        assert columns == {"node": "Node", "state": "State"}
+    titles = {p["title"] for p in panels}
+    assert {"Paused", "Domain breakers open", "GPU nodes of unknown health", "Fleet health unknown",
+            "Notifications by kind and result", "Kubernetes API errors by reason"} <= titles
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian's prometheus package)")
+def test_grafana_dashboard_queries_parse_as_promql(tmp_path: Path) -> None:
+    """Each panel's query, Grafana's $__ variables given values, parses (promtool checks it as a recording rule)."""
+    dashboard = json.loads((MANIFESTS / "monitoring/grafana-dashboard.json").read_text(encoding="utf-8"))
+    exprs = [t["expr"].replace("$__rate_interval", "5m").replace("$__range", "1h")
+             for panel in dashboard["panels"] for t in panel["targets"]]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:query{i}", "expr": e}
+                                                        for i, e in enumerate(exprs)]}]}
+    (tmp_path / "dashboard.yaml").write_text(json.dumps(rules), encoding="utf-8")
+    checked = subprocess.run([str(shutil.which("promtool")), "check", "rules", str(tmp_path / "dashboard.yaml")],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_alerts_cover_the_failure_modes_with_known_metrics() -> None:
@@ -332,8 +390,6 @@ def test_alerts_cover_the_failure_modes_with_known_metrics() -> None:
 
 # -- kustomize, when kubectl is here --------------------------------------------------------------
 
-KUSTOMIZE_ROOTS = ["base", "agent", "overlays/dry-run", "overlays/kind", "overlays/nvsentinel-compat",
-                   "overlays/sharded", "plugins/drain-window", "dcgm-exporter", "monitoring", "crds"]
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")

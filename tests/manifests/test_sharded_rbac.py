@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -20,13 +19,12 @@ from typing import Any
 
 import pytest
 from manifests_support import (
-    CONTROLLER_USER,
     ROOT,
     allows,
     controller_calls,
     controller_grants,
     deployment_args,
-    rules_by_scope,
+    kubeconfig_under_rbac,
 )
 
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
@@ -59,11 +57,7 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimCluster,
 
 
 def _drive(cluster: SimCluster, tmp: Path) -> list[str]:
-    token = secrets.token_hex(16)
-    cluster.api.add_token(token, CONTROLLER_USER, ["system:serviceaccounts", "system:authenticated"])
-    rules, namespaced = rules_by_scope(_grants())
-    cluster.api.enforce_rbac(CONTROLLER_USER, rules, namespaced=namespaced)
-    kubeconfig = cluster.api.write_kubeconfig(tmp / "controller.kubeconfig", token)
+    kubeconfig = kubeconfig_under_rbac(cluster, tmp, _grants())
     policy = tmp / "policy.toml"
     policy.write_text(POLICY, encoding="utf-8")
     argv = [sys.executable, "-m", "gpuremediate", *deployment_args(policy, cluster, kubeconfig, *SHARDED_ARGS)]

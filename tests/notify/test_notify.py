@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import pytest
 
 from gpuremediate.obs import notify
 from gpuremediate.obs.notify import Notification, NotifyError, WebhookNotifier
+from gpuremediate.policy.config import PolicyError, default_policy, loads_policy
+from gpuremediate.policy.workflow import NOTIFY_DEFAULT_EVENTS, NOTIFY_EVENTS, NOTIFY_FIELDS
 from gpuremediate.state import states
 from sim.waiting import wait_for
 
@@ -61,9 +64,9 @@ def no_sleep(_: float) -> None:
 
 def test_generic_json_body_is_posted(receiver: Receiver) -> None:
     assert WebhookNotifier(receiver.url, cluster="prod-a", sleep=no_sleep).deliver(NOTE)
-    assert receiver.bodies == [{"kind": "quarantined", "node": "gpu-node-3", "reason": "repeat-offender",
-                                "message": "3 repairs within 7d", "time": "1970-01-01T00:00:00Z",
-                                "cluster": "prod-a"}]
+    assert receiver.bodies == [{"kind": "quarantined", "node": "gpu-node-3", "nodes": ["gpu-node-3"], "from": "",
+                                "to": "", "reason": "repeat-offender", "message": "3 repairs within 7d",
+                                "time": "1970-01-01T00:00:00Z", "cluster": "prod-a"}]
 
 
 def test_slack_body_is_one_text(receiver: Receiver) -> None:
@@ -137,3 +140,90 @@ def test_url_from_a_secret() -> None:
 def test_bad_format_is_refused() -> None:
     with pytest.raises(NotifyError, match="expected one of json, slack"):
         WebhookNotifier("https://x/", fmt="xml")
+
+
+# -- [notifications].events and .template -------------------------------------------------------------
+
+
+def test_the_notifier_kinds_are_the_policys_events_and_the_template_fields_are_filled() -> None:
+    assert notify.KINDS == NOTIFY_EVENTS and NOTIFY_DEFAULT_EVENTS == (
+        notify.KIND_QUARANTINED, notify.KIND_REPAIR_FAILED, notify.KIND_BREAKER_OPEN, notify.KIND_DRAIN_BLOCKED)
+    every = "|".join("{" + f + "}" for f in NOTIFY_FIELDS)
+    note = Notification(notify.KIND_RETURNED, "gpu-7", "validation-passed", "validation Job v passed", 86400.0,
+                        from_state=states.VALIDATING, to_state=states.HEALTHY)
+    assert notify.render(note, every, "prod") == ("gpu-7|validating|healthy|validation-passed|validation Job v passed|"
+                                                  "prod|returned|1970-01-02T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("from_state", "to_state", "reason", "kind"),
+    [
+        (states.REPAIRING, states.VALIDATING, states.REPAIR_COMPLETE, notify.KIND_REPAIRED),
+        (states.VALIDATING, states.HEALTHY, states.VALIDATION_PASSED, notify.KIND_RETURNED),
+        (states.CORDONED, states.HEALTHY, states.THERMAL_CLEARED, notify.KIND_RETURNED),
+        ("unreadable", states.HEALTHY, states.RECORD_MALFORMED, None),  # a record replaced: not a return
+        (states.HEALTHY, states.DRAINING, "xid-79", None),  # a drain starts when admitted, not here
+        (states.VALIDATING, states.QUARANTINED, states.VALIDATION_FAILED, notify.KIND_QUARANTINED),
+    ],
+)
+def test_every_repair_step_notifies_when_chosen(from_state: str, to_state: str, reason: str,
+                                                kind: str | None) -> None:
+    note = notify.for_transition("gpu-7", from_state, to_state, reason, "m", 1.0, NOTIFY_EVENTS)
+    assert (note.kind if note else None) == kind
+    if note is not None:
+        assert (note.node, note.from_state, note.to_state) == ("gpu-7", from_state, to_state)
+    if kind in (notify.KIND_REPAIRED, notify.KIND_RETURNED):  # not by default: the default is unchanged
+        assert notify.for_transition("gpu-7", from_state, to_state, reason, "m", 1.0) is None
+
+
+def test_kinds_not_chosen_are_not_queued() -> None:
+    notifier = WebhookNotifier("http://127.0.0.1:1/", sleep=no_sleep)
+    returned = Notification(notify.KIND_RETURNED, "gpu-7", "validation-passed", "", 0.0)
+    assert not notifier.notify(returned) and notifier.dropped == 0
+    chosen = WebhookNotifier("http://127.0.0.1:1/", sleep=no_sleep, events=[notify.KIND_RETURNED])
+    assert chosen.notify(returned) and not chosen.notify(NOTE)
+
+
+def test_a_template_is_slacks_text_and_the_json_bodys_text(receiver: Receiver) -> None:
+    template = "[{cluster}] {node}: {from} → {to} ({reason}) {message}"
+    note = notify.drain_started("gpu-node-3", states.DRAINING, states.DRAINING, "xid-79", "XID 79 on GPU 3", 0.0)
+    WebhookNotifier(receiver.url, fmt="slack", cluster="prod", template=template, sleep=no_sleep,
+                    events=NOTIFY_EVENTS).deliver(note)
+    WebhookNotifier(receiver.url, cluster="prod", template=template, sleep=no_sleep).deliver(note)
+    slack, generic = receiver.bodies
+    text = "[prod] gpu-node-3: draining → draining (xid-79) drain started: XID 79 on GPU 3"
+    assert slack == {"text": text}
+    assert generic["text"] == text and generic["kind"] == "drain-started" and generic["node"] == "gpu-node-3"
+
+
+def test_a_breaker_notification_names_the_nodes_whose_faults_opened_it(receiver: Receiver) -> None:
+    names = tuple(f"gpu-{i:02d}" for i in range(25))
+    note = Notification(notify.KIND_BREAKER_OPEN, "", "breaker-open", "25 of 40 faulted", 0.0, nodes=names)
+    WebhookNotifier(receiver.url, fmt="slack", sleep=no_sleep).deliver(note)
+    WebhookNotifier(receiver.url, sleep=no_sleep).deliver(note)
+    slack, generic = receiver.bodies
+    assert slack["text"].startswith("gpuremediate: breaker-open on gpu-00, gpu-01, ")
+    assert "gpu-19 (+5 more) (breaker-open): 25 of 40 faulted" in slack["text"]
+    assert generic["node"] == "" and generic["nodes"] == list(names)
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('events = ["quarantined", "rebooted"]', "notifications.events[1]: expected one of quarantined, repair-failed"),
+    ('template = "{node} {pod}"', "notifications.template: unknown field {pod}; the fields: {node}, {from}"),
+    ('template = "{node"', "notifications.template: "),
+    ('template = "{node.__class__}"', "unknown field {node.__class__}"),
+    ('template = "{node:{to}}"', "a field's format must not hold another field"),
+])
+def test_bad_events_or_templates_are_refused_naming_the_key(text: str, error: str) -> None:
+    with pytest.raises(PolicyError, match=re.escape(error)):
+        loads_policy(f"[notifications]\n{text}\n", "policy.toml")
+
+
+def test_the_policy_reads_events_and_a_template() -> None:
+    cfg = loads_policy('[notifications]\nevents = ["quarantined", "drain-started", "returned"]\n'
+                       'template = "{node} back ({reason}) {{ok}}"\n', "p").cluster.notifications
+    assert cfg.events == ("quarantined", "drain-started", "returned")
+    note = Notification(notify.KIND_RETURNED, "n1", "validation-passed", "", 0.0)
+    assert notify.render(note, cfg.template) == "n1 back (validation-passed) {ok}"
+    assert default_policy().cluster.notifications.events == NOTIFY_DEFAULT_EVENTS
+    assert default_policy().cluster.notifications.template == ""

@@ -151,3 +151,17 @@ def test_memory_from_dict_rejects_bad_documents_naming_the_path() -> None:
             assert str(exc).startswith(error), (document, str(exc))
         else:
             raise AssertionError(f"accepted {document!r}")
+
+
+@given(readings_strategy)
+@settings(max_examples=300, deadline=None)
+def test_one_gpu_s_readings_merge_as_the_general_merge_does(reading: GpuReading) -> None:
+    """The hot path's single-reading merge is the general one, for any values a source may hand in."""
+    from gpuremediate.policy.rules import merge_many, merge_readings
+
+    fast, general = merge_readings(NODE, reading.key, [reading]), merge_many(NODE, reading.key, [reading])
+    assert fast == general or _nan_equal(fast, general)
+
+
+def _nan_equal(a: object, b: object) -> bool:
+    return json.dumps(a.__dict__, default=str, sort_keys=True) == json.dumps(b.__dict__, default=str, sort_keys=True)

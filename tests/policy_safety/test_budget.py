@@ -53,8 +53,38 @@ def test_counts_unschedulable_for_any_reason_and_active_states_once() -> None:
     )
     result = budget_check(fleet, "cand", Budget(4))
     assert (result.allowed, result.in_use, result.limit) == (False, 4, 4)
-    assert "a, b, c, d" in result.reason
+    assert "(a: unschedulable; b: repairing; c: not Ready; d: validating)" in result.reason
     assert budget_check(fleet, "cand", Budget(5)).allowed
+
+
+def test_nodes_that_only_wait_count_unless_the_policy_says_otherwise() -> None:
+    """A small cluster: one node quarantined (waits for a person), one cordoned for heat, budget 1. By default
+    they hold the budget (capacity first), and the wait names them; count_held = false lets a repair pass."""
+    fleet = nodes(NodeView("q", state=s.QUARANTINED, unschedulable=True),
+                  NodeView("t", state=s.CORDONED, unschedulable=True),
+                  NodeView("cand", state=s.DRAINING, unschedulable=True, waiting=True),
+                  *[NodeView(f"h{i}") for i in range(3)])
+    held = budget_check(fleet, "cand", Budget(1))
+    assert not held.allowed
+    assert "(q: quarantined, needs a person; t: cordoned, cooling down)" in held.reason, held.reason
+    assert "count_held = false" in held.reason
+    assert budget_check(fleet, "cand", Budget(1, count_held=False)).allowed
+    assert admit(fleet, ["cand"], Budget(1, count_held=False)) == ["cand"]
+    busy = nodes(NodeView("r", state=s.REPAIRING, unschedulable=True), *fleet)
+    assert not budget_check(busy, "cand", Budget(1, count_held=False)).allowed  # our own work still counts
+
+
+def test_a_budget_wait_says_since_when_each_holder_holds_it_from_its_record() -> None:
+    """``budget full: ... (gpu-q: quarantined since <UTC time>, needs a person)``: the since is the holder's
+    record's (node_view); a NotReady node or a person's cordon has none to say."""
+    quarantined = r.NodeRecord(state=s.QUARANTINED, since=1_793_534_400.0, cordoned_by_us=True)
+    node = {"metadata": {"name": "gpu-q", "annotations": {r.RECORD_ANNOTATION: r.encode(quarantined)}},
+            "spec": {"unschedulable": True}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    fleet = [node_view(node), NodeView("gpu-p", unschedulable=True), NodeView("gpu-n", ready=False),
+             NodeView("cand", state=s.DRAINING, unschedulable=True, waiting=True), NodeView("h")]
+    reason = budget_check(fleet, "cand", Budget(3)).reason
+    assert ("budget full: 3 of 3 out of service (gpu-n: not Ready; gpu-p: unschedulable; "
+            "gpu-q: quarantined since 2026-11-01T12:00:00Z, needs a person)") in reason, reason
 
 
 def test_waiting_nodes_do_not_block_each_other() -> None:

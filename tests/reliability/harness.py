@@ -25,7 +25,8 @@ Invariants (``Checker``; each violation names its code):
     cordoned at the same moment as another's admission is not a violation.
 ``cordon-explained``
     A node whose ``spec.unschedulable`` was last set to true by the controller carries a readable
-    record, not ``healthy``, with ``cordoned_by_us`` — for as long as the cordon stays.
+    record, not ``healthy``, with ``cordoned_by_us`` — for as long as the cordon stays — or, when its
+    annotations are full (no record fits), no record and the ``gpuremediate.io/record-refused`` label.
 ``person-cordon-kept``
     The controller never sets ``spec.unschedulable`` back to false when a person (or anyone other
     than the controller) set it to true. ``person-cordon-removed-stale-record`` is the case where
@@ -67,9 +68,11 @@ import dataclasses
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuremediate.actions.held import held_by_us
 from gpuremediate.actions.jobs import FAULT_ANNOTATION, JOB_LABEL, NODE_LABEL
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
@@ -425,6 +428,8 @@ class Checker:
             track.out_since = change.at
         if not node_unschedulable(after) or not is_controller(track.cordoned_by):
             pass
+        elif record_after is None and held_by_us(after):
+            pass  # held: the label says why (actions/held.py)
         elif (not isinstance(record_after, NodeRecord) or record_after.state == states.HEALTHY
               or not record_after.cordoned_by_us):
             self._violate("cordon-explained", change.at,
@@ -648,7 +653,8 @@ class Controllers:
         self._shutdown: Shutdown | None = None
         self._runner: threading.Thread | None = None
 
-    def start(self) -> Controller:
+    def start(self, clock: Callable[[], float] | None = None) -> Controller:
+        """``clock``: the controller's clock (default: its own, a SteadyClock)."""
         assert self.current is None, "kill the running controller first"
         self.generation += 1
         self._token = f"controller-token-{self.generation}"
@@ -660,7 +666,7 @@ class Controllers:
         settings = self.settings
         if settings.leader_elect:  # each its own holder identity, as each pod has its own name
             settings = dataclasses.replace(settings, identity=f"{settings.identity}-{self.generation}")
-        controller = Controller(settings, self.policy, client=client)
+        controller = Controller(settings, self.policy, client=client, clock=clock)
         if settings.leader_elect:
             self._shutdown = Shutdown()
             self._runner = threading.Thread(target=controller.run, args=(self._shutdown,),

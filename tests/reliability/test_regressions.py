@@ -89,7 +89,8 @@ def slow_rig() -> Iterator[Rig]:
     yield from _rig(dataclasses.replace(policy, defaults=dataclasses.replace(policy.defaults, remediation=slow)))
 
 
-def _rig(policy: PolicyFile) -> Iterator[Rig]:
+def _rig(policy: PolicyFile, start: bool = True) -> Iterator[Rig]:
+    """``start``: a controller started with its own clock (else the test starts one)."""
     cluster = SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3)
     recorder = Recorder(cluster.api).install()
     cluster.start()
@@ -100,7 +101,8 @@ def _rig(policy: PolicyFile) -> Iterator[Rig]:
     path = cluster.api.write_kubeconfig(cluster.kubeconfig + "-person", token=PERSON_TOKEN)
     person = KubeClient(load_config(path), qps=500, burst=1000, timeout=10.0)
     try:
-        controllers.start()
+        if start:
+            controllers.start()
         yield Rig(cluster, recorder, checker, controllers, person)
     finally:
         person.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpuremediate.actions.jobs import JobSpec, build_job, ensure_job
+from gpuremediate.actions.jobs import ActionJobs, JobSpec, build_job, ensure_job
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import JOBS
 from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
@@ -27,7 +27,11 @@ def test_job_failed_by_its_active_deadline_is_a_timed_out_attempt(client: KubeCl
 
     assert wait_for(failed, 4.0)
     loop = JobLoop.__new__(JobLoop)
+    jobs = ActionJobs(client, NS)
     loop.ctx = SimpleNamespace(client=client, settings=SimpleNamespace(jobs_namespace=NS),  # type: ignore[assignment]
-                               clock=lambda: 0.0, writer=SimpleNamespace(dry_run=False))
+                               clock=lambda: 0.0, writer=SimpleNamespace(dry_run=False), jobs=jobs)
     action = ActionInProgress(kind="reset-gpu", name=name, attempt=1, started=0.0, deadline=3600.0)
-    assert loop.attempt_outcome(action, recreate=lambda: None) == TIMED_OUT
+    try:
+        assert loop.attempt_outcome(action, recreate=lambda: None) == TIMED_OUT
+    finally:
+        jobs.stop()

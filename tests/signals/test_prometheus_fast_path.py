@@ -36,7 +36,10 @@ class FakePrometheus:
         self.queries.append(query)
         if self.fail:
             return 503, {"status": "error", "errorType": "timeout", "error": "query timed out"}
-        matcher = re.search(r'(\w+)=~"((?:[^"\\\\]|\\\\.)*)"', query)  # the regex, PromQL string escapes undone
+        if query == sources.RULES_INFO:  # no recording rules here: the raw series
+            return 200, {"status": "success", "data": {"resultType": "vector", "result": []}}
+        matcher = re.search(r'(Hostname|hostname|node|kubernetes_node)=~"((?:[^"\\\\]|\\\\.)*)"', query)  # the
+        # node matcher's regex, PromQL string escapes undone
         pattern = matcher.group(2).replace("\\\\", "\\") if matcher else None
         if matcher and matcher.group(1) != self.node_label:
             pattern = "$nothing"  # a label the series do not carry matches no node
@@ -108,7 +111,7 @@ def test_a_fleet_named_by_a_fallback_label_gets_the_fast_path_too(prom: tuple[Fa
     assert src.changed_nodes() == {"gpu-2"}
     [got] = src.read(nodes=["gpu-2"])
     assert got.node == "gpu-2" and got.status == SOURCE_OK and got.gpus[0].xid == 79
-    assert any('DCGM_FI_DEV_XID_ERRORS{node=~"gpu\\\\-2"}' in q for q in fake.queries[-2:])  # the read's two
+    assert any('DCGM_FI_DEV_XID_ERRORS{node=~"gpu\\\\-2", err_code!~"|0"}' in q for q in fake.queries[-3:])
     assert src.changed_nodes() == set()  # read since: no longer news
 
 
@@ -122,7 +125,9 @@ def test_a_limited_read_asks_for_its_nodes_only_and_leaves_fleet_counters_alone(
     src.read(nodes=["gpu-2"])
     readings_query = next(q for q in fake.queries if "DCGM_FI_DEV_GPU_TEMP" in q and "timestamp(" not in q)
     assert 'DCGM_FI_DEV_GPU_TEMP{Hostname=~"gpu\\\\-2"}' in readings_query
-    assert 'DCGM_FI_DEV_XID_ERRORS{Hostname=~"gpu\\\\-2"} != 0' in readings_query
+    assert ('(DCGM_FI_DEV_XID_ERRORS{Hostname=~"gpu\\\\-2", err_code!~"|0"} != 0) or '
+            '(DCGM_FI_DEV_XID_ERRORS{Hostname=~"gpu\\\\-2", err_code=""} != 0)') in readings_query
+    assert 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{Hostname=~"gpu\\\\-2"} != 0' in readings_query
     assert (src.reads, src.nodes_seen) == (reads, seen)  # timeouts and identity cadence follow full reads
     assert sources.node_matcher("Hostname", ["a.b", "c"]) == '{Hostname=~"a\\\\.b|c"}'
 

@@ -3,7 +3,9 @@
 A small fleet is backfilled with ``promtool tsdb create-blocks-from openmetrics`` (one node fresh, one
 whose samples stopped 200 s ago, as after a Prometheus restart with a dead exporter), one gpu-sim node
 is scraped live and then fails its scrapes (Prometheus marks its series stale: they vanish from instant
-queries). Skipped, saying why, where prometheus/promtool are not installed.
+queries). Prometheus also evaluates gpuremediate's recording rules (every second here): the source reads
+their output when it finds them (issue 21) and the raw series when told not to look. Skipped, saying why,
+where prometheus/promtool are not installed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 from bench import promlab
-from gpuremediate.signals import sources
+from gpuremediate.signals import recording, sources
 from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, NodeReadings
 from gpuremediate.signals.sources import PrometheusError, PrometheusSource
 from sim.gpusim import GpuSim
@@ -44,14 +46,17 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[promlab.Pro
     sim = GpuSim(port=0)
     sim.add_node("live-1", gpus=2, ip="127.0.0.90")
     sim.start()
-    server = promlab.PromServer(workdir, prometheus, targets=[promlab.Target(f"127.0.0.90:{sim.port}")]).start()
+    rules = workdir / "gpuremediate-recording.rules.yml"
+    rules.write_text(recording.rules_file(interval="1s"))
+    server = promlab.PromServer(workdir, prometheus, targets=[promlab.Target(f"127.0.0.90:{sim.port}")],
+                                rule_files=[rules], evaluation_interval="1s").start()
     yield server, sim
     server.stop()
     sim.stop()
 
 
-def source(server: promlab.PromServer, **kw: Any) -> PrometheusSource:
-    return PrometheusSource(server.url, stale_after_s=STALE_AFTER_S,
+def source(server: promlab.PromServer, recording_rules: bool = False, **kw: Any) -> PrometheusSource:
+    return PrometheusSource(server.url, stale_after_s=STALE_AFTER_S, recording_rules=recording_rules,
                             expected_nodes=lambda: ["fresh-1", "old-1", "live-1", "never-1"], **kw)
 
 
@@ -124,3 +129,66 @@ def query(server: promlab.PromServer, q: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(url, timeout=10) as resp:
         result: list[dict[str, Any]] = json.loads(resp.read())["data"]["result"]
     return result
+
+
+def shown(readings: list[NodeReadings]) -> dict[str, tuple[Any, ...]]:
+    """What the policy gets of each node: status, reason's start, each GPU's signals and pods."""
+    return {r.node: (r.status, r.reason.split(":")[0], [(g.gpu, g.uuid, g.xid, g.ecc_dbe_volatile, g.gpu_temp,
+                                                        g.memory_temp, g.pods) for g in r.gpus]) for r in readings}
+
+
+def test_with_the_recording_rules_the_source_reads_their_output_and_sees_the_same(
+        prom: tuple[promlab.PromServer, GpuSim]) -> None:
+    server, _ = prom
+    raw, recorded = source(server), source(server, recording_rules=True)
+    wait_for(lambda: recorded.detect_mode() == sources.MODE_RECORDED, 30, "the rules' info series",
+             seen=lambda: recorded.mode_detail)
+    assert "version 1, evaluated every 1s" in recorded.mode_detail and raw.mode == sources.MODE_RAW
+    wait_for(lambda: by_node(raw.read())["live-1"].status == SOURCE_OK, 30, "the live node scraped")
+    # the two modes read through different queries; a rule evaluation (1 s) may lie between them: try a few
+    wait_for(lambda: shown(recorded.read()) == shown(raw.read()), 10, "the same readings from both modes",
+             seen=lambda: (shown(recorded.read()), shown(raw.read())))
+    got = by_node(recorded.read())
+    assert recorded.mode == sources.MODE_RECORDED and got["fresh-1"].gpus[1].xid == 79  # an XID held in the value
+    assert got["old-1"].status == SOURCE_UNKNOWN and "stale in Prometheus" in got["old-1"].reason
+    assert got["never-1"].status == SOURCE_UNKNOWN
+
+
+def test_the_fast_path_sees_an_xid_in_labels_at_once_and_a_counter_after_one_evaluation(
+        prom: tuple[promlab.PromServer, GpuSim]) -> None:
+    """gpu-sim writes XIDs as dcgm-exporter >= 3.3 does (err_code/err_msg): Prometheus' index finds them, no
+    rule in between; a DBE count is a value, which the rules aggregate, and the fast path reads their output."""
+    server, sim = prom
+    src, raw = source(server, recording_rules=True), source(server)
+    wait_for(lambda: by_node(src.read())["live-1"].status == SOURCE_OK and src.recorded, 30, "a recorded read")
+    raw.read()
+    assert src.changed_nodes() == set() and raw.changed_nodes() == set()
+    sim.inject("live-1", 0, "xid", 79)
+    try:
+        wait_for(lambda: "live-1" in src.changed_nodes(), 30, "the XID in the fast path")
+        wait_for(lambda: "live-1" in raw.changed_nodes(), 30, "the XID in the raw fast path")
+        raw.read()
+        (xid_only,) = src.read(nodes=["live-1"])
+        assert xid_only.gpus[0].xid == 79
+        sim.inject("live-1", 1, "dbe", 3)
+        wait_for(lambda: "live-1" in src.changed_nodes(), 30, "the DBE count in the fast path")
+        (both,) = src.read(nodes=["live-1"])
+        assert both.gpus[0].xid == 79 and both.gpus[1].ecc_dbe_volatile == 3
+        # without the rules a DBE count is not polled for (a read of every ECC series a second): the full read has it
+        assert raw.changed_nodes() == set() and by_node(raw.read())["live-1"].gpus[1].ecc_dbe_volatile == 3
+        answer = query(server, sources.fault_query(src.node_labels, recorded=True))
+        assert {i["metric"].get("__name__", "") for i in answer} == {"", sources.RECORDED_FAULTS}
+    finally:
+        sim.reset_gpu("live-1", 0)
+        sim.reset_gpu("live-1", 1)
+
+
+def test_without_the_rules_the_source_says_it_aggregates_the_raw_series(
+        prom: tuple[promlab.PromServer, GpuSim], tmp_path: Path) -> None:
+    assert BINARIES is not None
+    with promlab.PromServer(tmp_path, BINARIES[0]) as bare:
+        src = PrometheusSource(bare.url)
+        assert src.detect_mode() == sources.MODE_RAW and "no gpuremediate recording rules" in src.mode_detail
+    server, _ = prom
+    other = PrometheusSource(server.url, node_label="kubernetes_host")  # rules made for other node labels
+    assert other.detect_mode() == sources.MODE_RAW and "not usable" in other.mode_detail

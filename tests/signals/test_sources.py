@@ -256,6 +256,9 @@ def recorded(name: str) -> bytes:
     return (PROM_DATA / name).read_bytes()
 
 
+NO_RULES = b'{"status":"success","data":{"resultType":"vector","result":[]}}'  # no recording rules: raw series
+
+
 class PromHandler(BaseHTTPRequestHandler):
     """Answers the readings, freshness and identity queries from ``replies`` (by which one was asked)."""
 
@@ -267,7 +270,8 @@ class PromHandler(BaseHTTPRequestHandler):
         query = parse_qs(parts.query)
         type(self).seen.append((parts.path, query, self.headers))
         text = query.get("query", [""])[0]
-        kind = "freshness" if "timestamp(" in text else "identity" if text.startswith("group by") else "readings"
+        kind = "freshness" if "timestamp(" in text else "identity" if text.startswith("group by") else \
+            "rules" if text == sources.RULES_INFO else "readings"
         code, body = type(self).replies.get(kind) or type(self).replies["readings"]
         gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "")
         if gzipped:
@@ -288,7 +292,7 @@ class PromHandler(BaseHTTPRequestHandler):
 def prom() -> Iterator[tuple[str, type[PromHandler]]]:
     handler = type("Handler", (PromHandler,), {"seen": [], "replies": {
         "readings": (200, recorded("readings.json")), "freshness": (200, recorded("freshness.json")),
-        "identity": (200, recorded("identity.json"))}})
+        "identity": (200, recorded("identity.json")), "rules": (200, NO_RULES)}})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/prom/", handler
@@ -304,8 +308,10 @@ def test_prometheus_readings_from_two_aggregated_queries(prom: tuple[str, type[P
              for path, q, h in handler.seen]
     expected = [("/prom/api/v1/query", query, ["10000ms"], "Bearer s3cret", "gzip")
                 for query in (sources.policy_query(), sources.freshness_query())]
-    assert sorted(asked[:2]) == sorted(expected)  # the two are sent side by side
-    assert asked[2] == ("/prom/api/v1/query", sources.identity_query(), ["10000ms"], "Bearer s3cret", "gzip")
+    assert asked[0][1] == sources.RULES_INFO and src.mode == sources.MODE_RAW  # looked for the rules: none
+    del handler.seen[0]
+    assert sorted(asked[1:3]) == sorted(expected)  # the two are sent side by side
+    assert asked[3] == ("/prom/api/v1/query", sources.identity_query(), ["10000ms"], "Bearer s3cret", "gzip")
     fresh = got["fresh-1"]
     assert fresh.status == SOURCE_OK and fresh.observed_at == EVAL_TIME
     assert [(g.gpu, g.uuid, g.xid, g.gpu_temp, g.memory_temp, g.model) for g in fresh.gpus] == [
@@ -327,6 +333,19 @@ def test_prometheus_query_timeout_is_its_own(prom: tuple[str, type[PromHandler]]
     url, handler = prom
     PrometheusSource(url, timeout_s=42).read()
     assert {q["timeout"][0] for _, q, _ in handler.seen} == {"42000ms"}
+
+
+def test_prometheus_first_read_is_sized_for_the_fleet_the_informer_shows(prom: tuple[str, type[PromHandler]]) -> None:
+    """Before any read succeeded no node was seen: sized for none, the first read at 5,000 nodes had 10 s and
+    every read timed out, for ever (issue 21). The Node informer's count sizes it from the start."""
+    url, handler = prom
+    fleet = [5000]
+    src = PrometheusSource(url, fleet_size=lambda: fleet[0])
+    assert src.timeout_s == 30.0
+    src.read()
+    assert {q["timeout"][0] for _, q, _ in handler.seen} == {"30000ms"}
+    fleet[0] = 0  # the informer lost its nodes: the nodes the last read saw still count
+    assert src.timeout_s == 10.0 + 0.004 * src.nodes_seen
 
 
 def test_prometheus_node_label_choice(prom: tuple[str, type[PromHandler]]) -> None:

@@ -61,6 +61,7 @@ records = st.builds(
     blocked=st.none() | blocked,
     policy_memory=st.dictionaries(st.text(max_size=5), json_values, max_size=3),
     stopped=st.booleans(),
+    thermal_hold_ends=st.dictionaries(st.text(max_size=8), times, max_size=2),
 )
 
 
@@ -144,6 +145,9 @@ def _doc(**overrides: Any) -> str:
         (_doc(action={"kind": "reboot", "attempt": 1, "started": 1.0, "deadline": 1e300}),
          "record.action.deadline = 1e+300 is not a plausible time"),
         (_doc(blocked={"reason": "pdb", "since": 1e17}), "record.blocked.since = 1e+17 is not a plausible time"),
+        (_doc(thermal_hold_ends=[1]), "record.thermal_hold_ends must be dict, not array"),
+        (_doc(thermal_hold_ends={"GPU-1": "soon"}), "record.thermal_hold_ends.GPU-1 must be a number, not string"),
+        (_doc(thermal_hold_ends={"GPU-1": 1e300}), "record.thermal_hold_ends.GPU-1 = 1e+300 is not a plausible"),
     ],
 )
 def test_malformed_records_say_what_is_wrong(text: str, fragment: str) -> None:
@@ -285,6 +289,17 @@ def test_a_record_from_before_ladders_reads_with_rung_0_and_no_diagnostics() -> 
     assert record.fault is not None and record.fault.diagnostics is None
 
 
+def test_a_record_from_before_thermal_hold_ends_reads_with_none_and_one_with_them_round_trips() -> None:
+    """A watched GPU's hold end (issue 24) is a new optional key: the previous version's record still reads,
+    and a previous controller reading the new one ignores it (unknown keys are ignored)."""
+    old = ('{"v":1,"state":"healthy","since":5,"policy_memory":{"v":1,"thermal":{"GPU-1":{"hot_since":5,'
+           '"cool_since":null,"cordoned_since":null,"cause":""}}}}')
+    assert r.decode(old).thermal_hold_ends == {}
+    watched = r.NodeRecord(since=5.0, thermal_hold_ends={"GPU-1": 65.0})
+    assert r.decode(r.encode(watched)) == watched and r.decode(r.encode(watched)).thermal_hold_ends == {"GPU-1": 65.0}
+    assert r.decode(r.encode(watched).replace('"GPU-1":65.0', '"GPU-1":null')).thermal_hold_ends == {}
+
+
 def test_rung_and_diagnostics_round_trip_and_bad_values_are_named() -> None:
     fault = r.Fault("xid", "79", (), "f", "reset-gpu", 1.0, 1.0, "",
                     diagnostics=r.Diagnostics(r.DIAGNOSTICS_TIMED_OUT, "gpur-diagnostics-n1", "/var/log/x.log", 3.0))
@@ -305,3 +320,44 @@ def test_start_action_keeps_the_rung_of_the_attempt_it_starts() -> None:
     started = r.start_action(pending, "reboot", "gpur-reboot-n1-1", 1, 5.0, 60.0)
     assert started.action is not None and started.action.rung == 2 and started.action.name == "gpur-reboot-n1-1"
     assert r.start_action(r.NodeRecord(), "drain", "", 1, 5.0).action.rung == 0  # type: ignore[union-attr]
+
+
+def test_a_record_is_stamped_with_its_node_and_a_copy_on_another_node_is_foreign() -> None:
+    node = {"metadata": {"name": "gpu-a", "uid": "uid-a"}}
+    written = r.node_patch(r.NodeRecord(state=states.DRAINING), owner=node)["metadata"]["annotations"]
+    on_a = {"metadata": {"name": "gpu-a", "uid": "uid-a", "annotations": written}}
+    mine = r.record_from_node(on_a)
+    assert isinstance(mine, r.NodeRecord) and (mine.node, mine.node_uid) == ("gpu-a", "uid-a")
+    copied = r.record_from_node({"metadata": {"name": "gpu-b", "uid": "uid-b", "annotations": written}})
+    assert isinstance(copied, r.RecordError) and "written on node 'gpu-a', not on 'gpu-b'" in str(copied)
+    recreated = r.record_from_node({"metadata": {"name": "gpu-a", "uid": "uid-new", "annotations": written}})
+    assert isinstance(recreated, r.RecordError) and "uid uid-a" in str(recreated)
+
+
+def test_a_record_from_before_owners_were_stamped_is_taken() -> None:
+    old = {r.RECORD_ANNOTATION: r.encode(r.NodeRecord(state=states.DRAINING))}
+    taken = r.record_from_node({"metadata": {"name": "gpu-b", "uid": "uid-b", "annotations": old}})
+    assert isinstance(taken, r.NodeRecord) and taken.state == states.DRAINING
+
+
+def test_the_largest_record_the_controller_writes_stays_small() -> None:
+    """Every list at its limit, every free text long (a plugin's status message may be any length): the record
+    written stays under 16 KiB of a Node's 256 KiB of annotations (docs/operations.md gives the figure)."""
+    long = "m" * 50_000
+    gpu = "GPU-" + "0" * 36
+    fault = r.Fault(kind="xid", code="79", gpus=tuple(f"{gpu[:-1]}{i}" for i in range(8)),
+                    fingerprint=f"xid:79:{gpu}:1", action="reboot", first_seen=1.0, last_seen=2.0, message=long)
+    action = r.ActionInProgress(kind="reset-gpu", name="gpur-reset-gpu-" + "n" * 40, attempt=3, started=1.0,
+                                deadline=2.0, detail="d" * 200, gpu_ids=tuple(str(i) for i in range(8)))
+    record = r.NodeRecord(
+        state=states.DRAINING, since=1.0, reason="xid-79", message=long, fault=fault, action=action,
+        history=tuple(r.HistoryEntry(at=float(i), kind="xid", code="79", action="reboot",
+                                     outcome=r.OUTCOME_REPAIR_FAILED) for i in range(r.HISTORY_LIMIT)),
+        handled=tuple(f"xid:79:{gpu}:{i}" for i in range(r.HANDLED_LIMIT)),
+        blocked=r.Blocked(r.BLOCK_PDB, long, 1.0),
+        policy_memory={"thermal": {f"{gpu[:-1]}{i}": {"hot_since": 1.0, "cool_since": 2.0} for i in range(8)}},
+        node="n" * 63, node_uid="u" * 36)
+    written = r.node_patch(record)["metadata"]["annotations"][r.RECORD_ANNOTATION]
+    assert len(written.encode()) < 16 * 1024, len(written.encode())
+    back = r.decode(written)
+    assert back.fault is not None and len(back.fault.message) == r.TEXT_LIMIT and back.message.endswith("…")
