@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import Cluster, make_cluster
+from e2e.harness import Cluster, E2EError, make_cluster, target_name
 
 LOG_TAIL_LINES = 60
 
@@ -35,6 +35,27 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         hit = sorted((n, test) for test, n in met.items() if n)
         terminalreporter.write_line(f"409 Conflicts met by the controller: {sum(met.values())} in {len(met)} "
                                     f"scenarios ({len(hit)} with at least one; most: {hit[-3:][::-1]})")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def only_the_targets_cluster() -> Iterator[None]:
+    """On a target other than the emulator, a scenario that starts an API server of its own (a SimCluster
+    made without the target's kubeconfig, a KubeAPIServer) fails at once: it would pass on that target
+    without touching the target's server. Clusters come from ``make_cluster``. (Session-scoped: it is in
+    place before any scenario's fixture, of whatever scope, starts.)"""
+    target = target_name()
+    if target == "emulator":
+        yield
+        return
+    from sim.kubeapi import KubeAPIServer
+
+    def refuse(self: KubeAPIServer) -> KubeAPIServer:
+        raise E2EError(f"a scenario started an in-process API server on target {target}: make its cluster "
+                       "with e2e.harness.make_cluster (its options shape the simulated world)")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(KubeAPIServer, "start", refuse)
+        yield
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Count the e2e suite: scenarios (test functions) and checks (assert statements and holds() calls in them).
+"""Count the e2e suite: scenarios (test functions) and checks (assert statements, holds() and wait_metric()
+calls in them).
 
     python e2e/count.py           # "N scenarios, M checks"
     python e2e/count.py --json
@@ -32,12 +33,16 @@ def _tests(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")]
 
 
+CHECK_CALLS = frozenset({"holds", "wait_metric"})
+
+
 def _is_check(node: ast.AST) -> bool:
-    """An assert, or ``cluster.holds(...)`` (a condition that must stay true for a while)."""
+    """An assert, ``cluster.holds(...)`` (a condition that must stay true for a while) or
+    ``cluster.wait_metric(...)`` (a metric that must reach its value: an assert that waits for the counter)."""
     if isinstance(node, ast.Assert):
         return True
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "holds")
+            and node.func.attr in CHECK_CALLS)
 
 
 def count_file(path: Path) -> Count:

@@ -1,4 +1,4 @@
-"""The e2e harness: one small ``Cluster`` API that every scenario suite uses, on two targets.
+"""The e2e harness: one small ``Cluster`` API that every scenario suite uses, on three targets.
 
 Target (env ``GPUREMEDIATE_E2E_TARGET``):
 
@@ -6,12 +6,14 @@ Target (env ``GPUREMEDIATE_E2E_TARGET``):
   node simulator); the controller runs as a SUBPROCESS (``python -m gpuremediate run``) with a
   per-scenario policy file, scrape/resync ``EmulatorCluster.INTERVAL_S``, JSON logs captured.
   (Set ``GPUREMEDIATE_E2E_INTERVAL`` to change that interval.)
-- ``apiserver``: a bare control plane at ``KUBECONFIG`` (kube-apiserver + kube-controller-manager, a
-  scheduler optional, no kubelets: the envtest/KWOK way). As ``emulator``, but the API server is that
-  one: NodeSim plays the kubelets and gpu-sim the exporters in this process, the controller is a
-  subprocess; the CRDs of manifests/crds and the ServiceAccounts of manifests/base are installed; each
-  scenario starts by cleaning what earlier ones left (pods force-deleted with grace 0, since no kubelet
-  finishes a deletion). Only the controller's Events are read. See e2e/README.md.
+- ``apiserver``: a bare control plane at ``KUBECONFIG`` (kube-apiserver + kube-controller-manager +
+  kube-scheduler, no kubelets: the envtest/KWOK way). As ``emulator``, but the API server is that
+  one: NodeSim plays the kubelets and gpu-sim the exporters in this process (the agents and the GPU
+  Operator's operands too, where a scenario asks), the controller is a subprocess that reaches the server
+  through a recording proxy (e2e/proxy.py: the audit of its requests); the CRDs of manifests/crds and the
+  ServiceAccounts of manifests/base are installed; each scenario starts by cleaning what earlier ones left
+  (pods force-deleted with grace 0, since no kubelet finishes a deletion). Only the controller's Events
+  are read. Every scenario runs there. See e2e/README.md.
 - ``kubeconfig``: any cluster with manifests/overlays/kind applied (``e2e/kind/run.sh``);
   everything goes through the API (faults via the pod proxy to gpu-sim, metrics via the service
   proxy, the controller by scaling its Deployment between 0 and 1 with the scenario's policy in
@@ -19,7 +21,9 @@ Target (env ``GPUREMEDIATE_E2E_TARGET``):
   in-process control call ``cluster.require(...)`` and are skipped there with the reason.
 
 Fixtures (e2e/conftest.py): ``cluster`` — a fresh, started cluster per test, controller NOT yet
-started; on failure the controller's log tail is printed.
+started; on failure the controller's log tail is printed. A scenario that needs a differently simulated
+world makes its own with ``make_cluster(tmp, agents=True | gpu_operator=True | products=...)``; on a
+target other than the emulator, a scenario that starts an API server of its own fails.
 
 The API (``c`` is the ``cluster`` fixture)::
 
@@ -27,15 +31,20 @@ The API (``c`` is the ``cluster`` fixture)::
     c.start_controller(policy=None, dry_run=False)  # policy: {"drain": {"mode": ...}} merged over BASE_POLICY
     c.stop_controller(); c.kill_controller(); c.restart_controller()   # SIGTERM / SIGKILL / kill+start
     c.metrics() -> Metrics                    # .value(name, **labels) sums matching samples (0.0 if none)
+    c.wait_metric(name, want, **labels) -> Metrics  # a counter moves after its write and Event: wait for it
     c.controller_log() -> str                 # what the controller logged so far (all runs)
     c.log_problems() -> list[str]             # after stop_controller(): tracebacks, non-zero exit on SIGTERM
     c.conflicts_met() -> int                  # the controller's node writes that met a 409 (busy cluster)
     c.inject(node, gpu, fault, value=None)    # gpu-sim faults: xid|dbe|row-remap-failure|row-remap-pending|temp|...
     c.reset_gpu(node, gpu); c.exporter_down(node, mode="refuse"); c.exporter_up(node)
-    c.set_validation(node, ok)                # emulator only (c.require skips elsewhere)
-    c.audit_mark() / c.mutations_since(mark)  # emulator only: mutating API requests (no Events/status)
+    c.set_validation(node, ok)                # in-process NodeSim targets (c.require skips on kubeconfig)
+    c.audit_mark() / c.mutations_since(mark)  # the controller's mutating requests (no Events/status): the
+                                              # emulator's audit, or apiserver's recording proxy
+    c.add_node(name, gpus=8)                  # a node joining mid-scenario (deleted after it on apiserver)
+    c.uninstall_crd("plural.group")           # a cluster without that CRD (apiserver reinstalls it after)
     c.job_runs(node, kind) -> int             # Job pods of that kind that ran on the node
     c.workload(name, node, gpus=1, labels=None) -> pod;  c.pdb(name, selector, min_available=1)
+    c.dra_workload(name, node, gpu) -> pod    # holds GPU ``gpu`` through a ResourceClaim (make_cluster(tmp, dra=True))
     c.set_pdb_min_available(name, value)
     c.node(name) -> dict; c.record(name) -> NodeRecord | None; c.state(name) -> str ("healthy" if untouched)
     c.label(name) -> str | None (the gpuremediate.io/state label); c.unschedulable(name) -> bool
@@ -66,17 +75,21 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuremediate.actions.budget_claims import BUDGET_CONFIGMAP
 from gpuremediate.actions.events import COMPONENT as EVENT_COMPONENT
 from gpuremediate.actions.nodes import EVENT_REASONS
+from gpuremediate.actions.operands import OPERAND_ANNOTATION
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
+from gpuremediate.kube.handover import SHARD_LEASE_PREFIX
 from gpuremediate.kube.resources import (
     CONFIGMAPS,
     CRDS,
+    DAEMONSETS,
     DEPLOYMENTS,
     EVENTS,
     JOBS,
@@ -85,6 +98,7 @@ from gpuremediate.kube.resources import (
     NODES,
     PDBS,
     PODS,
+    SECRETS,
     SERVICEACCOUNTS,
     Resource,
 )
@@ -93,6 +107,9 @@ from gpuremediate.signals import exposition
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION
 from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
 from sim.waiting import wait_for
+
+if TYPE_CHECKING:
+    from e2e.proxy import RecordingProxy
 
 T = TypeVar("T")
 
@@ -104,6 +121,8 @@ EXPORTER_NS = "gpu-operator"
 STATE_LABEL = "gpuremediate.io/state"
 JOB_LABEL = "gpuremediate.io/job"
 BREAKER_CONFIGMAP = "gpuremediate-breaker"
+NOTIFICATIONS_SECRET = "gpuremediate-notifications"  # [notifications].secret's default: a scenario's webhook URL
+METRIC_WAIT_S = 5.0  # a metric's wait for the counter to catch up with what was seen (scaled by slow)
 CONFLICT_LOG_TEXT = "changed since read"  # gpuremediate.actions: a node patch that met 409 Conflict
 
 # Short timers for every scenario; a scenario's own sections are merged over these.
@@ -173,7 +192,9 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"policy value {value!r}: expected bool, number, string or table")
+    if isinstance(value, list | tuple):  # label lists, ladders, [[conditions.rules]] as inline tables
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"policy value {value!r}: expected bool, number, string, array or table")
 
 
 # ---- metrics ------------------------------------------------------------------------------------
@@ -259,6 +280,22 @@ class Cluster:
         """How many of the controller's guarded node writes met a 409 (its log says each one)."""
         return sum(1 for line in self.controller_log().splitlines() if CONFLICT_LOG_TEXT in line)
 
+    def add_node(self, name: str, gpus: int = 8) -> None:
+        """A GPU node that joins the cluster mid-scenario (no exporter serves it)."""
+        self.require("add a node to the cluster")
+
+    def uninstall_crd(self, name: str) -> None:
+        """The CustomResourceDefinition ``name`` (plural.group) gone and its kind no longer served, for a
+        scenario about a cluster without it (absent already: nothing to do)."""
+        try:
+            crd = self.kube.get(CRDS, name)
+        except errors.NotFound:
+            return
+        res = crd_resource(crd)
+        with contextlib.suppress(errors.NotFound):
+            self.kube.delete(CRDS, name)
+        self.wait(lambda: not _served(self.kube, res), 20, f"the {res.kind} CRD {name} gone")
+
     def audit_mark(self) -> int:
         self.require("read the API server's audit of requests")
         return 0
@@ -281,6 +318,23 @@ class Cluster:
 
     def metrics(self) -> Metrics:
         return Metrics(self.metrics_text())
+
+    def wait_metric(self, name: str, want: float, /, **labels: str) -> Metrics:
+        """The controller's metrics once ``name`` (summed over the samples with ``labels``) reads ``want``.
+        A counter moves after the write it counts, and after the Event that reports it (faults_total once the
+        record write landed; a histogram after the node write): a scenario that saw the write or the Event
+        waits for its metric instead of racing it. Returns the reading that matched."""
+        seen: list[float] = []
+
+        def matched() -> Metrics | None:
+            m = self.metrics()
+            seen.append(m.value(name, **labels))
+            return m if seen[-1] == want else None
+
+        shown = ",".join(f"{k}={v}" for k, v in labels.items())
+        found = self.wait(matched, METRIC_WAIT_S, f"{name}{{{shown}}} = {want:g}", seen=lambda: seen[-1:])
+        assert found is not None
+        return found
 
     def wait(self, predicate: Callable[[], T], timeout: float, describe: str, *,
              seen: Callable[[], object] | None = None) -> T:
@@ -339,6 +393,15 @@ class Cluster:
 
     def workload_image(self) -> str:
         return "cuda:sample"
+
+    def dra_workload(self, name: str, node: str, gpu: int) -> dict[str, Any]:
+        """A pod on ``node`` holding GPU ``gpu`` through a ResourceClaim of its own name, allocated as kube-scheduler
+        would (``make_cluster(tmp, dra=True)``: NodeSim publishes the slices)."""
+        from sim.dra_claims import run_on_gpu
+        from sim.nodesim_dra import device_name
+
+        pod, _claim = run_on_gpu(self.kube, name, WORKLOAD_NS, node, device_name(gpu), labels={"app": name})
+        return pod
 
     def pdb(self, name: str, selector: dict[str, str], *, min_available: int | str = 1) -> dict[str, Any]:
         return self.kube.create(PDBS, {
@@ -563,13 +626,16 @@ class EmulatorCluster(Cluster):
     simulated_nodes = True
     INTERVAL_S = float(os.environ.get("GPUREMEDIATE_E2E_INTERVAL", "0.3"))
 
-    def __init__(self, tmp: Path, nodes: int = 4, *, kubeconfig: str | None = None) -> None:
+    def __init__(self, tmp: Path, nodes: int = 4, *, kubeconfig: str | None = None, **sim_options: Any) -> None:
+        """``sim_options``: more of ``SimCluster``'s (``agents=True``, ``gpu_operator=True``, ``products=``...)."""
         super().__init__()
         from sim.cluster import SimCluster
 
         self.tmp = tmp
-        self.sim = SimCluster(nodes=nodes, job_duration_s=0.2, reboot_down_s=0.5, kubeconfig=kubeconfig)
+        self.sim = SimCluster(nodes=nodes, job_duration_s=0.2, reboot_down_s=0.5, kubeconfig=kubeconfig,
+                              **sim_options)
         self.nodes = list(self.sim.node_names)
+        self.added_nodes: list[str] = []
         self.proc: ControllerProcess | None = None
         self.log: list[str] = []
         self.shutdown_failures: list[str] = []
@@ -598,7 +664,7 @@ class EmulatorCluster(Cluster):
         path = self.tmp / "policy.toml"
         path.write_text(policy_toml(policy or {}))
         interval = f"{self.INTERVAL_S}s"
-        args = [*self.sim.controller_args(), "--policy", str(path), "--metrics-addr", "127.0.0.1:0",
+        args = [*self.controller_args(), "--policy", str(path), "--metrics-addr", "127.0.0.1:0",
                 "--log-format", "json", "--scrape-interval", interval, "--resync", interval,
                 "--scrape-timeout", "2s"]
         if dry_run:
@@ -607,6 +673,10 @@ class EmulatorCluster(Cluster):
         self.proc = ControllerProcess(args, self.log)
         self.proc.wait_port(20)
         self.wait(self._ready, 20, "the controller's /readyz to answer 200")
+
+    def controller_args(self) -> list[str]:
+        """``gpuremediate run`` flags that point a controller at this cluster (its API server, the exporters)."""
+        return self.sim.controller_args()
 
     def _ready(self) -> bool:
         try:
@@ -669,19 +739,33 @@ class EmulatorCluster(Cluster):
     def set_validation(self, node: str, ok: bool) -> None:
         self.sim.set_validation(node, ok)
 
+    def add_node(self, name: str, gpus: int = 8) -> None:
+        """NodeSim registers ``name`` (labelled ADDED_NODE_LABEL, so a server that outlives the scenario
+        loses it at the next start); it stays out of ``nodes`` and no exporter serves it."""
+        assert self.sim.nodesim is not None
+        self.sim.nodesim.add_node(name, gpus=gpus, labels={ADDED_NODE_LABEL: "true"})
+        self.added_nodes.append(name)
+
+    def audit_log(self) -> list[tuple[str, str, str, str, str, str | None, str | None]] | None:
+        """The requests the API server saw, ``(user, verb, group, resource, subresource, namespace, name)``
+        each: the emulator's own audit (None where it is not the emulator)."""
+        return None if self.sim.api is None else self.sim.api.requests
+
     def audit_mark(self) -> int:
-        if self.sim.api is None:
+        log = self.audit_log()
+        if log is None:
             return super().audit_mark()
-        return len(self.sim.api.requests)
+        return len(log)
 
     def mutations_since(self, mark: int) -> list[tuple[str, ...]]:
         """Mutating requests after ``mark`` except Events, status writes and the background components'
         (the node simulator's Leases and pods, the busy writer's node writes)."""
         from sim.cluster import BACKGROUND_USERS
 
-        if self.sim.api is None:
+        log = self.audit_log()
+        if log is None:
             return super().mutations_since(mark)
-        return [tuple(str(x) for x in r[1:]) for r in self.sim.api.requests[mark:]
+        return [tuple(str(x) for x in r[1:]) for r in log[mark:]
                 if r[1] in MUTATING_VERBS and r[3] != "events" and r[4] != "status"
                 and r[0] not in BACKGROUND_USERS]
 
@@ -702,6 +786,8 @@ GPUSIM_SELECTOR = "app=nvidia-dcgm-exporter"
 GPUSIM_URL = f"http://gpu-sim.gpu-operator.svc:{GPUSIM_PORT}"
 RECORD_ANNOTATION = "gpuremediate.io/record"
 EXCLUDE_LABEL = "gpuremediate.io/exclude"
+CLUSTER_TAINT_PREFIXES = ("node.kubernetes.io/", "node-role.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+ADDED_NODE_LABEL = "e2e.gpuremediate.io/added"  # a node a scenario added (Cluster.add_node): deleted after it
 # What scenarios create that a real cluster keeps from one scenario to the next (CRDs may be absent).
 SCENARIO_RESOURCES = (
     Resource("nvsentinel.nvidia.com", "v1alpha1", "drainrequests", "DrainRequest", True),
@@ -767,6 +853,9 @@ class KubeconfigCluster(Cluster):
         import pytest
 
         pytest.skip(f"target kubeconfig cannot {what}")
+
+    def uninstall_crd(self, name: str) -> None:
+        self.require("run without a CRD the kind overlay installs (the deployed controller and plugins need it)")
 
     def kubeconfig_args(self) -> list[str]:
         return ["--kubeconfig", self.kubeconfig] if self.kubeconfig else []
@@ -939,26 +1028,112 @@ LEADER_LEASE = "gpuremediate"  # --lease-name's default, in the controller's nam
 def clean_world(kube: KubeClient, nodes: list[str]) -> None:
     """What a scenario leaves on an API server that outlives it: workload pods, PDBs, Jobs and their pods
     (pods deleted with grace 0: no kubelet may be there to finish a graceful deletion), scenario custom
-    resources (finalizers removed: no controller runs to remove them), the breaker's state, the
-    controller's Events, and the records, state labels, exclusions, claims and cordons on the nodes."""
+    resources (finalizers removed: no controller runs to remove them), the breaker's state, the shards'
+    budget claims, a webhook scenario's Secret, the controller's Events, a simulated GPU Operator's
+    DaemonSets and pods, the nodes a scenario added, and the records, state labels, exclusions, claims,
+    operand-label records, cordons and taints on the nodes (the node simulator's next registration of a
+    node resets its status and GPU labels: sim.nodesim.NodeSim.add_node)."""
     _delete_all(kube, PODS, WORKLOAD_NS, grace_period_seconds=0)
     _delete_all(kube, PDBS, WORKLOAD_NS)
     _delete_all(kube, JOBS, JOBS_NS, propagation_policy="Background")
     _delete_all(kube, PODS, JOBS_NS, grace_period_seconds=0)  # a Job pod holding GPUs blocks the next ones
-    with contextlib.suppress(errors.NotFound):
-        kube.delete(CONFIGMAPS, BREAKER_CONFIGMAP, SYSTEM_NS)
+    for configmap in (BREAKER_CONFIGMAP, BUDGET_CONFIGMAP):  # the breaker's state, the shards' budget claims
+        with contextlib.suppress(errors.NotFound):
+            kube.delete(CONFIGMAPS, configmap, SYSTEM_NS)
+    with contextlib.suppress(errors.NotFound):  # a webhook scenario's receiver URL
+        kube.delete(SECRETS, NOTIFICATIONS_SECRET, SYSTEM_NS)
     for res in SCENARIO_RESOURCES:
         _delete_custom(kube, res)
     for event in kube.list(EVENTS, "default")["items"]:
         if _from_controller(event):
             with contextlib.suppress(errors.NotFound):
                 kube.delete(EVENTS, event["metadata"]["name"], "default")
+    _clean_operands(kube)
+    _clean_dra(kube, nodes)
+    for added in kube.list(NODES, label_selector=ADDED_NODE_LABEL)["items"]:
+        with contextlib.suppress(errors.NotFound):
+            kube.delete(NODES, added["metadata"]["name"])
+    for extra in _simulated_nodes_beyond(kube, nodes):  # a wider scenario's (48 nodes): they would count as fleet
+        with contextlib.suppress(errors.NotFound):
+            kube.delete(NODES, extra)
     for node in nodes:
         with contextlib.suppress(errors.NotFound):  # not registered yet: the first scenario on this server
             kube.patch(NODES, node, {
-                "metadata": {"annotations": {RECORD_ANNOTATION: None, CLAIM_ANNOTATION: None},
+                "metadata": {"annotations": {RECORD_ANNOTATION: None, CLAIM_ANNOTATION: None,
+                                             OPERAND_ANNOTATION: None},
                              "labels": {STATE_LABEL: None, EXCLUDE_LABEL: None}},
                 "spec": {"unschedulable": None}})
+            _drop_scenario_taints(kube, node)
+
+
+def _clean_dra(kube: KubeClient, nodes: list[str]) -> None:
+    """The workloads' ResourceClaims, the controller's DeviceTaintRules and the simulated nodes' ResourceSlices
+    (a scenario without ``dra=True`` has no DRA driver; one with it publishes them again): none where DRA is not
+    served."""
+    from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
+    from gpuremediate.kube.resources import RESOURCE_CLAIMS, RESOURCE_SLICES
+    from sim.nodesim_dra import DRIVER
+
+    with contextlib.suppress(errors.NotFound):
+        _delete_all(kube, RESOURCE_CLAIMS, WORKLOAD_NS)
+        for node in nodes:
+            selector = f"spec.nodeName={node},spec.driver={DRIVER}"
+            for item in kube.list(RESOURCE_SLICES, field_selector=selector)["items"]:
+                with contextlib.suppress(errors.NotFound):
+                    kube.delete(RESOURCE_SLICES, item["metadata"]["name"])
+    taints = DeviceTaints(kube)
+    with contextlib.suppress(DeviceTaintsNotServed):
+        for rule in taints.owned():
+            taints.release_rule(rule.name)
+
+
+def _simulated_nodes_beyond(kube: KubeClient, nodes: list[str]) -> list[str]:
+    """The simulated cluster's nodes (``sim.cluster.node_name``'s names) a scenario of ``nodes`` does not have."""
+    from sim.cluster import node_name
+
+    prefix, ours = node_name(0).removesuffix("0"), set(nodes)
+    names = [str(n["metadata"]["name"]) for n in kube.list(NODES)["items"]]
+    return [n for n in names if n not in ours and n.startswith(prefix) and n[len(prefix):].isdigit()]
+
+
+def _clean_operands(kube: KubeClient) -> None:
+    """A simulated GPU Operator's DaemonSets and pods (sim.cluster.OperatorSim; their pods deleted with grace
+    0, a stuck one's finalizer removed): the next cluster on the server may be no GPU Operator one."""
+    from sim.cluster import OPERAND_DAEMONSETS, STUCK_FINALIZER
+
+    for name in OPERAND_DAEMONSETS:
+        with contextlib.suppress(errors.NotFound):
+            kube.delete(DAEMONSETS, name, EXPORTER_NS, propagation_policy="Background")
+    pods: list[dict[str, Any]] = []
+    with contextlib.suppress(errors.NotFound):  # no namespace yet: the first cluster on this server
+        pods = kube.list(PODS, EXPORTER_NS)["items"]
+    for pod in pods:
+        meta = pod["metadata"]
+        with contextlib.suppress(errors.NotFound):
+            if STUCK_FINALIZER in (meta.get("finalizers") or []):
+                kube.patch(PODS, meta["name"], {"metadata": {"finalizers": [
+                    f for f in meta["finalizers"] if f != STUCK_FINALIZER] or None}}, EXPORTER_NS)
+            if (meta.get("labels") or {}).get("app") in OPERAND_DAEMONSETS:
+                kube.delete(PODS, meta["name"], EXPORTER_NS, grace_period_seconds=0)
+
+
+def _drop_scenario_taints(kube: KubeClient, node: str) -> None:
+    """Taints a scenario or the controller put on ``node`` (``[taint]``, a person's): the cluster's own
+    (``node.kubernetes.io/*``, a node role's) stay. ``spec.taints`` is one list: replaced guarded by the
+    resourceVersion read, again on a 409 (kube-controller-manager writes the same list)."""
+    for _ in range(10):
+        current = kube.get(NODES, node)
+        taints = (current.get("spec") or {}).get("taints") or []
+        kept = [t for t in taints if str(t.get("key", "")).startswith(CLUSTER_TAINT_PREFIXES)]
+        if kept == taints:
+            return
+        try:
+            kube.patch(NODES, node, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                                     "spec": {"taints": kept or None}})
+            return
+        except errors.Conflict:
+            continue
+    raise E2EError(f"could not remove the scenario's taints from {node}: 10 conflicts in a row")
 
 
 def _delete_all(kube: KubeClient, res: Resource, namespace: str, **options: Any) -> None:
@@ -1002,6 +1177,14 @@ def crd_resource(crd: Mapping[str, Any]) -> Resource:
                     spec.get("scope") == "Namespaced")
 
 
+def _namespace_exists(kube: KubeClient, name: str) -> bool:
+    try:
+        kube.get(NAMESPACES, name)
+    except errors.NotFound:
+        return False
+    return True
+
+
 def _served(kube: KubeClient, res: Resource) -> bool:
     try:
         kube.list(res, limit=1)
@@ -1019,18 +1202,27 @@ class ApiserverCluster(EmulatorCluster):
     target = "apiserver"
     slow = 2.0  # a real control plane answers in milliseconds, but its first create after a CRD takes ~2 s
 
-    def __init__(self, tmp: Path, kubeconfig: str) -> None:
-        super().__init__(tmp, kubeconfig=kubeconfig)
+    def __init__(self, tmp: Path, kubeconfig: str, **sim_options: Any) -> None:
+        super().__init__(tmp, kubeconfig=kubeconfig, **sim_options)
         self.kubeconfig = kubeconfig
+        self.proxy: RecordingProxy | None = None
+        self.proxy_kubeconfig = ""
 
     def start(self) -> ApiserverCluster:
+        from e2e.proxy import RecordingProxy
         from sim.cluster import install_service_accounts
 
         admin = KubeClient(load_config(self.kubeconfig), qps=100, burst=200)
         try:
             clean_world(admin, self.nodes)
-            with contextlib.suppress(errors.NotFound):  # a SIGKILLed controller's: no 15 s wait to take over
-                admin.delete(LEASES, LEADER_LEASE, SYSTEM_NS)
+            # The leader Lease (a SIGKILLed controller's: no 15 s wait to take over) and the shard Leases (a
+            # --shards 3 replica's left unheld would count as a third shard in a --shards 2 scenario).
+            leases = admin.list(LEASES, SYSTEM_NS)["items"] if _namespace_exists(admin, SYSTEM_NS) else []
+            for lease in leases:
+                name = lease["metadata"]["name"]
+                if name == LEADER_LEASE or name.startswith(SHARD_LEASE_PREFIX):
+                    with contextlib.suppress(errors.NotFound):
+                        admin.delete(LEASES, name, SYSTEM_NS)
             self._install_crds(admin)
             for ns in (SYSTEM_NS, JOBS_NS):
                 with contextlib.suppress(errors.AlreadyExists):
@@ -1039,7 +1231,20 @@ class ApiserverCluster(EmulatorCluster):
         finally:
             admin.close()
         super().start()
+        # The controller talks to the server through a recording proxy: the audit of its requests.
+        self.proxy = RecordingProxy(load_config(self.kubeconfig)).start()
+        self.proxy_kubeconfig = str(self.proxy.write_kubeconfig(self.tmp / "proxy.kubeconfig"))
         return self
+
+    def controller_args(self) -> list[str]:
+        args = super().controller_args()
+        if self.proxy is not None:
+            args[args.index("--kubeconfig") + 1] = self.proxy_kubeconfig
+        return args
+
+    def audit_log(self) -> list[tuple[str, str, str, str, str, str | None, str | None]] | None:
+        """The controller's requests, as the recording proxy in front of the server saw them."""
+        return None if self.proxy is None else self.proxy.requests
 
     def _install_crds(self, admin: KubeClient) -> None:
         for crd in shipped_crds():
@@ -1048,16 +1253,18 @@ class ApiserverCluster(EmulatorCluster):
             res = crd_resource(crd)
             self.wait(functools.partial(_served, admin, res), 10, f"the {res.kind} CRD served")
 
-    # In-process NodeSim decides each Job's outcome here too; what a shared server cannot do (add a node
-    # that would outlive the scenario, run without the CRDs, read an audit of requests) is skipped.
-    CAN = frozenset({"choose a validation outcome per node"})
-
-    def require(self, what: str) -> None:
-        if what in self.CAN:
-            return
-        import pytest
-
-        pytest.skip(f"target apiserver cannot {what}")
+    def stop(self) -> None:
+        super().stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.added_nodes:  # the server outlives the scenario: so would they, unrenewed
+            admin = KubeClient(load_config(self.kubeconfig))
+            try:
+                for name in self.added_nodes:
+                    with contextlib.suppress(errors.NotFound):
+                        admin.delete(NODES, name)
+            finally:
+                admin.close()
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -1084,17 +1291,27 @@ def _from_controller(event: Mapping[str, Any]) -> bool:
         event.get("reportingComponent") == EVENT_COMPONENT
 
 
-def make_cluster(tmp: Path) -> Cluster:
-    target = os.environ.get("GPUREMEDIATE_E2E_TARGET", "emulator")
+def target_name() -> str:
+    return os.environ.get("GPUREMEDIATE_E2E_TARGET", "emulator")
+
+
+def make_cluster(tmp: Path, **sim_options: Any) -> Cluster:
+    """The target's cluster. ``sim_options`` shape the simulated world (``sim.cluster.SimCluster``'s:
+    ``agents=True``, ``gpu_operator=True``, ``products={...}``) on the targets that simulate it; the
+    ``kubeconfig`` target skips the scenario."""
+    target = target_name()
     if target == "emulator":
-        return EmulatorCluster(tmp)
+        return EmulatorCluster(tmp, **sim_options)
     if target == "kubeconfig":
-        return KubeconfigCluster(os.environ.get("KUBECONFIG"))
+        cluster = KubeconfigCluster(os.environ.get("KUBECONFIG"))
+        if sim_options:
+            cluster.require(f"simulate {', '.join(sorted(sim_options))} (its nodes and exporters are real pods)")
+        return cluster
     if target == "apiserver":
         kubeconfig = os.environ.get("KUBECONFIG")
         if not kubeconfig:
             raise E2EError("GPUREMEDIATE_E2E_TARGET=apiserver needs KUBECONFIG: the bare control plane's kubeconfig")
-        return ApiserverCluster(tmp, kubeconfig)
+        return ApiserverCluster(tmp, kubeconfig, **sim_options)
     raise E2EError(f"GPUREMEDIATE_E2E_TARGET: expected emulator, apiserver or kubeconfig, got {target!r}")
 
 

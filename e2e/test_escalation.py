@@ -13,20 +13,13 @@ from typing import Any
 
 import pytest
 
-from e2e import harness
 from e2e.harness import JOB_LABEL, Cluster
 from e2e.plugins.remediation import API_VERSION, KIND, ExampleRemediationController, install_crd, remediation_crd
-from e2e.test_plugins import _toml_value, action, requests_for
+from e2e.test_plugins import action, requests_for
 
 ESCALATED = "GPURemediationEscalated"
 RESET_THEN_REBOOT = {"remediation.ladders": {"reset-gpu": [{"action": "reset-gpu", "attempts": 2},
                                                            {"action": "reboot", "attempts": 1}]}}
-
-
-@pytest.fixture(autouse=True)
-def _toml_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ladders are arrays of inline tables: the plugin scenarios' TOML writer knows them."""
-    monkeypatch.setattr(harness, "_toml_value", _toml_value)
 
 
 @pytest.fixture(autouse=True)
@@ -79,10 +72,9 @@ def test_reset_fails_twice_then_reboot_repairs(cluster: Cluster) -> None:
     event = cluster.wait_event(node, ESCALATED, "rung 2/2 reboot")
     assert "reset-gpu failed 2 time(s)" in event["message"], event["message"]
     assert cluster.event_reasons(node).count(ESCALATED) == 1
-    m = cluster.metrics()
-    assert m.value("gpuremediate_escalations_total", **{"from": "reset-gpu", "to": "reboot"}) == 1
-    assert m.value("gpuremediate_remediation_seconds_count", action="reset-gpu") == 2
-    assert m.value("gpuremediate_remediation_seconds_count", action="reboot") == 1
+    cluster.wait_metric("gpuremediate_escalations_total", 1, **{"from": "reset-gpu", "to": "reboot"})
+    cluster.wait_metric("gpuremediate_remediation_seconds_count", 2, action="reset-gpu")
+    cluster.wait_metric("gpuremediate_remediation_seconds_count", 1, action="reboot")
 
 
 def test_ladder_to_a_custom_remediation(cluster: Cluster, plugin: ExampleRemediationController) -> None:
@@ -100,7 +92,7 @@ def test_ladder_to_a_custom_remediation(cluster: Cluster, plugin: ExampleRemedia
     assert len(made) == 1 and made[0]["spec"]["action"] == "rma", [m["metadata"]["name"] for m in made]
     assert len(cluster.jobs(node, "reset-gpu")) == 1 and cluster.jobs(node, "reboot") == []
     cluster.wait_event(node, ESCALATED, "rung 2/2 rma")
-    assert cluster.metrics().value("gpuremediate_escalations_total", **{"from": "reset-gpu", "to": "rma"}) == 1
+    cluster.wait_metric("gpuremediate_escalations_total", 1, **{"from": "reset-gpu", "to": "rma"})
 
 
 def test_exhausted_ladder_quarantines_with_its_rungs_in_history_and_explain(cluster: Cluster) -> None:
@@ -141,4 +133,4 @@ def test_diagnostics_job_runs_before_the_reset_and_names_its_output(cluster: Clu
     event = cluster.wait_event(node, "GPUDiagnosticsCollected", location)
     assert event["type"] == "Normal" and f"on node {node}" in event["message"], event
     assert rec.fault is None  # the flow closed; the location stays on the Event
-    assert cluster.metrics().value("gpuremediate_diagnostics_total", outcome="ok") == 1
+    cluster.wait_metric("gpuremediate_diagnostics_total", 1, outcome="ok")

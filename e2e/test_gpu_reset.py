@@ -4,22 +4,22 @@ is reset, the labels come back; a failure restores first; a killed controller's 
 The nodes are simulated GPU Operator nodes (``SimCluster(gpu_operator=True)``, sim.cluster.OperatorSim): the
 device plugin, DCGM, dcgm-exporter and GPU Feature Discovery run as pods while their
 ``nvidia.com/gpu.deploy.<operand>`` label is "true" and hold the GPUs, so gpu-sim refuses a reset while they run.
-Emulator target only (the operator and gpu-sim's holders are in process).
+The operator and gpu-sim's holders run in process: the emulator and apiserver targets (on the latter the real
+DaemonSet controller and scheduler make and remove the operand pods; OperatorSim follows them).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.harness import EmulatorCluster
+from e2e.harness import EmulatorCluster, make_cluster
 from gpuremediate.actions.operands import OPERAND_ANNOTATION
 from gpuremediate.kube.resources import JOBS
-from sim.cluster import DEPLOY_LABEL, OPERANDS, SimCluster
+from sim.cluster import DEPLOY_LABEL, OPERANDS
 
 NODE = "gpu-node-1"
 DEPLOY_LABELS = [DEPLOY_LABEL + operand for operand in OPERANDS]
@@ -34,15 +34,12 @@ Factory = Callable[..., EmulatorCluster]
 
 @pytest.fixture
 def operator_cluster(tmp_path: Path) -> Iterator[Factory]:
-    """``make(products=None)``: a started two-node GPU Operator cluster, controller not started."""
-    if os.environ.get("GPUREMEDIATE_E2E_TARGET", "emulator") != "emulator":
-        pytest.skip("the simulated GPU Operator and gpu-sim's GPU holders run in process (emulator target)")
+    """``make(products=None)``: a started GPU Operator cluster of the target, controller not started."""
     made: list[EmulatorCluster] = []
 
     def make(products: dict[str, str] | None = None) -> EmulatorCluster:
-        c = EmulatorCluster(tmp_path, nodes=2)
-        c.sim = SimCluster(nodes=2, job_duration_s=0.2, reboot_down_s=0.5, gpu_operator=True, products=products)
-        c.nodes = list(c.sim.node_names)
+        c = make_cluster(tmp_path, gpu_operator=True, products=products)
+        assert isinstance(c, EmulatorCluster), c  # the operator is simulated in process
         made.append(c.start())
         return c
 

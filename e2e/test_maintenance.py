@@ -172,15 +172,12 @@ def test_second_request_for_the_same_node_is_blocked(mc: Cluster) -> None:
 
 
 def test_request_for_a_missing_node_is_invalid_until_the_node_appears(mc: Cluster) -> None:
-    mc.require("add a node to the cluster")
     mc.start_controller(POLICY)
     create(mc, request("mr-ghost", "gpu-node-99"))
     mc.wait(lambda: condition(get(mc, "mr-ghost"), "HealthEventEmitted").get("reason") == "Invalid", 10,
             "the request Invalid (no such node)", seen=lambda: get(mc, "mr-ghost"))
     assert "gpu-node-99 does not exist" in condition(get(mc, "mr-ghost"), "HealthEventEmitted")["message"]
-    sim = mc.sim  # type: ignore[attr-defined]
-    assert sim.nodesim is not None
-    sim.nodesim.add_node("gpu-node-99", gpus=8)
+    mc.add_node("gpu-node-99", gpus=8)
     wait_phase(mc, "mr-ghost", "Prepared", timeout=20)
     assert mc.state("gpu-node-99") == "maintenance"
     delete_and_wait_gone(mc, "mr-ghost")
@@ -298,7 +295,7 @@ def test_request_whose_finalizer_a_person_removed_leaves_no_orphan(mc: Cluster) 
 
 
 def test_without_the_crd_maintenance_requests_are_disabled(cluster: Cluster) -> None:
-    cluster.require("run without the MaintenanceRequest CRD (the kind overlay installs it)")
+    cluster.uninstall_crd(f"{MRS.plural}.{MRS.group}")  # where the harness installs the CRDs
     cluster.start_controller(POLICY)  # no CRD installed: the controller still starts and is ready
     cluster.wait(lambda: "maintenance requests disabled" in cluster.controller_log(), 10,
                  "the controller to log that maintenance requests are disabled")

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from e2e import harness
 from e2e.harness import SYSTEM_NS, WORKLOAD_NS, Cluster
 from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.kube.resources import PODS, SECRETS
@@ -30,17 +29,6 @@ def clean_controller_log(cluster: Cluster) -> Iterator[None]:
     yield
     cluster.stop_controller()
     assert cluster.log_problems() == []
-
-
-@pytest.fixture(autouse=True)
-def toml_lists(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These policies need arrays (label lists, [[budget.domains]] inline); harness._toml_value has none yet."""
-    scalar = harness._toml_value
-
-    def value(v: Any) -> str:
-        return "[" + ", ".join(value(x) for x in v) + "]" if isinstance(v, list) else scalar(v)
-
-    monkeypatch.setattr(harness, "_toml_value", value)
 
 
 def blocked(cluster: Cluster, node: str) -> str:
@@ -183,5 +171,5 @@ def test_a_webhook_receiver_gets_the_quarantine_notification(cluster: Cluster,
                  seen=lambda: got)
     note = next(n for n in got if n["kind"] == "quarantined")
     assert (note["node"], note["cluster"], note["reason"]) == (node, "e2e", "row-remap-failure"), note
-    assert cluster.metrics().value("gpuremediate_notifications_total", kind="quarantined", result="sent") == 1
+    cluster.wait_metric("gpuremediate_notifications_total", 1, kind="quarantined", result="sent")
     assert not BreakerStore(cluster.kube, SYSTEM_NS).latest_pause().paused

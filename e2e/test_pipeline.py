@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.harness import Cluster, Metrics
+from e2e.harness import Cluster
 from gpuremediate.kube.resources import PODS
 from gpuremediate.state.record import NodeRecord
 
@@ -26,10 +26,11 @@ def clean_controller_log(cluster: Cluster) -> Iterator[None]:
     assert cluster.log_problems() == []
 
 
-def assert_transitions(m: Metrics, moves: list[tuple[str, str, str]], dry_run: str = "false", count: float = 1) -> None:
+def assert_transitions(cluster: Cluster, moves: list[tuple[str, str, str]], dry_run: str = "false",
+                       count: float = 1) -> None:
+    """transitions_total reads ``count`` for each move (waited for: it moves after the node write)."""
     for frm, to, reason in moves:
-        got = m.value(TRANSITIONS, **{"from": frm, "to": to, "reason": reason, "dry_run": dry_run})
-        assert got == count, f"transitions_total{{from={frm},to={to},reason={reason}}} = {got}, expected {count}"
+        cluster.wait_metric(TRANSITIONS, count, **{"from": frm, "to": to, "reason": reason, "dry_run": dry_run})
 
 
 def test_xid79_reboot_validate_healthy(cluster: Cluster) -> None:
@@ -58,13 +59,12 @@ def test_xid79_reboot_validate_healthy(cluster: Cluster) -> None:
     assert cluster.evicted() == {"workloads/train-a"}
     assert cluster.pod_exists("bystander")
     assert len(cluster.jobs(node, "reboot")) == 1 and len(cluster.jobs(node, "validate")) == 1
-    m = cluster.metrics()
-    assert m.value("gpuremediate_faults_total", kind="xid", code="79") == 1
-    assert_transitions(m, [("healthy", "draining", "xid-79"), ("draining", "repairing", "drain-complete"),
-                           ("repairing", "validating", "repair-complete"),
-                           ("validating", "healthy", "validation-passed")])
-    assert m.value("gpuremediate_evictions_total", result="evicted") == 1
-    assert m.value("gpuremediate_remediation_seconds_count", action="reboot") == 1
+    cluster.wait_metric("gpuremediate_faults_total", 1, kind="xid", code="79")
+    assert_transitions(cluster, [("healthy", "draining", "xid-79"), ("draining", "repairing", "drain-complete"),
+                                 ("repairing", "validating", "repair-complete"),
+                                 ("validating", "healthy", "validation-passed")])
+    cluster.wait_metric("gpuremediate_evictions_total", 1, result="evicted")
+    cluster.wait_metric("gpuremediate_remediation_seconds_count", 1, action="reboot")
 
 
 def test_dbe_reset_gpu_healthy(cluster: Cluster) -> None:
@@ -84,9 +84,8 @@ def test_dbe_reset_gpu_healthy(cluster: Cluster) -> None:
     assert cluster.event_reasons(node)[:4] == ["GPUNodeDraining", "GPUNodeRepairing", "GPUNodeValidating",
                                                "GPUNodeHealthy"]
     assert cluster.evicted() == {"workloads/infer"}
-    m = cluster.metrics()
-    assert m.value("gpuremediate_remediation_seconds_count", action="reset-gpu") == 1
-    assert m.value(TRANSITIONS, to="validating", reason="repair-complete") == 1
+    cluster.wait_metric("gpuremediate_remediation_seconds_count", 1, action="reset-gpu")
+    cluster.wait_metric(TRANSITIONS, 1, to="validating", reason="repair-complete")
 
 
 def test_a_reboot_drains_the_pods_a_gpu_scope_would_leave(cluster: Cluster) -> None:
@@ -123,7 +122,7 @@ def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
                   and cluster.jobs(node) == [], 1.0, f"{node} quarantined, nothing evicted, no Job",
                   seen=lambda: (cluster.summary(node), cluster.evicted(), cluster.jobs(node)))
     assert "GPUNodeQuarantined" in cluster.event_reasons(node)
-    assert cluster.metrics().value(TRANSITIONS, **{"from": "healthy", "to": "quarantined"}) == 1
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "healthy", "to": "quarantined"})
 
     done = cluster.cli("release", node, "--by", "e2e-operator")
     assert done.returncode == 0, done.stderr
@@ -136,8 +135,7 @@ def test_row_remap_failure_quarantined_then_released(cluster: Cluster) -> None:
     rec = cluster.wait_state(node, "healthy", 15)
     assert rec.reason == "validation-passed" and not cluster.unschedulable(node)
     assert len(cluster.jobs(node, "validate")) == 1
-    m = cluster.metrics()
-    assert m.value(TRANSITIONS, **{"from": "validating", "to": "healthy"}) == 1
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "validating", "to": "healthy"})
     # The remap failure is still reported (it persists on the GPU): a released node is not re-quarantined
     # for the fault a person already dealt with.
     cluster.holds(lambda: cluster.state(node) == "healthy" and not cluster.unschedulable(node), 1.0,
@@ -172,8 +170,7 @@ def test_thermal_cordon_and_recovery_without_flapping(cluster: Cluster) -> None:
     assert not cluster.unschedulable(node) and cluster.label(node) == "healthy"
     assert cluster.evicted() == set() and cluster.jobs(node) == []  # a soft fault keeps its workloads
     assert cluster.event_reasons(node) == ["GPUNodeCordoned", "GPUNodeHealthy"]
-    m = cluster.metrics()
-    assert_transitions(m, [("healthy", "cordoned", "thermal"), ("cordoned", "healthy", "thermal-cleared")])
+    assert_transitions(cluster, [("healthy", "cordoned", "thermal"), ("cordoned", "healthy", "thermal-cleared")])
 
 
 def test_pdb_blocks_drain_until_relaxed(cluster: Cluster) -> None:
@@ -197,8 +194,8 @@ def test_pdb_blocks_drain_until_relaxed(cluster: Cluster) -> None:
     cluster.wait_event(node, "GPURemediationBlocked", "guarded-pdb")
     cluster.wait(lambda: cluster.metrics().value("gpuremediate_blocked_nodes", reason="pdb") == 1, 5,
                  "blocked_nodes{reason=pdb} = 1")
-    m = cluster.metrics()
-    assert m.value("gpuremediate_evictions_total", result="blocked") >= 1
+    cluster.wait(lambda: cluster.metrics().value("gpuremediate_evictions_total", result="blocked") >= 1, 5,
+                 "evictions_total{result=blocked} >= 1")
     cluster.holds(lambda: cluster.state(node) == "draining" and cluster.jobs(node) == [], 1.0,
                   f"{node} draining (PDB-blocked) with no repair Job", seen=lambda: cluster.summary(node))
 
@@ -253,11 +250,10 @@ def test_budget_of_one_with_two_faults(cluster: Cluster) -> None:
                  "a GPUNodeHealthy Event for each node")
     blocked = [e["message"] for n in (a, b) for e in cluster.events(n) if e["reason"] == "GPURemediationBlocked"]
     assert any("budget" in msg for msg in blocked), blocked
-    m = cluster.metrics()
-    assert m.value("gpuremediate_budget_limit") == 1
+    cluster.wait_metric("gpuremediate_budget_limit", 1)
     cluster.wait(lambda: cluster.metrics().value("gpuremediate_budget_in_use") == 0, 5,
                  "budget_in_use back to 0 once both nodes are back in service")
-    assert m.value(TRANSITIONS, to="healthy", reason="validation-passed") == 2
+    cluster.wait_metric(TRANSITIONS, 2, to="healthy", reason="validation-passed")
 
 
 def _repaired_and_clean(cluster: Cluster, node: str, repairs: int) -> bool:
@@ -279,9 +275,8 @@ def test_repeat_offender_quarantined(cluster: Cluster) -> None:
     assert cluster.unschedulable(node) and cluster.label(node) == "quarantined"
     assert len(cluster.jobs(node, "reset-gpu")) == 2
     assert cluster.event_reasons(node)[-1] == "GPUNodeQuarantined"
-    m = cluster.metrics()
-    assert m.value(TRANSITIONS, **{"from": "healthy", "to": "quarantined", "reason": "repeat-offender"}) == 1
-    assert m.value("gpuremediate_faults_total") == 3
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "healthy", "to": "quarantined", "reason": "repeat-offender"})
+    cluster.wait_metric("gpuremediate_faults_total", 3)
 
 
 def test_validation_failure_quarantined(cluster: Cluster) -> None:
@@ -297,7 +292,7 @@ def test_validation_failure_quarantined(cluster: Cluster) -> None:
     assert cluster.evicted() == {"workloads/w"}
     assert len(cluster.jobs(node, "validate")) == 1
     assert cluster.event_reasons(node)[-1] == "GPUNodeQuarantined"
-    assert cluster.metrics().value(TRANSITIONS, **{"from": "validating", "to": "quarantined"}) == 1
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "validating", "to": "quarantined"})
 
 
 def test_dry_run_changes_nothing(cluster: Cluster) -> None:
@@ -318,12 +313,14 @@ def test_dry_run_changes_nothing(cluster: Cluster) -> None:
                   seen=lambda: (cluster.summary(node), cluster.jobs()))
     assert all("(dry-run)" in e["message"] for e in cluster.events(node)), cluster.events(node)
     assert cluster.evicted() == set() and cluster.pod_exists("keep-me")
-    # Server-side dry-run evictions (dryRun=All: the PDB's answer without the effect) are all it sends.
-    assert {m[:4] for m in cluster.mutations_since(mark)} <= {("create", "", "pods", "eviction")}
-    m = cluster.metrics()
-    assert m.value("gpuremediate_dry_run") == 1
-    assert_transitions(m, [("healthy", "draining", "xid-79")], dry_run="true")
-    assert m.value(TRANSITIONS, dry_run="false") == 0
+    # Server-side dry-run evictions (dryRun=All: the PDB's answer without the effect) are all it sends, beside
+    # its journal for the CLI (ConfigMap gpuremediate-dry-run in its own namespace).
+    sent = [m for m in cluster.mutations_since(mark) if not (m[2] == "configmaps" and m[5] in ("gpuremediate-dry-run",
+                                                                                                "None"))]
+    assert {m[:4] for m in sent} <= {("create", "", "pods", "eviction")}, sent
+    cluster.wait_metric("gpuremediate_dry_run", 1)
+    assert_transitions(cluster, [("healthy", "draining", "xid-79")], dry_run="true")
+    assert cluster.metrics().value(TRANSITIONS, dry_run="false") == 0
 
 
 def test_controller_killed_mid_drain_resumes_without_repeating(cluster: Cluster) -> None:
@@ -360,8 +357,8 @@ def test_controller_killed_mid_drain_resumes_without_repeating(cluster: Cluster)
     reasons = cluster.event_reasons(node)
     for reason in ("GPUNodeDraining", "GPUNodeRepairing", "GPUNodeValidating", "GPUNodeHealthy"):
         assert reasons.count(reason) == 1, reasons
-    m = cluster.metrics()  # the last process's counters: it saw the validation through
-    assert m.value(TRANSITIONS, **{"from": "validating", "to": "healthy"}) == 1
+    # The last process's counters: it saw the validation through.
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "validating", "to": "healthy"})
 
 
 def test_person_cordon_survives_and_person_uncordon_stops_us(cluster: Cluster) -> None:
@@ -389,9 +386,8 @@ def test_person_cordon_survives_and_person_uncordon_stops_us(cluster: Cluster) -
                   seen=lambda: cluster.summary(taken))
     assert cluster.pod_exists("b")
     assert cluster.event_reasons(taken).count("GPUNodeDraining") == 1
-    m = cluster.metrics()
-    assert m.value(TRANSITIONS, **{"from": "draining", "to": "healthy", "reason": "person-uncordoned"}) == 1
-    assert m.value("gpuremediate_faults_total", kind="ecc-dbe") == 2
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "draining", "to": "healthy", "reason": "person-uncordoned"})
+    cluster.wait_metric("gpuremediate_faults_total", 2, kind="ecc-dbe")
 
 
 def test_exporter_down_is_not_unhealthy(cluster: Cluster) -> None:
@@ -477,6 +473,5 @@ def test_stale_xid_after_repair_is_not_a_new_fault(cluster: Cluster) -> None:
     assert rec is not None
     assert rec.handled, "the repaired fault's fingerprint must stay handled while it is still reported"
     assert len(cluster.jobs(node, "reset-gpu")) == 1
-    m = cluster.metrics()
-    assert m.value("gpuremediate_faults_total", kind="xid", code="79") == 1
-    assert m.value(TRANSITIONS, **{"from": "healthy", "to": "draining"}) == 1
+    cluster.wait_metric("gpuremediate_faults_total", 1, kind="xid", code="79")
+    cluster.wait_metric(TRANSITIONS, 1, **{"from": "healthy", "to": "draining"})

@@ -6,7 +6,6 @@ Run: ``python -m pytest e2e/test_plugins.py -x -q``.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from e2e import harness
 from e2e.harness import ROOT, SYSTEM_NS, Cluster, _child_env
 from e2e.plugins.remediation import (
     API_VERSION,
@@ -32,23 +30,6 @@ from gpuremediate.plugins.window import DAYS
 
 DRAIN_API = "nvsentinel.nvidia.com/v1alpha1"
 NODE_LABEL = "nvsentinel.nvidia.com/node-name"
-
-
-def _toml_value(value: Any) -> str:
-    """The harness's TOML writer, plus arrays (supersedingEquivalenceGroups)."""
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    return ORIGINAL_TOML_VALUE(value)
-
-
-ORIGINAL_TOML_VALUE = harness._toml_value
-
-
-@pytest.fixture(autouse=True)
-def _toml_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(harness, "_toml_value", _toml_value)
 
 
 def action(group: str, **extra: Any) -> dict[str, Any]:

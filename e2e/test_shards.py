@@ -28,15 +28,17 @@ NO_BREAKER = {"enabled": False}  # two faults in four nodes would open it; not w
 
 
 class Replica:
-    """One ``gpuremediate run --shards 2 --identity NAME`` subprocess, its JSON log kept apart."""
+    """One ``gpuremediate run --shards 2 --identity NAME`` subprocess (``mode``: other flags than --shards 2),
+    its JSON log kept apart."""
 
-    def __init__(self, cluster: EmulatorCluster, identity: str, policy: Path) -> None:
+    def __init__(self, cluster: EmulatorCluster, identity: str, policy: Path,
+                 mode: tuple[str, ...] = ("--shards", str(SHARDS))) -> None:
         interval = f"{cluster.INTERVAL_S}s"
         self.identity = identity
         self.log: list[str] = []
-        args = [*cluster.sim.controller_args(), "--policy", str(policy), "--metrics-addr", "127.0.0.1:0",
+        args = [*cluster.controller_args(), "--policy", str(policy), "--metrics-addr", "127.0.0.1:0",
                 "--log-format", "json", "--scrape-interval", interval, "--resync", interval, "--scrape-timeout", "2s",
-                "--namespace", SYSTEM_NS, "--shards", str(SHARDS), "--identity", identity, *LEASE_ARGS]
+                "--namespace", SYSTEM_NS, *mode, "--identity", identity, *LEASE_ARGS]
         self.proc = ControllerProcess(args, self.log)
         self.proc.wait_port(20)
 
@@ -132,7 +134,9 @@ def test_each_replica_repairs_the_faults_of_its_own_shard(
     for replica in replicas:  # each acts on one shard; together on every GPU node
         cluster.wait(lambda r=replica: r.metrics().value("gpuremediate_shards_held") == 1, 10,
                      f"{replica.identity} reports one shard held")
-    assert sum(r.metrics().value("gpuremediate_shard_nodes") for r in replicas) == len(cluster.nodes)
+    cluster.wait(lambda: sum(r.metrics().value("gpuremediate_shard_nodes") for r in replicas) == len(cluster.nodes),
+                 10, "the replicas' shard_nodes adding up to every GPU node",
+                 seen=lambda: [r.metrics().value("gpuremediate_shard_nodes") for r in replicas])
     status = cluster.cli("status", "--namespace", SYSTEM_NS)
     assert status.returncode == 0, status.stderr
     assert "shards (2): 0 replica-" in status.stdout and "replica-a" in status.stdout \
@@ -197,3 +201,91 @@ def test_maintenance_requests_are_handled_by_their_node_s_shard(
     wait_phase(cluster, "mr-b", "Completed", timeout=40)
     for replica in replicas:  # neither replica tried to write a node of the other's shard
         assert not any("refusing writes" in line or "NotLeader" in line for line in replica.log), replica.identity
+
+
+LEADER_ELECT = ("--leader-elect",)
+
+
+def _leader(cluster: Cluster) -> str:
+    from gpuremediate.kube.errors import NotFound
+    from gpuremediate.kube.resources import LEASES
+    try:
+        lease = cluster.kube.get(LEASES, "gpuremediate", SYSTEM_NS)
+    except NotFound:
+        return ""
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def _repairs(cluster: Cluster, node: str) -> int:
+    rec = cluster.record(node)
+    return 0 if rec is None else sum(1 for h in rec.history if h.outcome == "repaired")
+
+
+def _repair_all(cluster: EmulatorCluster, nodes: list[str], gpu: int) -> None:
+    """A double-bit ECC error on ``gpu`` of every node, each repaired (one more repair in its history)."""
+    before = {node: _repairs(cluster, node) for node in nodes}
+    for node in nodes:
+        cluster.inject(node, gpu, "dbe", 1)
+    for node in nodes:
+        cluster.wait(lambda n=node: _repairs(cluster, n) > before[n] and
+                     (rec := cluster.record(n)) is not None and rec.state == states.HEALTHY, 90,
+                     f"{node} repaired again and healthy", seen=lambda n=node: cluster.summary(n))
+
+
+def _handover(cluster: EmulatorCluster, replicas: list[Replica], tmp: Path, old_mode: tuple[str, ...],
+              new_mode: tuple[str, ...], old_acts: Any, new_acts: Any) -> None:
+    """A rolling update from ``old_mode`` to ``new_mode``: the new replica starts beside the old one, which
+    alone acts on every node until it is terminated; then the new one acts on every node."""
+    path = tmp / "policy.toml"
+    path.write_text(policy_toml({"budget": {"max_unavailable": "100%"}, "breaker": NO_BREAKER}))
+    old = Replica(cluster, "old", path, old_mode)
+    replicas.append(old)
+    cluster.wait(lambda: old_acts(cluster, "old"), 20, "the old replica acting", seen=lambda: _leases(cluster))
+    new = Replica(cluster, "new", path, new_mode)
+    replicas.append(new)
+    cluster.wait(lambda: new.metrics().value("gpuremediate_mode_handover_waiting") == 1, 20,
+                 "the new replica waiting for the old mode")
+    nodes = list(cluster.nodes)
+    _repair_all(cluster, nodes, gpu=0)
+    assert old.drained() == set(nodes) and new.drained() == set(), (old.drained(), new.drained())
+    assert not new_acts(cluster, "new"), "the new replica took its Leases while the old mode acted"
+    code = old.proc.terminate()  # the rollout ends the old pod: its Leases are released
+    assert code == 0, f"old replica exited {code}"
+    cluster.wait(lambda: new_acts(cluster, "new"), 20, "the new replica acting once the old one is gone",
+                 seen=lambda: _leases(cluster))
+    cluster.wait(lambda: new.metrics().value("gpuremediate_mode_handover_waiting") == 0, 10,
+                 "the new replica no longer waiting")
+    _repair_all(cluster, nodes, gpu=1)
+    assert new.drained() == set(nodes), new.drained()
+    replicas.remove(old)
+    assert old.problems() == [], old.problems()
+
+
+def _leads(cluster: Cluster, identity: str) -> bool:
+    return _leader(cluster) == identity
+
+
+def _holds_shards(count: int) -> Any:
+    def holds(cluster: Cluster, identity: str) -> bool:
+        leases = _leases(cluster)
+        return all(leases.get(i) == identity for i in range(count))
+    return holds
+
+
+def test_a_rollout_from_leader_election_to_shards_hands_over_without_two_acting(
+        sharded: tuple[EmulatorCluster, list[Replica]], tmp_path: Path) -> None:
+    cluster, replicas = sharded
+    _handover(cluster, replicas, tmp_path, LEADER_ELECT, ("--shards", str(SHARDS)), _leads, _holds_shards(SHARDS))
+
+
+def test_a_rollout_from_shards_to_leader_election_hands_over_without_two_acting(
+        sharded: tuple[EmulatorCluster, list[Replica]], tmp_path: Path) -> None:
+    cluster, replicas = sharded
+    _handover(cluster, replicas, tmp_path, ("--shards", str(SHARDS)), LEADER_ELECT, _holds_shards(SHARDS), _leads)
+
+
+def test_a_rollout_between_shard_counts_hands_over_without_two_acting(
+        sharded: tuple[EmulatorCluster, list[Replica]], tmp_path: Path) -> None:
+    cluster, replicas = sharded
+    _handover(cluster, replicas, tmp_path, ("--shards", "3"), ("--shards", str(SHARDS)), _holds_shards(3),
+              _holds_shards(SHARDS))

@@ -1,0 +1,205 @@
+"""GPU-level isolation with DRA device taints (issue 26, ``[isolation] scope = "gpu"``): one bad GPU costs one GPU.
+
+The nodes publish their GPUs in ResourceSlices as NVIDIA's DRA driver does (``make_cluster(tmp, dra=True)``:
+NodeSim's ``dra=True``) and each workload pod holds one GPU through a ResourceClaim allocated as kube-scheduler
+would (sim.dra_claims). An XID 48 on GPU 3 takes only GPU 3 out: a DeviceTaintRule (NoSchedule, then NoExecute),
+the device-taint eviction controller deletes the pod holding it, the node is never cordoned, GPU 3 alone is
+reset and validated, the rule goes. On the apiserver target the real kube-controller-manager's eviction
+controller does the deleting; it needs the DRA device-taint gates (docs/dra.md), else the scenarios skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.harness import JOBS_NS, EmulatorCluster, make_cluster
+from gpuremediate.actions.device_taints import (
+    EFFECT_NONE,
+    DeviceTaints,
+    DeviceTaintsNotServed,
+    GpuDevice,
+    TaintRule,
+    rule_body,
+)
+from gpuremediate.kube.resources import JOBS
+from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE
+from sim.gpusim import gpu_uuid
+from sim.nodesim_dra import DRIVER
+
+GPU_LEVEL: dict[str, dict[str, Any]] = {"isolation": {"scope": "gpu"}, "drain": {"retry_s": 0.3, "timeout_s": 30}}
+GPUS = 8
+
+
+@pytest.fixture
+def dra(tmp_path: Path) -> Iterator[EmulatorCluster]:
+    """A started DRA cluster of the target (controller not started), one pod per GPU on its first node."""
+    c = make_cluster(tmp_path, dra=True)
+    assert isinstance(c, EmulatorCluster), c  # NodeSim publishes the slices in process
+    c.start()
+    try:
+        try:
+            DeviceTaints(c.kube).api_version
+        except DeviceTaintsNotServed as exc:
+            pytest.skip(f"this API server serves no DeviceTaintRule (docs/dra.md: the 1.36 gates): {exc}")
+        node = c.nodes[0]
+        c.wait(lambda: c.sim.nodesim is not None and c.sim.nodesim.resource_slices(node), 10,
+               f"{node}'s ResourceSlice")
+        for gpu in range(GPUS):
+            c.dra_workload(f"w{gpu}", node, gpu)
+        yield c
+    finally:
+        tail = c.controller_log().splitlines()[-40:]
+        c.stop()
+        print("\n".join(tail))
+
+
+def rules(c: EmulatorCluster) -> list[TaintRule]:
+    return DeviceTaints(c.kube).owned(c.nodes[0])
+
+
+def never_cordoned(c: EmulatorCluster) -> str | None:
+    node = c.nodes[0]
+    return f"{node} was cordoned" if c.unschedulable(node) else None
+
+
+def gpu_ids(job: dict[str, Any]) -> str:
+    env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    return next((str(e.get("value", "")) for e in env if e.get("name") == "GPU_IDS"), "")
+
+
+def isolate_gpu3(c: EmulatorCluster) -> str:
+    """XID 48 on GPU 3 of the first node, its pod deleted by the eviction controller: the node's name."""
+    node = c.nodes[0]
+    c.inject(node, 3, "xid", 48)
+    c.wait(lambda: "workloads/w3" in c.evicted(), 20, "the pod holding GPU 3 to be deleted")
+    return node
+
+
+def test_xid48_on_gpu3_moves_only_its_pod_resets_validates_and_returns_it(dra: EmulatorCluster) -> None:
+    c, node = dra, dra.nodes[0]
+    assert c.sim.nodesim is not None
+    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=2.0)  # long enough to look at it while it runs
+    c.start_controller(GPU_LEVEL)
+    with c.invariant(lambda: never_cordoned(c), "the node stays schedulable"):
+        isolate_gpu3(c)
+        record = c.wait_state(node, "repairing", timeout=20)
+        assert record.isolation is not None and record.isolation.scope == SCOPE_GPU
+        assert record.isolation.uuid == gpu_uuid(node, 3) and record.isolation.device == "gpu-3"
+        assert [(r.name, r.effect, r.device) for r in rules(c)] == [(record.isolation.rule, "NoExecute", "gpu-3")]
+        status = c.cli("status")
+        assert f"{GPUS - 1}/{GPUS} GPUs" in status.stdout, status.stdout + status.stderr
+        explained = c.cli("explain", node).stdout
+        assert record.isolation.rule in explained and gpu_uuid(node, 3) in explained, explained
+        c.wait_metric("gpuremediate_isolated_gpus", 1)
+        c.wait_state(node, "healthy", timeout=30)
+    assert c.evicted() == {"workloads/w3"}, "only the pod on GPU 3 moved"
+    assert all(c.pod_exists(f"w{gpu}") for gpu in range(GPUS) if gpu != 3)
+    resets = c.jobs(node, "reset-gpu")
+    assert [gpu_ids(j) for j in resets] == ["3"], "GPU 3 alone is reset"
+    assert [gpu_ids(j) for j in c.jobs(node, "validate")] == ["3"], "GPU 3 alone is validated"
+    assert rules(c) == [], "the rule is removed once GPU 3 is validated"
+    assert "GPUIsolated" in c.event_reasons(node) and "GPUReturned" in c.event_reasons(node)
+    c.stop_controller()
+    assert c.log_problems() == []
+
+
+def test_a_second_gpu_failing_while_one_is_isolated_goes_node_level(dra: EmulatorCluster) -> None:
+    c, node = dra, dra.nodes[0]
+    assert c.sim.nodesim is not None
+    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=3.0)
+    c.start_controller(GPU_LEVEL)
+    isolate_gpu3(c)
+    c.wait_state(node, "repairing", timeout=20)
+    c.inject(node, 5, "xid", 48)
+    c.wait(lambda: c.unschedulable(node), 15, "the node cordoned: node-level now")
+    record = c.record(node)
+    assert record is not None and record.isolation is not None and record.isolation.scope == SCOPE_NODE
+    assert record.fault is not None and set(record.fault.gpus) == {gpu_uuid(node, 3), gpu_uuid(node, 5)}
+    c.wait_event(node, "GPUIsolationEscalated")
+    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=0.2)
+    c.wait_state(node, "healthy", timeout=40)
+    assert not c.unschedulable(node), "uncordoned: the cordon was ours"
+    assert "3,5" in [gpu_ids(j) for j in c.jobs(node, "reset-gpu")], "both GPUs reset node-level"
+    assert rules(c) == [], "the rule kept through the node-level flow goes at its end"
+
+
+def test_dry_run_writes_an_effect_none_rule_and_deletes_nothing(dra: EmulatorCluster) -> None:
+    c, node = dra, dra.nodes[0]
+    c.start_controller(GPU_LEVEL, dry_run=True)
+    with c.invariant(lambda: never_cordoned(c), "the node stays schedulable"):
+        c.inject(node, 3, "xid", 48)
+        c.wait(lambda: rules(c), 20, "the dry run's rule")
+        c.holds(lambda: not c.evicted(), 3.0, "no pod is deleted")
+    assert [(r.effect, r.device) for r in rules(c)] == [(EFFECT_NONE, "gpu-3")]
+    assert c.kube.list(JOBS, JOBS_NS)["items"] == [], "a dry run creates no Job"
+
+
+def test_a_controller_restarted_mid_flow_finds_its_rule_and_carries_on(dra: EmulatorCluster) -> None:
+    c, node = dra, dra.nodes[0]
+    c.start_controller({**GPU_LEVEL, "drain": {"retry_s": 0.3, "timeout_s": 60, "mode": "AllowCompletion"}})
+    c.inject(node, 3, "xid", 48)
+    c.wait(lambda: rules(c), 20, "the NoSchedule rule (AllowCompletion: w3 may finish first)")
+    c.kill_controller()
+    first = rules(c)
+    assert [r.effect for r in first] == ["NoSchedule"]
+    mark = c.audit_mark()
+    c.restart_controller()
+
+    uid = first[0].obj["metadata"]["uid"]
+
+    def same_rule_no_create() -> bool:
+        creates = [m for m in c.mutations_since(mark) if m[0] == "create" and m[2] == "devicetaintrules"]
+        return not creates and [(r.name, r.obj["metadata"]["uid"]) for r in rules(c)] == [(first[0].name, uid)]
+    c.holds(same_rule_no_create, 2.0, "the successor carrying on with its rule (AllowCompletion: w3 still runs)")
+    record = c.record(node)
+    assert record is not None and record.isolation is not None and record.isolation.rule == first[0].name
+    assert record.action is not None and "w3" in record.action.detail, "it says what it waits for"
+    c.kube.delete(*_pod("w3"))  # the workload finished by itself: the drain is done
+    c.wait_state(node, "healthy", timeout=30)
+    assert rules(c) == [] and not c.unschedulable(node)
+    assert c.evicted() == {"workloads/w3"}
+
+
+def test_without_a_resource_slice_for_the_gpu_it_goes_node_level_and_says_so(tmp_path: Path) -> None:
+    c = make_cluster(tmp_path).start()  # no DRA driver publishes the GPUs
+    try:
+        node = c.nodes[0]
+        c.start_controller(GPU_LEVEL)
+        c.inject(node, 3, "xid", 48)
+        c.wait(lambda: c.unschedulable(node), 15, "the node cordoned: node-level")
+        event = c.wait_event(node, "GPUIsolationNodeLevel")
+        assert "ResourceSlice" in str(event.get("message")) or "not served" in str(event.get("message"))
+        c.wait_state(node, "healthy", timeout=30)
+        assert not c.unschedulable(node)
+    finally:
+        c.stop()
+
+
+def _pod(name: str) -> tuple[Any, str, str]:
+    from e2e.harness import WORKLOAD_NS
+    from gpuremediate.kube.resources import PODS
+
+    return PODS, name, WORKLOAD_NS
+
+
+def test_a_rule_of_ours_no_flow_holds_is_deleted(dra: EmulatorCluster) -> None:
+    """A flow that ended without its release (a person deleted the record mid-flow) leaves a rule: it goes. A rule
+    without our label is never touched."""
+    c, node = dra, dra.nodes[0]
+    gpu = GpuDevice(node, gpu_uuid(node, 2), DRIVER, node, "gpu-2")
+    DeviceTaints(c.kube).isolate(gpu, "NoSchedule", fault="xid-48")
+    foreign = rule_body(gpu, "NoSchedule", DeviceTaints(c.kube).api_version)
+    foreign["metadata"] = {"name": "someone-elses", "labels": {}}
+    resource = DeviceTaints(c.kube).resource
+    c.kube.create(resource, foreign)
+    try:
+        c.start_controller(GPU_LEVEL)
+        c.wait(lambda: not rules(c), 15, "the orphaned rule deleted")
+        assert c.kube.get(resource, "someone-elses")["metadata"]["name"] == "someone-elses"
+        assert c.state(node) == "healthy" and not c.unschedulable(node)
+    finally:
+        c.kube.delete(resource, "someone-elses")  # not ours: an API server that outlives the scenario keeps it
