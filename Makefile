@@ -5,10 +5,11 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo lint shellcheck bench bench-scale e2e e2e-kind image clean help
+.PHONY: test demo sandbox lint shellcheck bench bench-scale e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
+	@echo "make sandbox   the demo, then its cluster and controller keep running over TLS with a kubeconfig (Ctrl-C ends it)"
 	@echo "make test      the whole test suite (unit, property, e2e against the emulator)"
 	@echo "make lint      ruff + mypy on gpuremediate/"
 	@echo "make bench     benchmarks (bench/)"
@@ -28,6 +29,10 @@ test: $(STAMP)
 
 demo:
 	$(PYTHON) -m gpuremediate demo
+
+# The sandbox: kubectl and the CLI (from another terminal) against the demo's cluster, until Ctrl-C.
+sandbox:
+	$(PYTHON) -m gpuremediate demo --keep
 
 $(LINTSTAMP): $(STAMP)
 	$(PY) -m pip install -q ruff mypy

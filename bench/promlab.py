@@ -74,12 +74,17 @@ class PromServer:
     targets: Sequence[Target] = ()
     scrape_interval: str = "1s"
     honor_labels: bool = False
+    rule_files: Sequence[Path] = ()
+    evaluation_interval: str = "15s"
     url: str = ""
     proc: subprocess.Popen[bytes] | None = None
 
     def config(self) -> str:
         lines = ["global:", f"  scrape_interval: {self.scrape_interval}",
-                 f"  scrape_timeout: {self.scrape_interval}", "scrape_configs:"]
+                 f"  scrape_timeout: {self.scrape_interval}", f"  evaluation_interval: {self.evaluation_interval}"]
+        if self.rule_files:
+            lines += ["rule_files:"] + [f'  - "{path}"' for path in self.rule_files]
+        lines.append("scrape_configs:")
         if self.targets:
             lines += ["  - job_name: dcgm", f"    honor_labels: {str(self.honor_labels).lower()}",
                       "    static_configs:"]
@@ -98,7 +103,7 @@ class PromServer:
             self.proc = subprocess.Popen(
                 [self.prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
                  f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                 "--storage.tsdb.retention.time=30d", "--log.level=warn"],
+                 "--storage.tsdb.retention.time=30d", "--log.level=warn", "--web.enable-lifecycle"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
             self.url = f"http://127.0.0.1:{port}"
@@ -106,6 +111,13 @@ class PromServer:
                 return self
             self.stop()
         raise RuntimeError(f"prometheus did not become ready; see {self.workdir / 'prometheus.log'}")
+
+    def reload(self) -> None:
+        """Rewrite the configuration (targets, rule files) and have the running Prometheus load it."""
+        (self.workdir / "prometheus.yml").write_text(self.config())
+        request = urllib.request.Request(self.url + "/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            resp.read()
 
     def _ready(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -4,13 +4,18 @@
     make bench-scale N=200           # one quick run
     .venv/bin/python bench/scale.py --direct 1000   # direct exporter scraping at 1000 nodes
 
-Prometheus mode: a real Prometheus (Debian's package) scraping, every 15 s, one endpoint that serves
-the dcgm-exporter series of all N nodes x 8 GPUs (labels as a ServiceMonitor stores them; backfilled
-blocks cannot be used here: Prometheus refuses live samples older than its newest block's end); the
-API emulator holds the N Nodes; the controller runs as its own process (``gpuremediate run --source
-prometheus``). After a steady-state window one node (gpu-live-0) gets an XID 79 on the endpoint.
-Printed: read time per cycle (the controller's gpuremediate_scrape_seconds), fault to cordon, the
-controller's RSS (peak, steady), its API requests per minute by verb at steady state.
+Prometheus mode, a fleet shaped as a user's (issue 21): a real Prometheus (Debian's package) scraping, every
+15 s, ``--endpoints`` targets (10: several dcgm-exporter Services or federation shards) that together serve
+N nodes x 8 GPUs x 7 series (every field the policy reads), each series with its exporter's own instance and
+job kept by ``honor_labels``, and XIDs as dcgm-exporter >= 3.3 writes them (a new series whose err_code and
+err_msg labels hold the XID). The API emulator holds the N Nodes; the controller runs as its own process with
+default flags (``gpuremediate run --source prometheus --prometheus-url URL``). Each of ``--modes`` (raw: no
+recording rules; recorded: gpuremediate's rules loaded into that Prometheus) gets a fresh controller: a window
+of Prometheus alone, the controller's first good read, a window with it, the curl floor of its full read's
+queries, then ``--faults`` XIDs one after the other. Printed per mode: read time and its ratio to the floor,
+read errors, Prometheus' CPU seconds a minute alone / with the controller / the difference the controller
+caused, "Prometheus has it -> cordon" and fault to cordon (P50, P90, max), the controller's CPU, RSS and API
+requests a minute.
 
 Direct mode (``--direct N [--workers 8 16 32 64] [--shards 2] [--servers 3]``): the N exporters (gpu-sim's
 8-GPU body, one loopback address per node) are served by ``--servers`` processes of their own, the emulator
@@ -51,13 +56,12 @@ from bench import promlab  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
-from gpuremediate.signals import dcgm, exposition, sources  # noqa: E402
+from gpuremediate.signals import dcgm, exposition, recording, sources  # noqa: E402
 from sim.gpusim import new_node, render  # noqa: E402
 from sim.kubeapi import KubeAPIServer  # noqa: E402
 
 CONTROLLER_USER = "system:serviceaccount:gpuremediate-system:gpuremediate"
 CONTROLLER_TOKEN = "bench-scale-controller"
-FAULT_NODE = "gpu-live-0"
 PROM_SCRAPE_S = 15
 LOGS = Path(os.environ.get("BENCH_SCALE_LOGS", "/tmp/gpuremediate-bench-scale"))  # controller.log, kubeconfig
 IMAGES_PER_NODE = 40  # what a kubelet reports; the node informer must not keep it
@@ -98,23 +102,24 @@ def emulator_with_nodes(names: list[str]) -> tuple[KubeAPIServer, KubeClient]:
 # ---------------------------------------------------------------- Prometheus mode
 
 
-def fault_nodes(faults: int) -> list[str]:
-    """The nodes that get an XID, one after the other (the first is FAULT_NODE)."""
-    return [f"gpu-live-{i}" for i in range(max(1, faults))]
+USER_FAMILIES = (*promlab.POLICY_FAMILIES, "DCGM_FI_DEV_ROW_REMAP_PENDING",
+                 "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")  # 7 series per GPU: every field the policy reads
+XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
+XID_79_MSG = "GPU has fallen off the bus."
 
 
-def fleet_names(n: int, faults: int = 1) -> list[str]:
-    live = fault_nodes(faults)
-    return [f"gpu-{i:05d}" for i in range(n - len(live))] + live
+def exporter_ip(i: int) -> str:
+    return f"10.{i // 62500}.{i // 250 % 250}.{i % 250 + 1}"
 
 
 class FleetEndpoint:
-    """One scrape target exposing every node's dcgm-exporter series (as a federation endpoint would), so a
-    real Prometheus holds N nodes x 8 GPUs of fresh series without N exporters. ``inject_xid`` changes one
-    node's series; the rest of the body is rendered once."""
+    """One scrape target exposing some nodes' dcgm-exporter series as a federation endpoint does (each series
+    with its exporter's own ``instance``/``job``, kept by ``honor_labels``). The XID series has dcgm-exporter
+    >= 3.3's shape: ``err_code="0", err_msg="No Error"`` while quiet, and an XID is a NEW series with the code
+    in its labels (the quiet one goes stale). ``inject_xid`` re-renders only the endpoint's live nodes."""
 
-    def __init__(self, names: list[str], live: list[str]) -> None:
-        self.names, self.live = names, live
+    def __init__(self, names: list[str], live: list[str], ips: dict[str, str]) -> None:
+        self.names, self.live, self.ips = names, live, ips
         self.xid: dict[str, tuple[int, int]] = {}
         self.lock = threading.Lock()
         self.static = self._render([n for n in names if n not in live])
@@ -140,14 +145,18 @@ class FleetEndpoint:
 
     def _render(self, names: list[str]) -> bytes:
         out: list[str] = []
-        for name in promlab.POLICY_FAMILIES:
+        for name in USER_FAMILIES:
             for node in names:
                 for gpu in range(8):
-                    labels = promlab.gpu_labels(node, gpu)
-                    labels.pop("instance")
-                    labels.pop("job")
-                    value = {"DCGM_FI_DEV_XID_ERRORS": self.xid[node][1] if self.xid.get(node, (-1,))[0] == gpu
-                             else 0, "DCGM_FI_DEV_GPU_TEMP": 40 + gpu, "DCGM_FI_DEV_MEMORY_TEMP": 45 + gpu}.get(name, 0)
+                    labels = promlab.gpu_labels(node, gpu, self.ips[node])
+                    value = {"DCGM_FI_DEV_GPU_TEMP": 40 + gpu, "DCGM_FI_DEV_MEMORY_TEMP": 45 + gpu}.get(name, 0)
+                    if name == XID_FAMILY:
+                        gpu_xid, code = self.xid.get(node, (-1, 0))
+                        if gpu_xid == gpu:
+                            labels.update(err_code=str(code), err_msg=XID_79_MSG)
+                            value = code
+                        else:
+                            labels.update(err_code="0", err_msg="No Error")
                     out.append(f"{name}{{{promlab._label_text(labels)}}} {value}")
         return ("\n".join(out) + "\n").encode()
 
@@ -162,31 +171,53 @@ class FleetEndpoint:
         self.httpd.server_close()
 
 
+class Fleet:
+    """N nodes' exporters behind ``endpoints`` scrape targets (several dcgm-exporter Services or federation
+    shards), the fault nodes spread over them."""
+
+    def __init__(self, names: list[str], live: list[str], endpoints: int) -> None:
+        ips = {name: exporter_ip(i) for i, name in enumerate(names)}
+        groups: list[list[str]] = [[] for _ in range(max(1, endpoints))]
+        for i, name in enumerate(names):
+            groups[i % len(groups)].append(name)
+        self.endpoints = [FleetEndpoint(group, [n for n in group if n in live], ips) for group in groups]
+        self.by_node = {name: ep for ep in self.endpoints for name in ep.names}
+
+    @property
+    def body_bytes(self) -> int:
+        return sum(len(ep.body) for ep in self.endpoints)
+
+    def inject_xid(self, node: str, gpu: int, code: int) -> None:
+        self.by_node[node].inject_xid(node, gpu, code)
+
+    def stop(self) -> None:
+        for ep in self.endpoints:
+            ep.stop()
+
+
 @contextmanager
-def prometheus_with_fleet(endpoint: FleetEndpoint, scrape_interval_s: int) -> Iterator[promlab.PromServer]:
+def prometheus_with_fleet(fleet: Fleet, scrape_interval_s: int, workdir: Path) -> Iterator[promlab.PromServer]:
     found = promlab.binaries()
     if found is None:
         raise SystemExit("prometheus/promtool not installed: apt-get install -y prometheus")
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        target = promlab.Target(endpoint.address)
-        with promlab.PromServer(Path(tmp), found[0], targets=[target], scrape_interval=f"{scrape_interval_s}s",
-                                honor_labels=True) as server:
-            yield server
+    targets = [promlab.Target(ep.address) for ep in fleet.endpoints]
+    with promlab.PromServer(workdir, found[0], targets=targets, scrape_interval=f"{scrape_interval_s}s",
+                            honor_labels=True) as server:
+        yield server
 
 
 TRACE_MEMORY = False  # --trace-memory: the controller under bench/traced_controller.py
-FAULT_POLL = "1s"  # --fault-poll: the controller's --prometheus-fault-poll
+CONTROLLER_FLAGS: list[str] = []  # --controller-flag: beyond the defaults (none by default: default flags)
 CONTROLLER_LOG_LEVEL = "warning"  # --log-level: info adds the fast path's split (controller.log)
 
 
-def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int, interval: str) -> subprocess.Popen[bytes]:
+def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int) -> subprocess.Popen[bytes]:
     entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
     return subprocess.Popen(
         [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
-         "--prometheus-url", prom_url, "--prometheus-fault-poll", FAULT_POLL, "--scrape-interval", interval,
-         "--metrics-addr",
-         f"127.0.0.1:{metrics_port}", "--log-level", CONTROLLER_LOG_LEVEL],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "wb"))
+         "--prometheus-url", prom_url, "--metrics-addr", f"127.0.0.1:{metrics_port}",
+         "--log-level", CONTROLLER_LOG_LEVEL, *CONTROLLER_FLAGS],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "ab"))
 
 
 class RssSampler:
@@ -222,16 +253,28 @@ class RssSampler:
         return statistics.median(window) if window else 0.0
 
 
-def scrape_stats(metrics_port: int) -> tuple[float, float, float]:
-    """(count, sum, errors) of the controller's reads of the Prometheus source."""
+def controller_metrics(metrics_port: int) -> dict[str, float]:
+    """The controller's own metrics of the Prometheus source (summed over other labels), and its mode."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     values: dict[str, float] = {}
     for s in exposition.parse(text, strict=False).samples:
-        if s.label("source") == "prometheus":
-            values[s.name] = values.get(s.name, 0.0) + s.value
+        if s.label("source") in ("prometheus", None) or s.name == "gpuremediate_prometheus_mode":
+            key = s.name + (f"{{mode={s.label('mode')}}}" if s.label("mode") else "")
+            values[key] = values.get(key, 0.0) + s.value
+    return values
+
+
+def scrape_stats(metrics_port: int) -> tuple[float, float, float]:
+    """(count, sum, errors) of the controller's reads of the Prometheus source."""
+    values = controller_metrics(metrics_port)
     return (values.get("gpuremediate_scrape_seconds_count", 0.0), values.get("gpuremediate_scrape_seconds_sum", 0.0),
             values.get("gpuremediate_scrape_errors_total", 0.0))
+
+
+def good_reads(metrics_port: int) -> float:
+    count, _, failed = scrape_stats(metrics_port)
+    return count - failed
 
 
 def wait(cond: Callable[[], object], timeout: float, what: str) -> float:
@@ -246,58 +289,136 @@ def wait(cond: Callable[[], object], timeout: float, what: str) -> float:
     raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def run_prometheus(n: int, steady_s: float, interval_s: float, faults: int = 1) -> dict[str, Any]:
-    live = fault_nodes(faults)
-    names = fleet_names(n, faults)
+def prometheus_cpu_per_min(prom: promlab.PromServer, window_s: float) -> float:
+    """Prometheus' CPU seconds a minute over the next ``window_s`` seconds."""
+    pid = prom.proc.pid if prom.proc else 0
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(window_s)
+    return (cpu_seconds(pid) - before) * 60.0 / (time.monotonic() - started)
+
+
+def full_read_queries(recorded: bool) -> list[str]:
+    """The queries of one full read, as the source sends them (freshness and readings, at once)."""
+    return [sources.freshness_query(recorded=recorded), sources.policy_query(recorded=recorded)]
+
+
+def curl_floor_s(url: str, queries: list[str], times: int = 5) -> float:
+    """The median wall time of the queries sent at once, gzip-compressed, bodies read and not decoded: the
+    fastest any client could read what the source reads."""
+    def one(query: str) -> None:
+        request = urllib.request.Request(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": query}),
+                                         headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=300) as resp:
+            resp.read()
+    took = []
+    with ThreadPoolExecutor(len(queries)) as pool:
+        for _ in range(times):
+            started = time.monotonic()
+            list(pool.map(one, queries))
+            took.append(time.monotonic() - started)
+    return statistics.median(took)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def run_prometheus(n: int, steady_s: float, faults: int, endpoints: int, modes: list[str]) -> dict[str, Any]:
+    """The controller with default flags on a user-shaped Prometheus, once per mode ("raw": no recording
+    rules; "recorded": gpuremediate's rules loaded), side by side on one Prometheus and one emulator."""
+    live_by_mode = {mode: [f"gpu-live-{mode}-{i}" for i in range(faults)] for mode in modes}
+    live = [node for nodes in live_by_mode.values() for node in nodes]
+    names = [f"gpu-{i:05d}" for i in range(n - len(live))] + live
     log(f"N={n}: emulator with {n} Nodes")
     srv, client = emulator_with_nodes(names)
     started = time.monotonic()
-    endpoint = FleetEndpoint(names, live)
-    log(f"N={n}: fleet endpoint of {len(endpoint.body) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
-    proc = None
+    fleet = Fleet(names, live, endpoints)
+    log(f"N={n}: {endpoints} endpoints, {fleet.body_bytes / 1e6:.0f} MB a scrape, rendered in "
+        f"{time.monotonic() - started:.0f} s")
+    LOGS.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"nodes": n, "gpus": n * 8, "series": n * 8 * len(USER_FAMILIES),
+                              "endpoints": endpoints, "prometheus_scrape_interval_s": PROM_SCRAPE_S,
+                              "controller_flags": CONTROLLER_FLAGS or "defaults"}
     try:
-        with prometheus_with_fleet(endpoint, PROM_SCRAPE_S) as prom:
-            wait(lambda: prom_has_nodes(prom.url) >= n, 600, "Prometheus to scrape the fleet")
-            LOGS.mkdir(parents=True, exist_ok=True)
-            kubeconfig = LOGS / "kubeconfig"
-            srv.write_kubeconfig(kubeconfig, token=CONTROLLER_TOKEN)
-            metrics_port = promlab.free_port()
-            proc = controller_process(kubeconfig, prom.url, metrics_port, f"{interval_s:g}s")
-            rss = RssSampler(proc.pid)
-            wait(lambda: scrape_stats(metrics_port)[0] >= 3, 600, "three reads of the Prometheus source")
-            log(f"N={n}: controller reading; steady-state window {steady_s:g} s")
-            before_reqs = len(srv.requests)
-            c0, s0, e0 = scrape_stats(metrics_port)
-            prom_cpu_0 = cpu_seconds(prom.proc.pid) if prom.proc else 0.0
-            t0 = time.monotonic()
-            time.sleep(steady_s)
-            t1 = time.monotonic()
-            c1, s1, e1 = scrape_stats(metrics_port)
-            prom_cpu_s = (cpu_seconds(prom.proc.pid) if prom.proc else 0.0) - prom_cpu_0
-            steady = Counter(r[1] for r in list(srv.requests)[before_reqs:] if r[0] == CONTROLLER_USER)
-            per_minute = {verb: round(count * 60.0 / (t1 - t0), 1) for verb, count in sorted(steady.items())}
-            fault_query_s = query_seconds(prom.url, sources.fault_query(("Hostname",)))
-            timed = [fault_to_cordon(endpoint, prom.url, client, node) for node in live]
-            cordon_s, prom_s = timed[0]
-            ours = sorted(round(c - p, 1) for c, p in timed)
-            return {
-                "nodes": n, "gpus": n * 8, "reads": int(c1 - c0), "read_errors": int(e1 - e0),
-                "read_s_per_cycle": round((s1 - s0) / max(1.0, c1 - c0), 3),
-                "fault_to_cordon_s": round(cordon_s, 1), "fault_in_prometheus_after_s": round(prom_s, 1),
-                "prometheus_to_cordon_s": round(cordon_s - prom_s, 1), "fault_query_s": round(fault_query_s, 3),
-                **({"prometheus_to_cordon_s_each": ours, "prometheus_to_cordon_s_median": statistics.median(ours)}
-                   if faults > 1 else {}),
-                "prometheus_cpu_s_per_min_steady": round(prom_cpu_s * 60.0 / (t1 - t0), 1),
-                "rss_peak_mb": round(rss.peak_mb(), 1), "rss_steady_mb": round(rss.median_mb(t0, t1), 1),
-                "api_per_min_steady": per_minute, "scrape_interval_s": interval_s,
-                "prometheus_scrape_interval_s": PROM_SCRAPE_S,
-            }
+        with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, \
+                prometheus_with_fleet(fleet, PROM_SCRAPE_S, Path(tmp)) as prom:
+            wait(lambda: prom_has_nodes(prom.url) >= n, 900, "Prometheus to scrape the fleet")
+            for mode in modes:
+                result[mode] = run_mode(mode, prom, srv, client, fleet, live_by_mode[mode], steady_s)
+            if "raw" in result and "recorded" in result:  # the rules' evaluations: Prometheus' cost of them alone
+                alone = [result[m]["prometheus_cpu_s_per_min_alone"] for m in ("recorded", "raw")]
+                result["recording_rules_cpu_s_per_min"] = round(alone[0] - alone[1], 1)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(20)
-        endpoint.stop()
+        fleet.stop()
         srv.stop()
+    return result
+
+
+def run_mode(mode: str, prom: promlab.PromServer, srv: KubeAPIServer, client: KubeClient, fleet: Fleet,
+             live: list[str], steady_s: float) -> dict[str, Any]:
+    recorded = mode == "recorded"
+    if recorded:
+        rules = prom.workdir / "gpuremediate-recording.rules.yml"
+        rules.write_text(recording.rules_file())
+        prom.rule_files = [rules]
+        prom.reload()
+        wait(lambda: query_result(prom.url, sources.RULES_INFO), 300, "the recording rules' first evaluation")
+    log(f"{mode}: Prometheus alone for {steady_s:g} s")
+    idle_cpu = prometheus_cpu_per_min(prom, steady_s)
+    kubeconfig = LOGS / "kubeconfig"
+    srv.write_kubeconfig(kubeconfig, token=CONTROLLER_TOKEN)
+    metrics_port = promlab.free_port()
+    proc = controller_process(kubeconfig, prom.url, metrics_port)
+    try:
+        rss = RssSampler(proc.pid)
+        first_read_s = wait(lambda: good_reads(metrics_port) >= 1, 900, "the controller's first good read")
+        errors_before_first = scrape_stats(metrics_port)[2]
+        log(f"{mode}: first read after {first_read_s:.0f} s; controller steady for {steady_s:g} s")
+        before_reqs = len(srv.requests)
+        c0, s0, e0 = scrape_stats(metrics_port)
+        ctl_cpu_0 = cpu_seconds(proc.pid)
+        t0 = time.monotonic()
+        busy_cpu = prometheus_cpu_per_min(prom, steady_s)
+        t1 = time.monotonic()
+        c1, s1, e1 = scrape_stats(metrics_port)
+        ctl_cpu = cpu_seconds(proc.pid) - ctl_cpu_0
+        steady = Counter(" ".join(filter(None, (r[1], r[3], r[4]))) for r in list(srv.requests)[before_reqs:]
+                         if r[0] == CONTROLLER_USER)
+        floor_s = curl_floor_s(prom.url, full_read_queries(recorded))
+        fault_query_s = query_seconds(prom.url, sources.fault_query(recorded=recorded))
+        timed = [fault_to_cordon(fleet, prom.url, client, node) for node in live]
+        to_cordon = [c for c, _ in timed]
+        prom_to_cordon = [c - p for c, p in timed]
+        metrics = controller_metrics(metrics_port)
+        read_s = (s1 - s0) / max(1.0, c1 - c0)
+        return {
+            "source_mode": next((k.split("=", 1)[1][:-1] for k, v in metrics.items()
+                                 if k.startswith("gpuremediate_prometheus_mode{") and v == 1), "?"),
+            "first_good_read_after_s": round(first_read_s, 1), "read_errors_before_it": int(errors_before_first),
+            "reads": int(c1 - c0), "read_errors": int(e1 - e0), "read_s": round(read_s, 2),
+            "curl_floor_s": round(floor_s, 2), "read_over_floor": round(read_s / floor_s, 2) if floor_s else None,
+            "fault_query_s": round(fault_query_s, 3),
+            "prometheus_cpu_s_per_min_alone": round(idle_cpu, 1),
+            "prometheus_cpu_s_per_min_with_controller": round(busy_cpu, 1),
+            "prometheus_cpu_s_per_min_caused": round(busy_cpu - idle_cpu, 1),
+            "controller_cpu_s_per_min": round(ctl_cpu * 60.0 / (t1 - t0), 1),
+            "fault_to_cordon_s": {"p50": round(percentile(to_cordon, 0.5), 1),
+                                  "p90": round(percentile(to_cordon, 0.9), 1), "max": round(max(to_cordon), 1)},
+            "prometheus_has_it_to_cordon_s": {"p50": round(percentile(prom_to_cordon, 0.5), 2),
+                                              "p90": round(percentile(prom_to_cordon, 0.9), 2),
+                                              "max": round(max(prom_to_cordon), 2)},
+            "rss_peak_mb": round(rss.peak_mb(), 1), "rss_steady_mb": round(rss.median_mb(t0, t1), 1),
+            "api_per_min_steady": {verb: round(count * 60.0 / (t1 - t0), 1) for verb, count in sorted(steady.items())},
+        }
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def query_result(url: str, query: str) -> list[Any]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": query}), timeout=60) as r:
+        return list(json.loads(r.read())["data"]["result"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -317,7 +438,7 @@ def query_seconds(url: str, query: str, times: int = 5) -> float:
     return statistics.median(took)
 
 
-def fault_to_cordon(endpoint: FleetEndpoint, prom_url: str, client: KubeClient, node: str) -> tuple[float, float]:
+def fault_to_cordon(endpoint: Fleet, prom_url: str, client: KubeClient, node: str) -> tuple[float, float]:
     """An XID 79 on ``node``: (seconds to its cordon, seconds until Prometheus had it)."""
     endpoint.inject_xid(node, 3, 79)
     injected = time.monotonic()
@@ -330,7 +451,7 @@ def fault_to_cordon(endpoint: FleetEndpoint, prom_url: str, client: KubeClient, 
 class FaultInProm:
     """When Prometheus first answers with the injected XID (its own scrape delay, not the controller's)."""
 
-    def __init__(self, url: str, node: str = FAULT_NODE) -> None:
+    def __init__(self, url: str, node: str) -> None:
         self.url, self.node = url, node
         self.seen_at: float | None = None
 
@@ -486,30 +607,34 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sizes", nargs="*", type=int, help="fleet sizes (default: 1000 2500 5000; $N overrides)")
     p.add_argument("--direct", action="store_true", help="direct exporter scraping instead of Prometheus")
-    p.add_argument("--steady", type=float, default=60.0, help="steady-state window, seconds")
-    p.add_argument("--interval", type=float, default=10.0, help="the controller's --scrape-interval, seconds")
+    p.add_argument("--steady", type=float, default=120.0,
+                   help="each window (Prometheus alone, with the controller), seconds")
+    p.add_argument("--endpoints", type=int, default=10, help="Prometheus mode: scrape targets serving the fleet")
+    p.add_argument("--modes", nargs="+", default=["raw", "recorded"], choices=["raw", "recorded"],
+                   help="Prometheus mode: without, with gpuremediate's recording rules (each its own controller)")
+    p.add_argument("--controller-flag", action="append", default=[],
+                   help="Prometheus mode: a flag for the controller beyond the defaults (repeat)")
     p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
     p.add_argument("--workers", type=int, nargs="+", default=[16],
                    help="direct mode: scrape concurrency (several: a sweep)")
     p.add_argument("--shards", type=int, default=1, help="direct mode: controller processes, each reading its shard")
     p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
-    p.add_argument("--faults", type=int, default=1,
-                   help="XIDs injected one after the other, each on a node of its own (fault to cordon of each)")
+    p.add_argument("--faults", type=int, default=10,
+                   help="XIDs injected one after the other per mode, each on a node of its own (P50/P90 of them)")
     p.add_argument("--log-level", default="warning",
                    help="the controller's --log-level (info: the fast path's split of each fault, in controller.log)")
-    p.add_argument("--fault-poll", default="1s", help="the controller's --prometheus-fault-poll (off: no fast path)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
     args = p.parse_args()
-    global TRACE_MEMORY, FAULT_POLL, CONTROLLER_LOG_LEVEL
-    TRACE_MEMORY, FAULT_POLL, CONTROLLER_LOG_LEVEL = args.trace_memory, args.fault_poll, args.log_level
+    global TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL
+    TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL = args.trace_memory, args.controller_flag, args.log_level
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         if args.direct:
             for workers in args.workers:
                 print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
         else:
-            print(json.dumps(run_prometheus(n, args.steady, args.interval, args.faults)), flush=True)
+            print(json.dumps(run_prometheus(n, args.steady, args.faults, args.endpoints, args.modes)), flush=True)
     return 0
 
 
