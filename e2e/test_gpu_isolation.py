@@ -30,7 +30,10 @@ from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE
 from sim.gpusim import gpu_uuid
 from sim.nodesim_dra import DRIVER
 
-GPU_LEVEL: dict[str, dict[str, Any]] = {"isolation": {"scope": "gpu"}, "drain": {"retry_s": 0.3, "timeout_s": 30}}
+# before_ga = "gpu": the emulator and the 1.36 control plane serve DeviceTaintRule at v1beta2 only, where the
+# default is node-level (test_before_ga_the_default_is_node_level shows that default).
+GPU_LEVEL: dict[str, dict[str, Any]] = {"isolation": {"scope": "gpu", "before_ga": "gpu"},
+                                        "drain": {"retry_s": 0.3, "timeout_s": 30}}
 GPUS = 8
 
 
@@ -162,6 +165,22 @@ def test_a_controller_restarted_mid_flow_finds_its_rule_and_carries_on(dra: Emul
     c.wait_state(node, "healthy", timeout=30)
     assert rules(c) == [] and not c.unschedulable(node)
     assert c.evicted() == {"workloads/w3"}
+
+
+def test_before_ga_the_default_is_node_level(dra: EmulatorCluster) -> None:
+    """On a cluster whose DeviceTaintRule is not GA (1.36: v1beta2) the scheduler does not honour NoSchedule rules,
+    so ``scope = "gpu"`` alone does not isolate: the node is cordoned and drained, and the Event says why."""
+    c, node = dra, dra.nodes[0]
+    if DeviceTaints(c.kube).served_ga:
+        pytest.skip("this API server serves DeviceTaintRule at resource.k8s.io/v1 (GA): GPU-level is the default")
+    c.start_controller({"isolation": {"scope": "gpu"}, "drain": {"retry_s": 0.3, "timeout_s": 30}})
+    c.inject(node, 3, "xid", 48)
+    c.wait(lambda: c.unschedulable(node), 15, "the node cordoned: node-level")
+    event = c.wait_event(node, "GPUIsolationNodeLevel")
+    assert "before GA" in str(event.get("message")), event
+    assert rules(c) == [], "no DeviceTaintRule written"
+    c.wait_state(node, "healthy", timeout=40)
+    assert not c.unschedulable(node)
 
 
 def test_without_a_resource_slice_for_the_gpu_it_goes_node_level_and_says_so(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ FAULT_ANNOTATION = "gpuremediate.io/fault"
 FINGERPRINT_ANNOTATION = "gpuremediate.io/fingerprint"
 DRY_RUN_ANNOTATION = "gpuremediate.io/dry-run-effect"  # the effect a dry run's None rule stands for
 
+GA_API_VERSION = DEVICE_TAINT_RULE_API_VERSIONS[0]  # resource.k8s.io/v1
 EFFECT_NONE = "None"
 EFFECT_NO_SCHEDULE = "NoSchedule"
 EFFECT_NO_EXECUTE = "NoExecute"
@@ -242,6 +243,13 @@ class DeviceTaints:
     @property
     def api_version(self) -> str:
         return self.resource.api_version
+
+    @property
+    def served_ga(self) -> bool:
+        """The rules are served at resource.k8s.io/v1 (Kubernetes 1.37, GA): the version whose kube-scheduler
+        honours NoSchedule device taints. Before it (v1beta2 on 1.36, v1alpha3) the scheduler either ignores the
+        rules or, with the gate on, fails to start (docs/dra.md)."""
+        return self.api_version == GA_API_VERSION
 
     def _discover(self) -> Resource:
         for api_version in DEVICE_TAINT_RULE_API_VERSIONS:

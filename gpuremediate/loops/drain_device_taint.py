@@ -44,7 +44,7 @@ from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import DrainPolicy
-from gpuremediate.state.record import SCOPE_NODE, Isolation, NodeRecord, isolated_at_gpu, occurrence
+from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE, Isolation, NodeRecord, isolated_at_gpu, occurrence
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,9 @@ class DeviceTaintDrain:
             return self._node_level(ctx, node, record, isolation, f"the fault names GPU {isolation.uuid} without a "
                                     "UUID: no ResourceSlice device can be matched to it")
         # Discovery first: a cluster without the API says DeviceTaintsNotServed before any slice is read.
-        log.debug("DeviceTaintRule served at %s", self.taints(ctx).api_version)
+        taints = self.taints(ctx)
+        if not taints.served_ga and ctx.policy.isolation.before_ga != SCOPE_GPU:
+            return self._node_level(ctx, node, record, isolation, before_ga_reason(taints.api_version))
         adopted = self._adopt(ctx, node, record, isolation)
         if adopted is not None:
             return adopted
@@ -204,6 +206,12 @@ class DeviceTaintDrain:
         ctx.events.node_event(name, "GPUIsolationNodeLevel", f"GPU {isolation.uuid} cannot be isolated alone "
                               f"({why}): the node is cordoned and drained instead", WARNING)
         return InProgress(0.0)
+
+
+def before_ga_reason(api_version: str) -> str:
+    return (f"DeviceTaintRule is served at {api_version}, before GA (resource.k8s.io/v1, Kubernetes 1.37): this "
+            "cluster's kube-scheduler does not honour NoSchedule device taints, so new pods could be handed the bad "
+            'GPU ([isolation] before_ga = "gpu" isolates it anyway)')
 
 
 def _past_deadline(ctx: DrainContext, record: NodeRecord) -> bool:

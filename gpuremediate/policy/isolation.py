@@ -22,6 +22,7 @@ from gpuremediate.policy.workflow import Rung, one_of
 from gpuremediate.state.record import SCOPE_GPU, HistoryEntry
 
 ISOLATION_SCOPES = ("node", "gpu")
+BEFORE_GA_CHOICES = ("node", "gpu")
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
@@ -32,6 +33,11 @@ class IsolationPolicy:
                          "repair is a per-GPU reset takes only that GPU out with a DRA DeviceTaintRule: the node "
                          "stays schedulable; anything else, or a cluster without DRA device taints, is node-level)",
                          check=one_of(*ISOLATION_SCOPES))
+    before_ga: str = setting("node", "node (where DeviceTaintRule is served only before GA — resource.k8s.io/v1beta2 "
+                             "or v1alpha3, Kubernetes 1.36 and older — a GPU fault is node-level: that kube-scheduler "
+                             "does not honour NoSchedule device taints, so new pods could be handed the bad GPU) | "
+                             "gpu (isolate the GPU anyway: its holders are still deleted by NoExecute, and a new pod "
+                             "given the GPU is deleted again)", check=one_of(*BEFORE_GA_CHOICES))
 
     @property
     def gpu_level(self) -> bool:

@@ -17,6 +17,7 @@ from gpuremediate.kube.resources import NAMESPACES, NODES, PODS
 from gpuremediate.loops.drain_device_taint import DeviceTaintDrain
 from gpuremediate.loops.step import Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
+from gpuremediate.policy.isolation import IsolationPolicy
 from gpuremediate.policy.workflow import DrainPolicy
 from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE, ActionInProgress, Fault, Isolation, NodeRecord
 from sim.dra_claims import ensure_device_class, run_on_gpu
@@ -72,6 +73,13 @@ def served(versions: tuple[str, ...]) -> Iterator[KubeClient]:
 
 @pytest.fixture
 def kube() -> Iterator[KubeClient]:
+    """A 1.37 cluster: DeviceTaintRule GA at resource.k8s.io/v1 (and the scheduler honours it)."""
+    yield from served(("v1",))
+
+
+@pytest.fixture
+def beta() -> Iterator[KubeClient]:
+    """A 1.36 cluster with the gate: DeviceTaintRule at v1beta2 only, its scheduler blind to the rules."""
     yield from served(("v1beta2",))
 
 
@@ -91,8 +99,8 @@ def step(ctx: Ctx, client: KubeClient, rec: NodeRecord, drain: DeviceTaintDrain)
     return result, ctx.writer.records[-1][0] if ctx.writer.records else rec
 
 
-def policy(mode: str) -> Policy:
-    return Policy(drain=DrainPolicy(mode=mode))
+def policy(mode: str, before_ga: str = "node") -> Policy:
+    return Policy(drain=DrainPolicy(mode=mode), isolation=IsolationPolicy(scope="gpu", before_ga=before_ga))
 
 
 def test_allow_completion_waits_under_no_schedule_then_no_execute_then_done(kube: KubeClient) -> None:
@@ -141,6 +149,25 @@ def test_a_cluster_without_device_taint_rules_goes_node_level_once(no_rules: Kub
     assert rec.isolation is not None and rec.isolation.scope == SCOPE_NODE and "not served" in rec.isolation.why
     assert ctx.writer.records[-1][1] is True and rec.cordoned_by_us, "cordoned: node-level"
     assert [e[0] for e in ctx.writer.events] == ["GPUIsolationNodeLevel"]
+
+
+def test_before_ga_the_default_is_node_level_and_says_why(beta: KubeClient) -> None:
+    ctx, drain = Ctx(beta, policy("Immediate")), DeviceTaintDrain()
+    result, rec = step(ctx, beta, record(), drain)
+    assert isinstance(result, InProgress)
+    assert rec.isolation is not None and rec.isolation.scope == SCOPE_NODE
+    assert "resource.k8s.io/v1beta2, before GA" in rec.isolation.why and "before_ga" in rec.isolation.why
+    assert ctx.writer.records[-1][1] is True, "cordoned: node-level"
+    assert DeviceTaints(beta).owned(NODE) == [], "no rule written"
+    assert [e[0] for e in ctx.writer.events] == ["GPUIsolationNodeLevel"]
+
+
+def test_before_ga_an_operator_may_still_isolate_the_gpu(beta: KubeClient) -> None:
+    ctx, drain = Ctx(beta, policy("Immediate", before_ga="gpu")), DeviceTaintDrain()
+    _, rec = step(ctx, beta, record(), drain)
+    assert rec.isolation is not None and rec.isolation.scope == SCOPE_GPU and rec.isolation.effect == "NoSchedule"
+    taints = DeviceTaints(beta)
+    assert taints.api_version == "resource.k8s.io/v1beta2" and [r.name for r in taints.owned(NODE)] == [rec.isolation.rule]
 
 
 def test_a_gpu_in_no_slice_goes_node_level(kube: KubeClient) -> None:

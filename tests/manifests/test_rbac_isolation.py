@@ -33,6 +33,7 @@ ISOLATION_PERMISSIONS = {("resource.k8s.io", resource, verb) for resource, verb 
 POLICY = """
 [isolation]
 scope = "gpu"
+before_ga = "gpu"  # the emulator serves DeviceTaintRule at v1beta2, as 1.36 does
 
 [drain]
 retry_s = 0.3

@@ -38,6 +38,13 @@ def test_a_bad_scope_names_the_key_and_the_choices() -> None:
         loads_policy('[isolation]\nscope = "device"\n')
 
 
+def test_before_ga_defaults_to_node_and_names_a_bad_choice() -> None:
+    assert default_policy().defaults.isolation.before_ga == "node"
+    assert loads_policy('[isolation]\nscope = "gpu"\nbefore_ga = "gpu"\n').defaults.isolation.before_ga == "gpu"
+    with pytest.raises(PolicyError, match=r"isolation\.before_ga: expected one of node, gpu, got 'yes'"):
+        loads_policy('[isolation]\nbefore_ga = "yes"\n')
+
+
 def test_one_gpu_reset_is_gpu_level() -> None:
     assert why(finding(GPU3)) == ""
 
