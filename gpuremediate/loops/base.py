@@ -258,3 +258,40 @@ def state_of(node: Mapping[str, Any]) -> str:
     if isinstance(record, RecordError):
         return "malformed"
     return record.state
+
+
+class LoopView:
+    """What every variant's narrow context shares (``loops.step.StepContext``), read from its loop's context when
+    used: the node writer, the API client, Events, metrics, permission backoff, the clock, the node's policy and
+    the loop's report of a plugin resource of the wrong shape. ``DrainView`` and ``RepairView`` add their own."""
+
+    def __init__(self, loop: NodeLoop, policy: Policy) -> None:
+        self._loop = loop
+        self._ctx: LoopContext = loop.ctx
+        self.policy = policy
+
+    @property
+    def writer(self) -> NodeWriter:
+        return self._ctx.writer
+
+    @property
+    def client(self) -> KubeClient:
+        return self._ctx.client
+
+    @property
+    def events(self) -> EventRecorder:
+        return self._ctx.events
+
+    @property
+    def metrics(self) -> ControllerMetrics:
+        return self._ctx.metrics
+
+    @property
+    def permissions(self) -> PermissionBackoff:
+        return self._ctx.permissions
+
+    def clock(self) -> float:
+        return self._ctx.clock()
+
+    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
+        self._loop.check_shape(node, kind, obj)

@@ -21,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuremediate.actions import budget_claims
-from gpuremediate.actions.custom import PermissionBackoff
-from gpuremediate.actions.events import WARNING, EventRecorder
-from gpuremediate.actions.nodes import Node, NodeWriter, name_of
+from gpuremediate.actions.events import WARNING
+from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import (
     SCOPE_GPU,
     SCOPE_IMPACTED,
@@ -31,16 +30,13 @@ from gpuremediate.actions.pods import (
     list_node_pods,
     pods_to_drain,
 )
-from gpuremediate.kube.client import KubeClient
-from gpuremediate.loops.base import LoopContext, NodeLoop, state_of
+from gpuremediate.loops.base import LoopContext, LoopView, NodeLoop, state_of
 from gpuremediate.loops.drain_scope import drain_scope
 from gpuremediate.loops.drainer import Drainer, DrainRow
 from gpuremediate.loops.drainers import select as select_drainer
 from gpuremediate.loops.step import Done, InProgress, StepResult
 from gpuremediate.obs import notify
-from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy import gates, safety
-from gpuremediate.policy.config import Policy
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.policy.workflow import DrainPolicy, budget_value
 from gpuremediate.signals.alerts import AlertsReader
@@ -304,37 +300,11 @@ class DrainLoop(NodeLoop):
         return {(p.namespace, p.name) for g in readings.gpus if g.key in faulty or not faulty for p in g.pods}
 
 
-class DrainView:
-    """The narrow context a drain variant gets (``loops.drainer.DrainContext``): read from the loop's context when
-    used, with the loop's pod watch for the drain's pods and the node's policy."""
+class DrainView(LoopView):
+    """The narrow context a drain variant gets (``loops.drainer.DrainContext``): the shared part, with the loop's
+    pod watch for the drain's pods and its queue."""
 
-    def __init__(self, loop: DrainLoop, policy: Policy) -> None:
-        self._loop = loop
-        self._ctx: LoopContext = loop.ctx
-        self.policy = policy
-
-    @property
-    def writer(self) -> NodeWriter:
-        return self._ctx.writer
-
-    @property
-    def client(self) -> KubeClient:
-        return self._ctx.client
-
-    @property
-    def events(self) -> EventRecorder:
-        return self._ctx.events
-
-    @property
-    def metrics(self) -> ControllerMetrics:
-        return self._ctx.metrics
-
-    @property
-    def permissions(self) -> PermissionBackoff:
-        return self._ctx.permissions
-
-    def clock(self) -> float:
-        return self._ctx.clock()
+    _loop: DrainLoop
 
     def targets(self, node: Node, record: NodeRecord, confirm: bool = False) -> list[Mapping[str, Any]]:
         return self._loop.targets(node, record, self.policy.drain, confirm)
@@ -345,5 +315,3 @@ class DrainView:
     def requeue(self, node: str) -> None:
         self._loop.queue.add(node)
 
-    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
-        self._loop.check_shape(node, kind, obj)

@@ -16,40 +16,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuremediate.actions.custom import PermissionBackoff
-from gpuremediate.actions.events import EventRecorder
-from gpuremediate.actions.nodes import Node, NodeWriter
-from gpuremediate.kube.client import KubeClient
-from gpuremediate.loops.step import StepResult
-from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.actions.nodes import Node
+from gpuremediate.loops.step import StepContext, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.state.record import NodeRecord
 
 
-class DrainContext(Protocol):
-    """What a drain step may use: the node writer, the API client (evictions, deletes, custom resources), the
-    drain's pods, Events, metrics, the clock and its node's policy ([drain], [customDrain] ...)."""
-
-    @property
-    def writer(self) -> NodeWriter: ...
-
-    @property
-    def client(self) -> KubeClient: ...
-
-    @property
-    def events(self) -> EventRecorder: ...
-
-    @property
-    def metrics(self) -> ControllerMetrics: ...
-
-    @property
-    def permissions(self) -> PermissionBackoff: ...
-
-    @property
-    def policy(self) -> Policy:
-        """The node's policy."""
-
-    def clock(self) -> float: ...
+class DrainContext(StepContext, Protocol):
+    """What a drain step may use: the shared context (the node writer, the API client for evictions, deletes and
+    custom resources, Events, metrics, the clock, its node's policy: [drain], [customDrain] ...) and the drain's
+    pods."""
 
     def targets(self, node: Node, record: NodeRecord, confirm: bool = False) -> list[Mapping[str, Any]]:
         """The pods this drain must see gone: from the node's pod watch, or with ``confirm`` from a LIST."""
@@ -59,9 +35,6 @@ class DrainContext(Protocol):
 
     def requeue(self, node: str) -> None:
         """A step for the node soon (from any thread: an eviction sent in an earlier step has its answer)."""
-
-    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
-        """Report a plugin resource whose ``status.conditions`` has the wrong shape (once)."""
 
 
 class Drainer(Protocol):

@@ -23,19 +23,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any
 
-from gpuremediate.actions.custom import PermissionBackoff
-from gpuremediate.actions.events import WARNING, EventRecorder
-from gpuremediate.actions.nodes import Node, NodeWriter, name_of
-from gpuremediate.kube.client import KubeClient
-from gpuremediate.loops.base import LoopContext
+from gpuremediate.actions.events import WARNING
+from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.loops.base import LoopContext, LoopView
 from gpuremediate.loops.jobs import JobLoop
 from gpuremediate.loops.repair import JobActions, RepairRequest
 from gpuremediate.loops.repairs import REPAIRS, select
 from gpuremediate.loops.step import Done, InProgress, StepResult
-from gpuremediate.obs.controller_metrics import ControllerMetrics
-from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomAction, RemediationPolicy, Rung
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide, states
@@ -133,38 +128,15 @@ class RemediateLoop(JobLoop):
         log.warning("repair escalated", extra={"node": name_of(node), "detail": text})
 
 
-class RepairView:
-    """The narrow context a repair variant gets (``loops.repair.RepairContext``): read from the loop's context when
-    used, with this loop as its Job actions and the node's policy."""
+class RepairView(LoopView):
+    """The narrow context a repair variant gets (``loops.repair.RepairContext``): the shared part, with this loop
+    as its Job actions, the latest readings and the cluster's custom actions."""
 
-    def __init__(self, loop: RemediateLoop, policy: Policy) -> None:
-        self._loop = loop
-        self._ctx: LoopContext = loop.ctx
-        self.policy = policy
-
-    @property
-    def writer(self) -> NodeWriter:
-        return self._ctx.writer
-
-    @property
-    def client(self) -> KubeClient:
-        return self._ctx.client
+    _loop: RemediateLoop
 
     @property
     def jobs(self) -> JobActions:
         return self._loop
-
-    @property
-    def events(self) -> EventRecorder:
-        return self._ctx.events
-
-    @property
-    def metrics(self) -> ControllerMetrics:
-        return self._ctx.metrics
-
-    @property
-    def permissions(self) -> PermissionBackoff:
-        return self._ctx.permissions
 
     @property
     def readings(self) -> Mapping[str, NodeReadings]:
@@ -173,9 +145,3 @@ class RepairView:
     @property
     def actions(self) -> Mapping[str, CustomAction]:
         return self._ctx.policy.cluster.actions
-
-    def clock(self) -> float:
-        return self._ctx.clock()
-
-    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
-        self._loop.check_shape(node, kind, obj)

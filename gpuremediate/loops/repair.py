@@ -15,12 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuremediate.actions.custom import PermissionBackoff
 from gpuremediate.actions.events import EventRecorder
 from gpuremediate.actions.nodes import Node, NodeWriter
-from gpuremediate.kube.client import KubeClient
-from gpuremediate.loops.step import StepResult
-from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.loops.step import StepContext, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomAction, JobPolicy, RemediationPolicy, Rung
 from gpuremediate.signals.model import NodeReadings
@@ -66,43 +63,20 @@ class WritesNodes(Protocol):
     def events(self) -> EventRecorder: ...
 
 
-class RepairContext(Protocol):
-    """What a repair step may use: the node writer, the API client (custom resources, a node's pods), the Job
-    actions, Events, the clock, the latest readings and its node's policy."""
-
-    @property
-    def writer(self) -> NodeWriter: ...
-
-    @property
-    def client(self) -> KubeClient: ...
+class RepairContext(StepContext, Protocol):
+    """What a repair step may use: the shared context (the node writer, the API client for custom resources and a
+    node's pods, Events, the clock, its node's policy: [remediation], [gpu_operator] ...), the Job actions, the
+    latest readings and the cluster's custom actions."""
 
     @property
     def jobs(self) -> JobActions: ...
 
     @property
-    def events(self) -> EventRecorder: ...
-
-    @property
-    def metrics(self) -> ControllerMetrics: ...
-
-    @property
-    def permissions(self) -> PermissionBackoff: ...
-
-    @property
     def readings(self) -> Mapping[str, NodeReadings]: ...
-
-    @property
-    def policy(self) -> Policy:
-        """The node's policy (its [remediation], [gpu_operator] ... sections)."""
 
     @property
     def actions(self) -> Mapping[str, CustomAction]:
         """The cluster's ``[actions.<name>]``."""
-
-    def clock(self) -> float: ...
-
-    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
-        """Report a plugin resource whose ``status.conditions`` has the wrong shape (once)."""
 
 
 @dataclass(frozen=True)

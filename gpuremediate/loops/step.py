@@ -8,11 +8,47 @@ then ``then`` (a clean-up that must come after the record, such as deleting a co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from gpuremediate.actions.nodes import Node
+from gpuremediate.actions.custom import PermissionBackoff
+from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.nodes import Node, NodeWriter
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.policy.config import Policy
 from gpuremediate.state.record import ActionInProgress, NodeRecord
+
+
+class StepContext(Protocol):
+    """What every variant's step may use (``loops.base.LoopView``); ``DrainContext`` and ``RepairContext`` add
+    their own."""
+
+    @property
+    def writer(self) -> NodeWriter: ...
+
+    @property
+    def client(self) -> KubeClient: ...
+
+    @property
+    def events(self) -> EventRecorder: ...
+
+    @property
+    def metrics(self) -> ControllerMetrics: ...
+
+    @property
+    def permissions(self) -> PermissionBackoff: ...
+
+    @property
+    def policy(self) -> Policy:
+        """The node's policy."""
+
+    def clock(self) -> float: ...
+
+    def check_shape(self, node: Node, kind: str, obj: Mapping[str, Any]) -> None:
+        """Report a plugin resource whose ``status.conditions`` has the wrong shape (once)."""
+
 
 CONFLICT_RETRY_S = 0.2  # a 409 on a write: the next step reads the node again and decides again
 
