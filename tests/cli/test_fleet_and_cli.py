@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from gpuremediate import cli, fleet
 from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, RESET_ANNOTATION, BreakerStore
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
+from gpuremediate.kube.resources import CONFIGMAPS, NODES
 from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
 from gpuremediate.policy.safety import CircuitBreaker
 from gpuremediate.state import record as r
@@ -27,22 +26,8 @@ from gpuremediate.state.record import (
     record_from_node,
     start_action,
 )
-from sim.kubeapi import KubeAPIServer
 
 NS = "gpuremediate-system"
-
-
-@pytest.fixture()
-def api(tmp_path: Path) -> Iterator[tuple[KubeClient, str]]:
-    srv = KubeAPIServer().start()
-    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
-    client = KubeClient(load_config(kubeconfig))
-    client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    try:
-        yield client, str(kubeconfig)
-    finally:
-        client.close()
-        srv.stop()
 
 
 def _node(client: KubeClient, name: str, record: NodeRecord | None = None, unschedulable: bool = False) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,29 +14,14 @@ import pytest
 from gpuremediate import cli, fleet
 from gpuremediate.kube import miniyaml
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.config import load_config
-from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.kube.resources import NODES
 from gpuremediate.policy.findings import ACTION_RESET_GPU, KIND_ECC_DBE
 from gpuremediate.state import record as r
 from gpuremediate.state import states
 from gpuremediate.state.record import Fault, NodeRecord, node_patch
-from sim.kubeapi import KubeAPIServer
 
 NS = "gpuremediate-system"
 NOW = 1_700_000_000.0
-
-
-@pytest.fixture()
-def api(tmp_path: Path) -> Iterator[tuple[KubeClient, str]]:
-    srv = KubeAPIServer().start()
-    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
-    client = KubeClient(load_config(kubeconfig))
-    client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    try:
-        yield client, str(kubeconfig)
-    finally:
-        client.close()
-        srv.stop()
 
 
 def _node(client: KubeClient, name: str, record: NodeRecord | None = None, gpus: int = 8) -> None:
