@@ -35,7 +35,7 @@ from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
-from gpuremediate.obs.event_queue import own_pod, pod_event_body
+from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.obs.notify import NotifyError, WebhookNotifier, url_from_secret
 from gpuremediate.obs.server import ObservabilityServer
 from gpuremediate.policy import safety
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 CACHE_SYNC_S = 60.0
 STOP_BOUND_S = 6.0  # loops and caches stop together within this; each loop's own join waits 5 s at most
 RELEASE_BOUND_S = 2.0  # then the lease is released, last
+REPORT_QUEUE_SIZE = 10_000  # Events and conditions waiting to be written; past it they are dropped and counted
 
 
 class Stoppable(Protocol):
@@ -180,6 +181,12 @@ class Controller:
         events = EventRecorder(self.client, namespace=settings.event_namespace, host=settings.who,
                                dry_run=settings.dry_run)
         writer = NodeWriter(self.client, view, events, self.metrics, dry_run=settings.dry_run)
+        # Reports of actions (Events, the GPURemediation condition) are written after the actions, at background
+        # priority on the same rate limit: a burst of cordons is not paced by its own reports.
+        self.reports = EventQueue(None, self.metrics.events_dropped, maxsize=REPORT_QUEUE_SIZE,
+                                  priority=self.client.background, name="report-writer")
+        events.defer = self.reports.submit
+        writer.defer_condition = self.reports.submit_latest
         writer.taint = policy.cluster.taint
         writer.clock = clock
         breakers = BreakerStore(self.client, settings.namespace, dry_run=settings.dry_run)
@@ -288,6 +295,7 @@ class Controller:
                 parts.append(self.ctx.writer.notifier)
             if self.ctx.writer.journal is not None:
                 parts.append(self.ctx.writer.journal)
+            parts.append(self.reports)  # what is queued is written within the bound (the write fence holds after)
         stoppers = [threading.Thread(target=part.stop, name=f"stop-{type(part).__name__}", daemon=True)
                     for part in parts]
         for stopper in stoppers:

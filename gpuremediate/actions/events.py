@@ -13,6 +13,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuremediate.kube import errors
@@ -55,6 +56,9 @@ class EventRecorder:
         self.aggregate_s = aggregate_s
         self._seen: dict[tuple[str, str, str], _Seen] = {}
         self._lock = threading.Lock()
+        # Set by the controller: the Event is written off the caller's thread, after the actions (obs.event_queue
+        # EventQueue.submit at background priority); it carries the time it was asked for. None: written here.
+        self.defer: Callable[[Callable[[], None]], object] | None = None
 
     def node_event(self, node: str, reason: str, message: str, type_: str = NORMAL, uid: str = "") -> None:
         """Record an Event about a Node. Never raises: an event is not worth failing a reconcile."""
@@ -62,6 +66,12 @@ class EventRecorder:
             message = f"(dry-run) {message}"
         log.info("event", extra={"node": node, "reason": reason, "event_type": type_, "event_message": message})
         now = time.time()
+        if self.defer is not None:
+            self.defer(lambda: self._write(node, reason, message, type_, uid, now))
+        else:
+            self._write(node, reason, message, type_, uid, now)
+
+    def _write(self, node: str, reason: str, message: str, type_: str, uid: str, now: float) -> None:
         key = (node, reason, message)
         with self._lock:
             seen = self._seen.get(key)

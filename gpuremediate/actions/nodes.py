@@ -173,6 +173,17 @@ class NodeView:
         with self._lock:
             self._written[name_of(result)] = (old_rv, result)
 
+    def replace_written(self, seen_rv: str, result: Node) -> None:
+        """``result`` is a newer version of the node we saw at ``seen_rv``: if that was our own write not yet in
+        the informer, it takes its place (keeping the version the informer must pass to drop it)."""
+        name = name_of(result)
+        with self._lock:
+            entry = self._written.get(name)
+            if entry is not None and _rv(entry[1]) == seen_rv:
+                self._written[name] = (entry[0], result)
+            else:
+                self._written[name] = (seen_rv, result)
+
     def overlay(self, name: str, patch: Mapping[str, Any]) -> None:
         with self._lock:
             current = self._overlay.get(name, {})
@@ -211,6 +222,9 @@ class NodeWriter:
         self.clock: Callable[[], float] = time.time
         self.journal: DryRunJournal | None = None  # dry-run: what it would have written, for the CLI
         self._refused: dict[str, str] = {}  # node -> the fault whose record its full annotations refused
+        # Set by the controller: the GPURemediation condition is published off the caller's thread, after the
+        # actions, the latest per node (EventQueue.submit_latest). None: published right after each write.
+        self.defer_condition: Callable[[str, Callable[[], None]], object] | None = None
         self._refused_lock = threading.Lock()
 
     def apply(self, node: Node, decision: Decision) -> Node | None:
@@ -274,10 +288,14 @@ class NodeWriter:
             self._record_written(name)
             self._notify_drain_start(node, record)
             self.view.remember_write(rv, result)
-            published = self._publish_condition(result, record)
-            if published is not None:  # the status patch moved the resourceVersion again: that is the truth now
-                self.view.remember_write(rv, published)
-                result = published
+            if self.defer_condition is not None:
+                written = result
+                self.defer_condition(f"condition/{name}", lambda: self._publish_latest(name, written))
+            else:
+                published = self._publish_condition(result, record)
+                if published is not None:  # the status patch moved the resourceVersion: that is the truth now
+                    self.view.remember_write(rv, published)
+                    result = published
         self._report_blocked(name, before, record)
         return result
 
@@ -382,6 +400,17 @@ class NodeWriter:
             log.warning("cannot set the GPURemediation condition; the next write retries",
                         extra={"node": name_of(node), "error": str(exc)})
             return None
+
+    def _publish_latest(self, name: str, written: Node) -> None:
+        """The condition for the node's record as the view has it now (``written``, the write that asked, where
+        the view has no such node)."""
+        node = self.view.get(name) or written
+        record = record_from_node(node)
+        if not isinstance(record, NodeRecord):  # no record of ours (any more), or one that does not parse
+            return
+        published = self._publish_condition(node, record)
+        if published is not None:
+            self.view.replace_written(_rv(node), published)
 
     def _report_transition(self, node: Node, decision: Decision) -> None:
         move = decision.transition

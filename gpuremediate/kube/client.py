@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -78,6 +79,18 @@ class KubeClient:
         self._discovered: dict[str, dict[str, Resource]] = {}
         self._discovery_lock = threading.Lock()
         self.write_fence: WriteFence | None = None
+        self._lane = threading.local()  # .background: this thread's requests yield to the others' (RateLimiter)
+
+    @contextlib.contextmanager
+    def background(self) -> Iterator[None]:
+        """This thread's requests go at background priority while inside: they take a token only when no
+        foreground request waits for one (reports of actions: Events, the GPURemediation condition)."""
+        before = getattr(self._lane, "background", False)
+        self._lane.background = True
+        try:
+            yield
+        finally:
+            self._lane.background = before
 
     def close(self) -> None:
         self.pool.close()
@@ -373,7 +386,7 @@ class KubeClient:
         self, method: str, path: str, url: str, payload: bytes | None, content_type: str,
         stream_timeout: float | None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        self.limiter.acquire()
+        self.limiter.acquire(background=getattr(self._lane, "background", False))
         fence = self.write_fence
         if fence is not None and method != "GET":
             fence(method, path)  # last check before the wire: the rate limiter or a retry may have waited

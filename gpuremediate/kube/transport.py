@@ -12,7 +12,12 @@ from gpuremediate.kube.config import ClusterConfig
 
 
 class RateLimiter:
-    """Token bucket: `qps` tokens per second, at most `burst` saved up; acquire() blocks until one is free."""
+    """Token bucket: `qps` tokens per second, at most `burst` saved up; acquire() blocks until one is free.
+
+    Two priorities share the one budget: a background request (an Event, the GPURemediation condition: what
+    reports an action) waits while any foreground request (the actions themselves: a cordon, an eviction)
+    waits for a token, so a burst of cordons is not paced by their own reports, and the server never sees
+    more than `qps` from us either way."""
 
     def __init__(self, qps: float, burst: int) -> None:
         if qps <= 0 or burst < 1:
@@ -22,22 +27,46 @@ class RateLimiter:
         self._tokens = float(burst)
         self._stamp = time.monotonic()
         self._lock = threading.Lock()
+        self._foreground_waiting = 0
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
+        self._stamp = now
 
     def _reserve(self) -> float:
         """Take a token (possibly going negative); the seconds to wait before using it."""
         with self._lock:
-            now = time.monotonic()
-            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
-            self._stamp = now
+            self._refill()
             self._tokens -= 1.0
-            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+            wait = 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+            if wait > 0:
+                self._foreground_waiting += 1
+            return wait
 
-    def acquire(self) -> float:
+    def acquire(self, background: bool = False) -> float:
         """Block until a request may go; returns the seconds waited."""
+        if background:
+            return self._acquire_background()
         wait = self._reserve()
         if wait > 0:
-            time.sleep(wait)
+            try:
+                time.sleep(wait)
+            finally:
+                with self._lock:
+                    self._foreground_waiting -= 1
         return wait
+
+    def _acquire_background(self) -> float:
+        started = time.monotonic()
+        while True:
+            with self._lock:
+                self._refill()
+                if self._foreground_waiting == 0 and self._tokens >= 1.0:
+                    self._tokens -= 1.0
+                    return time.monotonic() - started
+                short = max(0.0, 1.0 - self._tokens) / self.qps
+            time.sleep(min(0.05, max(0.002, short)))
 
 
 class ConnectionPool:

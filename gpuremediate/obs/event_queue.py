@@ -8,6 +8,7 @@ counted in ``gpuremediate_events_dropped_total``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -15,6 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from gpuremediate.actions.events import COMPONENT
@@ -55,24 +57,52 @@ class EventQueue:
 
     def __init__(
         self,
-        recorder: NodeEvents,
+        recorder: NodeEvents | None,
         dropped: DropCounter | None = None,
         *,
         maxsize: int = 1000,
         limited_per_s: float = 1.0,
         limited_burst: int = 20,
+        priority: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        name: str = "event-writer",
     ) -> None:
+        """``priority``: the context the worker writes in (``KubeClient.background``: after the actions)."""
         self.recorder = recorder
         self.dropped = dropped
+        self.priority = priority
+        self.name = name
         self._queue: queue.Queue[Write | None] = queue.Queue(maxsize=maxsize)
         self._limit = TokenBucket(limited_per_s, limited_burst)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._latest: dict[str, Write] = {}  # submit_latest: key -> the write queued for it, not yet run
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
                    *, limited: bool = False) -> bool:
         """Queue an Event on a Node; False when it was dropped. ``limited``: subject to the rate budget."""
-        return self.submit(lambda: self.recorder.node_event(node, reason, message, type_, uid), limited=limited)
+        recorder = self.recorder
+        assert recorder is not None, "a queue without a recorder takes submit() only"
+        return self.submit(lambda: recorder.node_event(node, reason, message, type_, uid), limited=limited)
+
+    def submit_latest(self, key: str, write: Write) -> bool:
+        """Queue ``write`` for ``key``, replacing one queued for it that has not run yet (it keeps its place):
+        what only the latest of matters, such as a node's condition. False when the queue is full."""
+        with self._lock:
+            if key in self._latest:
+                self._latest[key] = write
+                return True
+            self._latest[key] = write
+        if self.submit(lambda: self._run_latest(key)):
+            return True
+        with self._lock:
+            self._latest.pop(key, None)
+        return False
+
+    def _run_latest(self, key: str) -> None:
+        with self._lock:
+            write = self._latest.pop(key, None)
+        if write is not None:
+            write()
 
     def submit(self, write: Write, *, limited: bool = False) -> bool:
         if limited and not self._limit.take():
@@ -106,15 +136,16 @@ class EventQueue:
     def _ensure_worker(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="event-writer", daemon=True)
+                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
                 self._thread.start()
 
     def _work(self) -> None:
-        while (write := self._queue.get()) is not None:
-            try:
-                write()
-            except Exception:  # the recorder logs API errors itself; anything else must not kill the writer
-                log.exception("event write failed")
+        with self.priority():
+            while (write := self._queue.get()) is not None:
+                try:
+                    write()
+                except Exception:  # the recorder logs API errors itself; anything else must not kill the writer
+                    log.exception("event write failed")
 
     def _drop(self, why: str) -> None:
         if self.dropped is not None:

@@ -18,6 +18,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.obs.event_queue import EventQueue
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.state import states
 from gpuremediate.state.record import NodeRecord, record_from_node
@@ -30,9 +31,10 @@ HEALTHY = NodeRecord(state=states.HEALTHY, reason="validated", message="validati
 
 
 class Rig:
-    def __init__(self, client: KubeClient, writer: NodeWriter) -> None:
+    def __init__(self, client: KubeClient, writer: NodeWriter, reports: EventQueue) -> None:
         self.client = client
         self.writer = writer
+        self.reports = reports  # the condition is published from here, after the write
 
     def node(self, name: str = "gpu-1") -> dict[str, Any]:
         return self.client.get(NODES, name)
@@ -40,6 +42,7 @@ class Rig:
     def write(self, record: NodeRecord, *, cordon: bool = False, name: str = "gpu-1") -> dict[str, Any]:
         written = self.writer.write(self.node(name), record, cordon=cordon)
         assert written is not None
+        assert self.reports.flush(10), "the deferred condition was not written within 10 s"
         return self.node(name)
 
 
@@ -56,7 +59,7 @@ def rig() -> Iterator[Rig]:
     writer = controller.ctx.writer
     writer.taint = TaintPolicy(enabled=True)
     try:
-        yield Rig(client, writer)
+        yield Rig(client, writer, controller.reports)
     finally:
         controller.stop()
         srv.stop()
@@ -125,15 +128,16 @@ def test_with_the_taint_disabled_nothing_is_tainted(rig: Rig) -> None:
     assert _taints(rig.write(HELD, name="gpu-2")) == []
 
 
-def test_the_write_returns_the_node_after_the_condition_patch(rig: Rig) -> None:
-    """The GPURemediation status patch moves the resourceVersion again: the writer hands back (and its view
-    remembers) that node, so the next guarded write does not meet a needless 409. No cordon: the emulator's
-    node lifecycle answers one with its unschedulable taint, a write of its own that may land after ours."""
+def test_the_condition_follows_the_write_and_the_view_keeps_its_version(rig: Rig) -> None:
+    """The record's patch comes first (the condition is deferred: a burst of cordons is not paced by it), then the
+    GPURemediation status patch moves the resourceVersion again (the view's part: test_report_lane.py). No
+    cordon: the emulator's node lifecycle answers one with its unschedulable taint, a write of its own."""
     written = rig.writer.write(rig.node(), HELD)
-    assert written is not None
-    assert written["metadata"]["resourceVersion"] == rig.node()["metadata"]["resourceVersion"]
-    assert find_condition(written, REMEDIATION_CONDITION) is not None
-    assert rig.writer.write(written, HEALTHY) is not None  # guarded by that resourceVersion: no 409
+    assert written is not None and find_condition(written, REMEDIATION_CONDITION) is None, "not in the write"
+    assert rig.reports.flush(10)
+    stored = rig.node()
+    assert find_condition(stored, REMEDIATION_CONDITION) is not None
+    assert rig.writer.write(stored, HEALTHY) is not None, "guarded by the stored resourceVersion: no 409"
 
 
 def test_switching_to_instead_of_cordon_still_lifts_our_earlier_cordon(rig: Rig) -> None:
@@ -145,6 +149,7 @@ def test_switching_to_instead_of_cordon_still_lifts_our_earlier_cordon(rig: Rig)
     record = record_from_node(node)
     assert isinstance(record, NodeRecord) and record.cordoned_by_us, "our cordon is no longer recorded as ours"
     written = rig.writer.write(rig.node(), HEALTHY, uncordon=True)
-    assert written is not None and not rig.node()["spec"].get("unschedulable"), "our old cordon stayed"
+    assert written is not None and rig.reports.flush(10)  # the deferred condition lands before the next read
+    assert not rig.node()["spec"].get("unschedulable"), "our old cordon stayed"
     rig.write(ours, cordon=True)  # with the setting on, a new flow does not cordon
     assert not rig.node()["spec"].get("unschedulable")

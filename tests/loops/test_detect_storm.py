@@ -96,6 +96,7 @@ def _cycle(controller: Controller) -> None:
     controller.ctx.breakers.start()
     controller.detect.cycle()
     controller.detect.events.flush(10)
+    controller.reports.flush(10)
 
 
 def test_a_storm_past_the_threshold_in_one_read_opens_the_breaker_with_nothing_cordoned(world: World) -> None:

@@ -88,6 +88,7 @@ def event_creates(srv: KubeAPIServer, reason: str, client: KubeClient) -> int:
 def cycle(controller: Controller) -> None:
     controller.detect.cycle()
     assert controller.detect.events.flush(), "event writer did not drain"
+    assert controller.reports.flush(10), "report writer did not drain"
 
 
 def test_one_event_per_transition_into_unknown_not_per_reason(
@@ -198,7 +199,7 @@ def test_a_read_longer_than_the_interval_is_said_while_it_still_runs(
     threading.Thread(target=lambda: (controller.detect.cycle(), done.set()), daemon=True).start()
     wait_for(lambda: controller.metrics.source_problem.value(problem="slow") == 1, 5, "the slow read said")
     assert not done.is_set()  # before the read ended
-    assert done.wait(10) and controller.detect.events.flush()
+    assert done.wait(10) and controller.detect.events.flush() and controller.reports.flush(10)
     (event,) = controller_events(controller, "GPUHealthSourceSlow")
     assert re.search(r"has taken \d+\.\d s so far, longer than --scrape-interval 0\.3 s", event["message"])
     assert status_banner(controller)[0].startswith("GPU HEALTH SOURCE TOO SLOW (since ")
