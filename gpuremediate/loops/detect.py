@@ -797,7 +797,7 @@ class DetectLoop:
         views = [safety.node_view(n) for n in fleet]
         cfg = self.ctx.policy.cluster.budget
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
-        self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if safety.counts_against(v, budget))))
+        self.ctx.metrics.budget_in_use.set(float(sum(v.share for v in views if safety.counts_against(v, budget))))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
         self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
         mode = getattr(self.source, "mode", "")  # the Prometheus source: recording rules' output, or raw series

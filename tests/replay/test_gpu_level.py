@@ -122,3 +122,17 @@ def test_the_text_output_shows_gpu_hours_by_fault_and_the_gpu_level_flows(tmp_pa
     text = render_text(run(tmp_path, fleet(faults=[xid(1, 600, 3 * HOUR, code=48, gpu=3)]), GPU_LEVEL))
     assert "GPU-hours by fault" in text and "GPU-level flows: 1" in text
     assert any(line.split() == ["xid", "48", f"{RESET_FLOW_S / 3600:.2f}"] for line in text.splitlines())
+
+
+def test_gpu_level_flows_share_one_node_slot_of_the_budget(tmp_path: Path) -> None:
+    """Budget 1 node: three GPU-level faults at once run together (3/8 of a slot); node-level, they queue."""
+    faults = [xid(k, 600 + 30 * k, 3 * HOUR, code=48, gpu=k) for k in range(3)]
+    budget = '[budget]\nmax_unavailable = "1"\n'
+    gpu_level = run(tmp_path / "gpu", fleet(count=20, faults=faults), budget + GPU_LEVEL)
+    node_level = run(tmp_path / "node", fleet(count=20, faults=faults), budget)
+
+    assert gpu_level.waits == []
+    assert [m.to_state for m in gpu_level.moves].count(states.HEALTHY) == 3
+    assert max(s.end for s in gpu_level.spans) - gpu_level.start < 600 + 90 + RESET_FLOW_S + 120
+    assert {w.node for w in node_level.waits if w.reason == "budget"} == {"node-1", "node-2"}
+    assert gpu_level.gpu_hours() == pytest.approx(3 * RESET_FLOW_S / 3600, rel=0.05)
