@@ -58,6 +58,7 @@ from gpuremediate.policy.workflow import (
 )
 from gpuremediate.policy.xid import XidOverride
 from gpuremediate.signals.conditions import ConditionsPolicy
+from gpuremediate.signals.model import MAX_TEMP_C
 
 
 def _parse_xid_code(key: str, path: str) -> int:
@@ -135,10 +136,14 @@ class RowRemapPolicy:
 @dataclass(frozen=True)
 class ThermalPolicy:
     enabled: bool = setting(True, "cordon GPUs that stay too hot")
-    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs")
-    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs")
-    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs")
-    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs")
+    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs",
+                                  check=between(0, MAX_TEMP_C))
+    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs",
+                                 check=between(0, MAX_TEMP_C))
+    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs",
+                                     check=between(0, MAX_TEMP_C))
+    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs",
+                                    check=between(0, MAX_TEMP_C))
     hold_s: float = setting(60.0, "seconds continuously hot before the cordon finding",
                             check=between(0, MAX_DURATION_S))
     clear_hold_s: float = setting(300.0, "seconds continuously cool before the cordon clears",
