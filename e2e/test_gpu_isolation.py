@@ -27,7 +27,7 @@ from gpuremediate.actions.device_taints import (
 )
 from gpuremediate.actions.jobs import JOB_LABEL
 from gpuremediate.kube import errors
-from gpuremediate.kube.resources import JOBS, PODS, RESOURCE_CLAIMS
+from gpuremediate.kube.resources import EVENTS, JOBS, PODS, RESOURCE_CLAIMS
 from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE
 from sim.gpusim import gpu_uuid
 from sim.nodesim_dra import DRIVER
@@ -103,6 +103,9 @@ def test_xid48_on_gpu3_moves_only_its_pod_resets_validates_and_returns_it(dra: E
         c.wait_state(node, "healthy", timeout=30)
     assert c.evicted() == {"workloads/w3"}, "only the pod on GPU 3 moved"
     assert all(c.pod_exists(f"w{gpu}") for gpu in range(GPUS) if gpu != 3)
+    told = c.kube.list(EVENTS, "workloads", field_selector="reason=GPUFault")["items"]
+    assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in told] == [("Pod", "w3")]
+    assert "device taint eviction controller" in told[0]["message"] and gpu_uuid(node, 3) in told[0]["message"]
     resets = c.jobs(node, "reset-gpu")
     assert [gpu_ids(j) for j in resets] == ["3"], "GPU 3 alone is reset"
     [validation] = c.jobs(node, "validate")

@@ -206,13 +206,14 @@ class ReplayCluster:
                dry_run: bool = False) -> dict[str, Any]:
         name = str(body["metadata"]["name"])
         if self.dra is not None and self.dra.serves(res):
-            return self.dra.create(body)
+            return self.dra.create(res, body)
         if res == JOBS:
             if name in self.jobs:
                 raise errors.AlreadyExists(409, {"reason": "AlreadyExists", "message": f"job {name} exists"})
             kind = str((body["metadata"].get("labels") or {}).get(JOB_LABEL, ""))
             job = copy.deepcopy(dict(body))
             job.pop("status", None)
+            job["metadata"]["uid"] = f"uid-job-{name}"
             self.jobs[name] = (job, self.clock() + self.durations.for_job(kind))
             return copy.deepcopy(job)
         if res == CONFIGMAPS:

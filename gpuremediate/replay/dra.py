@@ -43,6 +43,7 @@ class ReplayDra:
         self.gpus = {node: list(uuids) for node, uuids in gpus.items()}  # node -> GPU UUIDs, by index
         self.evict = evict
         self.rules: dict[str, dict[str, Any]] = {}
+        self.claims: dict[str, dict[str, Any]] = {}  # the validation Jobs' claims (the replay's Jobs just finish)
         self.created = 0  # rules ever created (the replay's figures)
         self._uid = 0
 
@@ -84,6 +85,8 @@ class ReplayDra:
     def get(self, res: Resource, name: str, pod_uid: Callable[[str], str | None]) -> dict[str, Any]:
         if res == DEVICE_TAINT_RULES and name in self.rules:
             return copy.deepcopy(self.rules[name])
+        if res == RESOURCE_CLAIMS and name in self.claims:
+            return copy.deepcopy(self.claims[name])
         if res == RESOURCE_CLAIMS:
             node = name.removeprefix("workload-").removesuffix("-gpus")
             uid = pod_uid(node)
@@ -101,8 +104,14 @@ class ReplayDra:
                     if all((r["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
         return []
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, res: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         name = str(body["metadata"]["name"])
+        if res == RESOURCE_CLAIMS:
+            if name in self.claims:
+                raise errors.AlreadyExists(409, {"reason": "AlreadyExists", "message": f"resourceclaim {name} exists",
+                                                 "details": {"name": name}})
+            self.claims[name] = copy.deepcopy(dict(body))
+            return copy.deepcopy(self.claims[name])
         if name in self.rules:
             raise errors.AlreadyExists(409, {"reason": "AlreadyExists", "message": f"devicetaintrule {name} exists",
                                              "details": {"name": name}})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from gpuremediate.actions.breaker import BreakerStore
-from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.events import EventRecorder, ObjectRef
 from gpuremediate.actions.nodes import NodeView, NodeWriter, gpu_count, is_gpu_node, name_of
 from gpuremediate.config import Settings
 from gpuremediate.kube.cache import Informer
@@ -98,6 +98,10 @@ class _Events(EventRecorder):
         super().__init__(cast(KubeClient, None), host="replay")
         self.clock = clock
         self.sent: list[tuple[float, str, str, str]] = []  # (at, node, reason, message)
+        self.objects: list[tuple[float, str, str]] = []  # (at, "Kind namespace/name", reason): pods, their Jobs
+
+    def object_event(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal") -> None:
+        self.objects.append((self.clock(), f"{ref.kind} {ref.namespace}/{ref.name}", reason))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
                    **_: Any) -> None:
