@@ -28,8 +28,9 @@ Timestamps are unix seconds as floats in both formats (0.0.4 writes integer mill
 from __future__ import annotations
 
 import math
+import operator
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -569,24 +570,21 @@ class _Prometheus004Parser(_Parser):
         resolved: dict[str, _Family] = {}
         cache = self.label_cache
         append = self.samples.append
-        line_no = 0
-        for line in lines:
-            line_no += 1
+        rows = iter(lines)  # the line number is counted only for a line that breaks a rule (_line_no)
+        for line in rows:
             if not line:
                 continue
             try:
                 if line[0] == "#":
                     known = _COMMENTS.get(line)
                     if known is None:
-                        known = _comment_004(line)
-                        if len(_COMMENTS) >= _MAX_COMMENTS:
-                            _COMMENTS.clear()
-                        _COMMENTS[line] = known
-                    if known.__class__ is not tuple:
-                        if known is False:
-                            self.comment(line)
-                        continue  # True: "# HELP name" / "# TYPE name" alone says nothing
-                    name, said, suffixes = known
+                        known = _cached_comment_004(line)
+                    if known is False:
+                        self.comment(line)
+                        continue
+                    if known is True:
+                        continue  # "# HELP name" / "# TYPE name" alone says nothing
+                    name, said, suffixes = known  # describe(), its common cases inline
                     described = families.get(name)
                     if described is None:  # self.new_family(name, "untyped"), inline
                         described = families[name] = _new(_Family)
@@ -608,11 +606,16 @@ class _Prometheus004Parser(_Parser):
                 if closed:
                     name, opened, label_text = head.partition("{")
                     labels = cache.get(label_text) if opened else None
+                    if labels is None and opened:  # self.new_labels(label_text), its common case inline
+                        parts = label_text.split('"')
+                        build = _SHAPES.get('"'.join(parts[::2]))
+                        if build and len(parts) & 1 and "\\" not in label_text:
+                            labels = cache[label_text] = build(parts)
+                        else:
+                            labels = self.new_labels(label_text)
                     if labels is None:
-                        labels = self.new_labels(label_text) if opened else None
-                        if labels is None:
-                            self.sample_line(line, resolved)
-                            continue
+                        self.sample_line(line, resolved)
+                        continue
                 else:
                     name, _, rest = line.partition(" ")  # a "{" without "} " leaves no valid name: see below
                     labels = ()
@@ -645,7 +648,7 @@ class _Prometheus004Parser(_Parser):
                 sample.__class__ = Sample  # type: ignore[assignment]
                 append(sample)  # type: ignore[arg-type]
             except _LineError as err:
-                self.fail(line_no, err.reason)
+                self.fail(_line_no(lines, rows), err.reason)
         if unterminated:
             return self.finish(len(lines), unterminated)
         return self.result(PROMETHEUS_004)
@@ -848,6 +851,18 @@ def _comment_004(line: str) -> tuple[str, str, tuple[str, ...] | None] | bool:
     if not said:
         return True
     return name, said, (_SUFFIXES_004.get(said, ()) if head == "# TYPE " else None)
+
+
+def _cached_comment_004(line: str) -> tuple[str, str, tuple[str, ...] | None] | bool:
+    if len(_COMMENTS) >= _MAX_COMMENTS:
+        _COMMENTS.clear()
+    known = _COMMENTS[line] = _comment_004(line)
+    return known
+
+
+def _line_no(lines: list[str], rows: Iterator[str]) -> int:
+    """The 1-based number of the line ``rows`` (an iterator over ``lines``) gave last."""
+    return len(lines) - operator.length_hint(rows)
 
 
 # Comment lines read by _comment_004, by their text: an exporter fleet writes the same HELP and TYPE
