@@ -208,6 +208,45 @@ class _MetricFamilyFields:
     unit: str
 
 
+class _Families(Mapping[str, MetricFamily]):
+    """``ParseResult.families``: read-only; its MetricFamily objects are made when it is first read, for
+    the controller reads only a scrape's samples and so never pays for them."""
+
+    __slots__ = ("building", "frozen")
+
+    def __init__(self, building: Mapping[str, _Family]) -> None:
+        self.building = building  # the parser's families, no longer changed
+        self.frozen: Mapping[str, MetricFamily] | None = None
+
+    def view(self) -> Mapping[str, MetricFamily]:
+        frozen = self.frozen
+        if frozen is None:
+            frozen = self.frozen = MappingProxyType(_frozen_families(self.building))
+        return frozen
+
+    def __getitem__(self, name: str) -> MetricFamily:
+        return self.view()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.view())
+
+    def __len__(self) -> int:
+        return len(self.view())
+
+    def __repr__(self) -> str:
+        return repr(dict(self.view()))
+
+
+def _frozen_families(families: Mapping[str, _Family]) -> dict[str, MetricFamily]:
+    frozen: dict[str, MetricFamily] = {}
+    known = _FROZEN
+    for name, fam in families.items():  # fam.frozen() for each, mostly made before
+        key = (fam.name, fam.type, fam.help, fam.unit)
+        family = known.get(key)
+        frozen[name] = _frozen_family(key) if family is None else family
+    return frozen
+
+
 @dataclass(frozen=True, slots=True)
 class ParseResult:
     samples: list[Sample]
@@ -319,15 +358,11 @@ class _Parser:
         self.label_cache: dict[str, Labels] = {}
 
     def result(self, fmt: str) -> ParseResult:
-        frozen: dict[str, MetricFamily] = {}
-        known = _FROZEN
-        for name, fam in self.families.items():  # fam.frozen() for each, mostly made before
-            key = (fam.name, fam.type, fam.help, fam.unit)
-            family = known.get(key)
-            frozen[name] = _frozen_family(key) if family is None else family
         result = _new(_ParseResultFields)  # ParseResult(...) at a third of the cost (see _SampleFields)
         result.samples = self.samples
-        result.families = MappingProxyType(frozen)
+        families: _Families = _new(_Families)  # _Families(self.families), as cheaply
+        families.building, families.frozen = self.families, None
+        result.families = families
         result.malformed = self.malformed
         result.format = fmt
         result.__class__ = ParseResult  # type: ignore[assignment]
@@ -586,11 +621,19 @@ class _Prometheus004Parser(_Parser):
                         continue  # "# HELP name" / "# TYPE name" alone says nothing
                     name, said, suffixes = known  # describe(), its common cases inline
                     described = families.get(name)
-                    if described is None:  # self.new_family(name, "untyped"), inline
+                    if described is None:  # new_family(name, "untyped") then set_type() / set_help(), inline
                         described = families[name] = _new(_Family)
-                        described.name, described.type, described.suffixes = name, "untyped", _UNTYPED
-                        described.help = described.unit = ""
-                        described.has_help = described.has_type = described.has_unit = described.has_samples = False
+                        described.name, described.unit = name, ""
+                        described.has_unit = described.has_samples = False
+                        if suffixes:  # TYPE with a 0.0.4 type
+                            described.type, described.suffixes, described.has_type = said, suffixes, True
+                            described.help, described.has_help = "", False
+                            continue
+                        described.type, described.suffixes, described.has_type = "untyped", _UNTYPED, False
+                        if suffixes is None and "\\" not in said:  # HELP without escapes
+                            described.help, described.has_help = said, True
+                            continue
+                        described.help, described.has_help = "", False
                     if suffixes is not None:  # a TYPE line
                         if suffixes and not (described.has_type or described.has_samples):
                             described.type, described.has_type, described.suffixes = said, True, suffixes
