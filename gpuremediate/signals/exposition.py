@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 PROMETHEUS_004 = "0.0.4"
 OPENMETRICS_100 = "openmetrics-1.0"
@@ -232,6 +232,17 @@ class _Families(Mapping[str, MetricFamily]):
 
     def __len__(self) -> int:
         return len(self.view())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.view()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.view().get(name, default)
+
+    def __eq__(self, other: object) -> bool:
+        return self.view() == other
+
+    __hash__ = None  # type: ignore[assignment]  # as a mappingproxy's
 
     def __repr__(self) -> str:
         return repr(dict(self.view()))
