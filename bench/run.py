@@ -10,6 +10,13 @@ Both parsers must yield the same samples (name, labels, value) on every input be
 timed; a disagreement fails the run. Then each parser's CPU time per parse (``time.process_time``,
 not wall time: a loaded machine slows the clock, not the CPU time) is the best of ``REPEAT`` runs,
 the two parsers' runs interleaved. The run fails when the smallest ratio is below ``TARGET_RATIO``.
+
+What is fair to both: prometheus_client's generator is drained (``list()``), its families holding their
+samples; ours is timed as the controller calls it. Repeating one text keeps warm only what gpuremediate
+keeps between parses because a fleet's exporters write it alike (HELP / TYPE lines, label-name
+sequences, families); label texts (a node's GPUs) are decoded afresh by every parse, as across a fleet.
+``ParseResult.families`` is made when first read and the controller never reads it, so the ratio is
+for the samples; a second table (informational) also reads the families.
 """
 
 from __future__ import annotations

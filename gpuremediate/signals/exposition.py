@@ -4,6 +4,13 @@
 anchored regular expression built without nested quantifiers that could backtrack; anything it does
 not match goes through a slower scanner that knows every rule and says which one a line breaks.
 
+0.0.4 (what exporters send) has a fast loop of string operations (``_Prometheus004Parser.run``) that
+hands every line it does not take to the same methods as its reference loop. What it keeps between
+parses is only what a fleet's exporters write alike: HELP / TYPE lines (``_COMMENTS``), label-name
+sequences (``_SHAPES``), MetricFamily objects (``_FROZEN``) and content types. Label texts hold a node's
+GPUs, so they are cached within one parse only, and every parse pays for its own; ``ParseResult.families``
+makes its MetricFamily objects when it is first read.
+
 Strict mode raises ``ParseError`` at the first violation. Lenient mode is for real exporters: it
 skips a line it cannot read and lists every skipped line (and a missing ``# EOF``) in
 ``ParseResult.malformed``. It tolerates only what exporters really write and what has one reading:
