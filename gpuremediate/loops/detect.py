@@ -49,6 +49,7 @@ from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
+from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
@@ -133,6 +134,8 @@ class DetectLoop:
         self.source = source
         self.breakers = ctx.breakers
         self.memory: dict[str, PolicyMemory] = {}
+        self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
+        self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
         self.unknown: dict[str, str] = {}  # node -> why its health is unknown
         self.evented_unknown: set[str] = set()  # nodes that got a GPUHealthUnknown Event (they get Known back)
         self.fleet_unknown = False  # most nodes unknown: one Event on the controller, none per node
@@ -160,6 +163,10 @@ class DetectLoop:
     def start(self) -> None:
         self._started = time.monotonic()
         self.ctx.metrics.fleet_unknown.set(1.0)  # nothing read yet: health unknown until the first read says
+        policies = (self.ctx.policy.defaults, *(g.policy for g in self.ctx.policy.groups))
+        if any(p.workload.enabled for p in policies):
+            self._failed_pods = FailedPodsWatch(self.ctx.client, self.workload)
+            self._failed_pods.start()
         start_source = getattr(self.source, "start", None)
         if callable(start_source):
             start_source()  # e.g. the exporter source's pod informer, so the first cycle finds it synced
@@ -173,6 +180,8 @@ class DetectLoop:
         stop_source = getattr(self.source, "stop", None)
         if callable(stop_source):
             stop_source()
+        if self._failed_pods is not None:
+            self._failed_pods.stop()
         self.events.stop()
 
     @property
@@ -495,9 +504,10 @@ class DetectLoop:
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
         view = condition_view(node, policy.conditions, now)
+        workload = self._workload_findings(name, policy.workload, now)
         if readings is None or readings.status != SOURCE_OK:
             reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
-            verdict = merge_node((), False, reason, view)
+            verdict = merge_node((), False, reason, view, workload)
             if verdict.unknown:
                 self._report_unknown(name, verdict.unknown)
                 return None
@@ -516,7 +526,7 @@ class DetectLoop:
             result = evaluate(readings, policy, memory, now)
             self.memory[name] = memory = result.memory
             metric_findings = result.findings
-        verdict = merge_node(metric_findings, readings is not None, "", view)
+        verdict = merge_node(metric_findings, readings is not None, "", view, workload)
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
             return None
@@ -524,6 +534,12 @@ class DetectLoop:
             return None  # another loop owns it; its findings wait until it is back (a GPU-level flow escalates)
         return Assessed(node, record, tuple(verdict.findings), memory, now, verdict.metrics_known,
                         policy.thermal.hold_s)
+
+    def _workload_findings(self, node: str, policy: WorkloadPolicy, now: float) -> list[Finding]:
+        if not policy.enabled or self._failed_pods is None:
+            return []
+        return self.workload.findings(node, now, min_pods=policy.min_pods, window_s=policy.window_s,
+                                      action=policy.action)
 
     def _flow(self, a: Assessed) -> tuple[str, NodeRecord | None]:
         """Which step the node takes (FLOW_*), with its record pruned of the fingerprints no longer reported."""

@@ -105,7 +105,7 @@ class EvictionDrain:
         sent = self._in_flight(name)
         due = [p for p in pods if not is_terminating(p) and pod_uid(p) not in sent
                and self._attempt_due(p, policy.retry_s)]
-        if policy.pod_events:
+        if policy.pod_events and not self._closed:
             self.notice.tell(ctx.events, record, due, why_of(name, record, "evicted by gpuremediate's drain"))
         self._send(ctx, name, due, grace)
         answers = self._answers(ctx, node)  # those of earlier steps, and of this one's that came already

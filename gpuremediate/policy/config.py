@@ -59,6 +59,7 @@ from gpuremediate.policy.workflow import (
 from gpuremediate.policy.xid import XidOverride
 from gpuremediate.signals.conditions import ConditionsPolicy
 from gpuremediate.signals.model import MAX_TEMP_C
+from gpuremediate.signals.workload import WorkloadPolicy
 
 
 def _parse_xid_code(key: str, path: str) -> int:
@@ -185,6 +186,9 @@ class Policy:
     )
     isolation: IsolationPolicy = field(
         default_factory=IsolationPolicy, metadata={"doc": "one bad GPU out, or its whole node (docs/dra.md)"}
+    )
+    workload: WorkloadPolicy = field(
+        default_factory=WorkloadPolicy, metadata={"doc": "pods failing on a node with GPU errors as a finding"}
     )
 
 
