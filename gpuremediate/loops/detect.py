@@ -513,7 +513,7 @@ class DetectLoop:
         memory = self._memory_for(name, record)
         metric_findings: Sequence[Finding] = ()
         if readings is not None:
-            result = evaluate(readings, policy, memory, now)
+            result = evaluate(readings, policy, memory, now, labels_of(node))
             self.memory[name] = memory = result.memory
             metric_findings = result.findings
         verdict = merge_node(metric_findings, readings is not None, "", view)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.gpu_resources import GpuResourcesPolicy
+from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
@@ -132,13 +133,20 @@ class RowRemapPolicy:
                                              action=True)
 
 
+TEMPERATURE = between(-273.15, 1000.0)  # Celsius: a value beyond it is a typo, not a threshold
+
+
 @dataclass(frozen=True)
 class ThermalPolicy:
     enabled: bool = setting(True, "cordon GPUs that stay too hot")
-    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs")
-    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs")
-    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs")
-    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs")
+    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs",
+                           check=TEMPERATURE)
+    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs",
+                           check=TEMPERATURE)
+    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs",
+                           check=TEMPERATURE)
+    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs",
+                           check=TEMPERATURE)
     hold_s: float = setting(60.0, "seconds continuously hot before the cordon finding",
                             check=between(0, MAX_DURATION_S))
     clear_hold_s: float = setting(300.0, "seconds continuously cool before the cordon clears",
@@ -180,6 +188,9 @@ class Policy:
     )
     isolation: IsolationPolicy = field(
         default_factory=IsolationPolicy, metadata={"doc": "one bad GPU out, or its whole node (docs/dra.md)"}
+    )
+    fabric: FabricPolicy = field(
+        default_factory=FabricPolicy, metadata={"doc": "NVLink domains (NVL72): fabric state, IMEX (operations.md)"}
     )
 
 
