@@ -440,7 +440,8 @@ class SimCluster:
 
     def _gpu_indexes(self, node: str, pod: dict[str, Any]) -> tuple[list[int], list[str]]:
         """The Job's GPU_IDS as ``nvidia-smi -i`` reads them (an index or a UUID each), and those naming no GPU."""
-        by_id = {**{str(i): i for i in range(self.gpus)}, **{gpu_uuid(node, i): i for i in range(self.gpus)}}
+        gpus = range(self._gpus_of(node))
+        by_id = {**{str(i): i for i in gpus}, **{gpu_uuid(node, i): i for i in gpus}}
         ids = _gpu_ids(pod)
         return [by_id[g] for g in ids if g in by_id], [g for g in ids if g not in by_id]
 
@@ -463,7 +464,7 @@ class SimCluster:
         if not succeeded:
             return
         if kind == "reset-gpu":
-            for gpu in self._gpu_indexes(node, pod)[0] or range(self.gpus):
+            for gpu in self._gpu_indexes(node, pod)[0] or range(self._gpus_of(node)):
                 self.gpusim.reset_gpu(node, gpu)
         elif kind == "reboot":
             self.gpusim.reboot(node)

@@ -44,6 +44,7 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
+from gpuremediate.policy.fabric import breaker_domain_labels
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
@@ -631,7 +632,8 @@ class DetectLoop:
         of the fleet (every replica's faults, through the shared ConfigMap), or, with --shards, of this
         replica's own nodes (a storm split across shards opens it in each, before either acts)."""
         cfg = self.ctx.policy.cluster.breaker
-        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if cfg.domain_labels else []
+        domain_labels = breaker_domain_labels(cfg.domain_labels, self.ctx.policy.defaults.fabric)
+        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if domain_labels else []
         mine = {name_of(n) for n in owned} if self.ctx.shards is not None else set()
 
         def with_faults(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
@@ -641,8 +643,8 @@ class DetectLoop:
             after = after.evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
             if len(mine) >= SHARE_MIN_NODES:
                 after = after.evaluate_share(mine, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
-            return after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent,
-                                          cfg.window_s, cfg.domain_min_nodes) if cfg.domain_labels else after
+            return after.evaluate_domains(views, now, domain_labels, cfg.domain_threshold_percent,
+                                          cfg.window_s, cfg.domain_min_nodes) if domain_labels else after
         before, after = self.breakers.update(with_faults)
         first = names[0]
         if after.is_open and not before.is_open:

@@ -75,6 +75,14 @@ class FabricPolicy:
                 KIND_FABRIC_UNHEALTHY: self.not_started_action, KIND_IMEX: self.imex_action}[kind]
 
 
+def breaker_domain_labels(configured: tuple[str, ...], rules: FabricPolicy) -> tuple[str, ...]:
+    """``[breaker] domain_labels`` and, with ``[fabric] domain_breaker``, the NVLink domain label: the domain
+    breaker then holds the per-tray repairs of a rack whose trays fault together (one breaker, not a twin)."""
+    if not rules.enabled or not rules.domain_breaker or rules.domain_label in configured:
+        return configured
+    return (*configured, rules.domain_label)
+
+
 def in_domain(fabric: GpuFabric, labels: Mapping[str, str], rules: FabricPolicy) -> bool:
     """The node is in a multi-node NVLink domain: its domain label is set, or the GPU names its clique."""
     return bool(labels.get(rules.domain_label)) or fabric.clique is not None

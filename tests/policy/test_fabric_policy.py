@@ -9,7 +9,13 @@ import pytest
 
 from gpuremediate.policy.config import Policy, PolicyError, default_policy, loads_policy
 from gpuremediate.policy.evaluate import Evaluation, PolicyMemory, evaluate
-from gpuremediate.policy.fabric import KIND_FABRIC_FAILURE, KIND_FABRIC_STUCK, KIND_FABRIC_UNHEALTHY, KIND_IMEX
+from gpuremediate.policy.fabric import (
+    KIND_FABRIC_FAILURE,
+    KIND_FABRIC_STUCK,
+    KIND_FABRIC_UNHEALTHY,
+    KIND_IMEX,
+    breaker_domain_labels,
+)
 from gpuremediate.signals.fabric import CLIQUE_LABEL, STATE_COMPLETED, STATE_IN_PROGRESS, STATE_NOT_STARTED
 from gpuremediate.signals.fabric_model import GpuFabric
 from gpuremediate.signals.model import GpuReading, NodeReadings
@@ -120,3 +126,13 @@ def test_memory_keeps_timers_of_gpus_not_read_this_cycle() -> None:
     first = evaluate(tray(GpuFabric(state=STATE_IN_PROGRESS)), policy, PolicyMemory(), 0.0, RACK)
     blank = evaluate(NodeReadings(node="tray-1", source="exporter"), policy, first.memory, 10.0, RACK)
     assert blank.memory.fabric == first.memory.fabric == {"fabric-stuck:GPU-0": 0.0}
+
+
+def test_the_clique_label_joins_the_breakers_domain_labels_unless_told_not_to() -> None:
+    rules = default_policy().defaults.fabric
+    assert breaker_domain_labels((), rules) == (CLIQUE_LABEL,)
+    assert breaker_domain_labels(("topology.kubernetes.io/rack",), rules) == ("topology.kubernetes.io/rack",
+                                                                            CLIQUE_LABEL)
+    assert breaker_domain_labels((CLIQUE_LABEL,), rules) == (CLIQUE_LABEL,)  # named once
+    assert breaker_domain_labels((), dataclasses.replace(rules, domain_breaker=False)) == ()
+    assert breaker_domain_labels((), dataclasses.replace(rules, enabled=False)) == ()
