@@ -8,7 +8,7 @@ one condition per kind; a condition that lasts its grace becomes a finding the s
 - ``fabric-stuck``: the registration has been In Progress for ``stuck_after_s``. Default: cordon.
 - ``fabric-unhealthy``: a node of an NVLink domain whose GPUs say Not Started: the Fabric Manager / NVLink
   management software is not running there. Default: cordon. Not Started on a node in no domain is nothing (a
-  GB200 node used alone reports it, NVSentinel's comment on its Fabric Manager check).
+  GB200 node used alone reports it: aws/eks-node-monitoring-agent's Fabric Manager check skips it too).
 - ``imex-not-ready``: on a node of an NVLink domain, an IMEX daemon that runs but is not READY, or a domain
   DOWN / DEGRADED. Default: an event only. A daemon that is not installed, not configured or not running
   (-1, -2, -3: idle nodes whose IMEX comes with a ComputeDomain, single-node systems) is nothing: the false
