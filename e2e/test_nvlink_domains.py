@@ -75,6 +75,9 @@ def test_fabric_manager_stopped_on_one_tray_is_a_finding_on_that_tray_only(rack:
     rack.holds(lambda: all(healthy(rack, n) for n in others), 2.0, "every other node healthy and schedulable",
                seen=lambda: [rack.summary(n) for n in others if not healthy(rack, n)])
     assert rack.job_runs(target, "reboot") == 0  # a cordon, not a repair: the workloads stay
+    rack.gpusim(target, "reboot", {"node": target})  # a person restarts its software: the fabric registers again
+    rack.wait(lambda: healthy(rack, target), 20, f"{target} uncordoned once its fabric is good again",
+              seen=lambda: rack.summary(target))
 
 
 def test_one_tray_with_a_failed_fabric_is_repaired_as_a_tray(rack: EmulatorCluster) -> None:

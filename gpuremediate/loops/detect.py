@@ -44,7 +44,7 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
-from gpuremediate.policy.fabric import breaker_domain_labels
+from gpuremediate.policy.fabric import CLEARING_KINDS, breaker_domain_labels, cleared_words
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
@@ -562,7 +562,7 @@ class DetectLoop:
             uncordoned = decide.on_person_uncordoned(record, now)
             return uncordoned.transition if self._apply(node, uncordoned) is not None else None
         if flow == FLOW_THERMAL_CLEARED and pruned is not None:
-            decision = decide.thermal_cleared(pruned, now)
+            decision = decide.thermal_cleared(pruned, now, cleared_words(pruned.fault.kind if pruned.fault else ""))
         else:
             held = self._held(node)
             decision = _name_hold(record, decide.on_findings(pruned, a.findings, unschedulable_before_us(node), now,
@@ -840,10 +840,12 @@ def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
-    """Cordoned for heat, and the thermal rule no longer asks for the cordon (hysteresis inside it)."""
-    if record.state != states.CORDONED or record.fault is None or record.fault.kind != KIND_THERMAL:
+    """Cordoned for heat (or a fabric state that clears: an NVLink registration stuck, a Fabric Manager down), and
+    its rule no longer asks for the cordon (hysteresis, or the fabric's grace, inside it)."""
+    kind = record.fault.kind if record.fault is not None else ""
+    if record.state != states.CORDONED or kind not in (KIND_THERMAL, *CLEARING_KINDS):
         return False
-    return not any(f.kind == KIND_THERMAL and f.action == ACTION_CORDON for f in findings)
+    return not any(f.kind == kind and f.action == ACTION_CORDON for f in findings)
 
 
 

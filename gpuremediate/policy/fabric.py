@@ -42,6 +42,8 @@ KIND_FABRIC_UNHEALTHY = "fabric-unhealthy"
 KIND_IMEX = "imex-not-ready"
 FABRIC_KINDS = (KIND_FABRIC_FAILURE, KIND_FABRIC_STUCK, KIND_FABRIC_UNHEALTHY, KIND_IMEX)
 IMEX_DOWN = ("DOWN", "DEGRADED")
+# Cordon findings that lift by themselves once the state is good again (as a thermal cordon does).
+CLEARING_KINDS = (KIND_FABRIC_STUCK, KIND_FABRIC_UNHEALTHY, KIND_IMEX)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,13 @@ def step_timers(
             key = f"{kind}:{gpu}"
             kept[key] = timers.get(key, now)
     return kept
+
+
+def cleared_words(kind: str) -> str:
+    """The message of a soft fault's end: the thermal one's, or the fabric's."""
+    if kind in CLEARING_KINDS:
+        return f"{kind}: the NVLink fabric / IMEX state is good again"
+    return "temperature back below the clear threshold"
 
 
 def _words(kind: str, fabric: GpuFabric | None) -> str:
