@@ -128,3 +128,7 @@ def test_ten_of_eighteen_trays_failing_open_the_domain_breaker_with_no_tray_rebo
     assert rack.metrics().value("gpuremediate_circuit_breaker_open") == 0  # the fleet's breaker stays closed
     out = rack.cli("status")
     assert "DOMAIN BREAKER OPEN for " + CLIQUE_LABEL in out.stdout, out.stdout
+    explained = rack.cli("explain", failing[0]).stdout
+    assert f"NVLink domain: {CLIQUE_LABEL}=" in explained and f": {TRAYS} node(s), 0 out of service" in explained, \
+        explained
+    assert "domain breaker open for" in explained, explained

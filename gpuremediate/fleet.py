@@ -542,7 +542,24 @@ def explain_view(client: KubeClient, node: str, policy: PolicyFile | None = None
     hold = policy.for_node(labels_of(obj)).thermal.hold_s if policy is not None else None
     text = explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped,
                    ladder=_ladder(policy, obj, record), hold_s=hold, unschedulable=node_unschedulable_of(obj))
-    return Explained(node, text, record, gpus, dry_run=dry_run is not None)
+    label = policy.for_node(labels_of(obj)).fabric.domain_label if policy is not None else CLIQUE_LABEL
+    return Explained(node, text + domain_line(client, obj, label), record, gpus, dry_run=dry_run is not None)
+
+
+def domain_line(client: KubeClient, node: Mapping[str, Any], label: str = CLIQUE_LABEL) -> str:
+    """``  NVLink domain: <clique>: 18 node(s), 2 out of service (...)`` for a node in one; "" otherwise. A domain
+    breaker holding it is named in its BLOCKED line."""
+    value = labels_of(node).get(label, "")
+    if not value:
+        return ""
+    try:
+        members = client.list(NODES, label_selector=f"{label}={value}").get("items", [])
+    except (errors.ApiError, errors.TransportError) as exc:
+        return f"  NVLink domain: {label}={value} (its nodes cannot be listed: {exc})\n"
+    rows = [row_for(m) for m in members if is_gpu_node(m)]
+    out = sorted(r.node for r in rows if r.state != states.HEALTHY or not r.schedulable)
+    shown = f" ({', '.join(out[:5])}{', ...' if len(out) > 5 else ''})" if out else ""
+    return f"  NVLink domain: {label}={value}: {len(rows)} node(s), {len(out)} out of service{shown}\n"
 
 
 def _ladder(policy: PolicyFile | None, node: Mapping[str, Any], record: NodeRecord | RecordError | None

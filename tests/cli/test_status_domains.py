@@ -58,3 +58,23 @@ def test_the_flags_parse() -> None:
     custom = fleet.row_for({**node("x", None), "metadata": {"name": "x", "labels": {"example.com/rack": "r1"}}},
                            now=100.0, domain_label="example.com/rack")
     assert custom.domain == "r1"
+
+
+class _Nodes:
+    """A client whose list() answers a label selector over fixed Nodes."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        self.nodes = nodes
+
+    def list(self, _res: object, namespace: str | None = None, *, label_selector: str | None = None,
+             **_: object) -> dict[str, Any]:
+        key, _, value = (label_selector or "").partition("=")
+        return {"items": [n for n in self.nodes if (n["metadata"].get("labels") or {}).get(key) == value]}
+
+
+def test_explain_names_the_domain_and_its_trays_out() -> None:
+    nodes = [node("a-tray-1", RACK_A, cordoned(), True), node("a-tray-2", RACK_A), node("b-tray-1", RACK_B),
+             node("hgx-1", None)]
+    line = fleet.domain_line(_Nodes(nodes), nodes[1])  # type: ignore[arg-type]
+    assert line == f"  NVLink domain: {CLIQUE_LABEL}={RACK_A}: 2 node(s), 1 out of service (a-tray-1)\n"
+    assert fleet.domain_line(_Nodes(nodes), nodes[3]) == ""  # type: ignore[arg-type]
