@@ -71,6 +71,8 @@ def test_fabric_manager_stopped_on_one_tray_is_a_finding_on_that_tray_only(rack:
     rack.start_controller({"fabric": {"not_started_grace_s": 0}})
     rack.wait(lambda: fault_kind(rack, target) == "fabric-unhealthy" and rack.unschedulable(target), 20,
               f"{target} cordoned for its Fabric Manager", seen=lambda: rack.summary(target))
+    domain = (rack.node(target)["metadata"].get("labels") or {})[CLIQUE_LABEL]
+    rack.wait_metric("gpuremediate_domain_nodes_out", 1, domain=domain)  # one tray of the rack out
     others = [n for n in rack.nodes if n != target]
     rack.holds(lambda: all(healthy(rack, n) for n in others), 2.0, "every other node healthy and schedulable",
                seen=lambda: [rack.summary(n) for n in others if not healthy(rack, n)])

@@ -44,7 +44,7 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
-from gpuremediate.policy.fabric import CLEARING_KINDS, breaker_domain_labels, cleared_words
+from gpuremediate.policy.fabric import CLEARING_KINDS, breaker_domain_labels, cleared_words, domains_out
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
@@ -797,6 +797,8 @@ class DetectLoop:
         self.ctx.metrics.node_unknown.replace_all(
             [] if self.fleet_unknown else (({"node": n}, 1.0) for n in sorted(self.unknown)))
         views = [safety.node_view(n) for n in fleet]
+        self.ctx.metrics.domain_nodes_out.replace_all(
+            domains_out(views, self.ctx.policy.defaults.fabric.domain_label))
         cfg = self.ctx.policy.cluster.budget
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
         self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if safety.counts_against(v, budget))))

@@ -19,10 +19,11 @@ Not Supported, missing or unreadable values are never a condition (non-NVLink no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_REBOOT, Finding
+from gpuremediate.policy.safety import NodeView
 from gpuremediate.policy.schema import MAX_DURATION_S, between, setting
 from gpuremediate.policy.workflow import label_key
 from gpuremediate.signals.fabric import (
@@ -35,6 +36,7 @@ from gpuremediate.signals.fabric import (
     STATUS_SUCCESS,
 )
 from gpuremediate.signals.fabric_model import GpuFabric
+from gpuremediate.state.states import HEALTHY
 
 KIND_FABRIC_FAILURE = "fabric-failure"
 KIND_FABRIC_STUCK = "fabric-stuck"
@@ -83,6 +85,17 @@ def breaker_domain_labels(configured: tuple[str, ...], rules: FabricPolicy) -> t
     if not rules.enabled or not rules.domain_breaker or rules.domain_label in configured:
         return configured
     return (*configured, rules.domain_label)
+
+
+def domains_out(views: Sequence[NodeView], label: str) -> list[tuple[dict[str, str], float]]:
+    """``gpuremediate_domain_nodes_out``: per value of ``label``, its nodes out of service (the budget's view of
+    "out": unschedulable, NotReady or in a repair flow); domains with none have no series."""
+    out: dict[str, int] = {}
+    for view in views:
+        value = view.labels.get(label)
+        if value and (view.unschedulable or not view.ready or view.state != HEALTHY):
+            out[value] = out.get(value, 0) + 1
+    return [({"domain": value}, float(count)) for value, count in sorted(out.items())]
 
 
 def in_domain(fabric: GpuFabric, labels: Mapping[str, str], rules: FabricPolicy) -> bool:

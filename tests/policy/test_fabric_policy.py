@@ -136,3 +136,15 @@ def test_the_clique_label_joins_the_breakers_domain_labels_unless_told_not_to() 
     assert breaker_domain_labels((CLIQUE_LABEL,), rules) == (CLIQUE_LABEL,)  # named once
     assert breaker_domain_labels((), dataclasses.replace(rules, domain_breaker=False)) == ()
     assert breaker_domain_labels((), dataclasses.replace(rules, enabled=False)) == ()
+
+
+def test_domains_out_counts_per_domain_and_leaves_healthy_domains_out() -> None:
+    from gpuremediate.policy.fabric import domains_out
+    from gpuremediate.policy.safety import NodeView
+
+    a, b = {CLIQUE_LABEL: "a.1"}, {CLIQUE_LABEL: "b.1"}
+    views = [NodeView("a1", unschedulable=True, labels=a), NodeView("a2", state="repairing", labels=a),
+             NodeView("a3", labels=a), NodeView("b1", labels=b), NodeView("b2", ready=False, labels=b),
+             NodeView("hgx", unschedulable=True)]
+    assert domains_out(views, CLIQUE_LABEL) == [({"domain": "a.1"}, 2.0), ({"domain": "b.1"}, 1.0)]
+    assert domains_out(views[2:4], CLIQUE_LABEL) == []
