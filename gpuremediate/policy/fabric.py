@@ -66,6 +66,9 @@ class FabricPolicy:
                                          "is not running) before the fabric-unhealthy finding",
                                          check=between(0, MAX_DURATION_S))
     not_started_action: str = setting(ACTION_CORDON, "action for fabric-unhealthy", action=True)
+    not_started_anywhere: bool = setting(False, "false: Not Started counts only on a node of an NVLink domain (a "
+                                         "GB200 used alone reports it) | true: on any node (a [[groups]] of HGX "
+                                         "nodes whose Fabric Manager must run)")
     imex_grace_s: float = setting(300.0, "seconds an IMEX daemon runs not READY (or its domain is DOWN/DEGRADED) "
                                   "before the imex-not-ready finding", check=between(0, MAX_DURATION_S))
     imex_action: str = setting(ACTION_NONE, "action for imex-not-ready (none: an event only)", action=True)
@@ -120,7 +123,7 @@ def conditions(fabric: GpuFabric | None, labels: Mapping[str, str], rules: Fabri
     elif fabric.state == STATE_IN_PROGRESS:
         found.add(KIND_FABRIC_STUCK)
     member = in_domain(fabric, labels, rules)
-    if fabric.state == STATE_NOT_STARTED and member:
+    if fabric.state == STATE_NOT_STARTED and (member or rules.not_started_anywhere):
         found.add(KIND_FABRIC_UNHEALTHY)
     if member and _imex_not_ready(fabric):
         found.add(KIND_IMEX)

@@ -148,3 +148,11 @@ def test_domains_out_counts_per_domain_and_leaves_healthy_domains_out() -> None:
              NodeView("hgx", unschedulable=True)]
     assert domains_out(views, CLIQUE_LABEL) == [({"domain": "a.1"}, 2.0), ({"domain": "b.1"}, 1.0)]
     assert domains_out(views[2:4], CLIQUE_LABEL) == []
+
+
+def test_not_started_anywhere_for_a_group_of_nodes_whose_fabric_manager_must_run() -> None:
+    policy = loads_policy('[[groups]]\nselector = "pool=hgx"\nfabric = { not_started_anywhere = true, '
+                          'not_started_grace_s = 0 }\n')
+    down = tray(GpuFabric(state=STATE_NOT_STARTED))
+    assert kinds(over(down, 0.0, {}, policy.for_node({"pool": "hgx"}))) == {KIND_FABRIC_UNHEALTHY}
+    assert kinds(over(down, 600.0, {}, policy.for_node({}))) == set()  # elsewhere: still nothing off a domain
