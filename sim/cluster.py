@@ -25,6 +25,10 @@ a reset Job fails "In use by another client"; while the dcgm-exporter pod is gon
 node. ``products`` sets ``nvidia.com/gpu.product`` per node; a product whose GPUs reset only all together
 (``*SXM2*``, ``*SXM3*``: pre-Ampere NVLink) refuses a reset Job that names only some of them.
 
+With ``nvl72=(18, 1)`` the cluster also has GB200 NVL72 racks (issue 28), one per entry, of that many compute
+trays (``rack-<r>-tray-<t>``, 4 GPUs each) after the other nodes: gpu-sim serves their fabric fields (one NVLink
+domain per rack) and NodeSim registers them with GPU Feature Discovery's ``nvidia.com/gpu.clique`` and product.
+
 The cluster is busy by default, as a real one is: ``sim.busy.BusyWriter`` writes the Nodes all the time
 (annotations, labels, heartbeats, the not-ready / unschedulable taints), so the controller's guarded node
 patches meet 409s. ``GPUREMEDIATE_SIM_BUSY=0`` (or ``busy_writes_per_s=0``) turns it off. The node
