@@ -238,7 +238,7 @@ def render_status(rows: Iterable[StatusRow], now: float | None = None, header_li
     for domain, members in groups.items():
         out = sum(1 for r in members if r.state != states.HEALTHY or not r.schedulable)
         parts.append(f"DOMAIN {domain or '(none)'}: {len(members)} node(s), {out} out of service\n")
-        parts.append(_table(members, now, wide) + "\n")
+        parts.append(_table([dataclasses.replace(r, domain="") for r in members], now, wide) + "\n")
     return "".join(parts) + "* unschedulable\n"
 
 

@@ -19,6 +19,7 @@ Not Supported, missing or unreadable values are never a condition (non-NVLink no
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -150,6 +151,22 @@ def cleared_words(kind: str) -> str:
     return "temperature back below the clear threshold"
 
 
+def _code(kind: str, fabric: GpuFabric | None) -> str:
+    """A short word for the finding's code (status, metrics' ``code`` label): few values, never free text."""
+    if kind == KIND_FABRIC_STUCK:
+        return STATE_IN_PROGRESS
+    if kind == KIND_FABRIC_UNHEALTHY:
+        return STATE_NOT_STARTED
+    if fabric is None:
+        return ""
+    if kind == KIND_FABRIC_FAILURE:
+        words = (fabric.status or "").split(" (")[0]  # DCGM's "Failure (error code 3)": its word
+        return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-")[:40]
+    if fabric.imex_daemon is not None and fabric.imex_daemon != IMEX_DAEMON_READY:
+        return IMEX_DAEMON_NAMES[fabric.imex_daemon].lower().replace("_", "-")
+    return f"domain-{(fabric.imex_domain or '').lower()}"
+
+
 def _words(kind: str, fabric: GpuFabric | None) -> str:
     if kind == KIND_FABRIC_FAILURE:
         return (f"its NVLink fabric registration completed with status {fabric.status if fabric else '?'!r}: "
@@ -175,5 +192,6 @@ def fabric_findings(
             continue
         message = (f"GPU {gpu}: {_words(kind, fabrics.get(gpu))} for {now - since:.0f} s; "
                    f"[fabric] says {rules.action(kind)}")
-        found.append(Finding(node, kind, kind, (gpu,), rules.action(kind), f"{kind}:{gpu}:{since:.0f}", message))
+        found.append(Finding(node, kind, _code(kind, fabrics.get(gpu)), (gpu,), rules.action(kind),
+                             f"{kind}:{gpu}:{since:.0f}", message))
     return found

@@ -71,11 +71,14 @@ def test_a_registration_completed_with_an_error_reboots_after_its_grace() -> Non
     assert {(f.kind, f.action, f.gpus) for f in later} == {(KIND_FABRIC_FAILURE, "reboot", ("GPU-1",))}
     assert len({f.fingerprint for f in later}) == 1  # one occurrence: one fingerprint across cycles
     assert "Insufficient Resources" in later[0].message
+    assert later[0].code == "insufficient-resources"  # a short word: the status column, the metrics' code label
 
 
 def test_dcgm_failure_is_the_same_finding() -> None:
     failed = GpuFabric(state=STATE_COMPLETED, status="Failure (error code 3)")
-    assert kinds(over(tray(failed), 90.0, {})) == {KIND_FABRIC_FAILURE}  # a failed fabric needs no domain label
+    results = over(tray(failed), 90.0, {})
+    assert kinds(results) == {KIND_FABRIC_FAILURE}  # a failed fabric needs no domain label
+    assert {f.code for f in results[-1].findings} == {"failure"}
 
 
 def test_in_progress_too_long_cordons_and_a_finished_one_forgets() -> None:
@@ -99,11 +102,12 @@ def test_not_started_on_a_domain_tray_is_fabric_manager_down() -> None:
     assert kinds(over(down, DAY, {}, step=3600.0)) == set()  # the same GPUs on a node in no domain: nothing
 
 
-@pytest.mark.parametrize(("daemon", "domain"), [(2, "DOWN"), (5, "DEGRADED"), (0, None)])
-def test_imex_not_ready_in_a_domain_is_an_event_only(daemon: int, domain: str | None) -> None:
+@pytest.mark.parametrize(("daemon", "domain", "code"), [(2, "DOWN", "waiting-for-peers"),
+                                                       (5, "DEGRADED", "domain-degraded"), (0, None, "initializing")])
+def test_imex_not_ready_in_a_domain_is_an_event_only(daemon: int, domain: str | None, code: str) -> None:
     waiting = tray(dataclasses.replace(HEALTHY, imex_daemon=daemon, imex_domain=domain))
     found = [f for r in over(waiting, 330.0, RACK) for f in r.findings]
-    assert {(f.kind, f.action, f.needs_repair) for f in found} == {(KIND_IMEX, "none", False)}
+    assert {(f.kind, f.code, f.action, f.needs_repair) for f in found} == {(KIND_IMEX, code, "none", False)}
     assert not over(waiting, 240.0, RACK)[-1].findings  # within its 300 s grace
 
 
