@@ -1274,6 +1274,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--driver", default=DEFAULT_DRIVER)
     p.add_argument("--control-port", type=int, help="also serve the fault API on 127.0.0.1:PORT")
+    p.add_argument("--nvl72-racks", type=int, default=0,
+                   help="with --nodes: also serve N GB200 NVL72 racks of 18 trays x 4 GPUs (rack-R-tray-T)")
+    p.add_argument("--clique", help="the one node is an NVL72 tray of this NVLink domain: <ClusterUUID>.<CliqueId>, "
+                                    "as GPU Feature Discovery's nvidia.com/gpu.clique label")
     p.add_argument("--scenario", help="JSON timeline of faults to play once serving")
     p.add_argument("--files-dir", help="write the host's files for the node agent here (kmsg, boot_id, nvidia-smi; "
                                        "one directory per node with --nodes)")
@@ -1362,12 +1366,19 @@ def sim_from_args(args: argparse.Namespace) -> GpuSim:
         sim = GpuSim(port=args.port, control_port=args.control_port, files_dir=args.files_dir)
         for i in range(1, args.nodes + 1):
             sim.add_node(f"gpu-node-{i}", gpus=args.gpus, model=args.model, driver=args.driver)
+        for r in range(1, args.nvl72_racks + 1):
+            sim.add_nvl72_rack(f"rack-{r}")
         return sim
     if not args.node:
         raise SimError("no node name: pass --node, set NODE_NAME, or use --nodes N")
     sim = GpuSim(port=args.port, host=args.host or "0.0.0.0", control_port=args.control_port,
                  files_dir=args.files_dir, flat_files=True)
     sim.add_node(args.node, gpus=args.gpus, model=args.model, driver=args.driver)
+    if args.clique:
+        cluster, _, clique = args.clique.rpartition(".")
+        if not cluster or not clique.isdigit():
+            raise SimError(f"--clique: expected <ClusterUUID>.<CliqueId>, got {args.clique!r}")
+        sim.set_fabric(args.node, cluster, int(clique))
     return sim
 
 

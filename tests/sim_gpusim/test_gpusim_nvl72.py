@@ -75,3 +75,15 @@ def test_the_nvidia_smi_stand_in_answers_the_fabric_fields(sim: GpuSim) -> None:
     assert states == [(STATE_COMPLETED, "Success")] * 3 + [(STATE_COMPLETED, "Insufficient Resources")]
     plain = smi(sim, "hgx").read_node()
     assert [g.fabric for g in plain.gpus] == [None]
+
+
+def test_the_command_line_serves_racks_and_a_tray() -> None:
+    from sim.gpusim import build_parser, sim_from_args
+
+    many = sim_from_args(build_parser().parse_args(["--nodes", "1", "--nvl72-racks", "2", "--port", "0"]))
+    assert len(many.nodes()) == 1 + 2 * 18 and many.node("rack-2-tray-18").fabric is not None
+    one = sim_from_args(build_parser().parse_args(["--node", "t1", "--gpus", "4", "--port", "0",
+                                                   "--clique", "c0ffee00-0000-4000-8000-000000000001.7"]))
+    assert one.node("t1").fabric is not None and one.node("t1").fabric.clique_id == 7
+    with pytest.raises(SimError, match="--clique"):
+        sim_from_args(build_parser().parse_args(["--node", "t2", "--port", "0", "--clique", "nope"]))
