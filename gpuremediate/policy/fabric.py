@@ -174,8 +174,8 @@ def _words(kind: str, fabric: GpuFabric | None) -> str:
     if kind == KIND_FABRIC_STUCK:
         return "its NVLink fabric registration is still In Progress"
     if kind == KIND_FABRIC_UNHEALTHY:
-        return ("its NVLink fabric registration has Not Started on a node of an NVLink domain: the Fabric Manager "
-                "/ NVLink management software is not running")
+        return ("its NVLink fabric registration has Not Started: the Fabric Manager / NVLink management software "
+                "is not running")
     daemon = fabric.imex_daemon if fabric else None
     named = IMEX_DAEMON_NAMES.get(daemon, "?") if daemon is not None else "-"
     return f"its IMEX daemon is not READY (daemon {named}, domain {fabric.imex_domain if fabric else None})"
