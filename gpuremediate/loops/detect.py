@@ -44,6 +44,7 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
+from gpuremediate.policy.fabric import CLEARING_KINDS, breaker_domain_labels, cleared_words, domains_out
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
@@ -523,7 +524,7 @@ class DetectLoop:
         memory = self._memory_for(name, record)
         metric_findings: Sequence[Finding] = ()
         if readings is not None:
-            result = evaluate(readings, policy, memory, now)
+            result = evaluate(readings, policy, memory, now, labels_of(node))
             self.memory[name] = memory = result.memory
             metric_findings = result.findings
         verdict = merge_node(metric_findings, readings is not None, "", view, workload)
@@ -577,7 +578,7 @@ class DetectLoop:
             uncordoned = decide.on_person_uncordoned(record, now)
             return uncordoned.transition if self._apply(node, uncordoned) is not None else None
         if flow == FLOW_THERMAL_CLEARED and pruned is not None:
-            decision = decide.thermal_cleared(pruned, now)
+            decision = decide.thermal_cleared(pruned, now, cleared_words(pruned.fault.kind if pruned.fault else ""))
         else:
             held = self._held(node)
             decision = _name_hold(record, decide.on_findings(pruned, a.findings, unschedulable_before_us(node), now,
@@ -647,7 +648,8 @@ class DetectLoop:
         of the fleet (every replica's faults, through the shared ConfigMap), or, with --shards, of this
         replica's own nodes (a storm split across shards opens it in each, before either acts)."""
         cfg = self.ctx.policy.cluster.breaker
-        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if cfg.domain_labels else []
+        domain_labels = breaker_domain_labels(cfg.domain_labels, self.ctx.policy.defaults.fabric)
+        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if domain_labels else []
         mine = {name_of(n) for n in owned} if self.ctx.shards is not None else set()
 
         def with_faults(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
@@ -657,8 +659,8 @@ class DetectLoop:
             after = after.evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
             if len(mine) >= SHARE_MIN_NODES:
                 after = after.evaluate_share(mine, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
-            return after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent,
-                                          cfg.window_s, cfg.domain_min_nodes) if cfg.domain_labels else after
+            return after.evaluate_domains(views, now, domain_labels, cfg.domain_threshold_percent,
+                                          cfg.window_s, cfg.domain_min_nodes) if domain_labels else after
         before, after = self.breakers.update(with_faults)
         first = names[0]
         if after.is_open and not before.is_open:
@@ -811,6 +813,8 @@ class DetectLoop:
         self.ctx.metrics.node_unknown.replace_all(
             [] if self.fleet_unknown else (({"node": n}, 1.0) for n in sorted(self.unknown)))
         views = [safety.node_view(n) for n in fleet]
+        self.ctx.metrics.domain_nodes_out.replace_all(
+            domains_out(views, self.ctx.policy.defaults.fabric.domain_label))
         cfg = self.ctx.policy.cluster.budget
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
         self.ctx.metrics.budget_in_use.set(float(sum(v.share for v in views if safety.counts_against(v, budget))))
@@ -854,10 +858,12 @@ def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
-    """Cordoned for heat, and the thermal rule no longer asks for the cordon (hysteresis inside it)."""
-    if record.state != states.CORDONED or record.fault is None or record.fault.kind != KIND_THERMAL:
+    """Cordoned for heat (or a fabric state that clears: an NVLink registration stuck, a Fabric Manager down), and
+    its rule no longer asks for the cordon (hysteresis, or the fabric's grace, inside it)."""
+    kind = record.fault.kind if record.fault is not None else ""
+    if record.state != states.CORDONED or kind not in (KIND_THERMAL, *CLEARING_KINDS):
         return False
-    return not any(f.kind == KIND_THERMAL and f.action == ACTION_CORDON for f in findings)
+    return not any(f.kind == kind and f.action == ACTION_CORDON for f in findings)
 
 
 

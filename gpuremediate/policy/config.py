@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.gpu_resources import GpuResourcesPolicy
+from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
@@ -189,6 +190,9 @@ class Policy:
     )
     workload: WorkloadPolicy = field(
         default_factory=WorkloadPolicy, metadata={"doc": "pods failing on a node with GPU errors as a finding"}
+    )
+    fabric: FabricPolicy = field(
+        default_factory=FabricPolicy, metadata={"doc": "NVLink domains (NVL72): fabric state, IMEX (operations.md)"}
     )
 
 
