@@ -30,6 +30,7 @@ from gpuremediate.policy.findings import (
 )
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.isolation import IsolationPolicy
+from gpuremediate.policy.recovery_action import RecoveryActionPolicy
 from gpuremediate.policy.schema import (
     MAX_DURATION_S,
     PolicyError,
@@ -190,6 +191,9 @@ class Policy:
     )
     workload: WorkloadPolicy = field(
         default_factory=WorkloadPolicy, metadata={"doc": "pods failing on a node with GPU errors as a finding"}
+    )
+    recovery_action: RecoveryActionPolicy = field(
+        default_factory=RecoveryActionPolicy, metadata={"doc": "the driver's recovery action for a GPU (DCGM 1523)"}
     )
     fabric: FabricPolicy = field(
         default_factory=FabricPolicy, metadata={"doc": "NVLink domains (NVL72): fabric state, IMEX (operations.md)"}

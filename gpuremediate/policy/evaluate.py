@@ -20,6 +20,7 @@ from gpuremediate.policy.findings import (
     Finding,
     by_severity,
 )
+from gpuremediate.policy.recovery_action import recovery_action_findings
 from gpuremediate.policy.rules import (
     GpuView,
     ThermalTimer,
@@ -142,7 +143,8 @@ def evaluate(
     for gpu in gpus.values():
         for finding in (*xid_findings(gpu, policy), *ecc_findings(gpu, policy), *row_remap_findings(gpu, policy)):
             findings.setdefault(finding.fingerprint, finding)
-    for finding in lost_gpu_findings(readings.node, readings.lost_gpus, policy):
+    for finding in (*lost_gpu_findings(readings.node, readings.lost_gpus, policy),
+                    *recovery_action_findings(readings.node, readings.gpus, policy.recovery_action)):
         findings.setdefault(finding.fingerprint, finding)
     thermal_found, new_memory = _thermal(readings.node, gpus, policy, memory, now)
     fabric_found, fabric_timers = _fabric(readings, policy, memory, labels or {}, now)
