@@ -44,9 +44,18 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    ACTION_NONE,
+    ACTION_RESET_GPU,
+    KIND_LINK_DEGRADED,
+    KIND_SLOW_GPU,
+    KIND_THERMAL,
+    Finding,
+)
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
+from gpuremediate.signals.degradation import DegradationDetector, NodeContext
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
 from gpuremediate.state import decide, states
@@ -71,6 +80,8 @@ SHARE_MIN_NODES = 20  # with --shards, a replica's own nodes count as a sample o
 FLOW_LIFT_HOLD = "lift-hold"
 FLOW_PERSON_UNCORDONED = "person-uncordoned"
 FLOW_THERMAL_CLEARED = "thermal-cleared"
+FLOW_DEGRADATION_CLEARED = "degradation-cleared"
+DEGRADATION_KINDS = (KIND_SLOW_GPU, KIND_LINK_DEGRADED)
 FLOW_FINDINGS = "findings"
 
 POLL_COST_SHARE = 20.0  # a fault poll is followed by at least this many times its own duration without one
@@ -133,6 +144,7 @@ class DetectLoop:
         self.source = source
         self.breakers = ctx.breakers
         self.memory: dict[str, PolicyMemory] = {}
+        self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
         self.unknown: dict[str, str] = {}  # node -> why its health is unknown
         self.evented_unknown: set[str] = set()  # nodes that got a GPUHealthUnknown Event (they get Known back)
         self.fleet_unknown = False  # most nodes unknown: one Event on the controller, none per node
@@ -279,6 +291,7 @@ class DetectLoop:
         """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
         storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
         is not the batch's (the next cycle retries it); the fleet gauges follow a long batch as it goes."""
+        self._update_degradation(batch, by_node)
         pending: list[Assessed] = []
         for node in batch:
             assessed = self._guarded(node, functools.partial(self._assess, node, by_node.get(name_of(node))))
@@ -299,6 +312,25 @@ class DetectLoop:
             if moved and time.monotonic() - shown > GAUGES_EVERY_S:
                 self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in self._state_counts.items())
                 shown, moved = time.monotonic(), False
+
+    def _update_degradation(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
+        """Feed the pass's readings to the degradation detector before any node is assessed (its peers are the
+        fleet's, not one node's)."""
+        nodes = {name_of(node): node for node in batch}
+
+        def context(name: str) -> NodeContext | None:
+            node = nodes.get(name)
+            if node is None:
+                return None
+            labels = labels_of(node)
+            group = self.ctx.policy.group_for(labels)
+            policy = (group.policy if group else self.ctx.policy.defaults).degradation
+            return NodeContext(group.name if group else "", policy, labels.get(policy.peer_label, "")
+                               if policy.peer_label else "")
+
+        readings = [by_node[name] for name in nodes if name in by_node]
+        if readings:
+            self.degradation.update(readings, context, self.ctx.clock())
 
     def _each(self, pending: Sequence[Assessed], step: Callable[[Assessed], object]) -> Iterator[object]:
         """``step`` for each node, ``workers`` at once when there are several (their writes are independent:
@@ -329,6 +361,7 @@ class DetectLoop:
         for table in (self.memory, self.unknown, self.ctx.readings):  # readings: a drain taken over reads fresh ones
             for name in [n for n in table if n not in mine]:
                 del table[name]
+        self.degradation.forget(mine.__contains__)
         self.evented_unknown &= mine
 
     def _read_waves(self) -> Iterator[list[NodeReadings]]:
@@ -515,7 +548,7 @@ class DetectLoop:
         if readings is not None:
             result = evaluate(readings, policy, memory, now)
             self.memory[name] = memory = result.memory
-            metric_findings = result.findings
+            metric_findings = [*result.findings, *self.degradation.findings(name)]
         verdict = merge_node(metric_findings, readings is not None, "", view)
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
@@ -537,6 +570,8 @@ class DetectLoop:
         pruned = decide.prune_handled(a.record, a.findings, keep) if a.record is not None else None
         if pruned is not None and _thermal_cleared(pruned, a.findings):
             return FLOW_THERMAL_CLEARED, pruned
+        if pruned is not None and a.metrics_known and self._degradation_cleared(name_of(a.node), pruned):
+            return FLOW_DEGRADATION_CLEARED, pruned
         return FLOW_FINDINGS, pruned
 
     def _trips(self, a: Assessed) -> bool:
@@ -562,6 +597,8 @@ class DetectLoop:
             return uncordoned.transition if self._apply(node, uncordoned) is not None else None
         if flow == FLOW_THERMAL_CLEARED and pruned is not None:
             decision = decide.thermal_cleared(pruned, now)
+        elif flow == FLOW_DEGRADATION_CLEARED and pruned is not None:
+            decision = decide.degradation_cleared(pruned, now)
         else:
             held = self._held(node)
             decision = _name_hold(record, decide.on_findings(pruned, a.findings, unschedulable_before_us(node), now,
@@ -577,6 +614,13 @@ class DetectLoop:
             return None
         self._count_fault(decision)  # counted once written: a 409 decides (and counts) again
         return decision.transition
+
+    def _degradation_cleared(self, name: str, record: NodeRecord) -> bool:
+        """Cordoned for a degradation finding, and the detector has seen its GPUs recover (hysteresis inside it)."""
+        fault = record.fault
+        if record.state != states.CORDONED or fault is None or fault.kind not in DEGRADATION_KINDS:
+            return False
+        return self.degradation.cleared(name, fault.kind, fault.gpus)
 
     def _options(self, held: tuple[str, str] | None, node: Node, record: NodeRecord | None) -> decide.DecideOptions:
         cluster = self.ctx.policy.cluster
@@ -787,6 +831,8 @@ class DetectLoop:
                     and record.isolation.rule:
                 isolated += 1
         self.ctx.metrics.isolated_gpus.set(float(isolated))
+        found = self.degradation.counts()
+        self.ctx.metrics.degradation_gpus.replace_all(({"kind": kind}, float(n)) for kind, n in found.items())
         self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
         self._state_counts = counts
         self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.gpu_resources import GpuResourcesPolicy
+from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
@@ -180,6 +181,9 @@ class Policy:
     )
     isolation: IsolationPolicy = field(
         default_factory=IsolationPolicy, metadata={"doc": "one bad GPU out, or its whole node (docs/dra.md)"}
+    )
+    degradation: DegradationPolicy = field(
+        default_factory=DegradationPolicy, metadata={"doc": "slow GPUs and degraded links (docs/degradation.md)"}
     )
 
 
