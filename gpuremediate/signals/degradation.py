@@ -46,6 +46,7 @@ SLOWDOWN_BITS = ((0x4, "SW power cap"), (0x8, "HW slowdown"), (0x20, "SW thermal
 MAD_SCALE = 1.4826  # MAD → standard deviation of a normal sample
 STALE_PASSES_S = 180.0  # a peer's clock older than this is not a peer's clock any more
 CODE_PCIE, CODE_NVLINK = "pcie", "nvlink"
+JOB_CACHE = 100_000
 ROLE_WORDS = frozenset({"worker", "master", "launcher", "chief", "ps", "evaluator", "leader", "driver"})
 _SUFFIX = re.compile(r"\d+|(?=[a-z0-9]*\d)[a-z0-9]{5}|(?=[a-z0-9]*\d)[a-z0-9]{8,10}")
 
@@ -158,10 +159,13 @@ def _reasons(reading: GpuReading) -> int:
     return 0
 
 
-def _nvlink_total(reading: GpuReading) -> float | None:
-    values = [plausible_total(reading.extra.get(name)) for name in NVLINK_ERRORS]
-    present = [value for value in values if value is not None]
-    return sum(present) if present else None
+def _nvlink_total(extra: Mapping[str, float]) -> float | None:
+    total: float | None = None
+    for name in NVLINK_ERRORS:
+        value = plausible_total(extra.get(name))
+        if value is not None:
+            total = value if total is None else total + value
+    return total
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ class DegradationDetector:
 
     def __init__(self, job_of: Callable[[PodRef], str] = job_of_pod) -> None:
         self.job_of = job_of
+        self._jobs: dict[PodRef, str] = {}  # job_of's answers, cleared when JOB_CACHE pods are held
         self.gpus: dict[str, _Gpu] = {}
         self.contexts: dict[str, NodeContext] = {}
 
@@ -210,8 +215,7 @@ class DegradationDetector:
         if gpu is None or gpu.node != reading.node:
             gpu = self.gpus[reading.key] = _Gpu(reading.node)
         policy, reasons = ctx.policy, _reasons(reading)
-        jobs = sorted({self.job_of(pod) for pod in reading.pods})
-        job = jobs[0] if len(jobs) == 1 else ""  # a GPU shared by several jobs' pods has no one set of peers
+        job = self._job(reading.pods)
         model = reading.model or ""
         gpu.peers = (ctx.group, model, ctx.domain, job)
         gpu.local = (reading.node, model, job)
@@ -220,8 +224,20 @@ class DegradationDetector:
         gpu.seen, gpu.reasons = now, reasons
         gpu.pcie = self._link(gpu.pcie, plausible_count(reading.extra.get(PCIE_REPLAYS)), policy.pcie_replays_min,
                               policy, now)
-        gpu.nvlink = self._link(gpu.nvlink, _nvlink_total(reading), policy.nvlink_errors_min, policy, now)
+        gpu.nvlink = self._link(gpu.nvlink, _nvlink_total(reading.extra), policy.nvlink_errors_min, policy, now)
         return gpu
+
+    def _job(self, pods: tuple[PodRef, ...]) -> str:
+        """The one job of the GPU's pods; "" without pods, or for pods of several jobs (no one set of peers)."""
+        jobs = set()
+        for pod in pods:
+            job = self._jobs.get(pod)
+            if job is None:
+                if len(self._jobs) >= JOB_CACHE:
+                    self._jobs.clear()
+                job = self._jobs[pod] = self.job_of(pod)
+            jobs.add(job)
+        return jobs.pop() if len(jobs) == 1 else ""
 
     @staticmethod
     def _link(link: _Link | None, total: float | None, minimum: int, policy: DegradationPolicy,
