@@ -265,6 +265,8 @@ class DetectLoop:
         fleet = self.ctx.nodes.gpu_nodes()
         nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
         self._forget_others(nodes)
+        owned = {name_of(n) for n in nodes}
+        self.degradation.forget(owned.__contains__)  # nodes gone (or another shard's): their GPUs too
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         if not self._state_counts:
             self._gauges()  # the counts a long batch then moves as it goes
@@ -361,7 +363,6 @@ class DetectLoop:
         for table in (self.memory, self.unknown, self.ctx.readings):  # readings: a drain taken over reads fresh ones
             for name in [n for n in table if n not in mine]:
                 del table[name]
-        self.degradation.forget(mine.__contains__)
         self.evented_unknown &= mine
 
     def _read_waves(self) -> Iterator[list[NodeReadings]]:

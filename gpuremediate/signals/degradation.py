@@ -44,7 +44,8 @@ IDLE_BIT = 0x1  # DCGM_CLOCKS_EVENT_REASON_GPU_IDLE
 SLOWDOWN_BITS = ((0x4, "SW power cap"), (0x8, "HW slowdown"), (0x20, "SW thermal"), (0x40, "HW thermal"),
                  (0x80, "HW power brake"))
 MAD_SCALE = 1.4826  # MAD → standard deviation of a normal sample
-STALE_PASSES_S = 180.0  # a peer's clock older than this is not a peer's clock any more
+STALE_S = 180.0  # a peer's clock older than this (or three scrape intervals) is not a peer's clock any more
+WAVE_S = 5.0  # passes closer than this are waves of one cycle (the exporter source's stragglers)
 CODE_PCIE, CODE_NVLINK = "pcie", "nvlink"
 JOB_CACHE = 100_000
 ROLE_WORDS = frozenset({"worker", "master", "launcher", "chief", "ps", "evaluator", "leader", "driver"})
@@ -76,11 +77,11 @@ class _Link:
 
     __slots__ = ("base", "found", "risen", "since", "total")
 
-    def __init__(self, total: float) -> None:
+    def __init__(self, total: float, now: float) -> None:
         self.total = total
         self.base = total
         self.since: float | None = None
-        self.risen = 0.0
+        self.risen = now  # quiet since it was first seen: a restart does not make an old link quiet for long
         self.found: float | None = None
 
     def step(self, total: float, now: float, minimum: int, hold_s: float, gap_s: float, clear_s: float) -> None:
@@ -188,6 +189,8 @@ class DegradationDetector:
         self._jobs: dict[PodRef, str] = {}  # job_of's answers, cleared when JOB_CACHE pods are held
         self.gpus: dict[str, _Gpu] = {}
         self.contexts: dict[str, NodeContext] = {}
+        self.now = 0.0  # the last pass
+        self.interval = 0.0  # between the last two cycles
 
     # ---- one pass ----------------------------------------------------------------------------------
 
@@ -195,10 +198,16 @@ class DegradationDetector:
                now: float) -> None:
         """Take one pass's readings (a wave of them: nodes not in it keep their last clocks as peers) and judge
         the GPUs read in it. Unknown readings change nothing."""
+        if now - self.now > WAVE_S:
+            self.interval = now - self.now if self.now else 0.0
+        self.now = now
         judged: list[tuple[_Gpu, DegradationPolicy]] = []
         for node in readings:
             ctx = context(node.node)
-            if ctx is None or not ctx.policy.enabled or node.status != SOURCE_OK:
+            if ctx is None or not ctx.policy.enabled:
+                self._drop(node.node)
+                continue
+            if node.status != SOURCE_OK:
                 continue
             self.contexts[node.node] = ctx
             for reading in node.gpus:
@@ -245,15 +254,16 @@ class DegradationDetector:
         if total is None:
             return link  # missing is not a change
         if link is None:
-            return _Link(total)
+            return _Link(total, now)
         link.step(total, now, minimum, policy.link_hold_s, policy.link_gap_s, policy.link_clear_s)
         return link
 
     def _peer_stats(self, now: float) -> tuple[dict[tuple[str, ...], _Stats], dict[tuple[str, ...], list[float]]]:
         fleet: dict[tuple[str, ...], list[float]] = {}
         local: dict[tuple[str, ...], list[float]] = {}
+        stale = max(STALE_S, 3 * self.interval)
         for gpu in self.gpus.values():
-            if gpu.clock is not None and now - gpu.seen <= STALE_PASSES_S:
+            if gpu.clock is not None and now - gpu.seen <= stale:
                 fleet.setdefault(gpu.peers, []).append(gpu.clock)
                 local.setdefault(gpu.local, []).append(gpu.clock)
         return {key: _stats(clocks) for key, clocks in fleet.items()}, local
@@ -309,18 +319,25 @@ class DegradationDetector:
         return found
 
     def cleared(self, node: str, kind: str, gpus: Iterable[str]) -> bool:
-        """Whether a degradation fault of ``kind`` on these GPUs has cleared: each GPU seen, and none found now.
-        A GPU this detector has not seen (a restart) has not cleared: its clear hold starts when it is seen."""
+        """Whether a degradation fault of ``kind`` on these GPUs has cleared: each GPU seen calm (or quiet) for its
+        clear hold, and none found now. A GPU this detector has not seen (a restart) has not cleared: its clear
+        hold starts when it is seen."""
+        ctx = self.contexts.get(node)
+        if ctx is None:
+            return False
         for key in gpus:
             gpu = self.gpus.get(key)
-            if gpu is None or gpu.node != node:
-                return False
-            if kind == KIND_SLOW_GPU and (gpu.found is not None or gpu.calm_since is None):
-                return False
-            if kind == KIND_LINK_DEGRADED and any(link is not None and link.found is not None
-                                                  for link in (gpu.pcie, gpu.nvlink)):
+            if gpu is None or gpu.node != node or not self._gpu_cleared(gpu, kind, ctx.policy):
                 return False
         return True
+
+    def _gpu_cleared(self, gpu: _Gpu, kind: str, policy: DegradationPolicy) -> bool:
+        if kind == KIND_SLOW_GPU:
+            return (gpu.found is None and gpu.calm_since is not None
+                    and self.now - gpu.calm_since >= policy.clear_hold_s)
+        links = [link for link in (gpu.pcie, gpu.nvlink) if link is not None]
+        return bool(links) and all(link.found is None and self.now - link.risen >= policy.link_clear_s
+                                   for link in links)
 
     def counts(self) -> Mapping[str, int]:
         """GPUs found now, by finding kind."""
@@ -328,6 +345,10 @@ class DegradationDetector:
         link = sum(1 for gpu in self.gpus.values()
                    if any(lk is not None and lk.found is not None for lk in (gpu.pcie, gpu.nvlink)))
         return {KIND_SLOW_GPU: slow, KIND_LINK_DEGRADED: link}
+
+    def _drop(self, node: str) -> None:
+        if self.contexts.pop(node, None) is not None:
+            self.forget(lambda name: name != node)
 
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the GPUs of nodes ``keep`` refuses (gone, or another shard's)."""

@@ -198,3 +198,15 @@ def test_the_section_is_off_by_default_and_per_group() -> None:
                           "[groups.degradation]\nenabled = true\nslow_action = \"drain\"\n")
     assert not parsed.defaults.degradation.enabled
     assert parsed.groups[0].policy.degradation.enabled and parsed.groups[0].policy.degradation.slow_action == "drain"
+
+
+def test_after_a_restart_a_gpu_seen_healthy_clears_only_after_its_clear_hold() -> None:
+    detector = DegradationDetector()  # a new controller: the node was cordoned by the one before
+    run(detector, every_minute(9, fleet(**{"node-2": {5: {"replays": 500.0}}})))  # 0..480 s, all quiet
+    assert not detector.cleared("node-1", KIND_SLOW_GPU, ["GPU-node-1-3"])  # calm for 480 s of 600
+    assert not detector.cleared("node-2", KIND_LINK_DEGRADED, ["GPU-node-2-5"])  # quiet for 480 s of 1800
+    run(detector, [(600.0, fleet(**{"node-2": {5: {"replays": 500.0}}}))])
+    assert detector.cleared("node-1", KIND_SLOW_GPU, ["GPU-node-1-3"])
+    run(detector, [(1800.0, fleet(**{"node-2": {5: {"replays": 500.0}}}))])
+    assert detector.cleared("node-2", KIND_LINK_DEGRADED, ["GPU-node-2-5"])
+
