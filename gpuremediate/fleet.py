@@ -31,7 +31,7 @@ from gpuremediate.loops.diagnostics import DIAGNOSTICS, describe
 from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DETAIL
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
-from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL
+from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
 from gpuremediate.state import decide, states
@@ -403,7 +403,7 @@ def _thermal(record: NodeRecord) -> bool:
 
 def _degraded(record: NodeRecord) -> bool:
     return record.state == states.CORDONED and record.fault is not None and record.fault.kind in (
-        KIND_SLOW_GPU, KIND_LINK_DEGRADED)
+        KIND_SLOW_GPU, KIND_LINK_DEGRADED, KIND_TREND)
 
 
 def _uncordon_when(record: NodeRecord) -> str:
@@ -424,7 +424,8 @@ def _ends(record: NodeRecord) -> str:
     if _thermal(record):
         return "the GPU cooling down (then healthy again, by itself)."
     if _degraded(record):
-        return "the GPU keeping up with its peers again, or its link quiet (then healthy again, by itself)."
+        return ("the GPU no longer degraded: keeping up with its peers, its link quiet, its error counters steady "
+                "(then healthy again, by itself).")
     return {
         states.CORDONED: "a person uncordoning it (a cordon-only fault gets no repair and is not lifted by "
                          "gpuremediate), or a worse fault (then it drains, or is quarantined).",

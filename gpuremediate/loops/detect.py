@@ -51,6 +51,7 @@ from gpuremediate.policy.findings import (
     KIND_LINK_DEGRADED,
     KIND_SLOW_GPU,
     KIND_THERMAL,
+    KIND_TREND,
     Finding,
 )
 from gpuremediate.policy.isolation import node_level_reason
@@ -81,7 +82,7 @@ FLOW_LIFT_HOLD = "lift-hold"
 FLOW_PERSON_UNCORDONED = "person-uncordoned"
 FLOW_THERMAL_CLEARED = "thermal-cleared"
 FLOW_DEGRADATION_CLEARED = "degradation-cleared"
-DEGRADATION_KINDS = (KIND_SLOW_GPU, KIND_LINK_DEGRADED)
+DEGRADATION_KINDS = (KIND_SLOW_GPU, KIND_LINK_DEGRADED, KIND_TREND)
 FLOW_FINDINGS = "findings"
 
 POLL_COST_SHARE = 20.0  # a fault poll is followed by at least this many times its own duration without one

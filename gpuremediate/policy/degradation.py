@@ -50,6 +50,17 @@ class DegradationPolicy:
     link_clear_s: float = setting(1800.0, "seconds without a new error before link-degraded clears",
                                   check=between(0, MAX_DURATION_S))
 
+    trends: bool = setting(False, "find failing trends: single-bit ECC errors, new remapped rows, pages pending "
+                           "retirement (independent of enabled)")
+    trend_action: str = setting(ACTION_NONE, "a trend: none (an Event and `explain`: plan its maintenance) | "
+                                "cordon (stop new work; never a drain)", check=one_of(ACTION_NONE, ACTION_CORDON))
+    sbe_min: int = setting(100, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL increase within sbe_window_s (0 disables)",
+                           check=at_least(0))
+    sbe_window_s: float = setting(3600.0, "the single-bit ECC window", check=between(60, MAX_DURATION_S))
+    rows_new_min: int = setting(2, "new DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS within rows_window_s (0 disables)",
+                                check=at_least(0))
+    rows_window_s: float = setting(86400.0, "the remapped-rows window", check=between(60, MAX_DURATION_S))
+
     def validate(self, path: str) -> None:
         if self.link_gap_s > self.link_clear_s:
             raise PolicyError(f"{path}: link_gap_s ({self.link_gap_s:g}) must not exceed link_clear_s "

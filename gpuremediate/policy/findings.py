@@ -25,6 +25,7 @@ KIND_THERMAL = "thermal"
 KIND_GPU_LOST = "gpu-lost"  # the driver cannot reach a GPU (nvidia-smi exit 15, "GPU is lost")
 KIND_SLOW_GPU = "slow-gpu"  # [degradation]: an outlier against its peers' clocks
 KIND_LINK_DEGRADED = "link-degraded"  # [degradation]: PCIe replays or NVLink errors rising
+KIND_TREND = "trend"  # [degradation] trends: error counters climbing before a failure
 
 
 @dataclass(frozen=True)

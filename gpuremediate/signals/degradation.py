@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuremediate.policy.degradation import DegradationPolicy
-from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, Finding
+from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_TREND, Finding
 from gpuremediate.signals.model import (
     SOURCE_OK,
     GpuReading,
@@ -30,6 +30,7 @@ from gpuremediate.signals.model import (
     plausible_share,
     plausible_total,
 )
+from gpuremediate.signals.trends import CODE_PENDING, CODE_ROWS, CODE_SBE, Trends
 
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -123,6 +124,7 @@ class _Gpu:
         "ratio",
         "reasons",
         "seen",
+        "trends",
     )
 
     def __init__(self, node: str) -> None:
@@ -140,6 +142,7 @@ class _Gpu:
         self.reasons = 0
         self.pcie: _Link | None = None
         self.nvlink: _Link | None = None
+        self.trends: Trends | None = None
 
 
 def _busy(reading: GpuReading, policy: DegradationPolicy, reasons: int) -> bool:
@@ -204,7 +207,7 @@ class DegradationDetector:
         judged: list[tuple[_Gpu, DegradationPolicy]] = []
         for node in readings:
             ctx = context(node.node)
-            if ctx is None or not ctx.policy.enabled:
+            if ctx is None or not (ctx.policy.enabled or ctx.policy.trends):
                 self._drop(node.node)
                 continue
             if node.status != SOURCE_OK:
@@ -212,7 +215,9 @@ class DegradationDetector:
             self.contexts[node.node] = ctx
             for reading in node.gpus:
                 if reading.mig_instance is None:
-                    judged.append((self._observe(reading, ctx, now), ctx.policy))
+                    gpu = self._observe(reading, ctx, now)
+                    if ctx.policy.enabled:
+                        judged.append((gpu, ctx.policy))
         if not judged:
             return
         peers, local = self._peer_stats(now)
@@ -224,6 +229,12 @@ class DegradationDetector:
         if gpu is None or gpu.node != reading.node:
             gpu = self.gpus[reading.key] = _Gpu(reading.node)
         policy, reasons = ctx.policy, _reasons(reading)
+        if policy.trends:
+            gpu.trends = gpu.trends or Trends()
+            gpu.trends.step(reading.extra, policy, now)
+        if not policy.enabled:
+            gpu.clock = None
+            return gpu
         job = self._job(reading.pods)
         model = reading.model or ""
         gpu.peers = (ctx.group, model, ctx.domain, job)
@@ -306,10 +317,15 @@ class DegradationDetector:
     def findings(self, node: str) -> list[Finding]:
         """The node's degradation findings now (empty when it has none, or is not judged)."""
         ctx = self.contexts.get(node)
-        if ctx is None or not ctx.policy.enabled:
+        if ctx is None:
             return []
         found: list[Finding] = []
         for key, gpu in self._of(node):
+            if ctx.policy.trends and gpu.trends is not None:
+                found += [_trend_finding(node, key, code, since, gpu.trends, ctx.policy)
+                          for code, since in sorted(gpu.trends.found.items())]
+            if not ctx.policy.enabled:
+                continue
             if gpu.found is not None:
                 found.append(_slow_finding(node, key, gpu, ctx.policy))
             for code, link, minimum in ((CODE_PCIE, gpu.pcie, ctx.policy.pcie_replays_min),
@@ -332,6 +348,8 @@ class DegradationDetector:
         return True
 
     def _gpu_cleared(self, gpu: _Gpu, kind: str, policy: DegradationPolicy) -> bool:
+        if kind == KIND_TREND:
+            return gpu.trends is not None and not gpu.trends.found and gpu.trends.whole(policy, self.now)
         if kind == KIND_SLOW_GPU:
             return (gpu.found is None and gpu.calm_since is not None
                     and self.now - gpu.calm_since >= policy.clear_hold_s)
@@ -344,7 +362,8 @@ class DegradationDetector:
         slow = sum(1 for gpu in self.gpus.values() if gpu.found is not None)
         link = sum(1 for gpu in self.gpus.values()
                    if any(lk is not None and lk.found is not None for lk in (gpu.pcie, gpu.nvlink)))
-        return {KIND_SLOW_GPU: slow, KIND_LINK_DEGRADED: link}
+        trend = sum(1 for gpu in self.gpus.values() if gpu.trends is not None and gpu.trends.found)
+        return {KIND_SLOW_GPU: slow, KIND_LINK_DEGRADED: link, KIND_TREND: trend}
 
     def _drop(self, node: str) -> None:
         if self.contexts.pop(node, None) is not None:
@@ -381,6 +400,24 @@ def _link_finding(node: str, key: str, code: str, link: _Link, minimum: int, pol
                f"{policy.link_hold_s:g} s and more; {_what(policy.link_action)}")
     return Finding(node, KIND_LINK_DEGRADED, code, (key,), policy.link_action,
                    f"{KIND_LINK_DEGRADED}:{code}:{key}:{link.found:.3f}", message)
+
+
+TREND_WORDS = {CODE_SBE: "single-bit ECC errors rose by {value:.0f} within {window:g} s (at least {minimum})",
+               CODE_ROWS: "{value:.0f} new correctable remapped rows within {window:g} s (at least {minimum})",
+               CODE_PENDING: "{value:.0f} page(s) pending retirement (retired at the next GPU reset)"}
+
+
+def _trend_finding(node: str, key: str, code: str, since: float, trends: Trends,
+                   policy: DegradationPolicy) -> Finding:
+    window = {CODE_SBE: trends.sbe, CODE_ROWS: trends.rows}.get(code)
+    value = sum(window.slices) if window is not None else trends.pending
+    span, minimum = ((policy.sbe_window_s, policy.sbe_min) if code == CODE_SBE
+                     else (policy.rows_window_s, policy.rows_new_min))
+    said = TREND_WORDS[code].format(value=value, window=span, minimum=minimum)
+    then = ("cordoned (its pods stay): plan a drain and reset in a maintenance window" if policy.trend_action ==
+            "cordon" else "plan a drain and reset in a maintenance window (MaintenanceRequest)")
+    return Finding(node, KIND_TREND, code, (key,), policy.trend_action, f"{KIND_TREND}:{code}:{key}:{since:.3f}",
+                   f"GPU {key}: {said}, a trend that precedes failures; {then}", urgent=False)
 
 
 def _what(action: str) -> str:

@@ -36,6 +36,7 @@ class Fleet:
     def __init__(self) -> None:
         self.slow: set[str] = set()
         self.replays: dict[str, float] = {}
+        self.sbe: dict[str, float] = {}
 
     def read(self) -> list[NodeReadings]:
         return [NodeReadings(node=f"gpu-{n}", source="exporter", status=SOURCE_OK,
@@ -44,7 +45,8 @@ class Fleet:
     def _gpu(self, node: str, index: int) -> GpuReading:
         uuid = f"GPU-{node}-{index}"
         extra = {"DCGM_FI_DEV_SM_CLOCK": PEAK * (0.6 if uuid in self.slow else 1.0), "DCGM_FI_DEV_GPU_UTIL": 97.0,
-                 "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": self.replays.get(uuid, 3.0)}
+                 "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": self.replays.get(uuid, 3.0),
+                 "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": self.sbe.get(uuid, 0.0)}
         return GpuReading(node=node, gpu=str(index), uuid=uuid, model="NVIDIA H100 80GB HBM3", extra=extra,
                           pods=(PodRef("ml", f"train-worker-{node[-1]}"),))
 
@@ -111,7 +113,7 @@ def test_a_slow_gpu_cordons_its_node_without_eviction_and_recovery_uncordons(clu
     assert cluster.pod_removals() == []
     assert all(not cluster.cycle(300, f"gpu-{n}")[1] for n in (0, 2, 3))  # its peers are untouched
     said = fleet.explain_node(cluster.client, SLOW_NODE)
-    assert "60% of its peers' median SM clock" in said and "keeping up with its peers again" in said
+    assert "60% of its peers' median SM clock" in said and "keeping up with its peers" in said
     cluster.fleet.slow.clear()
     record, cordoned = cluster.cycle(360)
     assert cordoned  # calm since 360: the clear hold runs
@@ -145,5 +147,24 @@ def test_a_degraded_link_with_action_drain_drains_the_node(tmp_path: Path) -> No
         assert states_seen[-1] == states.DRAINING
         assert record is not None and record.fault is not None and record.fault.kind == "link-degraded"
         assert record.fault.action == "drain"
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize("action", ["none", "cordon"])
+def test_a_failing_trend_is_reported_or_cordoned_never_drained(tmp_path: Path, action: str) -> None:
+    made = Cluster(tmp_path, loads_policy(f'[breaker]\nenabled = false\n[degradation]\ntrends = true\n'
+                                          f'trend_action = "{action}"\n'))
+    try:
+        for minute in range(0, 40, 5):
+            made.fleet.sbe[SLOW_GPU] = 30.0 * minute
+            record, cordoned = made.cycle(60.0 * minute)
+        assert record is not None and made.pod_removals() == []
+        if action == "cordon":
+            assert cordoned and record.state == states.CORDONED and record.fault is not None
+            assert record.fault.kind == "trend" and record.fault.code == "sbe-rate" and not record.fault.urgent
+        else:
+            assert not cordoned and record.state == states.HEALTHY
+            assert any(fp.startswith(f"trend:sbe-rate:{SLOW_GPU}:") for fp in record.handled)
     finally:
         made.close()

@@ -210,3 +210,62 @@ def test_after_a_restart_a_gpu_seen_healthy_clears_only_after_its_clear_hold() -
     run(detector, [(1800.0, fleet(**{"node-2": {5: {"replays": 500.0}}}))])
     assert detector.cleared("node-2", KIND_LINK_DEGRADED, ["GPU-node-2-5"])
 
+
+
+TRENDS = dataclasses.replace(DegradationPolicy(), trends=True)
+
+
+def _counters(minutes: int, field: str, per_minute: float, start: float = 0.0,
+              base: float = 10.0) -> list[tuple[float, list[NodeReadings]]]:
+    out = []
+    for m in range(minutes):
+        readings = fleet(2)
+        changed = dataclasses.replace(readings[0].gpus[1], extra={**readings[0].gpus[1].extra,
+                                                                  field: base + per_minute * m})
+        out.append((start + 60.0 * m, [dataclasses.replace(readings[0], gpus=(readings[0].gpus[0], changed,
+                                                                                *readings[0].gpus[2:])),
+                                       readings[1]]))
+    return out
+
+
+def test_single_bit_errors_climbing_past_the_window_minimum_are_a_trend_not_urgent() -> None:
+    detector = DegradationDetector()
+    seen = run(detector, _counters(30, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 5.0), TRENDS)
+    assert seen[19] == [] and seen[20] == ["trend:GPU-node-0-1"]  # 100 new by minute 20
+    (finding,) = detector.findings("node-0")
+    assert finding.code == "sbe-rate" and finding.action == "none" and not finding.urgent
+    assert not DegradationDetector().findings("node-0")
+
+
+def test_a_few_single_bit_errors_an_hour_are_no_trend() -> None:
+    seen = run(DegradationDetector(), _counters(600, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 0.5), TRENDS)
+    assert all(not s for s in seen)
+
+
+def test_pages_pending_retirement_are_a_trend_while_pending() -> None:
+    pending = [(0.0, fleet(2, **{"node-1": {}})), *_counters(1, "DCGM_FI_DEV_RETIRED_PENDING", 0.0, 60.0, 2.0),
+               *_counters(1, "DCGM_FI_DEV_RETIRED_PENDING", 0.0, 120.0, 0.0)]
+    assert run(DegradationDetector(), pending, TRENDS) == [[], ["trend:GPU-node-0-1"], []]
+
+
+def test_new_remapped_rows_within_a_day_are_a_trend_and_a_quiet_day_clears_it() -> None:
+    detector = DegradationDetector()
+    rows = [(0.0, 3.0), (3600.0, 4.0), (7200.0, 5.0), (7200.0 + 86400.0 + 7200.0, 5.0)]
+    seen = []
+    for at, total in rows:
+        seen += run(detector, _counters(1, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 0.0, at, total), TRENDS)
+    assert seen == [[], [], ["trend:GPU-node-0-1"], []]
+    assert detector.cleared("node-0", "trend", ["GPU-node-0-1"])
+
+
+def test_a_restart_does_not_clear_a_trend_before_its_window_was_watched() -> None:
+    detector = DegradationDetector()
+    run(detector, _counters(10, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 0.0), TRENDS)
+    assert not detector.cleared("node-0", "trend", ["GPU-node-0-1"])  # 9 minutes of a 60-minute window
+    run(detector, _counters(1, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 0.0, 3600.0), TRENDS)
+    assert detector.cleared("node-0", "trend", ["GPU-node-0-1"])
+
+
+def test_trends_off_and_degradation_on_finds_no_trend() -> None:
+    on = dataclasses.replace(ON, trends=False)
+    assert run(DegradationDetector(), _counters(30, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 50.0), on)[-1] == []
