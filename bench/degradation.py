@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from gpuremediate.policy.config import loads_policy  # noqa: E402
 from gpuremediate.policy.degradation import DegradationPolicy  # noqa: E402
 from gpuremediate.signals.degradation import DegradationDetector, NodeContext, _Gpu, _Link  # noqa: E402
-from sim.degradation_fleet import GPUS, KIND_LINK, KIND_SLOW, DegradationFleet, Episode, Spec  # noqa: E402
+from sim.degradation_fleet import GPUS, KIND_LINK, KIND_SLOW, KIND_TREND, DegradationFleet, Episode, Spec  # noqa: E402
 
 MIN_SLOW_S = 600.0  # the recall counts slow GPUs lasting at least 10 minutes
 
@@ -31,6 +31,7 @@ class Found:
     kind: str
     uuid: str
     at: float
+    code: str = ""  # a trend's
 
 
 @dataclass(frozen=True)
@@ -60,18 +61,22 @@ def run(spec: Spec, policy: DegradationPolicy, racks: range) -> Shard:
             for link in (gpu.pcie, gpu.nvlink):
                 if link is not None:
                     _note(found, seen, KIND_LINK, key, link.found)
+            if gpu.trends is not None:
+                for code, since in gpu.trends.found.items():
+                    _note(found, seen, KIND_TREND, key, since, code)
     return Shard(found, cpu, samples, state_bytes(detector), len(detector.gpus))
 
 
-def _note(found: list[Found], seen: dict[tuple[str, str], float], kind: str, key: str, at: float | None) -> None:
-    if at is not None and seen.get((kind, key)) != at:
-        seen[(kind, key)] = at
-        found.append(Found(kind, key, at))
+def _note(found: list[Found], seen: dict[tuple[str, str], float], kind: str, key: str, at: float | None,
+          code: str = "") -> None:
+    if at is not None and seen.get((kind + code, key)) != at:
+        seen[(kind + code, key)] = at
+        found.append(Found(kind, key, at, code))
 
 
 def _matches(episode: Episode, finding: Found, step_s: float) -> bool:
-    return (finding.kind == episode.kind and finding.uuid == episode.uuid
-            and episode.start <= finding.at <= episode.end + 2 * step_s)
+    return (finding.kind == episode.kind and finding.uuid == episode.uuid and finding.code == (
+        episode.code if episode.kind == KIND_TREND else "") and episode.start <= finding.at <= episode.end + 2 * step_s)
 
 
 def score(kind: str, fleet: DegradationFleet, found: list[Found], hold_s: float) -> dict[str, float]:
@@ -90,7 +95,7 @@ def score(kind: str, fleet: DegradationFleet, found: list[Found], hold_s: float)
     late, hit, hit_peers, peers = [], 0, 0, 0
     for episode in counted:
         first = min((f.at for f in findings_of.get(episode.uuid, ()) if _matches(episode, f, step)), default=None)
-        with_peers = kind == KIND_LINK or episode.code == "peers"
+        with_peers = kind != KIND_SLOW or episode.code == "peers"
         peers += with_peers
         if first is not None:
             hit += 1
@@ -112,6 +117,10 @@ def state_bytes(detector: DegradationDetector) -> int:
         total += sys.getsizeof(key) + sys.getsizeof(gpu)
         for link in (gpu.pcie, gpu.nvlink):
             total += sys.getsizeof(link) if isinstance(link, _Link) else 0
+        if gpu.trends is not None:
+            total += sys.getsizeof(gpu.trends) + sys.getsizeof(gpu.trends.found)
+            for window in (gpu.trends.sbe, gpu.trends.rows):
+                total += sys.getsizeof(window) + sys.getsizeof(window.slices) if window is not None else 0
         for part in (gpu.peers, gpu.local):
             if id(part) not in keys:
                 keys.add(id(part))
@@ -132,7 +141,7 @@ def main() -> int:
     args = parser.parse_args()
     spec = Spec(nodes=1000 if args.full else args.nodes, days=7.0 if args.full else args.days, seed=args.seed)
     policy = (loads_policy(Path(args.policy).read_text(encoding="utf-8"), args.policy).defaults.degradation
-              if args.policy else DegradationPolicy(enabled=True))
+              if args.policy else DegradationPolicy(enabled=True, trends=True))
     fleet = DegradationFleet(spec)
     started = time.monotonic()
     racks = fleet.racks()
@@ -150,9 +159,9 @@ def main() -> int:
     print("| finding | episodes | findings | precision | recall | recall (GPUs with peers) | onset to finding, "
           "windows past hold P50 / P90 | false per 1,000 healthy GPU-days |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for kind, hold in ((KIND_SLOW, policy.hold_s), (KIND_LINK, policy.link_hold_s)):
+    for kind, hold in ((KIND_SLOW, policy.hold_s), (KIND_LINK, policy.link_hold_s), (KIND_TREND, 0.0)):
         s = score(kind, fleet, found, hold)
-        label = f"{kind} (>= 10 min)" if kind == KIND_SLOW else kind
+        label = {KIND_SLOW: f"{kind} (>= 10 min)", KIND_TREND: f"{kind} (windows from onset)"}.get(kind, kind)
         print(f"| {label} | {s['episodes']:.0f} | {s['findings']:.0f} | {s['precision']:.3f} | {s['recall']:.3f} | "
               f"{s['recall_with_peers']:.3f} | {s['p50']:.2f} / {s['p90']:.2f} | "
               f"{1000 * s['false'] / healthy:.3f} ({s['false']:.0f} in {healthy:,.0f}) |")

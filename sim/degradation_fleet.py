@@ -34,7 +34,8 @@ SLOW_BITS = (0x4, 0x40, 0x4 | 0x8, 0x80)  # SW power cap, HW thermal, power cap 
 HOT_BIT = 0x20  # SW thermal
 IDLE_BIT = 0x1
 SHARED_SPLIT = ((0, 1, 2, 3), (4, 5), (6,), (7,))
-KIND_SLOW, KIND_LINK = "slow-gpu", "link-degraded"
+KIND_SLOW, KIND_LINK, KIND_TREND = "slow-gpu", "link-degraded", "trend"
+TREND_CODES = ("sbe-rate", "remapped-rows", "retired-pending")
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,20 @@ class Spec:
     links_per_day: float = 12.0  # per 1,000 nodes
     hot_racks_per_day: float = 2.0  # per 1,000 nodes
     sporadic_replays_per_day: float = 2.0  # per GPU
+    trends_per_day: float = 12.0  # per 1,000 nodes
+    sporadic_sbe_per_day: float = 5.0  # per GPU
+    noisy_sbe_share: float = 0.02  # GPUs with a steady, healthy 20 single-bit errors an hour
 
 
 @dataclass(frozen=True)
 class Episode:
-    kind: str  # KIND_SLOW or KIND_LINK
+    kind: str  # KIND_SLOW, KIND_LINK or KIND_TREND
     node: str
     uuid: str
     start: float
     end: float
-    size: float  # slow: the clock factor; link: errors a minute
-    code: str = ""  # link: "pcie" or "nvlink"; slow: "peers" when the GPU has enough peers to be judged, else ""
+    size: float  # slow: the clock factor; link: errors a minute; trend: SBEs a minute, new rows, pending pages
+    code: str = ""  # link: "pcie" or "nvlink"; trend: TREND_CODES; slow: "peers" when it has peers to be judged
 
 
 @dataclass
@@ -151,6 +155,8 @@ class DegradationFleet:
             self._place_slow()
         for _ in range(self._count(self.spec.links_per_day)):
             self._place_link()
+        for _ in range(self._count(self.spec.trends_per_day)):
+            self._place_trend()
         racks = max(1, math.ceil(self.spec.nodes / RACK))
         for _ in range(self._count(self.spec.hot_racks_per_day)):
             start = self.rng.uniform(0, self.horizon)
@@ -178,6 +184,18 @@ class DegradationFleet:
         code = "nvlink" if self.models[node][1] > 1500 and self.rng.random() < 0.4 else "pcie"
         self.episodes.append(Episode(KIND_LINK, self.names[node], self.uuid(node, gpu), start,
                                      min(start + length, self.horizon), self.rng.uniform(10.0, 120.0), code))
+
+    def _place_trend(self) -> None:
+        node, gpu = self.rng.randrange(self.spec.nodes), self.rng.randrange(GPUS)
+        start = self.rng.uniform(0, self.horizon - 3600.0)
+        code = self.rng.choice(TREND_CODES)
+        length = math.exp(self.rng.uniform(math.log(1800.0), math.log(2 * 86400.0)))
+        if code == "remapped-rows":
+            length = self.rng.uniform(3600.0, 12 * 3600.0)
+        size = {"sbe-rate": self.rng.uniform(3.0, 30.0), "remapped-rows": float(self.rng.randint(2, 6)),
+                "retired-pending": float(self.rng.randint(1, 4))}[code]
+        self.episodes.append(Episode(KIND_TREND, self.names[node], self.uuid(node, gpu), start,
+                                     min(start + length, self.horizon), size, code))
 
     def healthy_gpu_days(self) -> float:
         """GPU-days outside every episode (the part a finding there is false on)."""
@@ -212,6 +230,13 @@ class _RackPlay:
         self.replays = {n: [float(self.noise.randrange(0, 50)) for _ in range(GPUS)] for n in self.nodes}
         self.nvlink = {n: [0.0] * GPUS for n in self.nodes}
         self.sporadic = fleet.spec.sporadic_replays_per_day * fleet.spec.step_s / 86400.0
+        self.sporadic_sbe = fleet.spec.sporadic_sbe_per_day * fleet.spec.step_s / 86400.0
+        self.sbe = {n: [0.0] * GPUS for n in self.nodes}
+        self.rows = {n: [float(self.noise.randrange(0, 4)) for _ in range(GPUS)] for n in self.nodes}
+        share = fleet.spec.noisy_sbe_share
+        self.noisy = {(n, g) for n in self.nodes for g in range(GPUS) if self.noise.random() < share}
+        self.rows_added: dict[Episode, int] = {}
+        self.fleet_now = 0.0
         self.episodes: dict[tuple[int, int], list[Episode]] = {}
         index = {fleet.names[n]: n for n in self.nodes}
         for episode in fleet.episodes:
@@ -238,6 +263,7 @@ class _RackPlay:
 
     def step(self, t: float, hot: float | None) -> list[NodeReadings]:
         fleet, noise = self.fleet, self.noise
+        self.fleet_now = t
         busy = self._work(t)
         out = []
         for node in self.nodes:
@@ -259,8 +285,14 @@ class _RackPlay:
                         clock, bits = clock * hot * (0.98 + 0.04 * noise.random()), bits | HOT_BIT
                 if noise.random() < self.sporadic:
                     self.replays[node][gpu] += 1
+                if noise.random() < self.sporadic_sbe or ((node, gpu) in self.noisy and noise.random() < 1 / 3):
+                    self.sbe[node][gpu] += 1
+                pending = 0.0
                 for episode in self.episodes.get((node, gpu), ()):
                     if episode.start <= t < episode.end:
+                        if episode.kind == KIND_TREND:
+                            pending = max(pending, self._trend(episode, node, gpu, noise))
+                            continue
                         clock, bits, counters = _episode_effect(episode, clock, util, bits, noise)
                         if episode.code == "pcie":
                             self.replays[node][gpu] += counters
@@ -268,13 +300,31 @@ class _RackPlay:
                             self.nvlink[node][gpu] += counters
                 extra = {"DCGM_FI_DEV_SM_CLOCK": float(round(clock)), "DCGM_FI_DEV_GPU_UTIL": float(round(util)),
                          "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": float(bits),
-                         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": self.replays[node][gpu]}
+                         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": self.replays[node][gpu],
+                         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": self.sbe[node][gpu],
+                         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": self.rows[node][gpu],
+                         "DCGM_FI_DEV_RETIRED_PENDING": pending}
                 if peak > 1500:
                     extra["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] = self.nvlink[node][gpu]
                 gpus.append(GpuReading(node=name, gpu=str(gpu), uuid=f"GPU-{node:05d}-{gpu}", model=model,
                                        extra=extra, pods=pods))
             out.append(NodeReadings(node=name, source="exporter", status=SOURCE_OK, observed_at=t, gpus=tuple(gpus)))
         return out
+
+    def _trend(self, episode: Episode, node: int, gpu: int, noise: random.Random) -> float:
+        """A trend episode's step: single-bit errors or new rows added; the pages pending retirement now."""
+        if episode.code == "sbe-rate":
+            self.sbe[node][gpu] += float(max(0, round(episode.size * (0.5 + noise.random()))))
+        elif episode.code == "remapped-rows":
+            spacing = (episode.end - episode.start) / episode.size  # one new row each spacing, the first half in
+            due = min(int(episode.size), int((self.fleet_now - episode.start) / spacing + 0.5))
+            added = self.rows_added.get(episode, 0)
+            if due > added:
+                self.rows[node][gpu] += due - added
+                self.rows_added[episode] = due
+        else:
+            return episode.size
+        return 0.0
 
 
 def _episode_effect(episode: Episode, clock: float, util: float, bits: int,
