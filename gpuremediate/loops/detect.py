@@ -319,6 +319,9 @@ class DetectLoop:
     def _update_degradation(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
         """Feed the pass's readings to the degradation detector before any node is assessed (its peers are the
         fleet's, not one node's)."""
+        policies = (self.ctx.policy.defaults, *(group.policy for group in self.ctx.policy.groups))
+        if not self.degradation.gpus and not any(p.degradation.enabled or p.degradation.trends for p in policies):
+            return  # off everywhere (the default): no cost per node
         nodes = {name_of(node): node for node in batch}
 
         def context(name: str) -> NodeContext | None:
