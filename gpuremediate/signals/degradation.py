@@ -191,6 +191,7 @@ class DegradationDetector:
         self.job_of = job_of
         self._jobs: dict[PodRef, str] = {}  # job_of's answers, cleared when JOB_CACHE pods are held
         self.gpus: dict[str, _Gpu] = {}
+        self.by_node: dict[str, dict[str, _Gpu]] = {}  # the same GPUs, per node: a node's findings without a scan
         self.contexts: dict[str, NodeContext] = {}
         self.now = 0.0  # the last pass
         self.interval = 0.0  # between the last two cycles
@@ -227,7 +228,10 @@ class DegradationDetector:
     def _observe(self, reading: GpuReading, ctx: NodeContext, now: float) -> _Gpu:
         gpu = self.gpus.get(reading.key)
         if gpu is None or gpu.node != reading.node:
+            if gpu is not None:
+                self.by_node.get(gpu.node, {}).pop(reading.key, None)
             gpu = self.gpus[reading.key] = _Gpu(reading.node)
+            self.by_node.setdefault(reading.node, {})[reading.key] = gpu
         policy, reasons = ctx.policy, _reasons(reading)
         if policy.trends:
             gpu.trends = gpu.trends or Trends()
@@ -373,11 +377,13 @@ class DegradationDetector:
         """Drop the GPUs of nodes ``keep`` refuses (gone, or another shard's)."""
         for key in [key for key, gpu in self.gpus.items() if not keep(gpu.node)]:
             del self.gpus[key]
+        for name in [name for name in self.by_node if not keep(name)]:
+            del self.by_node[name]
         for name in [name for name in self.contexts if not keep(name)]:
             del self.contexts[name]
 
     def _of(self, node: str) -> list[tuple[str, _Gpu]]:
-        return sorted((key, gpu) for key, gpu in self.gpus.items() if gpu.node == node)
+        return sorted(self.by_node.get(node, {}).items())
 
 
 def _slowdowns(bits: int) -> str:

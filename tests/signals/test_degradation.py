@@ -269,3 +269,15 @@ def test_a_restart_does_not_clear_a_trend_before_its_window_was_watched() -> Non
 def test_trends_off_and_degradation_on_finds_no_trend() -> None:
     on = dataclasses.replace(ON, trends=False)
     assert run(DegradationDetector(), _counters(30, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 50.0), on)[-1] == []
+
+
+def test_a_gpu_seen_on_another_node_starts_afresh_there_and_leaves_the_first() -> None:
+    detector = DegradationDetector()
+    run(detector, every_minute(6, fleet(**{"node-1": {3: {"clock": 0.6 * PEAK}}})))
+    assert detector.findings("node-1")
+    moved = fleet()
+    moved[2] = dataclasses.replace(moved[2], gpus=(*moved[2].gpus[:7], dataclasses.replace(
+        moved[1].gpus[3], node="node-2")))
+    run(detector, [(360.0, moved)])
+    assert detector.findings("node-1") == [] and detector.findings("node-2") == []
+    assert detector.gpus["GPU-node-1-3"].node == "node-2"
