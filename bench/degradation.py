@@ -137,11 +137,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1, help="processes, each a share of the racks (jobs and peers "
                         "never span racks: the same findings as one process)")
+    parser.add_argument("--no-trends", action="store_true", help="slow-gpu and link-degraded only (their cost alone)")
     parser.add_argument("--policy", help="a policy file whose [degradation] to use (default: the defaults, enabled)")
     args = parser.parse_args()
     spec = Spec(nodes=1000 if args.full else args.nodes, days=7.0 if args.full else args.days, seed=args.seed)
     policy = (loads_policy(Path(args.policy).read_text(encoding="utf-8"), args.policy).defaults.degradation
-              if args.policy else DegradationPolicy(enabled=True, trends=True))
+              if args.policy else DegradationPolicy(enabled=True, trends=not args.no_trends))
     fleet = DegradationFleet(spec)
     started = time.monotonic()
     racks = fleet.racks()

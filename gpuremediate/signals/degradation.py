@@ -416,7 +416,7 @@ TREND_WORDS = {CODE_SBE: "single-bit ECC errors rose by {value:.0f} within {wind
 def _trend_finding(node: str, key: str, code: str, since: float, trends: Trends,
                    policy: DegradationPolicy) -> Finding:
     window = {CODE_SBE: trends.sbe, CODE_ROWS: trends.rows}.get(code)
-    value = sum(window.slices) if window is not None else trends.pending
+    value = window.sum if window is not None else trends.pending
     span, minimum = ((policy.sbe_window_s, policy.sbe_min) if code == CODE_SBE
                      else (policy.rows_window_s, policy.rows_new_min))
     said = TREND_WORDS[code].format(value=value, window=span, minimum=minimum)

@@ -22,26 +22,28 @@ BUCKETS = 12
 class Window:
     """A counter's increase over the last ``window_s``, in BUCKETS slices."""
 
-    __slots__ = ("at", "since", "slices", "total")
+    __slots__ = ("at", "since", "slices", "sum", "total")
 
     def __init__(self, total: float, now: float) -> None:
         self.total = total
         self.slices = [0.0] * BUCKETS
         self.at = 0  # the index (time // slice) of the newest slice
         self.since = now  # first seen: the window is whole once window_s has passed since
+        self.sum = 0.0  # of the slices
 
     def step(self, total: float, now: float, window_s: float) -> float:
         """Take the counter's total now; its increase over the window."""
         index = int(now // (window_s / BUCKETS))
-        for skipped in range(self.at + 1, min(index, self.at + BUCKETS) + 1):
-            self.slices[skipped % BUCKETS] = 0.0
-        if index > self.at + BUCKETS:
-            self.slices = [0.0] * BUCKETS
-        self.at = max(self.at, index)
-        if total >= self.total:
+        if index > self.at:
+            for skipped in range(self.at + 1, min(index, self.at + BUCKETS) + 1):
+                self.sum -= self.slices[skipped % BUCKETS]
+                self.slices[skipped % BUCKETS] = 0.0
+            self.at = index
+        if total > self.total:
             self.slices[self.at % BUCKETS] += total - self.total
+            self.sum += total - self.total
         self.total = total
-        return sum(self.slices)
+        return self.sum
 
 
 class Trends:
@@ -76,10 +78,12 @@ class Trends:
         return window
 
     def _mark(self, code: str, shows: bool, now: float) -> None:
+        if shows == (code in self.found):
+            return
         if shows:
-            self.found.setdefault(code, now)
+            self.found[code] = now
         else:
-            self.found.pop(code, None)
+            del self.found[code]
 
     def whole(self, policy: DegradationPolicy, now: float) -> bool:
         """Every window it has read has been watched for its whole length (after a restart, not at once)."""
