@@ -10,6 +10,13 @@ Both parsers must yield the same samples (name, labels, value) on every input be
 timed; a disagreement fails the run. Then each parser's CPU time per parse (``time.process_time``,
 not wall time: a loaded machine slows the clock, not the CPU time) is the best of ``REPEAT`` runs,
 the two parsers' runs interleaved. The run fails when the smallest ratio is below ``TARGET_RATIO``.
+
+What is fair to both: prometheus_client's generator is drained (``list()``), its families holding their
+samples; ours is timed as the controller calls it. Repeating one text keeps warm only what gpuremediate
+keeps between parses because a fleet's exporters write it alike (HELP / TYPE lines, label-name
+sequences, families); label texts (a node's GPUs) are decoded afresh by every parse, as across a fleet.
+``ParseResult.families`` is made when first read and the controller never reads it, so the ratio is
+for the samples; a second table (informational) also reads the families.
 """
 
 from __future__ import annotations
@@ -100,6 +107,15 @@ def _theirs(text: str, number: int) -> float:
     return (clock() - start) / number
 
 
+def _ours_lenient_families(text: str, number: int) -> float:
+    """As _ours_lenient, then reading the families (made when first read; the controller never reads them)."""
+    clock = time.process_time
+    start = clock()
+    for _ in range(number):
+        len(parse(text, content_type=EXPORTER_CONTENT_TYPE, strict=False).families)
+    return (clock() - start) / number
+
+
 TIMERS: dict[str, Timer] = {"lenient": _ours_lenient, "strict": _ours_strict}
 
 
@@ -173,6 +189,7 @@ def main() -> int:
     found, skipped = inputs()
     print(f"skipped in {SHARED} (not exporter scrapes): {_skipped_summary(skipped)}")
     rows = []
+    extra = []  # lenient, with ParseResult.families read too
     for label, text in found:
         for mode in MODES:
             mine = ours(text, mode)
@@ -182,6 +199,8 @@ def main() -> int:
                 return 1
             ours_s, theirs_s = best_cpu(TIMERS[mode], _theirs, text)
             rows.append((label, mode, len(mine), ours_s, theirs_s, theirs_s / ours_s))
+        with_families, theirs_s = best_cpu(_ours_lenient_families, _theirs, text)
+        extra.append((label, with_families, theirs_s / with_families))
     width = max(len(row[0]) for row in rows)
     print(f"CPU time per parse (time.process_time, best of {REPEAT} runs of ~{RUN_CPU_S * 1000:.0f} ms each)")
     print(f"{'input':<{width}}  {'mode':<7}  {'samples':>7}  {'ours µs':>9}  {'theirs µs':>9}  "
@@ -189,6 +208,9 @@ def main() -> int:
     for label, mode, count, ours_s, theirs_s, ratio in rows:
         print(f"{label:<{width}}  {mode:<7}  {count:>7}  {ours_s * 1e6:>9.1f}  {theirs_s * 1e6:>9.1f}  "
               f"{count / ours_s:>14,.0f}  {ratio:5.1f}x")
+    print("lenient, the families read too (not what the controller does; informational):")
+    for label, ours_s, ratio in extra:
+        print(f"{label:<{width}}  {'+fam':<7}  {'':>7}  {ours_s * 1e6:>9.1f}  {'':>9}  {'':>14}  {ratio:5.1f}x")
     low = min(rows, key=lambda row: row[5])
     print(f"minimum ratio: {low[5]:.1f}x ({low[0]}, {low[1]}); target {TARGET_RATIO:.0f}x")
     if low[5] < TARGET_RATIO:

@@ -25,7 +25,9 @@ from gpuremediate.actions.device_taints import (
     TaintRule,
     rule_body,
 )
-from gpuremediate.kube.resources import JOBS
+from gpuremediate.actions.jobs import JOB_LABEL
+from gpuremediate.kube import errors
+from gpuremediate.kube.resources import EVENTS, JOBS, PODS, RESOURCE_CLAIMS
 from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE
 from sim.gpusim import gpu_uuid
 from sim.nodesim_dra import DRIVER
@@ -101,13 +103,33 @@ def test_xid48_on_gpu3_moves_only_its_pod_resets_validates_and_returns_it(dra: E
         c.wait_state(node, "healthy", timeout=30)
     assert c.evicted() == {"workloads/w3"}, "only the pod on GPU 3 moved"
     assert all(c.pod_exists(f"w{gpu}") for gpu in range(GPUS) if gpu != 3)
+    told = c.kube.list(EVENTS, "workloads", field_selector="reason=GPUFault")["items"]
+    assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in told] == [("Pod", "w3")]
+    assert "device taint eviction controller" in told[0]["message"] and gpu_uuid(node, 3) in told[0]["message"]
     resets = c.jobs(node, "reset-gpu")
     assert [gpu_ids(j) for j in resets] == ["3"], "GPU 3 alone is reset"
-    assert [gpu_ids(j) for j in c.jobs(node, "validate")] == ["3"], "GPU 3 alone is validated"
+    [validation] = c.jobs(node, "validate")
+    assert gpu_ids(validation) == "3", "GPU 3 alone is validated"
+    assert_took_gpu3_through_its_claim(c, validation)
     assert rules(c) == [], "the rule is removed once GPU 3 is validated"
     assert "GPUIsolated" in c.event_reasons(node) and "GPUReturned" in c.event_reasons(node)
     c.stop_controller()
     assert c.log_problems() == []
+
+
+def assert_took_gpu3_through_its_claim(c: EmulatorCluster, job: dict[str, Any]) -> None:
+    """``[isolation] validation = "claim"``: the Job's pod was placed by the scheduler (no nodeName) and took GPU 3
+    through a claim tolerating our taint, owned by the Job."""
+    pod_spec = job["spec"]["template"]["spec"]
+    assert "nodeName" not in pod_spec and pod_spec["resourceClaims"][0]["resourceClaimName"] == job["metadata"]["name"]
+    claim = c.kube.get(RESOURCE_CLAIMS, job["metadata"]["name"], JOBS_NS)
+    assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["gpu-3"]
+    assert {t["effect"] for t in claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"]} == \
+        {"NoSchedule", "NoExecute"}
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    [pod] = [p for p in c.kube.list(PODS, JOBS_NS, label_selector=JOB_LABEL)["items"]
+             if p["metadata"]["name"].startswith(job["metadata"]["name"])]
+    assert pod["spec"]["nodeName"] == c.nodes[0] and pod["status"]["phase"] == "Succeeded"
 
 
 def test_a_second_gpu_failing_while_one_is_isolated_goes_node_level(dra: EmulatorCluster) -> None:
@@ -165,6 +187,32 @@ def test_a_controller_restarted_mid_flow_finds_its_rule_and_carries_on(dra: Emul
     c.wait_state(node, "healthy", timeout=30)
     assert rules(c) == [] and not c.unschedulable(node)
     assert c.evicted() == {"workloads/w3"}
+
+
+def test_a_controller_restarted_while_validating_makes_the_claim_it_lacks(dra: EmulatorCluster) -> None:
+    """A controller killed between the validation Job's create and its claim's: the successor makes the claim
+    (here: deleted while the controller was down), so the Job's pod is not left without its GPU."""
+    c, node = dra, dra.nodes[0]
+    assert c.sim.nodesim is not None
+    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=60.0, kind="validate")  # still running
+    c.start_controller(GPU_LEVEL)
+    isolate_gpu3(c)
+    c.wait_state(node, "validating", timeout=30)
+    name = c.wait(lambda: next((j["metadata"]["name"] for j in c.jobs(node, "validate")), None), 10,
+                  "the validation Job")
+    c.wait(lambda: _claim(c, name), 10, "its claim")
+    c.kill_controller()
+    c.kube.delete(RESOURCE_CLAIMS, name, JOBS_NS)
+    c.restart_controller()
+    claim = c.wait(lambda: _claim(c, name), 15, "the claim made again by the successor")
+    assert claim["metadata"]["ownerReferences"][0]["name"] == name
+
+
+def _claim(c: EmulatorCluster, name: str) -> dict[str, Any] | None:
+    try:
+        return c.kube.get(RESOURCE_CLAIMS, name, JOBS_NS)
+    except errors.NotFound:
+        return None
 
 
 def test_before_ga_the_default_is_node_level(dra: EmulatorCluster) -> None:

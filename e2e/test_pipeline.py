@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.harness import Cluster
-from gpuremediate.kube.resources import PODS
+from gpuremediate.kube.resources import EVENTS, PODS
 from gpuremediate.state.record import NodeRecord
 
 TRANSITIONS = "gpuremediate_transitions_total"
@@ -65,6 +65,32 @@ def test_xid79_reboot_validate_healthy(cluster: Cluster) -> None:
                                  ("validating", "healthy", "validation-passed")])
     cluster.wait_metric("gpuremediate_evictions_total", 1, result="evicted")
     cluster.wait_metric("gpuremediate_remediation_seconds_count", 1, action="reboot")
+
+
+def test_the_pods_a_gpu_fault_moves_and_their_job_are_told_why(cluster: Cluster) -> None:
+    """Issue 29's workload notice: a Warning Event GPUFault on the evicted pod and on its owner (here a PyTorchJob,
+    a kind this server does not serve, as most clusters' training operators), naming the node, the GPU and the
+    fault; the pod on the healthy node hears nothing."""
+    node, other = cluster.nodes[2], cluster.nodes[3]
+    trainer = cluster.workload("trainer-0", node)
+    cluster.kube.patch(PODS, "trainer-0", {"metadata": {"ownerReferences": [
+        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llm", "uid": "pytorchjob-llm-uid",
+         "controller": True}]}}, trainer["metadata"]["namespace"])
+    cluster.workload("bystander-2", other)
+    cluster.start_controller()
+    cluster.inject(node, 5, "xid", 79)
+
+    def told() -> dict[str, str] | None:
+        items = cluster.kube.list(EVENTS, trainer["metadata"]["namespace"], field_selector="reason=GPUFault")["items"]
+        found = {f"{e['involvedObject']['kind']}/{e['involvedObject']['name']}": e["message"] for e in items}
+        return found if len(found) >= 2 else None
+
+    found = cluster.wait(told, 20, "GPUFault Events on the pod and its PyTorchJob")
+    assert set(found) == {"Pod/trainer-0", "PyTorchJob/llm"}, found
+    assert all(node in m and "XID 79" in m and "GPU-" in m for m in found.values()), found
+    assert "evicted" in found["Pod/trainer-0"] and "trainer-0" in found["PyTorchJob/llm"]
+    cluster.wait_state(node, "healthy", 30)
+    assert set(told() or {}) == set(found), "each told once"
 
 
 def test_dbe_reset_gpu_healthy(cluster: Cluster) -> None:

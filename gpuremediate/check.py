@@ -47,8 +47,10 @@ VERDICTS = {
 
 
 def snapshot_policy(policy: Policy) -> Policy:
-    """A one-shot check cannot wait out the thermal hold: hot now is reported now."""
-    return dataclasses.replace(policy, thermal=dataclasses.replace(policy.thermal, hold_s=0.0))
+    """A one-shot check cannot wait out the thermal hold: hot now is reported now; so is a fabric registration
+    that completed with an error (one still in progress may only be booting: it keeps its grace)."""
+    return dataclasses.replace(policy, thermal=dataclasses.replace(policy.thermal, hold_s=0.0),
+                               fabric=dataclasses.replace(policy.fabric, failure_grace_s=0.0))
 
 
 def exit_code_for(findings: Sequence[Finding]) -> int:

@@ -38,6 +38,7 @@ from gpuremediate.obs.log import add_log_flags, setup_logging
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.shutdown import Shutdown
+from gpuremediate.signals.fabric import CLIQUE_LABEL
 
 EXIT_ERROR = 2  # a usage error (argparse's code), a bad setting, an API error; check has its own (64)
 OUTPUTS = ("table", "wide", "json", "yaml")  # status and explain -o (explain's table is its text)
@@ -238,6 +239,10 @@ def build_parser(prog: str = "gpuremediate") -> CliParser:
     status = sub.add_parser("status", help="a table of the GPU nodes: state, since, fault, action, blocked")
     _add_kube_flags(status)
     _add_output_flags(status, "table: one line per GPU node")
+    status.add_argument("--by", choices=("node", "domain"), default="node",
+                        help="domain: group the nodes by NVLink domain (--domain-label), each group's count first")
+    status.add_argument("--domain-label", default=CLIQUE_LABEL,
+                        help=f"the node label naming a node's NVLink domain (default {CLIQUE_LABEL})")
     _add_namespace_flag(status)
 
     explain = sub.add_parser("explain", help="why a node is where it is: its record and history in words")
@@ -412,13 +417,14 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
     client = KubeClient(load_config(args.kubeconfig, args.context))
     if args.command == "status":
         journal = _dry_run(client, args.namespace)
-        rows = fleet.status_rows(client, journal)
+        rows = fleet.status_rows(client, journal, args.domain_label)
         if args.output in ("json", "yaml"):
             print(_structured([{**r.as_dict(), "dry_run": journal is not None} for r in rows], args.output), end="")
         else:
             lines = ([fleet.dry_run_line(journal)] if journal is not None else []) + \
                 _safety_lines(client, args.namespace, journal)
-            print(fleet.render_status(rows, header_lines=lines, wide=args.output == "wide"), end="")
+            print(fleet.render_status(rows, header_lines=lines, wide=args.output == "wide",
+                                      by_domain=args.by == "domain"), end="")
         return 0
     if args.command == "explain":
         policy = load_policy(args.policy) if args.policy else None

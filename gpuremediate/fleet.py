@@ -34,6 +34,7 @@ from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
+from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
@@ -68,6 +69,7 @@ class StatusRow:
     reason: str = ""  # the record's reason: the fault or the lifecycle step that put it in its state
     holder: str = "-"  # who or what holds its wait (holder()): the pauser, the PDB, the nodes filling the budget
     isolated: tuple[str, ...] = ()  # the GPUs (UUIDs) a DeviceTaintRule of ours takes out alone
+    domain: str = ""  # its NVLink domain (GPU Feature Discovery's nvidia.com/gpu.clique); "" in none
 
     @property
     def gpus_in_service(self) -> str:
@@ -134,11 +136,18 @@ def dry_run_line(journal: Journal, now: float | None = None) -> str:
             f"to Nodes; the table shows what it would do (updated {_ago(journal.updated, now)} ago{left})")
 
 
-def row_for(node: Mapping[str, Any], dry_run: Journal | None = None, now: float | None = None) -> StatusRow:
-    """The node's line; with a live dry-run journal, the record the dry run would have written."""
+def row_for(node: Mapping[str, Any], dry_run: Journal | None = None, now: float | None = None,
+            domain_label: str = CLIQUE_LABEL) -> StatusRow:
+    """The node's line, its NVLink domain from ``domain_label``; with a live dry-run journal, the record the dry
+    run would have written."""
+    row = _row_for(node, dry_run, now)
+    return dataclasses.replace(row, domain=labels_of(node).get(domain_label, ""))
+
+
+def _row_for(node: Mapping[str, Any], dry_run: Journal | None = None, now: float | None = None) -> StatusRow:
     name, now = name_of(node), time.time() if now is None else now
     if dry_run is not None and name in dry_run.records:
-        return _dry_row(row_for(node, now=now), dry_run.records[name], now)
+        return _dry_row(_row_for(node, now=now), dry_run.records[name], now)
     record = record_from_node(node)
     schedulable, excluded, gpus = not node_unschedulable_of(node), is_excluded(node), gpu_count(node)
     if record is None:
@@ -189,9 +198,10 @@ def _dry_row(real: StatusRow, record: NodeRecord, now: float) -> StatusRow:
                                isolated=isolated_gpus(record))
 
 
-def status_rows(client: KubeClient, dry_run: Journal | None = None) -> list[StatusRow]:
+def status_rows(client: KubeClient, dry_run: Journal | None = None,
+                domain_label: str = CLIQUE_LABEL) -> list[StatusRow]:
     nodes, now = client.list(NODES).get("items", []), time.time()
-    return [row_for(n, dry_run, now) for n in sorted(nodes, key=name_of) if is_gpu_node(n)]
+    return [row_for(n, dry_run, now, domain_label) for n in sorted(nodes, key=name_of) if is_gpu_node(n)]
 
 
 def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None,
@@ -214,12 +224,31 @@ def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None
 
 
 def render_status(rows: Iterable[StatusRow], now: float | None = None, header_lines: Iterable[str] = (),
-                  wide: bool = False) -> str:
-    """The table; ``wide`` (``-o wide``) adds the node's GPUs, the record's reason and what holds its wait."""
-    now = time.time() if now is None else now
+                  wide: bool = False, by_domain: bool = False) -> str:
+    """The table; ``wide`` (``-o wide``) adds the node's GPUs, the record's reason and what holds its wait. A
+    DOMAIN column when any node is in an NVLink domain; ``by_domain`` (``--by domain``) groups the rows by it,
+    each group under a line counting its trays out of service."""
+    now, rows = time.time() if now is None else now, list(rows)
+    if not by_domain:
+        return "".join(line + "\n" for line in header_lines) + _table(rows, now, wide) + "* unschedulable\n"
+    groups: dict[str, list[StatusRow]] = {}
+    for r in sorted(rows, key=lambda r: (r.domain == "", r.domain, r.node)):
+        groups.setdefault(r.domain, []).append(r)
+    parts = [line + "\n" for line in header_lines]
+    for domain, members in groups.items():
+        out = sum(1 for r in members if r.state != states.HEALTHY or not r.schedulable)
+        parts.append(f"DOMAIN {domain or '(none)'}: {len(members)} node(s), {out} out of service\n")
+        parts.append(_table([dataclasses.replace(r, domain="") for r in members], now, wide) + "\n")
+    return "".join(parts) + "* unschedulable\n"
+
+
+def _table(rows: Sequence[StatusRow], now: float, wide: bool) -> str:
     header: tuple[str, ...] = ("NODE", "STATE", "SINCE", "FAULT", "ACTION", "BLOCKED")
     if wide:
         header = (*header[:2], "GPUS", *header[2:4], "REASON", header[4], header[5], "HELD BY")
+    domains = any(r.domain for r in rows)
+    if domains:
+        header = (header[0], "DOMAIN", *header[1:])
     table = [header]
     for r in rows:
         state = r.state + (" (excluded)" if r.excluded else "") + ("" if r.schedulable else " *")
@@ -228,10 +257,12 @@ def render_status(rows: Iterable[StatusRow], now: float | None = None, header_li
         if wide:
             in_service = r.gpus_in_service.removesuffix(" GPUs") or str(r.gpus)
             cells = (*cells[:2], in_service, *cells[2:4], r.reason or "-", cells[4], cells[5], r.holder)
+        if domains:
+            cells = (cells[0], r.domain or "-", *cells[1:])
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
-    return "".join(line + "\n" for line in header_lines) + "\n".join(lines) + "\n* unschedulable\n"
+    return "\n".join(lines) + "\n"
 
 
 def rung_line(record: NodeRecord, ladder: Sequence[Rung] = ()) -> str | None:
@@ -522,7 +553,24 @@ def explain_view(client: KubeClient, node: str, policy: PolicyFile | None = None
     hold = policy.for_node(labels_of(obj)).thermal.hold_s if policy is not None else None
     text = explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped,
                    ladder=_ladder(policy, obj, record), hold_s=hold, unschedulable=node_unschedulable_of(obj))
-    return Explained(node, text, record, gpus, dry_run=dry_run is not None)
+    label = policy.for_node(labels_of(obj)).fabric.domain_label if policy is not None else CLIQUE_LABEL
+    return Explained(node, text + domain_line(client, obj, label), record, gpus, dry_run=dry_run is not None)
+
+
+def domain_line(client: KubeClient, node: Mapping[str, Any], label: str = CLIQUE_LABEL) -> str:
+    """``  NVLink domain: <clique>: 18 node(s), 2 out of service (...)`` for a node in one; "" otherwise. A domain
+    breaker holding it is named in its BLOCKED line."""
+    value = labels_of(node).get(label, "")
+    if not value:
+        return ""
+    try:
+        members = client.list(NODES, label_selector=f"{label}={value}").get("items", [])
+    except (errors.ApiError, errors.TransportError) as exc:
+        return f"  NVLink domain: {label}={value} (its nodes cannot be listed: {exc})\n"
+    rows = [row_for(m) for m in members if is_gpu_node(m)]
+    out = sorted(r.node for r in rows if r.state != states.HEALTHY or not r.schedulable)
+    shown = f" ({', '.join(out[:5])}{', ...' if len(out) > 5 else ''})" if out else ""
+    return f"  NVLink domain: {label}={value}: {len(rows)} node(s), {len(out)} out of service{shown}\n"
 
 
 def _ladder(policy: PolicyFile | None, node: Mapping[str, Any], record: NodeRecord | RecordError | None

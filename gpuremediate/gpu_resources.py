@@ -31,6 +31,7 @@ GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 DEFAULT_NAMES = (GPU, MIG_PREFIX + "*")
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"  # GPU feature discovery: none | single | mixed
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery: the physical GPUs, whatever MIG does
 MAX_NAME = 63  # the name part of a qualified name
 
 _NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
@@ -85,6 +86,24 @@ def count_of(value: Any) -> int | None:
     """An extended resource quantity (a whole number: "8"); None when it is not one."""
     text = str(value).strip()
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def gpu_count(node: Mapping[str, Any]) -> int:
+    """The node's GPUs: its ``nvidia.com/gpu`` capacity (allocatable leaves out the GPUs the device plugin
+    marked unhealthy; they are still there). With the mixed MIG strategy that capacity counts only the GPUs
+    left whole: GPU feature discovery's ``nvidia.com/gpu.count`` (the GPUs) says, when set. With the single
+    strategy both count MIG devices (GFD overrides gpu.count there), and so does this. A DRA node has no GPU
+    capacity: then the label, when set, else 0 (unknown)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    labelled = count_of(labels.get(GPU_COUNT_LABEL, ""))
+    if mig_strategy(node) == "mixed" and labelled is not None:
+        return labelled
+    status = node.get("status") or {}
+    for section in ("capacity", "allocatable"):
+        value = (status.get(section) or {}).get(GPU)
+        if value is not None:
+            return count_of(value) or 0
+    return labelled or 0
 
 
 def pod_gpu_requests(pod: Mapping[str, Any], patterns: Iterable[str] = DEFAULT_NAMES) -> dict[str, int]:

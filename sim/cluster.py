@@ -25,6 +25,10 @@ a reset Job fails "In use by another client"; while the dcgm-exporter pod is gon
 node. ``products`` sets ``nvidia.com/gpu.product`` per node; a product whose GPUs reset only all together
 (``*SXM2*``, ``*SXM3*``: pre-Ampere NVLink) refuses a reset Job that names only some of them.
 
+With ``nvl72=(18, 1)`` the cluster also has GB200 NVL72 racks (issue 28), one per entry, of that many compute
+trays (``rack-<r>-tray-<t>``, 4 GPUs each) after the other nodes: gpu-sim serves their fabric fields (one NVLink
+domain per rack) and NodeSim registers them with GPU Feature Discovery's ``nvidia.com/gpu.clique`` and product.
+
 The cluster is busy by default, as a real one is: ``sim.busy.BusyWriter`` writes the Nodes all the time
 (annotations, labels, heartbeats, the not-ready / unschedulable taints), so the controller's guarded node
 patches meet 409s. ``GPUREMEDIATE_SIM_BUSY=0`` (or ``busy_writes_per_s=0``) turns it off. The node
@@ -40,6 +44,7 @@ import secrets
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +56,11 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, NODES, PDBS, PODS, SERVICEACCOUNTS
 from gpuremediate.policy.config import default_policy
+from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
 from sim.dra_claims import ensure_device_class
-from sim.gpusim import GpuSim, gpu_uuid
+from sim.gpusim import NVL72_GPUS, NVL72_MODEL, GpuSim, gpu_uuid
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim
 
@@ -71,6 +77,7 @@ OPERATOR_USER = "system:serviceaccount:gpu-operator:gpu-operator"
 BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER, AGENT_USER, OPERATOR_USER})
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+NVL72_PRODUCT = "NVIDIA-GB200"  # GPU feature discovery's nvidia.com/gpu.product of a GB200 NVL72 tray
 # The GPU Operator's operands that hold the GPUs: deploy-label suffix -> (pod app label = DaemonSet name, the
 # GPU client it runs). The exporter's DaemonSet is EXPORTER_DAEMONSET (its pods are served by gpu-sim).
 OPERANDS: dict[str, tuple[str, str]] = {
@@ -159,11 +166,16 @@ class SimCluster:
         products: Mapping[str, str] | None = None,
         tls: bool = False,
         dra: bool = False,
+        nvl72: tuple[int, ...] = (),
     ) -> None:
         """``tls``: the emulator serves https (a self-signed certificate; ``api.write_kubeconfig(path,
         embed_ca=True)`` writes a kubeconfig kubectl accepts with its bearer token). ``dra``: NodeSim publishes
         each node's ResourceSlice as NVIDIA's DRA driver does (sim.nodesim_dra) and the DeviceClass exists."""
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
+        # NVL72 racks (issue 28): trays per rack (18 a full one; 1 a single-tray domain), after the other nodes
+        self.racks = {f"rack-{r}": [f"rack-{r}-tray-{t}" for t in range(1, trays + 1)]
+                      for r, trays in enumerate(nvl72, 1)}
+        self.node_names += [tray for trays in self.racks.values() for tray in trays]
         self.gpus = gpus
         self.job_duration_s = job_duration_s
         self.reboot_down_s = reboot_down_s
@@ -197,7 +209,7 @@ class SimCluster:
             self.api.write_kubeconfig(self.kubeconfig)
         self.client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
         for i, name in enumerate(self.node_names):
-            self.gpusim.add_node(name, gpus=self.gpus, ip=f"127.0.0.{self.ip_base + i}")
+            self._add_sim_node(name, f"127.0.0.{self.ip_base + i}")
         self.gpusim.start()
         for ns in NAMESPACES_NEEDED:
             self._ensure_namespace(ns)
@@ -213,7 +225,7 @@ class SimCluster:
         for name in self.node_names:
             # Each exporter pod exists before its node: a real DaemonSet controller finds the node served.
             self._exporter_pod(name, served)
-            self.nodesim.add_node(name, gpus=self.gpus, labels=self._node_labels(name))
+            self.nodesim.add_node(name, gpus=self._gpus_of(name), labels=self._node_labels(name))
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
         self.nodesim.start()
         self._wait_for_exporters()
@@ -233,10 +245,27 @@ class SimCluster:
                                    taints=self.api is not None and not _emulator_taints_nodes(self.api)).start()
         return self
 
+    def _rack_of(self, node: str) -> str | None:
+        return next((rack for rack, trays in self.racks.items() if node in trays), None)
+
+    def _gpus_of(self, node: str) -> int:
+        return NVL72_GPUS if self._rack_of(node) else self.gpus
+
+    def _add_sim_node(self, name: str, ip: str) -> None:
+        rack = self._rack_of(name)
+        if rack is None:
+            self.gpusim.add_node(name, gpus=self.gpus, ip=ip)
+            return
+        self.gpusim.add_node(name, gpus=NVL72_GPUS, ip=ip, model=NVL72_MODEL)
+        self.gpusim.set_fabric(name, str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{rack}.gpu-sim")), 1)
+
     def _node_labels(self, node: str) -> dict[str, str]:
         labels = {DEPLOY_LABEL + operand: "true" for operand in OPERANDS} if self.operator_options else {}
         if node in self.products:
             labels[PRODUCT_LABEL] = self.products[node]
+        fabric = self.gpusim.node(node).fabric
+        if fabric is not None:  # GPU Feature Discovery's labels of an NVL72 tray
+            labels |= {CLIQUE_LABEL: fabric.clique, PRODUCT_LABEL: NVL72_PRODUCT}
         return labels
 
     def _exporter_daemonset(self) -> str:
@@ -415,7 +444,8 @@ class SimCluster:
 
     def _gpu_indexes(self, node: str, pod: dict[str, Any]) -> tuple[list[int], list[str]]:
         """The Job's GPU_IDS as ``nvidia-smi -i`` reads them (an index or a UUID each), and those naming no GPU."""
-        by_id = {**{str(i): i for i in range(self.gpus)}, **{gpu_uuid(node, i): i for i in range(self.gpus)}}
+        gpus = range(self._gpus_of(node))
+        by_id = {**{str(i): i for i in gpus}, **{gpu_uuid(node, i): i for i in gpus}}
         ids = _gpu_ids(pod)
         return [by_id[g] for g in ids if g in by_id], [g for g in ids if g not in by_id]
 
@@ -438,7 +468,7 @@ class SimCluster:
         if not succeeded:
             return
         if kind == "reset-gpu":
-            for gpu in self._gpu_indexes(node, pod)[0] or range(self.gpus):
+            for gpu in self._gpu_indexes(node, pod)[0] or range(self._gpus_of(node)):
                 self.gpusim.reset_gpu(node, gpu)
         elif kind == "reboot":
             self.gpusim.reboot(node)

@@ -48,7 +48,22 @@ DEFAULT_DRIVER = "570.133.20"
 # PCI buses of the eight GPUs on an HGX H100 baseboard.
 HGX_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
-FAULTS = ("xid", "dbe", "row-remap-failure", "row-remap-pending", "uncorrectable-rows", "temp", "memory-temp")
+FAULTS = ("xid", "dbe", "row-remap-failure", "row-remap-pending", "uncorrectable-rows", "temp", "memory-temp",
+          "fabric-failure", "fabric-stuck", "fabric-manager-down", "imex-down")
+# NVL72 (issue 28): a rack is one NVLink domain of 18 compute trays x 4 GPUs. The fabric fields as dcgm-exporter
+# shows them (docs/operations.md "NVLink domains" cites NVIDIA's names): DCGM_FI_DEV_FABRIC_MANAGER_STATUS is
+# dcgmFabricManagerStatus_t (1 NotStarted, 2 InProgress, 3 Success, 4 Failure), the cluster UUID and the IMEX
+# domain status are string fields (labels on every series), DCGM_FI_IMEX_DAEMON_STATUS 5 is READY.
+NVL72_TRAYS = 18
+NVL72_GPUS = 4
+NVL72_MODEL = "NVIDIA GB200"
+FM_NOT_STARTED, FM_IN_PROGRESS, FM_SUCCESS, FM_FAILURE = 1, 2, 3, 4
+IMEX_READY, IMEX_WAITING_FOR_PEERS = 5, 2
+NODE_FAULTS = ("fabric-manager-down", "imex-down")  # the node's, whatever GPU is named
+FABRIC_FIELDS = ("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE",
+                 "DCGM_FI_DEV_FABRIC_CLIQUE_ID", "DCGM_FI_IMEX_DAEMON_STATUS")
+SMI_FABRIC_STATES = {FM_NOT_STARTED: "Not Started", FM_IN_PROGRESS: "In Progress", FM_SUCCESS: "Completed",
+                     FM_FAILURE: "Completed"}
 DOWN_MODES = ("refuse", "500", "hang")
 SCENARIO_ACTIONS = (*FAULTS, "reset", "reboot", "down", "up")
 
@@ -135,6 +150,10 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", "remap_failure"),
     Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending.", "remap_pending"),
+    Field("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "The status of the fabric manager.", "fabric_status"),
+    Field("DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE", "gauge", "The fabric manager error code.", "fabric_error"),
+    Field("DCGM_FI_DEV_FABRIC_CLIQUE_ID", "gauge", "The ID of the fabric clique.", "fabric_clique"),
+    Field("DCGM_FI_IMEX_DAEMON_STATUS", "gauge", "IMEX daemon status.", "imex_daemon"),
     Field(
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.", "gr_active", True
     ),
@@ -202,6 +221,9 @@ class GpuState:
     pod: tuple[str, str, str] | None = None  # (namespace, pod, container) using this GPU
     mig: list[MigInstance] = field(default_factory=list)  # MIG mode on: one series per instance, none for the GPU
     lost: bool = False  # fell off the bus: gone from the exporter and nvidia-smi until a reboot
+    fabric_status: int = FM_SUCCESS  # dcgmFabricManagerStatus_t of this GPU (NVL72 nodes only)
+    fabric_error: int = 0
+    fabric_clique: int = 0  # set from the node's NodeFabric
 
     @property
     def fb_free(self) -> int:
@@ -212,12 +234,29 @@ class GpuState:
         return 4_742_776 + int((time.monotonic() - self.booted_at) * self.power_w * 1000)
 
     def reset(self) -> None:
-        """A GPU reset: XID gauge gone, volatile ECC zeroed, pending remaps applied."""
+        """A GPU reset: XID gauge gone, volatile ECC zeroed, pending remaps applied, its fabric registered again."""
         self.xid = None
+        self.fabric_status, self.fabric_error = FM_SUCCESS, 0
         self.sbe_vol = 0
         self.dbe_vol = 0
         self.remap_pending = 0
         self.booted_at = time.monotonic()
+
+
+@dataclass
+class NodeFabric:
+    """An NVL72 compute tray's NVLink domain, its Fabric Manager / NVLink management software and IMEX."""
+
+    cluster_uuid: str
+    clique_id: int
+    fm_running: bool = True
+    imex_daemon: int = IMEX_READY
+    imex_domain: str = "UP"
+
+    @property
+    def clique(self) -> str:
+        """GPU Feature Discovery's ``nvidia.com/gpu.clique`` value."""
+        return f"{self.cluster_uuid}.{self.clique_id}"
 
 
 @dataclass
@@ -236,6 +275,7 @@ class NodeState:
     kmsg: list[str] = field(default_factory=list)  # this boot's kernel-log records
     boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     holders: set[str] = field(default_factory=set)  # clients with the GPUs open (operands): a reset is refused
+    fabric: NodeFabric | None = None  # an NVL72 tray (set_fabric); None: no NVLink domain, no fabric series
 
     @property
     def present(self) -> list[GpuState]:
@@ -287,6 +327,8 @@ def _labels(node: NodeState, gpu: GpuState, mig: MigInstance | None = None) -> s
         *([f'GPU_I_PROFILE="{mig.profile}"', f'GPU_I_ID="{mig.gi_id}"'] if mig is not None else []),
         f'{node.hostname_label}="{node.name}"',
         f'DCGM_FI_DRIVER_VERSION="{node.driver}"',
+        *([f'DCGM_FI_DEV_FABRIC_CLUSTER_UUID="{node.fabric.cluster_uuid}"',
+           f'DCGM_FI_IMEX_DOMAIN_STATUS="{node.fabric.imex_domain}"'] if node.fabric is not None else []),
     ]
     user = gpu.pod if mig is None else mig.pod
     if user is not None:
@@ -300,7 +342,23 @@ def _value(f: Field, gpu: GpuState) -> str:
     return f"{float(v):.6f}" if f.is_float else str(int(v))
 
 
+def _fabric_value(f: Field, node: NodeState, gpu: GpuState) -> int:
+    """A fabric field as the tray's state makes it: a stopped Fabric Manager leaves every GPU Not Started."""
+    assert node.fabric is not None
+    if f.attr == "fabric_status":
+        return gpu.fabric_status if node.fabric.fm_running else FM_NOT_STARTED
+    if f.attr == "fabric_clique":
+        return node.fabric.clique_id
+    if f.attr == "imex_daemon":
+        return node.fabric.imex_daemon
+    return gpu.fabric_error
+
+
 def _series_lines(f: Field, node: NodeState) -> list[str]:
+    if f.name in FABRIC_FIELDS:
+        if node.fabric is None:
+            return []  # not an NVLink-domain node: its exporter has no fabric series
+        return [f"{f.name}{{{_labels(node, g)}}} {_fabric_value(f, node, g)}" for g in node.present]
     lines = []
     for gpu in node.present:
         instances: list[MigInstance | None] = [*gpu.mig] or [None]
@@ -450,11 +508,37 @@ class GpuSim:
             "temp": _set_gpu_temp,
             "memory-temp": _set_memory_temp,
         }
-        if fault not in appliers:
+        appliers |= {"fabric-failure": _fabric_failure, "fabric-stuck": _fabric_stuck}
+        if fault not in appliers and fault not in NODE_FAULTS:
             raise SimError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
         with self._lock:
-            appliers[fault](self.node(node).gpu(gpu), value)
-            self._write_smi_state(self.node(node))
+            state = self.node(node)
+            if fault in NODE_FAULTS:
+                _node_fabric_fault(state, fault, value)
+            else:
+                appliers[fault](state.gpu(gpu), value)
+            self._write_smi_state(state)
+
+    def set_fabric(self, node: str, cluster_uuid: str, clique_id: int) -> NodeFabric:
+        """Make ``node`` a compute tray of the NVLink domain ``cluster_uuid``.``clique_id`` (healthy, IMEX READY)."""
+        with self._lock:
+            state = self.node(node)
+            state.fabric = NodeFabric(cluster_uuid, clique_id)
+            for g in state.gpus:
+                g.fabric_clique = clique_id
+            self._write_smi_state(state)
+            return state.fabric
+
+    def add_nvl72_rack(self, rack: str, trays: int = NVL72_TRAYS, gpus: int = NVL72_GPUS,
+                       first_ip: int | None = None) -> list[str]:
+        """A GB200 NVL72 rack: ``trays`` nodes ``<rack>-tray-<n>`` of ``gpus`` GPUs, one NVLink domain."""
+        cluster = str(uuid.UUID(hashlib.sha256(rack.encode()).hexdigest()[:32]))
+        names = [f"{rack}-tray-{i}" for i in range(1, trays + 1)]
+        for i, name in enumerate(names):
+            ip = None if first_ip is None else f"127.0.0.{first_ip + i}"
+            self.add_node(name, gpus=gpus, ip=ip, model=NVL72_MODEL)
+            self.set_fabric(name, cluster, 1)
+        return names
 
     def inject_xid(self, node: str, gpu: int, xid: int) -> None:
         self.inject(node, gpu, "xid", xid)
@@ -531,11 +615,12 @@ class GpuSim:
             return f"GPU {first.pci_bus_id}: In use by another client ({', '.join(sorted(state.holders))})"
 
     def problems(self, node: str) -> list[str]:
-        """What a validation (dcgmi diag) would fail on: every GPU fault still visible."""
+        """What a validation (dcgmi diag) would fail on: every GPU fault still visible, the tray's fabric."""
         with self._lock:
             state = self.node(node)
             hung = ["the driver does not answer (nvidia-smi hangs)"] if state.driver_hung else []
-            return hung + [p for g in state.gpus for p in _gpu_problems(g)]
+            fabric = _fabric_problems(state)
+            return hung + fabric + [p for g in state.gpus for p in _gpu_problems(g)]
 
     def reboot(self, node: str) -> None:
         """The node reboots: every GPU is reset (a lost one is back on the bus), the driver answers again,
@@ -546,6 +631,8 @@ class GpuSim:
                 g.reset()
                 g.lost = False
             state.driver_hung = False
+            if state.fabric is not None:  # a reboot starts the Fabric Manager / NVLink software and IMEX again
+                state.fabric.fm_running, state.fabric.imex_daemon, state.fabric.imex_domain = True, IMEX_READY, "UP"
             state.kmsg, state.kmsg_seq, state.boot_id = [], -1, str(uuid.uuid4())
             self._unhang.notify_all()
             self._write_host_files(state, new_boot=True)
@@ -788,6 +875,33 @@ def _gpu_problems(g: GpuState) -> list[str]:
     return [f"GPU {g.index}: {what}" for failed, what in checks if failed]
 
 
+def _fabric_problems(state: NodeState) -> list[str]:
+    if state.fabric is None:
+        return []
+    if not state.fabric.fm_running:
+        return ["the Fabric Manager / NVLink management software is not running"]
+    return [f"GPU {g.index}: NVLink fabric not registered ({g.fabric_status})" for g in state.present
+            if g.fabric_status != FM_SUCCESS]
+
+
+def _fabric_failure(g: GpuState, value: float | None) -> None:
+    g.fabric_status, g.fabric_error = FM_FAILURE, int(value) if value is not None else 3  # 3: DCGM_ST_NOT_SUPPORTED
+
+
+def _fabric_stuck(g: GpuState, value: float | None) -> None:
+    g.fabric_status = FM_IN_PROGRESS
+
+
+def _node_fabric_fault(state: NodeState, fault: str, value: float | None) -> None:
+    if state.fabric is None:
+        raise SimError(f"node {state.name!r} is in no NVLink domain (set_fabric first)")
+    if fault == "fabric-manager-down":
+        state.fabric.fm_running = False
+    else:  # imex-down: value is the daemon's status (default WAITING_FOR_PEERS)
+        state.fabric.imex_daemon = IMEX_WAITING_FOR_PEERS if value is None else int(value)
+        state.fabric.imex_domain = "DOWN"
+
+
 def _need_gpu(ev: ScenarioEvent) -> int:
     if ev.gpu is None:
         raise SimError(f"scenario event {ev.fault!r} at {ev.at}s needs a gpu")
@@ -881,8 +995,20 @@ def smi_state(node: NodeState) -> dict[str, Any]:
         "remapped_rows.correctable": str(g.remap_correctable),
         "remapped_rows.uncorrectable": str(g.remap_uncorrectable),
         "remapped_rows.pending": _yes_no(g.remap_pending), "remapped_rows.failure": _yes_no(g.remap_failure),
+        **_smi_fabric(node, g),
     } for g in node.present]
     return {"hung": node.driver_hung, "gpus": gpus}
+
+
+def _smi_fabric(node: NodeState, g: GpuState) -> dict[str, str]:
+    """nvidia-smi's fabric.* cells on an NVL72 tray; none elsewhere (the stand-in then refuses the fields)."""
+    if node.fabric is None:
+        return {}
+    status = g.fabric_status if node.fabric.fm_running else FM_NOT_STARTED
+    return {"fabric.state": SMI_FABRIC_STATES[status],
+            "fabric.status": "Success" if status == FM_SUCCESS else "Insufficient Resources" if status == FM_FAILURE
+            else "[N/A]", "fabric.cliqueId": str(node.fabric.clique_id),
+            "fabric.clusterUuid": node.fabric.cluster_uuid}
 
 
 def smi_answer(state: dict[str, Any], args: list[str]) -> tuple[int, str, str]:
@@ -1148,6 +1274,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--driver", default=DEFAULT_DRIVER)
     p.add_argument("--control-port", type=int, help="also serve the fault API on 127.0.0.1:PORT")
+    p.add_argument("--nvl72-racks", type=int, default=0,
+                   help="with --nodes: also serve N GB200 NVL72 racks of 18 trays x 4 GPUs (rack-R-tray-T)")
+    p.add_argument("--clique", help="the one node is an NVL72 tray of this NVLink domain: <ClusterUUID>.<CliqueId>, "
+                                    "as GPU Feature Discovery's nvidia.com/gpu.clique label")
     p.add_argument("--scenario", help="JSON timeline of faults to play once serving")
     p.add_argument("--files-dir", help="write the host's files for the node agent here (kmsg, boot_id, nvidia-smi; "
                                        "one directory per node with --nodes)")
@@ -1236,12 +1366,19 @@ def sim_from_args(args: argparse.Namespace) -> GpuSim:
         sim = GpuSim(port=args.port, control_port=args.control_port, files_dir=args.files_dir)
         for i in range(1, args.nodes + 1):
             sim.add_node(f"gpu-node-{i}", gpus=args.gpus, model=args.model, driver=args.driver)
+        for r in range(1, args.nvl72_racks + 1):
+            sim.add_nvl72_rack(f"rack-{r}")
         return sim
     if not args.node:
         raise SimError("no node name: pass --node, set NODE_NAME, or use --nodes N")
     sim = GpuSim(port=args.port, host=args.host or "0.0.0.0", control_port=args.control_port,
                  files_dir=args.files_dir, flat_files=True)
     sim.add_node(args.node, gpus=args.gpus, model=args.model, driver=args.driver)
+    if args.clique:
+        cluster, _, clique = args.clique.rpartition(".")
+        if not cluster or not clique.isdigit():
+            raise SimError(f"--clique: expected <ClusterUUID>.<CliqueId>, got {args.clique!r}")
+        sim.set_fabric(args.node, cluster, int(clique))
     return sim
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,32 @@ def month_fleet(nodes: int = 200, days: float = 30.0, start: float = 1_793_491_2
     fleet.faults = [f for f in faults if f.at < fleet.end]
     fleet.down = [d for d in fleet.down if d[1] < fleet.end]
     return fleet
+
+
+# The fault mix of ``catalog_fleet``: XIDs of NVIDIA's catalog (gpuremediate/data) by how often a fleet sees
+# them, a prior from published fleet reports (ECC, GSP and NVLink errors and fallen-off-the-bus lead; application
+# XIDs are common but need no repair); the catalog itself gives each one's action (reset-gpu, reboot, none).
+FAULT_MIX: tuple[tuple[int, int], ...] = (
+    (48, 12), (64, 8), (95, 10), (119, 12), (120, 5), (74, 10), (109, 5),  # reset-gpu: one GPU
+    (79, 12),  # reboot: the node
+    (13, 12), (31, 8), (94, 6),  # none: the application's fault
+)
+FAULT_VISIBLE_S = HOUR  # how long a sampled XID stays in the exporter's series (until the repair clears it)
+
+
+def catalog_fleet(nodes: int = 1000, days: float = 30.0, *, per_1000_gpu_days: float = 0.5, seed: int = 1,
+                  start: float = 1_793_491_200.0) -> Fleet:
+    """``nodes`` x 8 GPUs over ``days`` with faults drawn from ``FAULT_MIX`` at ``per_1000_gpu_days`` (0.5: about
+    what published large-training-fleet reports give for GPU faults), on random GPUs at random times; by seed."""
+    rng = random.Random(seed)
+    names = [node_name(i) for i in range(nodes)]
+    count = round(per_1000_gpu_days * nodes * GPUS * days / 1000.0)
+    codes, weights = zip(*FAULT_MIX, strict=True)
+    faults = []
+    for code in rng.choices(codes, weights=weights, k=count):
+        at = start + rng.uniform(0.0, days * DAY - FAULT_VISIBLE_S)
+        faults.append(Fault(rng.choice(names), rng.randrange(GPUS), at, at + FAULT_VISIBLE_S, {"xid": float(code)}))
+    return Fleet(names, start, start + days * DAY, sorted(faults, key=lambda f: f.at))
 
 
 # ---- one node at one instant --------------------------------------------------------------------
@@ -227,8 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start", type=float, default=1_793_491_200.0, help="unix seconds (default 2026-11-01)")
     parser.add_argument("--openmetrics", help="also write this OpenMetrics file (for promtool backfill)")
     parser.add_argument("--om-step", type=float, default=60.0, help="seconds between OpenMetrics samples")
+    parser.add_argument("--catalog-mix", type=float, metavar="PER_1000_GPU_DAYS",
+                        help="random faults of the XID catalog's mix at this rate instead of the scripted month")
+    parser.add_argument("--seed", type=int, default=1, help="with --catalog-mix")
     args = parser.parse_args(argv)
-    fleet = month_fleet(args.nodes, args.days, args.start)
+    fleet = (catalog_fleet(args.nodes, args.days, per_1000_gpu_days=args.catalog_mix, seed=args.seed,
+                           start=args.start) if args.catalog_mix is not None
+             else month_fleet(args.nodes, args.days, args.start))
     files = write_all(fleet, Path(args.out), openmetrics=Path(args.openmetrics) if args.openmetrics else None,
                       om_step=args.om_step)
     print(f"{args.out}: {files} scrapes of {len(fleet.nodes)} nodes over {args.days:g} days, "

@@ -1,6 +1,7 @@
 """What kube-controller-manager would run against the emulator: the Job controller, the owner-reference
 garbage collector, the disruption (PDB status) controller, namespace cleanup, the ClusterRole aggregation
-controller, node lifecycle (sim.kube_nodes) and device-taint eviction (sim.kube_dra_eviction); plus the eviction
+controller, node lifecycle (sim.kube_nodes) and device-taint eviction (sim.kube_dra_eviction); kube-scheduler's
+placement of pods pinned to one node that wait for ResourceClaims (sim.kube_scheduler); plus the eviction
 subresource, which reads and writes PDB status the way the real registry does.
 """
 
@@ -22,6 +23,7 @@ from sim import kube_errors as errs
 from sim.kube_dra_eviction import DeviceTaintEviction
 from sim.kube_events import record_event
 from sim.kube_nodes import NodeLifecycle
+from sim.kube_scheduler import PinnedScheduler
 from sim.kube_selectors import match_label_selector_object
 from sim.kube_store import Obj, WatchEvent, now_time
 
@@ -61,6 +63,7 @@ class Controllers:
         self._stop = threading.Event()
         self.nodes = NodeLifecycle(store, api)
         self.device_taints = DeviceTaintEviction(store, api)
+        self.scheduler = PinnedScheduler(store, api)
         self.store.listeners.append(self._on_event)
 
     def start(self) -> None:
@@ -111,6 +114,7 @@ class Controllers:
                 self._deadline_pass()
                 self.nodes.tick()
                 self.device_taints.tick()
+                self.scheduler.tick()
             except errs.ApiError:
                 continue  # a conflict with a concurrent writer: the next event or tick retries
             except Exception:  # a bug in one controller must not stop the others (a real one restarts)
@@ -121,6 +125,7 @@ class Controllers:
         ns = meta.get("namespace", "")
         self.nodes.react(event)
         self.device_taints.react(event)
+        self.scheduler.react(event)
         if event.key == "/pods":
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Job":

@@ -264,8 +264,11 @@ class NodeSim:
                     "message": "kubelet is posting ready status" if ready else "node is rebooting"})
         return out
 
-    def set_job_outcome(self, node: str, succeed: bool = True, duration_s: float = 0.5) -> None:
-        self.outcomes[node] = JobOutcome(succeed, duration_s)
+    def set_job_outcome(self, node: str, succeed: bool = True, duration_s: float = 0.5, *,
+                        kind: str | None = None) -> None:
+        """How the node's Job pods end; ``kind`` (the ``gpuremediate.io/job`` label: validate, reset-gpu...) for
+        that kind's only, over the node's."""
+        self.outcomes[node if kind is None else f"{node}/{kind}"] = JobOutcome(succeed, duration_s)
 
     def set_pod_ip(self, namespace: str, pod_name_prefix: str, ip: str, *, node: str | None = None) -> None:
         """Pods in ``namespace`` named ``pod_name_prefix``... get ``ip`` (only on ``node`` if given). Where
@@ -419,7 +422,8 @@ class NodeSim:
         return f"10.244.{node.index}.{node.ip_counter}"
 
     def _maybe_end_job_pod(self, node: SimNode, pod: dict[str, Any]) -> None:
-        outcome = self.outcomes.get(node.name, JobOutcome())
+        kind = (pod["metadata"].get("labels") or {}).get(JOB_KIND_LABEL, "")
+        outcome = self.outcomes.get(f"{node.name}/{kind}") or self.outcomes.get(node.name, JobOutcome())
         started = self.started_at.setdefault(pod["metadata"]["uid"], time.monotonic())
         if time.monotonic() - started < outcome.duration_s:
             return
@@ -458,6 +462,9 @@ def _extended_requests(pod: dict[str, Any]) -> dict[str, int]:
                 if "/" in name and str(value).isdigit():
                     out[name] = max(out.get(name, 0), int(str(value)))
     return out
+
+
+JOB_KIND_LABEL = "gpuremediate.io/job"  # gpuremediate.actions.jobs.JOB_LABEL
 
 
 def _job_owned(pod: dict[str, Any]) -> bool:

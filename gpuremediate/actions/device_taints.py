@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -387,6 +388,52 @@ def _merged(current: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, An
         taint["timeAdded"] = old_taint["timeAdded"]
     spec = {**(current.get("spec") or {}), "deviceSelector": body["spec"]["deviceSelector"], "taint": taint}
     return {**current, "metadata": meta, "spec": spec}
+
+
+# --- the validation Job's claim on the device ----------------------------------------------------------------
+
+VALIDATION_REQUEST = "gpu"  # the claim's request, and the pod's name for the claim
+_CEL_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def claimable(gpu: GpuDevice) -> bool:
+    """Its driver and UUID can be quoted in a CEL selector as they are."""
+    return bool(_CEL_SAFE.fullmatch(gpu.driver) and _CEL_SAFE.fullmatch(gpu.uuid))
+
+
+def validation_claim(name: str, namespace: str, gpu: GpuDevice, job: Mapping[str, Any], *, device_class: str,
+                     taint_key: str = TAINT_KEY) -> dict[str, Any]:
+    """A ResourceClaim for exactly that GPU (a CEL selector on its ``uuid`` attribute), tolerating our taint (both
+    effects: the scheduler checks NoSchedule, the eviction controller NoExecute), owned by the validation Job so the
+    garbage collector deletes it with the Job. ValueError for a driver or UUID no CEL string should hold."""
+    if not claimable(gpu):
+        raise ValueError(f"GPU {gpu.uuid!r} of driver {gpu.driver!r}: not a name a CEL selector can quote")
+    expression = f'device.driver == "{gpu.driver}" && device.attributes["{gpu.driver}"].uuid == "{gpu.uuid}"'
+    tolerations = [{"key": taint_key, "operator": "Exists", "effect": effect}
+                   for effect in (EFFECT_NO_SCHEDULE, EFFECT_NO_EXECUTE)]
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+             "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
+    return {"apiVersion": RESOURCE_CLAIMS.api_version, "kind": RESOURCE_CLAIMS.kind,
+            "metadata": {"name": name, "namespace": namespace, "labels": rule_labels(gpu.node, gpu.uuid),
+                         "ownerReferences": [owner]},
+            "spec": {"devices": {"requests": [{"name": VALIDATION_REQUEST, "exactly": {
+                "deviceClassName": device_class, "selectors": [{"cel": {"expression": expression}}],
+                "tolerations": tolerations}}]}}}
+
+
+def ensure_validation_claim(client: KubeClient, body: Mapping[str, Any]) -> bool:
+    """Create the claim unless it exists; True when this call created it."""
+    meta = body["metadata"]
+    try:
+        client.get(RESOURCE_CLAIMS, meta["name"], meta["namespace"])
+        return False
+    except errors.NotFound:
+        pass
+    try:
+        client.create(RESOURCE_CLAIMS, dict(body), meta["namespace"])
+    except errors.AlreadyExists:
+        return False
+    return True
 
 
 # --- who holds a device -------------------------------------------------------------------------------------

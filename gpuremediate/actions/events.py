@@ -1,4 +1,5 @@
-"""Kubernetes Events on Nodes: one per transition and per change of blocked reason.
+"""Kubernetes Events on Nodes: one per transition and per change of blocked reason; and on namespaced objects (a pod
+a GPU fault moved, its Job: ``object_event``), in the object's namespace.
 
 Node events live in the ``default`` namespace with an involvedObject that has no namespace (a real
 API server rejects any other combination, see kube-apiserver exchange 26). A repeat of the same
@@ -29,6 +30,25 @@ COMPONENT = "gpuremediate"
 
 def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A namespaced object an Event is about (the Event lives in its namespace)."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.uid or f"{self.api_version}/{self.kind}/{self.namespace}/{self.name}"
+
+    def involved(self) -> dict[str, str]:
+        found = {"apiVersion": self.api_version, "kind": self.kind, "namespace": self.namespace, "name": self.name}
+        return {**found, "uid": self.uid} if self.uid else found
 
 
 @dataclass
@@ -71,6 +91,43 @@ class EventRecorder:
         else:
             self._write(node, reason, message, type_, uid, now)
 
+    def object_event(self, ref: ObjectRef, reason: str, message: str, type_: str = NORMAL) -> None:
+        """An Event about a namespaced object (not aggregated: callers say each thing once). Never raises."""
+        log.info("event", extra={"object": f"{ref.kind} {ref.namespace}/{ref.name}", "reason": reason,
+                                 "event_type": type_, "event_message": message})
+        now = time.time()
+        if self.defer is not None:
+            self.defer(lambda: self._write_object(ref, reason, message, type_, now))
+        else:
+            self._write_object(ref, reason, message, type_, now)
+
+    def _write_object(self, ref: ObjectRef, reason: str, message: str, type_: str, now: float) -> None:
+        body = self._body(f"{ref.name}.{secrets.token_hex(8)}", ref.namespace, ref.involved(), reason, message,
+                          type_, now)
+        try:
+            self.client.create(EVENTS, body, ref.namespace)
+        except (errors.ApiError, errors.TransportError) as exc:
+            log.warning("could not record event", extra={"object": f"{ref.kind} {ref.namespace}/{ref.name}",
+                                                         "reason": reason, "error": str(exc)})
+
+    def _body(self, name: str, namespace: str, involved: dict[str, str], reason: str, message: str, type_: str,
+              now: float) -> dict[str, object]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": COMPONENT, "host": self.host},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.host,
+            "firstTimestamp": _rfc3339(now),
+            "lastTimestamp": _rfc3339(now),
+            "count": 1,
+        }
+
     def _write(self, node: str, reason: str, message: str, type_: str, uid: str, now: float) -> None:
         key = (node, reason, message)
         with self._lock:
@@ -90,22 +147,8 @@ class EventRecorder:
         involved = {"apiVersion": "v1", "kind": "Node", "name": node}
         if uid:
             involved["uid"] = uid
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": COMPONENT, "host": self.host},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.host,
-            "firstTimestamp": _rfc3339(now),
-            "lastTimestamp": _rfc3339(now),
-            "count": 1,
-        }
-        self.client.create(EVENTS, body, self.namespace)
+        self.client.create(EVENTS, self._body(name, self.namespace, involved, reason, message, type_, now),
+                           self.namespace)
         with self._lock:
             self._seen[key] = _Seen(name, 1, now, now)
             self._forget_old(now)

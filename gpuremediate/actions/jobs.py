@@ -44,6 +44,10 @@ class JobSpec:
     timeout_s: int = 1800
     request_all_gpus: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    # A ResourceClaim (in the Job's namespace) the pod takes its GPU through: then kube-scheduler places the pod on
+    # the node (a required node affinity on its name; a pod given spec.nodeName skips the claim's allocation).
+    device_claim: str = ""
+    claim_request: str = "gpu"
 
 
 def job_name(kind: str, node: str, fingerprint: str, attempt: int) -> str:
@@ -79,10 +83,12 @@ def build_job(
     held = gpu_resources(gpus)
     if spec.request_all_gpus and held:
         container["resources"] = {"limits": dict(held), "requests": dict(held)}
+    if spec.device_claim:
+        container["resources"] = {"claims": [{"name": spec.claim_request}]}
     if spec.privileged:
         container["securityContext"] = {"privileged": True}
     pod_spec: dict[str, Any] = {
-        "nodeName": node,  # pinned: bypasses the scheduler, so our own cordon does not keep it out
+        **_placement(node, spec),
         "restartPolicy": "Never",
         "serviceAccountName": spec.service_account,
         "automountServiceAccountToken": False,
@@ -108,6 +114,18 @@ def build_job(
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def _placement(node: str, spec: JobSpec) -> dict[str, Any]:
+    """``nodeName``: pinned, bypassing the scheduler (so our own cordon does not keep the pod out). With a device
+    claim the scheduler must allocate it, so a required node affinity on ``metadata.name`` pins the pod instead
+    (what the DaemonSet controller does; the node is not cordoned in a GPU-level flow)."""
+    if not spec.device_claim:
+        return {"nodeName": node}
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [term]}}},
+            "resourceClaims": [{"name": spec.claim_request, "resourceClaimName": spec.device_claim}]}
 
 
 def gpu_resources(gpus: int | Mapping[str, int]) -> dict[str, str]:

@@ -38,7 +38,14 @@ from gpuremediate.actions.node_status import (
     remediation_condition,
     remediation_taint,
 )
-from gpuremediate.gpu_resources import GPU, count_of, mig_strategy, node_gpu_resources
+from gpuremediate.gpu_resources import (  # noqa: F401  # gpu_count and its label: re-exported
+    GPU,
+    GPU_COUNT_LABEL,
+    count_of,
+    gpu_count,
+    mig_strategy,
+    node_gpu_resources,
+)
 from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
@@ -54,7 +61,6 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCE = GPU
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery: the physical GPUs, whatever MIG does
 EXCLUDE_LABEL = "gpuremediate.io/exclude"
 # A person's intent: "this node stays cordoned whatever gpuremediate finishes" (kubectl annotate node X
 # gpuremediate.io/keep-cordoned="<why>"). A person's cordon of a node we had already cordoned changes nothing
@@ -81,22 +87,6 @@ def name_of(obj: Mapping[str, Any]) -> str:
 
 def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
-
-
-def gpu_count(node: Mapping[str, Any]) -> int:
-    """The node's GPUs: its ``nvidia.com/gpu`` capacity (allocatable leaves out the GPUs the device plugin
-    marked unhealthy; they are still there). With the mixed MIG strategy that capacity counts only the GPUs
-    left whole: GPU feature discovery's ``nvidia.com/gpu.count`` (the GPUs) says, when set. With the single
-    strategy both count MIG devices (GFD overrides gpu.count there), and so does this."""
-    labelled = count_of(labels_of(node).get(GPU_COUNT_LABEL, ""))
-    if mig_strategy(node) == "mixed" and labelled is not None:
-        return labelled
-    status = node.get("status") or {}
-    for section in ("capacity", "allocatable"):
-        value = (status.get(section) or {}).get(GPU_RESOURCE)
-        if value is not None:
-            return count_of(value) or 0
-    return 0
 
 
 def is_gpu_node(node: Mapping[str, Any]) -> bool:

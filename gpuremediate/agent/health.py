@@ -108,7 +108,7 @@ def _with_vanished(node: str, readings: NodeReadings | None, inventory: Mapping[
 
 def gpu_findings(
     node: str, smi: SmiResult, inventory: Mapping[str, GpuReading], events: Sequence[KernelEvent],
-    policy: Policy, memory: PolicyMemory, now: float,
+    policy: Policy, memory: PolicyMemory, now: float, labels: Mapping[str, str] | None = None,
 ) -> tuple[list[Finding], PolicyMemory]:
     """The policy's findings over what nvidia-smi read (if it could) and the XIDs in the window."""
     xids = [e for e in events if e.kind == KIND_XID]
@@ -117,7 +117,7 @@ def gpu_findings(
     readings = _with_vanished(node, smi.readings, inventory, xids)
     log = KernelLog(tuple(KernelXid(e.bus_id, e.code, e.text) for e in xids), source="/dev/kmsg")
     readings, _ = with_kernel_xids(readings, log)
-    result = evaluate(readings, policy, memory, now)
+    result = evaluate(readings, policy, memory, now, labels)
     return list(result.findings), result.memory
 
 
@@ -221,10 +221,12 @@ class Inputs:
     expected: Expected
     inventory: Mapping[str, GpuReading]
     timeouts_in_a_row: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)  # the Node's: its NVLink domain ([fabric] domain_label)
 
 
 def assess(inputs: Inputs, policy: Policy, memory: PolicyMemory, now: float, hang_after: int = 2) -> Assessment:
-    findings, new_memory = gpu_findings(inputs.node, inputs.smi, inputs.inventory, inputs.events, policy, memory, now)
+    findings, new_memory = gpu_findings(inputs.node, inputs.smi, inputs.inventory, inputs.events, policy, memory, now,
+                                        inputs.labels)
     conditions = (
         healthy_condition(inputs.smi, findings),
         driver_condition(inputs.smi, inputs.timeouts_in_a_row, hang_after),

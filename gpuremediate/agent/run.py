@@ -206,7 +206,9 @@ class Agent:
         now = self.clock()
         node = self._get_node()
         expected = expected_gpus(node, smi.readings, self.settings.expected_gpus)
-        inputs = Inputs(self.settings.node_name, smi, events, expected, self.inventory, self.timeouts_in_a_row)
+        labels = (node.get("metadata") or {}).get("labels") or {} if node is not None else {}
+        inputs = Inputs(self.settings.node_name, smi, events, expected, self.inventory, self.timeouts_in_a_row,
+                        labels)
         result = assess(inputs, self.policy, self.memory, now, self.settings.hang_after)
         self.memory = result.memory
         if node is not None:

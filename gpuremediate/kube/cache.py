@@ -55,6 +55,9 @@ def strip_node(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+FAILED_PODS = "status.phase=Failed"  # the one cluster-wide pod watch allowed: each reduced by its transform
+
+
 def default_transform(res: Resource) -> Transform:
     return strip_node if res.kind == "Node" else strip_metadata
 
@@ -86,9 +89,11 @@ class Informer:
         error_backoff: float = 1.0,
         transform: Transform | None = None,
     ) -> None:
-        if res.kind == "Pod" and not namespace and not (field_selector or "").startswith("spec.nodeName="):
-            raise ValueError("pods are never cached cluster-wide: an Informer on pods needs a namespace, or "
-                             "fieldSelector spec.nodeName=<node> (one node's pods)")
+        if res.kind == "Pod" and not namespace and not (field_selector or "").startswith("spec.nodeName=") \
+                and not (field_selector == FAILED_PODS and transform is not None):
+            raise ValueError("pods are never cached cluster-wide: an Informer on pods needs a namespace, "
+                             "fieldSelector spec.nodeName=<node> (one node's pods), or status.phase=Failed with a "
+                             "transform that keeps a few fields of each")
         self.client = client
         self.transform = transform or default_transform(res)
         self.last_error = ""  # why the last list failed ("" once one succeeded)

@@ -44,6 +44,7 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
+from gpuremediate.policy.fabric import CLEARING_KINDS, breaker_domain_labels, cleared_words, domains_out
 from gpuremediate.policy.findings import (
     ACTION_CORDON,
     ACTION_NONE,
@@ -59,6 +60,7 @@ from gpuremediate.signals.conditions import condition_view, merge_node
 from gpuremediate.signals.degradation import DegradationDetector, NodeContext
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
+from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
@@ -146,6 +148,8 @@ class DetectLoop:
         self.breakers = ctx.breakers
         self.memory: dict[str, PolicyMemory] = {}
         self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
+        self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
+        self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
         self.unknown: dict[str, str] = {}  # node -> why its health is unknown
         self.evented_unknown: set[str] = set()  # nodes that got a GPUHealthUnknown Event (they get Known back)
         self.fleet_unknown = False  # most nodes unknown: one Event on the controller, none per node
@@ -173,6 +177,10 @@ class DetectLoop:
     def start(self) -> None:
         self._started = time.monotonic()
         self.ctx.metrics.fleet_unknown.set(1.0)  # nothing read yet: health unknown until the first read says
+        policies = (self.ctx.policy.defaults, *(g.policy for g in self.ctx.policy.groups))
+        if any(p.workload.enabled for p in policies):
+            self._failed_pods = FailedPodsWatch(self.ctx.client, self.workload)
+            self._failed_pods.start()
         start_source = getattr(self.source, "start", None)
         if callable(start_source):
             start_source()  # e.g. the exporter source's pod informer, so the first cycle finds it synced
@@ -186,6 +194,8 @@ class DetectLoop:
         stop_source = getattr(self.source, "stop", None)
         if callable(stop_source):
             stop_source()
+        if self._failed_pods is not None:
+            self._failed_pods.stop()
         self.events.stop()
 
     @property
@@ -533,9 +543,10 @@ class DetectLoop:
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
         view = condition_view(node, policy.conditions, now)
+        workload = self._workload_findings(name, policy.workload, now)
         if readings is None or readings.status != SOURCE_OK:
             reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
-            verdict = merge_node((), False, reason, view)
+            verdict = merge_node((), False, reason, view, workload)
             if verdict.unknown:
                 self._report_unknown(name, verdict.unknown)
                 return None
@@ -551,10 +562,10 @@ class DetectLoop:
         memory = self._memory_for(name, record)
         metric_findings: Sequence[Finding] = ()
         if readings is not None:
-            result = evaluate(readings, policy, memory, now)
+            result = evaluate(readings, policy, memory, now, labels_of(node))
             self.memory[name] = memory = result.memory
             metric_findings = [*result.findings, *self.degradation.findings(name)]
-        verdict = merge_node(metric_findings, readings is not None, "", view)
+        verdict = merge_node(metric_findings, readings is not None, "", view, workload)
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
             return None
@@ -562,6 +573,12 @@ class DetectLoop:
             return None  # another loop owns it; its findings wait until it is back (a GPU-level flow escalates)
         return Assessed(node, record, tuple(verdict.findings), memory, now, verdict.metrics_known,
                         policy.thermal.hold_s)
+
+    def _workload_findings(self, node: str, policy: WorkloadPolicy, now: float) -> list[Finding]:
+        if not policy.enabled or self._failed_pods is None:
+            return []
+        return self.workload.findings(node, now, min_pods=policy.min_pods, window_s=policy.window_s,
+                                      action=policy.action)
 
     def _flow(self, a: Assessed) -> tuple[str, NodeRecord | None]:
         """Which step the node takes (FLOW_*), with its record pruned of the fingerprints no longer reported."""
@@ -601,7 +618,7 @@ class DetectLoop:
             uncordoned = decide.on_person_uncordoned(record, now)
             return uncordoned.transition if self._apply(node, uncordoned) is not None else None
         if flow == FLOW_THERMAL_CLEARED and pruned is not None:
-            decision = decide.thermal_cleared(pruned, now)
+            decision = decide.thermal_cleared(pruned, now, cleared_words(pruned.fault.kind if pruned.fault else ""))
         elif flow == FLOW_DEGRADATION_CLEARED and pruned is not None:
             decision = decide.degradation_cleared(pruned, now)
         else:
@@ -680,7 +697,8 @@ class DetectLoop:
         of the fleet (every replica's faults, through the shared ConfigMap), or, with --shards, of this
         replica's own nodes (a storm split across shards opens it in each, before either acts)."""
         cfg = self.ctx.policy.cluster.breaker
-        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if cfg.domain_labels else []
+        domain_labels = breaker_domain_labels(cfg.domain_labels, self.ctx.policy.defaults.fabric)
+        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if domain_labels else []
         mine = {name_of(n) for n in owned} if self.ctx.shards is not None else set()
 
         def with_faults(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
@@ -690,8 +708,8 @@ class DetectLoop:
             after = after.evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
             if len(mine) >= SHARE_MIN_NODES:
                 after = after.evaluate_share(mine, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
-            return after.evaluate_domains(views, now, cfg.domain_labels, cfg.domain_threshold_percent,
-                                          cfg.window_s, cfg.domain_min_nodes) if cfg.domain_labels else after
+            return after.evaluate_domains(views, now, domain_labels, cfg.domain_threshold_percent,
+                                          cfg.window_s, cfg.domain_min_nodes) if domain_labels else after
         before, after = self.breakers.update(with_faults)
         first = names[0]
         if after.is_open and not before.is_open:
@@ -846,9 +864,11 @@ class DetectLoop:
         self.ctx.metrics.node_unknown.replace_all(
             [] if self.fleet_unknown else (({"node": n}, 1.0) for n in sorted(self.unknown)))
         views = [safety.node_view(n) for n in fleet]
+        self.ctx.metrics.domain_nodes_out.replace_all(
+            domains_out(views, self.ctx.policy.defaults.fabric.domain_label))
         cfg = self.ctx.policy.cluster.budget
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
-        self.ctx.metrics.budget_in_use.set(float(sum(1 for v in views if safety.counts_against(v, budget))))
+        self.ctx.metrics.budget_in_use.set(float(sum(v.share for v in views if safety.counts_against(v, budget))))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
         self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
         mode = getattr(self.source, "mode", "")  # the Prometheus source: recording rules' output, or raw series
@@ -889,10 +909,12 @@ def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
-    """Cordoned for heat, and the thermal rule no longer asks for the cordon (hysteresis inside it)."""
-    if record.state != states.CORDONED or record.fault is None or record.fault.kind != KIND_THERMAL:
+    """Cordoned for heat (or a fabric state that clears: an NVLink registration stuck, a Fabric Manager down), and
+    its rule no longer asks for the cordon (hysteresis, or the fabric's grace, inside it)."""
+    kind = record.fault.kind if record.fault is not None else ""
+    if record.state != states.CORDONED or kind not in (KIND_THERMAL, *CLEARING_KINDS):
         return False
-    return not any(f.kind == KIND_THERMAL and f.action == ACTION_CORDON for f in findings)
+    return not any(f.kind == kind and f.action == ACTION_CORDON for f in findings)
 
 
 

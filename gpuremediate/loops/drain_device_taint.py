@@ -39,7 +39,8 @@ from gpuremediate.actions.device_taints import (
 )
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.nodes import Node, name_of, unschedulable_before_us
-from gpuremediate.actions.pods import list_node_pods
+from gpuremediate.actions.pods import list_node_pods, pod_key
+from gpuremediate.actions.workload_notice import WorkloadNotice, why_of
 from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
@@ -61,6 +62,7 @@ class DeviceTaintDrain:
 
     def __init__(self) -> None:
         self._taints: DeviceTaints | None = None  # discovered once per loop (dry run is fixed per controller)
+        self.notice = WorkloadNotice()
 
     def taints(self, ctx: DrainContext) -> DeviceTaints:
         if self._taints is None:
@@ -165,11 +167,22 @@ class DeviceTaintDrain:
                 return Failed(f"drain timed out with {_names(holders)} left on {isolation.device} (AllowCompletion)")
             return self._note(ctx, node, record, f"NoSchedule; waiting for {_names(holders)} to finish")
         gpu = GpuDevice(name_of(node), isolation.uuid, isolation.driver, isolation.pool, isolation.device)
+        if policy.pod_events:
+            self._tell(ctx, node, record, holders)
         self._write(ctx, record, gpu, EFFECT_NO_EXECUTE)
         after = dataclasses.replace(isolation, effect=EFFECT_NO_EXECUTE, effect_since=ctx.clock())
         if ctx.writer.write(node, dataclasses.replace(record, isolation=after)) is None:
             return CONFLICT
         return InProgress(0.0)
+
+    def _tell(self, ctx: DrainContext, node: Node, record: NodeRecord, holders: list[Holder]) -> None:
+        """The workload notice for the pods the NoExecute rule is about to have deleted."""
+        if not holders:
+            return
+        held = {h.pod for h in holders}
+        pods = [p for p in list_node_pods(ctx.client, name_of(node)) if "/".join(pod_key(p)) in held]
+        how = "deleted by the device taint eviction controller: gpuremediate took its GPU out (the node stays)"
+        self.notice.tell(ctx.events, record, pods, why_of(name_of(node), record, how))
 
     def _write(self, ctx: DrainContext, record: NodeRecord, gpu: GpuDevice, effect: str) -> str:
         fault = record.fault

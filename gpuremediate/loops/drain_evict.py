@@ -24,6 +24,7 @@ from typing import Any
 from gpuremediate.actions import evict as eviction
 from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.actions.pods import is_terminating, pod_key
+from gpuremediate.actions.workload_notice import WorkloadNotice, why_of
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
@@ -53,6 +54,7 @@ class EvictionDrain:
         self._closed = False
         # node -> its evictions sent and not yet recorded: pod uid -> the answer to come
         self._sent: dict[str, dict[str, Future[eviction.EvictionOutcome | BaseException]]] = {}
+        self.notice = WorkloadNotice()
 
     def close(self) -> None:
         """No eviction is sent after this; those in flight end on their own (their answers are not recorded)."""
@@ -86,6 +88,9 @@ class EvictionDrain:
         delete``) are deleted and waited for; any other pod left fails the drain (quarantine: a person decides)."""
         deletable = [p for p in pods if policy.timeout_action == "delete"
                      or policy.mode_of(pod_key(p)[0]) == "DeleteAfterTimeout"]
+        if policy.pod_events:
+            self.notice.tell(ctx.events, record, [p for p in deletable if not is_terminating(p)],
+                             why_of(name_of(node), record, "deleted at the end of gpuremediate's drain timeout"))
         self._delete(ctx, deletable, policy)
         left = [p for p in pods if p not in deletable]
         if left:
@@ -100,6 +105,8 @@ class EvictionDrain:
         sent = self._in_flight(name)
         due = [p for p in pods if not is_terminating(p) and pod_uid(p) not in sent
                and self._attempt_due(p, policy.retry_s)]
+        if policy.pod_events and not self._closed:
+            self.notice.tell(ctx.events, record, due, why_of(name, record, "evicted by gpuremediate's drain"))
         self._send(ctx, name, due, grace)
         answers = self._answers(ctx, node)  # those of earlier steps, and of this one's that came already
         if not answers:

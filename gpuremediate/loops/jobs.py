@@ -41,8 +41,9 @@ TIMED_OUT = "timed-out"
 DELETED = "deleted"  # created, then deleted by someone else before it finished
 
 
-def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False) -> JobSpec:
+def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False, device_claim: str = "") -> JobSpec:
     return JobSpec(
+        device_claim=device_claim,
         image=policy.image,
         command=tuple(shlex.split(policy.command)),
         service_account=policy.service_account,
@@ -96,15 +97,16 @@ class JobLoop(NodeLoop):
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool, env: Mapping[str, str] | None = None,
-        targets: tuple[list[str], list[str]] | None = None,
+        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "",
     ) -> Mapping[str, Any] | None:
         """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run). With
         ``request_all_gpus`` it asks for the capacity of every GPU resource of the node (every MIG slice);
         ``env`` is added to the Job's own variables (NODE_NAME, GPU_IDS, GPU_UUIDS); ``targets`` (indexes, UUIDs)
-        replaces the faulty GPUs in GPU_IDS / GPU_UUIDS."""
+        replaces the faulty GPUs in GPU_IDS / GPU_UUIDS; ``device_claim`` names the ResourceClaim its pod takes its
+        GPU through (placed by the scheduler then, not by ``nodeName``)."""
         indexes, uuids = targets if targets is not None else self.gpu_ids(node, record)
         gpus = validation_hold(node, self.ctx.policy_for(node).gpu_resources.names).requests if request_all_gpus else {}
-        spec = job_spec(policy, request_all_gpus=request_all_gpus)
+        spec = job_spec(policy, request_all_gpus=request_all_gpus, device_claim=device_claim)
         spec = JobSpec(**{**spec.__dict__, "env": {**(env or {}), "GPU_UUIDS": ",".join(uuids)}})
         job = build_job(kind, name_of(node), self.fingerprint(record), attempt, spec,
                         namespace=self.ctx.settings.jobs_namespace, gpus=gpus, gpu_ids=indexes)

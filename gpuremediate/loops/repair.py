@@ -40,7 +40,7 @@ class JobActions(Protocol):
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool, env: Mapping[str, str] | None = None,
-        targets: tuple[list[str], list[str]] | None = None,
+        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "",
     ) -> Mapping[str, Any] | None: ...
 
     def attempt_outcome(

@@ -1,15 +1,16 @@
 """The validate loop: owns ``validating``.
 
 A GPU-level isolation (``record.isolation`` at gpu, docs/dra.md) validates its GPU only while the other GPUs keep
-running: the Job asks for no GPU resource (the others are in use; on a DRA node GPUs are not extended resources),
-runs on the node with GPU_IDS = that GPU, and needs the access the Job policy gives it (privileged by default).
-Pinning it to that one device with a ResourceClaim tolerating our taint is the better version, not built yet.
-On success the GPU's DeviceTaintRule is deleted first, then the record goes healthy (a restart in between
-deletes nothing twice and writes healthy). Node-level validation of a node whose isolation was escalated also
-deletes the rule it kept. A Job pinned to the node asks for every GPU slice it has (the
-capacity of each ``[gpu_resources]`` resource: ``nvidia.com/gpu``, each ``nvidia.com/mig-<profile>``) and runs
-DCGM diagnostics (``dcgmi diag -r 2`` by default). Success → healthy and uncordoned (only if we cordoned it);
-failure or timeout → quarantined.
+running. With ``[isolation] validation = "claim"`` (the default) the Job takes exactly that GPU through a
+ResourceClaim (a CEL selector on its UUID, tolerating our taint, owned by the Job), and kube-scheduler places it on
+the node (a required node affinity on the node's name: a pod given ``nodeName`` would skip the claim's allocation);
+its container sees that GPU alone. With ``"privileged"`` the Job asks for no GPU resource, runs on the node with
+GPU_IDS = that GPU, and needs the access the Job policy gives it. On success the GPU's DeviceTaintRule is deleted
+first, then the record goes healthy (a restart in between deletes nothing twice and writes healthy). Node-level
+validation of a node whose isolation was escalated also deletes the rule it kept. A Job pinned to the node asks
+for every GPU slice it has (the capacity of each ``[gpu_resources]`` resource: ``nvidia.com/gpu``, each
+``nvidia.com/mig-<profile>``) and runs DCGM diagnostics (``dcgmi diag -r 2`` by default). Success → healthy and
+uncordoned (only if we cordoned it); failure or timeout → quarantined.
 
 Before the Job: pods still holding GPU resources are waited for (the kubelet would refuse the Job), and so is
 a device plugin that reports fewer devices allocatable than the node has (after a reboot it registers again;
@@ -23,8 +24,17 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
-from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
+from gpuremediate.actions.device_taints import (
+    DeviceTaints,
+    DeviceTaintsNotServed,
+    GpuDevice,
+    claimable,
+    ensure_validation_claim,
+    validation_claim,
+)
 from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
 from gpuremediate.actions.nodes import Node, name_of
@@ -33,6 +43,7 @@ from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import NODES
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
+from gpuremediate.policy.isolation import VALIDATE_BY_CLAIM
 from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
@@ -69,6 +80,7 @@ class ValidateLoop(JobLoop):
     name = "validate"
     owned = frozenset({states.VALIDATING})
     _next_sweep = 0.0  # monotonic time of the next look for rules no flow holds (the first resync looks)
+    _claims_made: frozenset[str] = frozenset()  # validation claims this process made or found (one look each)
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         held = self.held_by_pause(node, record)
@@ -91,6 +103,8 @@ class ValidateLoop(JobLoop):
                 return self._wait_for_allocatable(node, record, hold, gpus)
             return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s,
                                   request_all_gpus=True)
+        if one_gpu and action.created:
+            self._claim_after_restart(node, record, action)
         outcome = self.attempt_outcome(action, lambda: self._recreate(node, record, action, policy.job),
                                        lambda job: self.note_created(node, record, job))
         if outcome == SUCCEEDED:
@@ -163,6 +177,53 @@ class ValidateLoop(JobLoop):
         find the first run's (kept) failed Job under its name. ``since`` is when this run began (entering
         ``validating``), stable across restarts and unchanged by the run's own writes."""
         return f"{occurrence(record)}/validation@{int(record.since * 1000)}"
+
+    def create_job(
+        self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
+        request_all_gpus: bool, env: Mapping[str, str] | None = None,
+        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "",
+    ) -> Mapping[str, Any] | None:
+        """The validation Job of an isolated GPU takes it through its claim (named as the Job), made after the Job
+        so that it can be owned by it."""
+        claim = device_claim or (name if kind == VALIDATE and self._claimed_gpu(node, record) else "")
+        job = super().create_job(node, record, kind, name, attempt, policy, request_all_gpus, env, targets,
+                                 device_claim=claim)
+        if job is not None and claim:
+            self._make_claim(node, record, job, claim)
+        return job
+
+    def _claimed_gpu(self, node: Node, record: NodeRecord) -> GpuDevice | None:
+        """The isolated GPU, when its validation goes through a claim (the policy says so, the rule named it)."""
+        isolation = record.isolation
+        if not isolated_at_gpu(record) or isolation is None or \
+                self.ctx.policy_for(node).isolation.validation != VALIDATE_BY_CLAIM:
+            return None
+        gpu = GpuDevice(name_of(node), isolation.uuid, isolation.driver, isolation.pool, isolation.device)
+        return gpu if gpu.device and gpu.pool and claimable(gpu) else None
+
+    def _make_claim(self, node: Node, record: NodeRecord, job: Mapping[str, Any], claim: str) -> None:
+        gpu = self._claimed_gpu(node, record)
+        if gpu is None or claim in self._claims_made:
+            return
+        body = validation_claim(claim, self.ctx.settings.jobs_namespace, gpu, job,
+                                device_class=self.ctx.policy_for(node).isolation.device_class)
+        try:
+            if ensure_validation_claim(self.ctx.client, body):
+                log.info("validation claim created", extra={"node": name_of(node), "claim": claim,
+                                                            "device": gpu.device})
+        except errors.ApiError as err:  # the Job waits for it, then times out: quarantined, the GPU still out
+            log.warning("validation claim not created", extra={"node": name_of(node), "claim": claim,
+                                                               "detail": str(err)})
+            return
+        self._claims_made = self._claims_made | {claim}
+
+    def _claim_after_restart(self, node: Node, record: NodeRecord, action: ActionInProgress) -> None:
+        """A Job created by a controller killed before its claim: made now (one look per process and Job)."""
+        if action.name in self._claims_made or self._claimed_gpu(node, record) is None:
+            return
+        job = self.ctx.jobs.read(action.name)
+        if job is not None and job["spec"]["template"]["spec"].get("resourceClaims"):
+            self._make_claim(node, record, job, action.name)
 
     def _recreate(self, node: Node, record: NodeRecord, action: ActionInProgress, job: JobPolicy) -> None:
         created = self.create_job(node, record, VALIDATE, action.name, action.attempt, job, not isolated_at_gpu(record))

@@ -53,6 +53,10 @@ class ControllerMetrics:
         self.domains_tripped = Gauge(
             PREFIX + "domain_breaker_open", "Failure domains (label values) whose breaker is open: no new work there."
         )
+        self.domain_nodes_out = Gauge(
+            PREFIX + "domain_nodes_out", "GPU nodes out of service per NVLink domain ([fabric] domain_label), for the "
+            "domains with at least one.", ["domain"]
+        )
         self.notifications = Counter(
             PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
             ["kind", "result"],
@@ -137,6 +141,7 @@ class ControllerMetrics:
             self.circuit_breaker_open,
             self.paused,
             self.domains_tripped,
+            self.domain_nodes_out,
             self.notifications,
             self.scrape_seconds,
             self.scrape_errors,

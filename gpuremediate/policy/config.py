@@ -23,6 +23,7 @@ from typing import Any
 from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.gpu_resources import GpuResourcesPolicy
 from gpuremediate.policy.degradation import DegradationPolicy
+from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
     ACTION_RESET_GPU,
@@ -30,6 +31,7 @@ from gpuremediate.policy.findings import (
 )
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.isolation import IsolationPolicy
+from gpuremediate.policy.recovery_action import RecoveryActionPolicy
 from gpuremediate.policy.schema import (
     MAX_DURATION_S,
     PolicyError,
@@ -59,6 +61,8 @@ from gpuremediate.policy.workflow import (
 )
 from gpuremediate.policy.xid import XidOverride
 from gpuremediate.signals.conditions import ConditionsPolicy
+from gpuremediate.signals.model import MAX_TEMP_C
+from gpuremediate.signals.workload import WorkloadPolicy
 
 
 def _parse_xid_code(key: str, path: str) -> int:
@@ -136,10 +140,14 @@ class RowRemapPolicy:
 @dataclass(frozen=True)
 class ThermalPolicy:
     enabled: bool = setting(True, "cordon GPUs that stay too hot")
-    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs")
-    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs")
-    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs")
-    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs")
+    gpu_cordon_c: float = setting(90.0, "GPU temperature (C) at or above which the hold timer runs",
+                                  check=between(0, MAX_TEMP_C))
+    gpu_clear_c: float = setting(80.0, "GPU temperature (C) at or below which the clear timer runs",
+                                 check=between(0, MAX_TEMP_C))
+    memory_cordon_c: float = setting(95.0, "memory (HBM) temperature (C) at or above which the hold timer runs",
+                                     check=between(0, MAX_TEMP_C))
+    memory_clear_c: float = setting(85.0, "memory temperature (C) at or below which the clear timer runs",
+                                    check=between(0, MAX_TEMP_C))
     hold_s: float = setting(60.0, "seconds continuously hot before the cordon finding",
                             check=between(0, MAX_DURATION_S))
     clear_hold_s: float = setting(300.0, "seconds continuously cool before the cordon clears",
@@ -184,6 +192,15 @@ class Policy:
     )
     degradation: DegradationPolicy = field(
         default_factory=DegradationPolicy, metadata={"doc": "slow GPUs and degraded links (docs/degradation.md)"}
+    )
+    workload: WorkloadPolicy = field(
+        default_factory=WorkloadPolicy, metadata={"doc": "pods failing on a node with GPU errors as a finding"}
+    )
+    recovery_action: RecoveryActionPolicy = field(
+        default_factory=RecoveryActionPolicy, metadata={"doc": "the driver's recovery action for a GPU (DCGM 1523)"}
+    )
+    fabric: FabricPolicy = field(
+        default_factory=FabricPolicy, metadata={"doc": "NVLink domains (NVL72): fabric state, IMEX (operations.md)"}
     )
 
 

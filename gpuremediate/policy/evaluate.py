@@ -15,10 +15,12 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.policy.config import Policy
+from gpuremediate.policy.fabric import fabric_findings, step_timers
 from gpuremediate.policy.findings import (
     Finding,
     by_severity,
 )
+from gpuremediate.policy.recovery_action import recovery_action_findings
 from gpuremediate.policy.rules import (
     GpuView,
     ThermalTimer,
@@ -30,6 +32,7 @@ from gpuremediate.policy.rules import (
     thermal_step,
     xid_findings,
 )
+from gpuremediate.signals.fabric_model import GpuFabric
 from gpuremediate.signals.model import SOURCE_UNKNOWN, GpuReading, NodeReadings
 
 MEMORY_VERSION = 1
@@ -43,15 +46,20 @@ class PolicyMemory:
     """What the rules remember between cycles: per-GPU thermal timers (idle timers are dropped)."""
 
     thermal: Mapping[str, ThermalTimer] = field(default_factory=lambda: MappingProxyType({}))
+    fabric: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # "<kind>:<gpu>" → since
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": MEMORY_VERSION, "thermal": {key: timer.to_dict() for key, timer in sorted(self.thermal.items())}}
+        data: dict[str, Any] = {"v": MEMORY_VERSION,
+                                "thermal": {key: timer.to_dict() for key, timer in sorted(self.thermal.items())}}
+        if self.fabric:
+            data["fabric"] = dict(sorted(self.fabric.items()))
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> PolicyMemory:
         if not isinstance(data, Mapping):
             raise PolicyMemoryError(f"memory: expected an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"v", "thermal"})
+        unknown = sorted(set(data) - {"v", "thermal", "fabric"})
         if unknown:
             raise PolicyMemoryError(f"memory.{unknown[0]}: unknown key")
         if data.get("v") != MEMORY_VERSION:
@@ -63,12 +71,19 @@ class PolicyMemory:
             timers = {str(key): ThermalTimer.from_dict(raw, f"memory.thermal[{key!r}]") for key, raw in thermal.items()}
         except ValueError as exc:
             raise PolicyMemoryError(str(exc)) from None
-        return memory_of(timers)
+        return memory_of(timers, _fabric_timers(data.get("fabric", {})))
 
 
-def memory_of(timers: Mapping[str, ThermalTimer]) -> PolicyMemory:
+def _fabric_timers(raw: Any) -> dict[str, float]:
+    if not isinstance(raw, Mapping) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in raw.values()):
+        raise PolicyMemoryError("memory.fabric: expected an object of finite numbers (since when)")
+    return {str(key): float(value) for key, value in raw.items()}
+
+
+def memory_of(timers: Mapping[str, ThermalTimer], fabric: Mapping[str, float] | None = None) -> PolicyMemory:
     kept = {key: timers[key] for key in sorted(timers) if not timers[key].idle}
-    return PolicyMemory(thermal=MappingProxyType(kept))
+    return PolicyMemory(thermal=MappingProxyType(kept), fabric=MappingProxyType(dict(sorted((fabric or {}).items()))))
 
 
 @dataclass(frozen=True)
@@ -98,8 +113,23 @@ def _thermal(
     return found, memory_of(timers)
 
 
-def evaluate(readings: NodeReadings, policy: Policy, memory: PolicyMemory, now: float) -> Evaluation:
-    """One node's readings → its findings (worst first) and the new memory.
+def _fabric(
+    readings: NodeReadings, policy: Policy, memory: PolicyMemory, labels: Mapping[str, str], now: float,
+) -> tuple[list[Finding], dict[str, float]]:
+    if not policy.fabric.enabled:
+        return [], {}
+    fabrics: dict[str, GpuFabric | None] = {}
+    for reading in readings.gpus:  # a MIG instance's series repeat its GPU's: the first reading that has one
+        fabrics[reading.key] = fabrics.get(reading.key) or reading.fabric
+    timers = step_timers(fabrics, labels, policy.fabric, memory.fabric, now)
+    return fabric_findings(readings.node, fabrics, policy.fabric, timers, now), timers
+
+
+def evaluate(
+    readings: NodeReadings, policy: Policy, memory: PolicyMemory, now: float, labels: Mapping[str, str] | None = None,
+) -> Evaluation:
+    """One node's readings → its findings (worst first) and the new memory; ``labels`` (the Node's) place it in
+    its NVLink domain (``[fabric] domain_label``).
 
     Unknown readings (exporter unreachable, stale) are not unhealthy: no findings, memory unchanged.
     """
@@ -113,7 +143,10 @@ def evaluate(readings: NodeReadings, policy: Policy, memory: PolicyMemory, now: 
     for gpu in gpus.values():
         for finding in (*xid_findings(gpu, policy), *ecc_findings(gpu, policy), *row_remap_findings(gpu, policy)):
             findings.setdefault(finding.fingerprint, finding)
-    for finding in lost_gpu_findings(readings.node, readings.lost_gpus, policy):
+    for finding in (*lost_gpu_findings(readings.node, readings.lost_gpus, policy),
+                    *recovery_action_findings(readings.node, readings.gpus, policy.recovery_action)):
         findings.setdefault(finding.fingerprint, finding)
     thermal_found, new_memory = _thermal(readings.node, gpus, policy, memory, now)
-    return Evaluation(findings=by_severity([*findings.values(), *thermal_found]), memory=new_memory)
+    fabric_found, fabric_timers = _fabric(readings, policy, memory, labels or {}, now)
+    new_memory = memory_of(new_memory.thermal, fabric_timers)
+    return Evaluation(findings=by_severity([*findings.values(), *thermal_found, *fabric_found]), memory=new_memory)

@@ -17,12 +17,14 @@ from typing import Any
 
 from gpuremediate.policy.findings import ACTION_RESET_GPU, Finding
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE, GpuOperatorPolicy
-from gpuremediate.policy.schema import setting
+from gpuremediate.policy.schema import dns_subdomain, setting
 from gpuremediate.policy.workflow import Rung, one_of
 from gpuremediate.state.record import SCOPE_GPU, HistoryEntry
 
 ISOLATION_SCOPES = ("node", "gpu")
 BEFORE_GA_CHOICES = ("node", "gpu")
+VALIDATE_BY_CLAIM = "claim"
+VALIDATION_CHOICES = (VALIDATE_BY_CLAIM, "privileged")
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
@@ -38,6 +40,14 @@ class IsolationPolicy:
                              "does not honour NoSchedule device taints, so new pods could be handed the bad GPU) | "
                              "gpu (isolate the GPU anyway: its holders are still deleted by NoExecute, and a new pod "
                              "given the GPU is deleted again)", check=one_of(*BEFORE_GA_CHOICES))
+    validation: str = setting(VALIDATE_BY_CLAIM, "how an isolated GPU is validated while the node's other GPUs run: "
+                              "claim (the validation Job takes exactly that GPU through a ResourceClaim of "
+                              "device_class that tolerates our taint, placed on the node by kube-scheduler; its "
+                              "container sees that GPU alone, so the default `dcgmi diag` checks it) | privileged "
+                              "(the Job runs on the node with GPU_IDS = that GPU and asks for no GPU: it needs the "
+                              "node access [validation.job] gives it)", check=one_of(*VALIDATION_CHOICES))
+    device_class: str = setting("gpu.nvidia.com", "the DeviceClass of the validation claim (NVIDIA's DRA driver "
+                                "installs gpu.nvidia.com)", check=dns_subdomain)
 
     @property
     def gpu_level(self) -> bool:

@@ -11,6 +11,10 @@ Budget
     budget (state draining, no drain started) does not count: its workloads still run, and counting
     it would let a burst of faults block every drain forever.
 
+    A GPU-level flow (``[isolation] scope = "gpu"``: one GPU out by a DeviceTaintRule, the node schedulable) counts
+    in GPUs: its isolated GPUs' share of the node (1/8 on an 8-GPU node), so eight such flows fill one node's slot.
+    A node whose GPU count is unknown, or that is unschedulable or NotReady besides, counts whole.
+
     Percentages round DOWN, never below 1 (a 3-node pool at 25% can still repair one node);
     ``0`` and ``"0%"`` mean no drain at all. Kubernetes rounds both ways: a Deployment's
     ``maxUnavailable`` rounds down, a PDB's and a DaemonSet's round up. Rounding down is the safe
@@ -44,10 +48,12 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
+from gpuremediate.gpu_resources import gpu_count
 from gpuremediate.state import states
 from gpuremediate.state.record import (  # BLOCK_*: the admission reasons, re-exported for the loops
     BLOCK_GATE,  # noqa: F401
@@ -57,6 +63,7 @@ from gpuremediate.state.record import (  # BLOCK_*: the admission reasons, re-ex
     HistoryEntry,
     NodeRecord,
     RecordError,
+    isolated_at_gpu,
     node_unschedulable,
     record_from_node,
 )
@@ -84,6 +91,15 @@ class NodeView:
     first_seen: float | None = None  # when its open fault was first seen (admission order)
     since: float | None = None  # when its record entered its state (a budget's reason says since when it holds)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)  # for failure domains
+    gpus: int = 0  # the node's GPUs (0: unknown)
+    gpus_out: int | None = None  # a GPU-level flow: the GPUs it isolates (None: the flow, if any, is node-level)
+
+    @property
+    def share(self) -> Fraction:
+        """How much of a node slot it takes while out of service: all of it, or a GPU-level flow's GPUs' share."""
+        if self.gpus_out is None or self.gpus <= 0 or not self.ready or self.unschedulable:
+            return Fraction(1)
+        return Fraction(min(self.gpus_out, self.gpus), self.gpus)
 
     @property
     def out_of_service(self) -> bool:
@@ -107,7 +123,8 @@ class NodeView:
             return f"{self.name}: unschedulable"
         since = f" since {_utc(self.since)}" if self.since else ""
         then = {states.QUARANTINED: ", needs a person", states.CORDONED: ", cooling down"}.get(self.state, "")
-        return f"{self.name}: {self.state}{since}{then}"
+        part = f" ({self.share.numerator}/{self.share.denominator} of its GPUs)" if self.share < 1 else ""
+        return f"{self.name}: {self.state}{part}{since}{then}"
 
 
 def _utc(ts: float) -> str:
@@ -125,7 +142,8 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     record = record_from_node(node)
     labels = metadata.get("labels") or {}
     view = NodeView(name=str(metadata.get("name", "")), unschedulable=node_unschedulable(node), ready=_ready(node),
-                    labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {})
+                    labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
+                    gpus=gpu_count(node))
     if record is None or isinstance(record, RecordError):
         return view  # a malformed record counts by what the node shows, never less
     return dataclasses.replace(
@@ -134,16 +152,17 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         waiting=is_waiting(record),
         first_seen=record.fault.first_seen if record.fault else None,
         since=record.since or None,
+        gpus_out=1 if record.isolation is not None and record.isolation.at_gpu else None,
     )
 
 
 def is_waiting(record: NodeRecord) -> bool:
-    """Cordoned by us at once for a fault, drain not started yet: holds no budget slot."""
+    """Cordoned by us at once for a fault (or, GPU-level, its GPU tainted NoSchedule), drain not started yet: holds
+    no budget slot. A GPU-level flow counted while it waits would deadlock a burst as a cordoned node would."""
     return (
         record.state == states.DRAINING
         and record.action is None
-        and record.cordoned_by_us
-        and not record.was_unschedulable
+        and ((record.cordoned_by_us and not record.was_unschedulable) or isolated_at_gpu(record))
     )
 
 
@@ -184,7 +203,7 @@ class Budget:
 @dataclass(frozen=True)
 class BudgetResult:
     allowed: bool
-    in_use: int  # GPU nodes out of service now (the candidate included when it already is)
+    in_use: float  # GPU node slots in use now (the candidate included when it already is; a GPU-level flow a share)
     limit: int
     reason: str
 
@@ -213,21 +232,22 @@ def budget_check(
     budget = budget or Budget()
     _require_known(gpu_nodes, [candidate])
     limit = budget.limit(len(gpu_nodes))
+    by_name = {v.name: v for v in gpu_nodes}
     others = sorted((v for v in gpu_nodes if v.name != candidate and counts_against(v, budget)), key=lambda v: v.name)
-    in_use = len(others) + sum(1 for v in gpu_nodes if v.name == candidate and counts_against(v, budget))
-    if len(others) >= limit:
+    used = _slots(others)
+    in_use = float(used + (by_name[candidate].share if counts_against(by_name[candidate], budget) else 0))
+    if used + by_name[candidate].share > limit:
         names = "; ".join(v.describe() for v in others) if others else "none"
         held = " ([budget].count_held = false lets repairs pass nodes that only wait)" if any(
             v.held for v in others) else ""
-        reason = f"budget full: {len(others)} of {limit} out of service ({names}){held}"
+        reason = f"budget full: {_shown(used)} of {limit} out of service ({names}){held}"
         return BudgetResult(False, in_use, limit, reason)
-    by_name = {v.name: v for v in gpu_nodes}
     for domain in domains:
         full = _domain_full(gpu_nodes, by_name[candidate], domain,
                             {v.name for v in gpu_nodes if counts_against(v, budget)})
         if full:
             return BudgetResult(False, in_use, limit, full)
-    return BudgetResult(True, in_use, limit, f"within budget: {len(others)} other of {limit} in use")
+    return BudgetResult(True, in_use, limit, f"within budget: {_shown(used)} other of {limit} in use")
 
 
 def admit(
@@ -245,7 +265,7 @@ def admit(
     by_name = {v.name: v for v in gpu_nodes}
     admitted = []
     for name in sorted(set(candidates), key=lambda n: (_first_seen_key(by_name[n]), n)):
-        if len(out | {name}) > limit:
+        if _slots(by_name[n] for n in out | {name}) > limit:
             continue
         if any(_domain_full(gpu_nodes, by_name[name], domain, out) for domain in domains):
             continue
@@ -259,13 +279,22 @@ def _domain_full(gpu_nodes: Sequence[NodeView], candidate: NodeView, domain: Dom
     value = candidate.labels.get(domain.label)
     if value is None:
         return ""
-    members = [v.name for v in gpu_nodes if v.labels.get(domain.label) == value]
+    members = [v for v in gpu_nodes if v.labels.get(domain.label) == value]
     limit = domain.limit(len(members))
-    others = sorted(n for n in members if n in out and n != candidate.name)
-    if len(others) < limit:
+    others = sorted((v for v in members if v.name in out and v.name != candidate.name), key=lambda v: v.name)
+    if _slots(others) + candidate.share <= limit:
         return ""
-    names = ", ".join(others) if others else "none"
-    return f"domain budget full: {domain.label}={value}: {len(others)} of {limit} out of service ({names})"
+    names = ", ".join(v.name for v in others) if others else "none"
+    return f"domain budget full: {domain.label}={value}: {_shown(_slots(others))} of {limit} out of service ({names})"
+
+
+def _slots(views: Iterable[NodeView]) -> Fraction:
+    """The node slots ``views`` take: one each, a GPU-level flow its GPUs' share."""
+    return sum((v.share for v in views), Fraction(0))
+
+
+def _shown(slots: Fraction) -> str:
+    return str(int(slots)) if slots.denominator == 1 else f"{float(slots):.3g}"
 
 
 def _first_seen_key(view: NodeView) -> float:

@@ -129,6 +129,9 @@ class DrainPolicy:
         "doc": 'namespaces whose pods are never evicted nor waited for, e.g. ["kube-system", "gpu-operator"] '
                "(NVSentinel's system namespaces)",
         "parse": string_list(dns_label), "example": ["kube-system", "gpu-operator"]})
+    pod_events: bool = setting(True, "a Warning Event GPUFault on each pod the drain evicts or deletes, and on its "
+                               "owner (its Job, JobSet, PyTorchJob...), naming the GPU, the fault and when it was "
+                               "seen (not in a dry run)")
 
     def mode_of(self, namespace: str) -> str:
         """The drain mode for a pod of ``namespace``."""

@@ -6,7 +6,8 @@ simulated clock; it answers the few KubeClient calls the loops make, as the API 
 - each node runs one GPU workload pod; an eviction marks it terminating and it is gone
   ``drain_s`` later; it is back once the node returns to service;
 - a Job completes ``duration`` after its creation; a completed reboot Job gives the node a new bootID;
-- Events are not stored (the replay's EventRecorder keeps them).
+- Events are not stored (the replay's EventRecorder keeps them);
+- with ``dra`` (a policy isolating GPUs), the DRA objects of ``replay.dra``: slices, the workload's claim, rules.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import CONFIGMAPS, EVENTS, JOBS, NODES, PODS, Resource
 from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.replay.dra import ReplayDra
 from gpuremediate.state import states
 from gpuremediate.state.record import RECORD_ANNOTATION
 
@@ -60,8 +62,10 @@ def _not_found(what: str) -> errors.NotFound:
 class ReplayCluster:
     """Duck-types the KubeClient methods the loops call (get, list, patch, create, replace, delete, evict)."""
 
-    def __init__(self, nodes: list[Node], clock: SimClock, durations: Durations, on_write: WriteHook) -> None:
+    def __init__(self, nodes: list[Node], clock: SimClock, durations: Durations, on_write: WriteHook,
+                 dra_gpus: Mapping[str, list[str]] | None = None) -> None:
         self.nodes: dict[str, Node] = {n["metadata"]["name"]: n for n in nodes}
+        self.dra = None if dra_gpus is None else ReplayDra(dra_gpus, self._evict_workload)
         self.clock = clock
         self.durations = durations
         self.on_write = on_write
@@ -111,7 +115,15 @@ class ReplayCluster:
 
     # ---- KubeClient ------------------------------------------------------------------------------
 
+    def resolve(self, api_version: str, kind: str) -> Resource:
+        """Discovery: only the DeviceTaintRule of a DRA replay is asked for."""
+        if self.dra is None:
+            raise _not_found(f"kind {kind} in {api_version}")
+        return self.dra.resolve(api_version, kind)
+
     def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        if self.dra is not None and self.dra.serves(res):
+            return self.dra.get(res, name, self._workload_uid)
         if res == NODES and name in self.nodes:
             return copy.deepcopy(self.nodes[name])
         if res == JOBS and name in self.jobs:
@@ -124,6 +136,9 @@ class ReplayCluster:
              field_selector: str | None = None, limit: int = 500) -> dict[str, Any]:
         if res == NODES:
             return {"items": [copy.deepcopy(n) for n in self.nodes.values()], "metadata": {}}
+        if self.dra is not None and self.dra.serves(res):
+            return {"items": self.dra.list(res, label_selector=label_selector, field_selector=field_selector),
+                    "metadata": {}}
         if res == PODS and field_selector and field_selector.startswith("spec.nodeName="):
             node = field_selector.split("=", 1)[1]
             return {"items": self._pods(node), "metadata": {}}
@@ -143,7 +158,17 @@ class ReplayCluster:
         }
         if evicted is not None:
             pod["metadata"]["deletionTimestamp"] = "terminating"
+        if self.dra is not None:
+            pod["spec"].update(self.dra.pod_claims(node))
         return [pod]
+
+    def _workload_uid(self, node: str) -> str | None:
+        pods = self._pods(node) if node in self.nodes else []
+        return str(pods[0]["metadata"]["uid"]) if pods else None
+
+    def _evict_workload(self, node: str) -> None:
+        if self._pods(node):
+            self.evicted.setdefault(node, self.clock())
 
     def patch(self, res: Resource, name: str, patch: Mapping[str, Any], namespace: str | None = None,
               *, patch_type: str = "merge", subresource: str | None = None, **_: Any) -> dict[str, Any]:
@@ -180,12 +205,15 @@ class ReplayCluster:
     def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *,
                dry_run: bool = False) -> dict[str, Any]:
         name = str(body["metadata"]["name"])
+        if self.dra is not None and self.dra.serves(res):
+            return self.dra.create(res, body)
         if res == JOBS:
             if name in self.jobs:
                 raise errors.AlreadyExists(409, {"reason": "AlreadyExists", "message": f"job {name} exists"})
             kind = str((body["metadata"].get("labels") or {}).get(JOB_LABEL, ""))
             job = copy.deepcopy(dict(body))
             job.pop("status", None)
+            job["metadata"]["uid"] = f"uid-job-{name}"
             self.jobs[name] = (job, self.clock() + self.durations.for_job(kind))
             return copy.deepcopy(job)
         if res == CONFIGMAPS:
@@ -196,12 +224,17 @@ class ReplayCluster:
 
     def replace(self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None,
                 **_: Any) -> dict[str, Any]:
+        if self.dra is not None and self.dra.serves(res):
+            return self.dra.replace(name, body)
         stored = copy.deepcopy(dict(body))
         stored.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
         self.configmaps[name] = stored
         return copy.deepcopy(stored)
 
-    def delete(self, res: Resource, name: str, namespace: str | None = None, **_: Any) -> dict[str, Any]:
+    def delete(self, res: Resource, name: str, namespace: str | None = None, *,
+               preconditions: Mapping[str, str] | None = None, **_: Any) -> dict[str, Any]:
+        if self.dra is not None and self.dra.serves(res):
+            return self.dra.delete(name, preconditions)
         if res == JOBS and self.jobs.pop(name, None) is not None:
             return {}
         raise _not_found(f"{res.plural} {name!r}")

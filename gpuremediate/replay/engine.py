@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from gpuremediate.actions.breaker import BreakerStore
-from gpuremediate.actions.events import EventRecorder
+from gpuremediate.actions.events import EventRecorder, ObjectRef
 from gpuremediate.actions.nodes import NodeView, NodeWriter, gpu_count, is_gpu_node, name_of
 from gpuremediate.config import Settings
 from gpuremediate.kube.cache import Informer
@@ -98,6 +98,10 @@ class _Events(EventRecorder):
         super().__init__(cast(KubeClient, None), host="replay")
         self.clock = clock
         self.sent: list[tuple[float, str, str, str]] = []  # (at, node, reason, message)
+        self.objects: list[tuple[float, str, str]] = []  # (at, "Kind namespace/name", reason): pods, their Jobs
+
+    def object_event(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal") -> None:
+        self.objects.append((self.clock(), f"{ref.kind} {ref.namespace}/{ref.name}", reason))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
                    **_: Any) -> None:
@@ -169,7 +173,8 @@ class Replay:
             raise ReplayError(f"--step must be > 0 seconds, got {self.options.step_s}")
         self.clock = SimClock(history.start)
         nodes, notes = fleet_nodes(history, node_list)
-        self.cluster = ReplayCluster(nodes, self.clock, self.options.durations, self._on_write)
+        self.cluster = ReplayCluster(nodes, self.clock, self.options.durations, self._on_write,
+                                     dra_gpus=gpu_uuids(history) if isolates_gpus(policy) else None)
         self.result = ReplayResult(policy=policy.source, start=history.start, end=history.end,
                                    step_s=self.options.step_s, gpus={name_of(n): gpu_count(n) for n in nodes},
                                    notes=notes, changes=history.change_count())
@@ -184,7 +189,7 @@ class Replay:
         self._waiting: set[str] = set()  # draining, no drain started, blocked (budget, breaker)
         self._version = 0  # bumped whenever what budget admission reads changes (see _parked)
         self._seen_version: dict[str, int] = {}
-        self._open_spans: dict[str, tuple[str, float]] = {}  # node -> (state, since)
+        self._open_spans: dict[str, tuple[str, float, int | None, str]] = {}  # node -> (state, since, GPUs, fault)
         self._open_waits: dict[str, tuple[str, str, float]] = {}  # node -> (reason, detail, since)
         self._open_unknown: dict[str, tuple[str, float]] = {}  # node -> (reason, since)
         self._hot: dict[tuple[str, str], tuple[float, bool]] = {}  # (node, gpu) -> (hot since, cordon found)
@@ -291,9 +296,12 @@ class Replay:
         if new.state != old_state:
             self.result.moves.append(Move(now, name, old_state, new.state, new.reason, new.message))
             self._moved.add(name)
+        opened = self._open_spans.get(name)
+        out = (new.state, _gpus_out(new), _fault_class(new))
+        if new.state != old_state or (opened is not None and (opened[0], opened[2], opened[3]) != out):
             self._close_span(name, now)
             if new.state != states.HEALTHY:
-                self._open_spans[name] = (new.state, now)
+                self._open_spans[name] = (new.state, now, out[1], out[2])
         old_block = old.blocked.reason if old is not None and old.blocked is not None else None
         new_block = new.blocked.reason if new.blocked is not None else None
         if new_block != old_block:
@@ -304,7 +312,8 @@ class Replay:
     def _close_span(self, name: str, now: float) -> None:
         opened = self._open_spans.pop(name, None)
         if opened is not None:
-            self.result.spans.append(Span(name, opened[0], opened[1], now))
+            state, since, gpus, fault = opened
+            self.result.spans.append(Span(name, state, since, now, gpus=gpus, fault=fault))
 
     def _close_wait(self, name: str, now: float) -> None:
         opened = self._open_waits.pop(name, None)
@@ -417,6 +426,37 @@ def _raw_signals(gpu: Any) -> list[tuple[str, float]]:
             found.append((kind, float(value)))
     found += [("xid", float(code)) for code, count in gpu.xid_counts.items() if count > 0]
     return found
+
+
+def isolates_gpus(policy: PolicyFile) -> bool:
+    """Some node group isolates single GPUs: the replay's cluster then serves DRA (``replay.dra``)."""
+    return any(group.isolation.gpu_level for group in (policy.defaults, *(g.policy for g in policy.groups)))
+
+
+def gpu_uuids(history: History) -> dict[str, list[str]]:
+    """Each node's GPU UUIDs by index, as its scrapes name them (what its DRA driver would publish)."""
+    found: dict[str, dict[int, str]] = {}
+    for node, changes in history.changes.items():
+        by_index = found.setdefault(node, {})
+        for change in changes:
+            for gpu in change.readings.gpus:
+                if gpu.uuid and gpu.gpu.isdigit():
+                    by_index.setdefault(int(gpu.gpu), gpu.uuid)
+    return {node: [uuids[i] for i in sorted(uuids)] for node, uuids in found.items()}
+
+
+def _gpus_out(record: NodeRecord) -> int | None:
+    """GPUs out of service while the record's flow lasts: the isolated GPU, or None for the whole node."""
+    isolation = record.isolation
+    return 1 if isolation is not None and isolation.at_gpu else None
+
+
+def _fault_class(record: NodeRecord) -> str:
+    """What opened the flow, for the GPU-hours by fault: ``xid 48``, ``ecc-dbe``, ``thermal`` ..."""
+    fault = record.fault
+    if fault is None:
+        return record.reason
+    return f"{fault.kind} {fault.code}" if fault.code and fault.kind == "xid" else fault.kind
 
 
 def _record(node: Node) -> NodeRecord | None:

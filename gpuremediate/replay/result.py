@@ -28,12 +28,15 @@ class Move:
 
 @dataclass(frozen=True)
 class Span:
-    """The node was in ``state`` (not healthy) from ``start`` to ``end``."""
+    """The node was in ``state`` (not healthy) from ``start`` to ``end``, out of service with ``gpus`` of its GPUs
+    (None: all of them; GPU-level isolation takes one) because of ``fault`` (its class: ``xid 48``, ``thermal``)."""
 
     node: str
     state: str
     start: float
     end: float
+    gpus: int | None = None
+    fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,22 @@ class ReplayResult:
         return sum(s.end - s.start for s in self.spans if node is None or s.node == node) / 3600.0
 
     def gpu_hours(self, node: str | None = None) -> float:
-        return sum((s.end - s.start) * self.gpus.get(s.node, 0)
-                   for s in self.spans if node is None or s.node == node) / 3600.0
+        return sum(self._span_gpu_hours(s) for s in self.spans if node is None or s.node == node)
+
+    def _span_gpu_hours(self, span: Span) -> float:
+        gpus = self.gpus.get(span.node, 0) if span.gpus is None else min(span.gpus, self.gpus.get(span.node, 0))
+        return (span.end - span.start) * gpus / 3600.0
+
+    def gpu_hours_by_fault(self) -> dict[str, float]:
+        """GPU-hours out of service per fault class (what opened each flow)."""
+        found: dict[str, float] = {}
+        for span in self.spans:
+            found[span.fault] = found.get(span.fault, 0.0) + self._span_gpu_hours(span)
+        return dict(sorted(found.items()))
+
+    def gpu_level_flows(self) -> int:
+        """Flows that began GPU-level (one GPU out, the node in service)."""
+        return sum(1 for s in self.spans if s.gpus is not None and s.state == states.DRAINING)
 
     def final_states(self) -> dict[str, str]:
         final: dict[str, str] = {}
@@ -118,6 +135,8 @@ class ReplayResult:
             "budget_waits": sum(1 for w in self.waits if w.reason == "budget"),
             "node_hours_out_of_service": round(self.node_hours(), 3),
             "gpu_hours_out_of_service": round(self.gpu_hours(), 3),
+            "gpu_hours_by_fault": {k: round(v, 3) for k, v in self.gpu_hours_by_fault().items()},
+            "gpu_level_flows": self.gpu_level_flows(),
             "unacted": {c: sum(1 for u in self.unacted if u.category == c) for c in UNACTED_CATEGORIES},
         }
 

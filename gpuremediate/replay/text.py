@@ -62,6 +62,17 @@ def out_of_service(result: ReplayResult) -> list[str]:
     return lines
 
 
+def by_fault(result: ReplayResult) -> list[str]:
+    found = result.gpu_hours_by_fault()
+    if not found:
+        return []
+    lines = ["", "GPU-hours by fault (a GPU-level flow counts its one GPU)"]
+    lines += [f"  {fault or '-':<32} {hours:>11.2f}" for fault, hours in found.items()]
+    if result.gpu_level_flows():
+        lines.append(f"  GPU-level flows: {result.gpu_level_flows()}")
+    return lines
+
+
 def unacted(result: ReplayResult) -> list[str]:
     lines = ["", "Seen but not acted on"]
     for category in UNACTED_CATEGORIES:
@@ -79,14 +90,15 @@ def unacted(result: ReplayResult) -> list[str]:
 
 
 def render_text(result: ReplayResult) -> str:
-    lines = [*header(result), *timeline(result), *safety(result), *out_of_service(result), *unacted(result)]
+    lines = [*header(result), *timeline(result), *safety(result), *out_of_service(result), *by_fault(result),
+             *unacted(result)]
     if result.notes:
         lines += ["", "Notes", *(f"  {n}" for n in result.notes)]
     return "\n".join(lines) + "\n"
 
 
 COMPARED = ("nodes_acted_on", "transitions", "drains", "repairs", "quarantines", "cordons", "breaker_trips",
-            "budget_waits", "node_hours_out_of_service", "gpu_hours_out_of_service")
+            "budget_waits", "node_hours_out_of_service", "gpu_hours_out_of_service", "gpu_level_flows")
 
 
 def render_compare(results: Sequence[ReplayResult]) -> str:

@@ -257,11 +257,13 @@ class NodeVerdict:
 
 
 def merge_node(
-    metric_findings: Iterable[Finding], metrics_known: bool, metrics_reason: str, view: ConditionView | None
+    metric_findings: Iterable[Finding], metrics_known: bool, metrics_reason: str, view: ConditionView | None,
+    others: Iterable[Finding] = (),
 ) -> NodeVerdict:
-    """The worst finding wins: both sources' findings in one list, worst first, duplicates by fingerprint once."""
+    """The worst finding wins: every source's findings in one list, worst first, duplicates by fingerprint once.
+    ``others``: sources current whatever the metrics are (the workload signal)."""
     unique: dict[str, Finding] = {}
-    for finding in (*(metric_findings if metrics_known else ()), *(view.findings if view else ())):
+    for finding in (*(metric_findings if metrics_known else ()), *(view.findings if view else ()), *others):
         unique.setdefault(finding.fingerprint, finding)
     findings = tuple(by_severity(unique.values()))
     actionable = any(f.action != ACTION_NONE for f in findings)

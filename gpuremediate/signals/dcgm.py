@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpuremediate.signals import fabric
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.model import (
     GpuReading,
@@ -65,6 +66,7 @@ class _GpuBuilder:
     xid_messages: dict[int, tuple[str, ...]] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
     pods: set[PodRef] = field(default_factory=set)
+    fabric_labels: dict[str, str] = field(default_factory=dict)  # DCGM's string fabric fields, as labels
 
     def build(self) -> GpuReading:
         return GpuReading(
@@ -85,6 +87,7 @@ class _GpuBuilder:
             uncorrectable_remapped_rows=self.values.get("uncorrectable_remapped_rows"),
             gpu_temp=self.values.get("gpu_temp"),
             memory_temp=self.values.get("memory_temp"),
+            fabric=fabric.from_dcgm(self.extra, self.fabric_labels),
         )
 
 
@@ -153,6 +156,9 @@ def _add_identity(builder: _GpuBuilder, labels: Mapping[str, str]) -> None:
     for key, label in (("uuid", "UUID"), ("uuid", "uuid"), ("pci_bus_id", "pci_bus_id"), ("model", "modelName")):
         if labels.get(label) and key not in builder.identity:
             builder.identity[key] = labels[label]
+    for label in fabric.LABEL_FIELDS:
+        if labels.get(label) and label not in builder.fabric_labels:
+            builder.fabric_labels[label] = labels[label]
     if labels.get("pod") and labels.get("namespace"):
         builder.pods.add(PodRef(labels["namespace"], labels["pod"]))
 

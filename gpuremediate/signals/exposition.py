@@ -4,6 +4,13 @@
 anchored regular expression built without nested quantifiers that could backtrack; anything it does
 not match goes through a slower scanner that knows every rule and says which one a line breaks.
 
+0.0.4 (what exporters send) has a fast loop of string operations (``_Prometheus004Parser.run``) that
+hands every line it does not take to the same methods as its reference loop. What it keeps between
+parses is only what a fleet's exporters write alike: HELP / TYPE lines (``_COMMENTS``), label-name
+sequences (``_SHAPES``), MetricFamily objects (``_FROZEN``) and content types. Label texts hold a node's
+GPUs, so they are cached within one parse only, and every parse pays for its own; ``ParseResult.families``
+makes its MetricFamily objects when it is first read.
+
 Strict mode raises ``ParseError`` at the first violation. Lenient mode is for real exporters: it
 skips a line it cannot read and lists every skipped line (and a missing ``# EOF``) in
 ``ParseResult.malformed``. It tolerates only what exporters really write and what has one reading:
@@ -28,11 +35,12 @@ Timestamps are unix seconds as floats in both formats (0.0.4 writes integer mill
 from __future__ import annotations
 
 import math
+import operator
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 PROMETHEUS_004 = "0.0.4"
 OPENMETRICS_100 = "openmetrics-1.0"
@@ -55,6 +63,9 @@ _LABEL_SET = r"\{((?:" + _PAIR + r"(?:," + _PAIR + r")*)?)\}"
 _PLAIN_SHAPE = re.compile(_LABEL_NAME + '="(?:,' + _LABEL_NAME + '=")*,?' + r"\Z")
 _Shape = Callable[[list[str]], Labels]
 _SHAPES: dict[str, _Shape | Literal[False]] = {}
+# The pieces and the shape last looked up in _SHAPES by the 0.0.4 fast loop: comparing pieces costs less
+# than joining and hashing them, and every label text of an exporter (of a fleet) has the same shape.
+_LAST_SHAPE: list[tuple[list[str], str]] = [([], "")]
 _MAX_SHAPES = 1024  # distinct label-name sequences kept; an exporter has a handful
 _LABELS_004 = re.compile("(?:" + _PAIR + "(?:," + _PAIR + r")*,?)?\Z")
 _FAST_OM = re.compile(
@@ -207,12 +218,72 @@ class _MetricFamilyFields:
     unit: str
 
 
-@dataclass(frozen=True)
+class _Families(Mapping[str, MetricFamily]):
+    """``ParseResult.families``: read-only; its MetricFamily objects are made when it is first read, for
+    the controller reads only a scrape's samples and so never pays for them."""
+
+    __slots__ = ("building", "frozen")
+
+    def __init__(self, building: Mapping[str, _Family]) -> None:
+        self.building = building  # the parser's families, no longer changed
+        self.frozen: Mapping[str, MetricFamily] | None = None
+
+    def view(self) -> Mapping[str, MetricFamily]:
+        frozen = self.frozen
+        if frozen is None:
+            frozen = self.frozen = MappingProxyType(_frozen_families(self.building))
+        return frozen
+
+    def __getitem__(self, name: str) -> MetricFamily:
+        return self.view()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.view())
+
+    def __len__(self) -> int:
+        return len(self.view())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.view()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.view().get(name, default)
+
+    def __eq__(self, other: object) -> bool:
+        return self.view() == other
+
+    __hash__ = None  # type: ignore[assignment]  # as a mappingproxy's
+
+    def __repr__(self) -> str:
+        return repr(dict(self.view()))
+
+
+def _frozen_families(families: Mapping[str, _Family]) -> dict[str, MetricFamily]:
+    frozen: dict[str, MetricFamily] = {}
+    known = _FROZEN
+    for name, fam in families.items():  # fam.frozen() for each, mostly made before
+        key = (fam.name, fam.type, fam.help, fam.unit)
+        family = known.get(key)
+        frozen[name] = _frozen_family(key) if family is None else family
+    return frozen
+
+
+@dataclass(frozen=True, slots=True)
 class ParseResult:
     samples: list[Sample]
     families: Mapping[str, MetricFamily]
     malformed: list[tuple[int, str]] = field(default_factory=list)
     format: str = PROMETHEUS_004
+
+
+class _ParseResultFields:
+    """ParseResult's slots without its frozen ``__init__`` (see _SampleFields)."""
+
+    __slots__ = ParseResult.__slots__
+    samples: list[Sample]
+    families: Mapping[str, MetricFamily]
+    malformed: list[tuple[int, str]]
+    format: str
 
 
 class _Family:
@@ -308,19 +379,15 @@ class _Parser:
         self.label_cache: dict[str, Labels] = {}
 
     def result(self, fmt: str) -> ParseResult:
-        frozen: dict[str, MetricFamily] = {}
-        known = _FROZEN
-        for name, fam in self.families.items():  # fam.frozen() for each, mostly made before
-            key = (fam.name, fam.type, fam.help, fam.unit)
-            family = known.get(key)
-            frozen[name] = _frozen_family(key) if family is None else family
-        result = object.__new__(ParseResult)  # ParseResult(...) without its frozen __init__'s object.__setattr__ calls
-        fields = result.__dict__
-        fields["samples"] = self.samples
-        fields["families"] = MappingProxyType(frozen)
-        fields["malformed"] = self.malformed
-        fields["format"] = fmt
-        return result
+        result = _new(_ParseResultFields)  # ParseResult(...) at a third of the cost (see _SampleFields)
+        result.samples = self.samples
+        families: _Families = _new(_Families)  # _Families(self.families), as cheaply
+        families.building, families.frozen = self.families, None
+        result.families = families
+        result.malformed = self.malformed
+        result.format = fmt
+        result.__class__ = ParseResult  # type: ignore[assignment]
+        return result  # type: ignore[return-value]
 
     def fail(self, line_no: int, reason: str) -> None:
         if self.strict:
@@ -460,6 +527,12 @@ def _plain_labels(text: str) -> Labels | None:
     return known(parts)
 
 
+def _last_shape(pieces: list[str]) -> str:
+    shape = '"'.join(pieces)
+    _LAST_SHAPE[0] = (pieces, shape)
+    return shape
+
+
 def _shape(shape: str) -> _Shape | Literal[False]:
     """For ``_plain_labels``: a function that makes the labels out of the text split at its quotes
     (values at odd indices); False for a shape it leaves to the general path."""
@@ -559,30 +632,35 @@ class _Prometheus004Parser(_Parser):
         resolved: dict[str, _Family] = {}
         cache = self.label_cache
         append = self.samples.append
-        line_no = 0
-        for line in lines:
-            line_no += 1
+        rows = iter(lines)  # the line number is counted only for a line that breaks a rule (_line_no)
+        for line in rows:
             if not line:
                 continue
             try:
                 if line[0] == "#":
                     known = _COMMENTS.get(line)
                     if known is None:
-                        known = _comment_004(line)
-                        if len(_COMMENTS) >= _MAX_COMMENTS:
-                            _COMMENTS.clear()
-                        _COMMENTS[line] = known
-                    if known.__class__ is not tuple:
-                        if known is False:
-                            self.comment(line)
-                        continue  # True: "# HELP name" / "# TYPE name" alone says nothing
-                    name, said, suffixes = known
+                        known = _cached_comment_004(line)
+                    if known is False:
+                        self.comment(line)
+                        continue
+                    if known is True:
+                        continue  # "# HELP name" / "# TYPE name" alone says nothing
+                    name, said, suffixes = known  # describe(), its common cases inline
                     described = families.get(name)
-                    if described is None:  # self.new_family(name, "untyped"), inline
+                    if described is None:  # new_family(name, "untyped") then set_type() / set_help(), inline
                         described = families[name] = _new(_Family)
-                        described.name, described.type, described.suffixes = name, "untyped", _UNTYPED
-                        described.help = described.unit = ""
-                        described.has_help = described.has_type = described.has_unit = described.has_samples = False
+                        described.name, described.unit = name, ""
+                        described.has_unit = described.has_samples = False
+                        if suffixes:  # TYPE with a 0.0.4 type
+                            described.type, described.suffixes, described.has_type = said, suffixes, True
+                            described.help, described.has_help = "", False
+                            continue
+                        described.type, described.suffixes, described.has_type = "untyped", _UNTYPED, False
+                        if suffixes is None and "\\" not in said:  # HELP without escapes
+                            described.help, described.has_help = said, True
+                            continue
+                        described.help, described.has_help = "", False
                     if suffixes is not None:  # a TYPE line
                         if suffixes and not (described.has_type or described.has_samples):
                             described.type, described.has_type, described.suffixes = said, True, suffixes
@@ -593,25 +671,26 @@ class _Prometheus004Parser(_Parser):
                     else:
                         described.help, described.has_help = said, True
                     continue
-                split = _split_sample(line)
-                if split is None:
-                    self.sample_line(line, resolved)
-                    continue
-                name, label_text, rest = split
-                if label_text is None:
-                    labels: Labels = ()
-                else:
-                    cached = cache.get(label_text)
-                    if cached is None:
-                        cached = _plain_labels(label_text)
-                        if cached is not None:
-                            cache[label_text] = cached
-                        elif _LABELS_004.match(label_text) is None:
-                            self.sample_line(line, resolved)
-                            continue
+                # name{labels} value: the last "} " closes the labels (a value holds no brace), the first "{" opens them
+                head, closed, rest = line.rpartition("} ")
+                if closed:
+                    name, opened, label_text = head.partition("{")
+                    labels = cache.get(label_text) if opened else None
+                    if labels is None and opened:  # self.new_labels(label_text), its common case inline
+                        parts = label_text.split('"')
+                        pieces = parts[::2]
+                        last_pieces, last_shape = _LAST_SHAPE[0]  # an exporter's label texts share their shape
+                        build = _SHAPES.get(last_shape if pieces == last_pieces else _last_shape(pieces))
+                        if build and len(parts) & 1 and "\\" not in label_text:
+                            labels = cache[label_text] = build(parts)
                         else:
-                            cached = self.labels_of(label_text, False)
-                    labels = cached
+                            labels = self.new_labels(label_text)
+                    if labels is None:
+                        self.sample_line(line, resolved)
+                        continue
+                else:
+                    name, _, rest = line.partition(" ")  # a "{" without "} " leaves no valid name: see below
+                    labels = ()
                 if rest.strip(_DECIMAL_CHARS):
                     self.sample_line(line, resolved)  # a timestamp, NaN / ±Inf, or something to report
                     continue
@@ -641,10 +720,29 @@ class _Prometheus004Parser(_Parser):
                 sample.__class__ = Sample  # type: ignore[assignment]
                 append(sample)  # type: ignore[arg-type]
             except _LineError as err:
-                self.fail(line_no, err.reason)
+                self.fail(_line_no(lines, rows), err.reason)
         if unterminated:
             return self.finish(len(lines), unterminated)
-        return self.result(PROMETHEUS_004)
+        result = _new(_ParseResultFields)  # self.result(PROMETHEUS_004), inline
+        result.samples = self.samples
+        view: _Families = _new(_Families)
+        view.building, view.frozen = families, None
+        result.families = view
+        result.malformed = self.malformed
+        result.format = PROMETHEUS_004
+        result.__class__ = ParseResult  # type: ignore[assignment]
+        return result  # type: ignore[return-value]
+
+    def new_labels(self, text: str) -> Labels | None:
+        """The labels of a label text not read before in this exposition (kept in ``label_cache``); None
+        for a text the fast loop leaves to ``sample_line`` (which reads it or says what is wrong)."""
+        labels = _plain_labels(text)
+        if labels is not None:
+            self.label_cache[text] = labels
+            return labels
+        if _LABELS_004.match(text) is None:
+            return None
+        return self.labels_of(text, False)
 
     def new_family(self, name: str, type_: str) -> _Family:
         """A family with what 0.0.4 reads; OpenMetrics' bookkeeping (``seen``, ``buckets``, ``group``…) is
@@ -833,6 +931,18 @@ def _comment_004(line: str) -> tuple[str, str, tuple[str, ...] | None] | bool:
     if not said:
         return True
     return name, said, (_SUFFIXES_004.get(said, ()) if head == "# TYPE " else None)
+
+
+def _cached_comment_004(line: str) -> tuple[str, str, tuple[str, ...] | None] | bool:
+    if len(_COMMENTS) >= _MAX_COMMENTS:
+        _COMMENTS.clear()
+    known = _COMMENTS[line] = _comment_004(line)
+    return known
+
+
+def _line_no(lines: list[str], rows: Iterator[str]) -> int:
+    """The 1-based number of the line ``rows`` (an iterator over ``lines``) gave last."""
+    return len(lines) - operator.length_hint(rows)
 
 
 # Comment lines read by _comment_004, by their text: an exporter fleet writes the same HELP and TYPE

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from gpuremediate.signals.fabric_model import GpuFabric
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -152,6 +154,7 @@ class GpuReading:
     pods: tuple[PodRef, ...] = ()
     mig_devices: tuple[str, ...] = ()  # MIG device profiles (e.g. "1g.10gb") when MIG is on and listed
     extra: Mapping[str, float] = field(default_factory=empty_mapping, hash=False)  # any other field, by DCGM field name
+    fabric: GpuFabric | None = None  # NVLink fabric state, domain and IMEX (signals.fabric); None: not reported
 
     def __post_init__(self) -> None:
         for name in ("xid_counts", "xid_messages", "extra"):  # an empty one from a builder: the shared EMPTY

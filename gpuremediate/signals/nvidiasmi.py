@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuremediate.signals import fabric
 from gpuremediate.signals.model import (
     GpuReading,
     LostGpu,
@@ -52,6 +53,9 @@ REMAP_FIELDS = (
     "remapped_rows.failure",
 )
 QUERY_FIELDS = BASE_FIELDS + REMAP_FIELDS
+# Asked apart (drivers before the fabric API reject them, and that must not cost the main query); ``-q`` has them
+# as its "Fabric" section (State, Status, CliqueId, ClusterUUID) when it is read anyway.
+FABRIC_FIELDS = ("index", "fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clusterUuid")
 
 WINDOWS_LOCATIONS = (
     r"C:\Windows\System32\nvidia-smi.exe",
@@ -327,6 +331,9 @@ def gpu_reading(node: str, gpu: SmiGpu) -> GpuReading:
         gpu_temp=plausible_temp(number(gpu.get("temperature.gpu", "Temperature.GPU Current Temp"))),
         memory_temp=plausible_temp(number(gpu.get("temperature.memory", "Temperature.Memory Current Temp"))),
         extra=extra,
+        fabric=fabric.from_smi(gpu.get("fabric.state", "Fabric.State"), gpu.get("fabric.status", "Fabric.Status"),
+                               gpu.get("fabric.cliqueId", "Fabric.CliqueId"),
+                               gpu.get("fabric.clusterUuid", "Fabric.ClusterUUID")),
     )
 
 
@@ -370,6 +377,7 @@ class NvidiaSmiSource:
         observed_at = self._clock()
         rows, needs_q, lost = self._query(path)
         q = self._q(path) if needs_q and rows else {}
+        rows = rows if q or not rows else self._with_fabric(path, rows)
         readings = dataclasses.replace(node_readings(self.node, rows, q, observed_at), lost_gpus=lost)
         if any(g.extra.get("DCGM_FI_DEV_MIG_MODE") == 1.0 for g in readings.gpus):
             readings = self._with_mig_devices(path, readings)
@@ -391,6 +399,15 @@ class NvidiaSmiSource:
                 raise
             rows, lost = parse_lost_output(e.output, fields)
             return rows, fields is BASE_FIELDS, lost
+
+    def _with_fabric(self, path: str, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The rows with their GPUs' fabric cells; unchanged where the driver has no fabric fields or fails."""
+        try:
+            found = parse_query_csv(self._run(path, _query_args(FABRIC_FIELDS)), FABRIC_FIELDS)
+        except NvidiaSmiError:
+            return rows
+        by_index = {row["index"]: row for row in found}
+        return [row | by_index.get(row.get("index", ""), {}) for row in rows]
 
     def _q(self, path: str) -> dict[str, dict[str, str]]:
         try:

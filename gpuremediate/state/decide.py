@@ -497,9 +497,11 @@ def complete_validation(record: NodeRecord, ok: bool, now: float, detail: str = 
     return _moved(record, after, uncordon=should_uncordon(record))
 
 
-def thermal_cleared(record: NodeRecord, now: float) -> Decision:
-    """The soft fault cleared (reading below the clear threshold for the hold time): healthy."""
-    after = _close_flow(record, states.THERMAL_CLEARED, now, "temperature back below the clear threshold", None)
+def thermal_cleared(record: NodeRecord, now: float,
+                    message: str = "temperature back below the clear threshold") -> Decision:
+    """The soft fault cleared (reading below the clear threshold for the hold time; a fabric state good again):
+    healthy."""
+    after = _close_flow(record, states.THERMAL_CLEARED, now, message, None)
     return _moved(record, after, uncordon=should_uncordon(record))
 
 

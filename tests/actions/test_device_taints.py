@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from gpuremediate.actions.custom import MANAGED_BY, MANAGED_BY_LABEL
 from gpuremediate.actions.device_taints import (
+    claimable,
+    validation_claim,
     DRY_RUN_ANNOTATION,
     EFFECT_NO_EXECUTE,
     EFFECT_NO_SCHEDULE,
@@ -433,3 +435,24 @@ def test_rule_names_are_valid_stable_and_differ_per_gpu(node: str, index: int, g
     assert name == rule_name(node, uuid, device)
     assert name != rule_name(node, f"GPU-{uuidlib.uuid4()}", device)  # a swapped GPU: another rule
     assert name.startswith("gpur-")
+
+
+def test_the_validation_claim_selects_the_gpu_by_uuid_tolerates_our_taint_and_is_owned_by_the_job() -> None:
+    gpu = GpuDevice("node-1", "GPU-0a1b", "gpu.nvidia.com", "node-1", "gpu-3")
+    job = {"metadata": {"name": "gpur-validate-node-1-x-1", "uid": "job-uid"}}
+    body = validation_claim("gpur-validate-node-1-x-1", "jobs", gpu, job, device_class="gpu.nvidia.com")
+
+    [request] = body["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert request["exactly"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.nvidia.com" && '
+                                                                      'device.attributes["gpu.nvidia.com"].uuid == '
+                                                                      '"GPU-0a1b"'}}]
+    assert {(t["key"], t["operator"], t["effect"]) for t in request["exactly"]["tolerations"]} == {
+        ("gpuremediate.io/unhealthy", "Exists", "NoSchedule"), ("gpuremediate.io/unhealthy", "Exists", "NoExecute")}
+    assert body["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"][
+        "name"], "uid": "job-uid", "blockOwnerDeletion": False}]
+    assert body["metadata"]["namespace"] == "jobs"
+    hostile = GpuDevice("node-1", 'GPU-1" || true || "', "gpu.nvidia.com", "node-1", "gpu-3")
+    assert not claimable(hostile)
+    with pytest.raises(ValueError, match="CEL"):
+        validation_claim("c", "jobs", hostile, job, device_class="gpu.nvidia.com")

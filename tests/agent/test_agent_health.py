@@ -153,3 +153,21 @@ def test_the_controller_table_maps_every_agent_fault_back_to_an_action() -> None
     reason = run(readings(gpu(0), gpu(1)), (xid(79),))[c.GPU_HEALTHY][1]
     rule = next(r for r in c.DEFAULT_RULES if r.matches({"type": c.GPU_HEALTHY, "status": "False", "reason": reason}))
     assert rule.action == entry.action
+
+
+def test_a_domain_tray_whose_fabric_has_not_started_is_unhealthy_only_with_its_clique_label() -> None:
+    import dataclasses
+
+    from gpuremediate.signals.fabric import CLIQUE_LABEL, STATE_NOT_STARTED
+    from gpuremediate.signals.fabric_model import GpuFabric
+
+    policy = dataclasses.replace(POLICY, fabric=dataclasses.replace(POLICY.fabric, not_started_grace_s=0))
+    smi = readings(gpu(0, fabric=GpuFabric(state=STATE_NOT_STARTED)), gpu(1, fabric=GpuFabric(state=STATE_NOT_STARTED)))
+    count = Expected(2, "nvidia.com/gpu capacity")
+    inv = update_inventory({}, smi.readings)
+    tray = assess(Inputs("n1", smi, (), count, inv, 0, {CLIQUE_LABEL: "c0ffee00-0000-4000-8000-000000000001.1"}),
+                  policy, PolicyMemory(), NOW)
+    assert {f.kind for f in tray.findings} == {"fabric-unhealthy"}
+    assert by_type(tray.conditions)[c.GPU_HEALTHY][0] == "False"
+    alone = assess(Inputs("n1", smi, (), count, inv, 0), policy, PolicyMemory(), NOW)  # no domain: nothing
+    assert not alone.findings and by_type(alone.conditions)[c.GPU_HEALTHY] == ("True", "NoGPUFault")

@@ -36,6 +36,7 @@ class Writes:
     def __init__(self) -> None:
         self.records: list[tuple[NodeRecord, bool]] = []
         self.events: list[tuple[str, str]] = []
+        self.told: list[tuple[str, str]] = []  # the workload notices: (Kind/namespace/name, reason)
 
     def write(self, node: dict[str, Any], record: NodeRecord, *, cordon: bool = False, **_: Any) -> dict[str, Any]:
         self.records.append((record, cordon))
@@ -43,6 +44,9 @@ class Writes:
 
     def node_event(self, node: str, reason: str, message: str, *_: Any, **__: Any) -> None:
         self.events.append((reason, message))
+
+    def object_event(self, ref: Any, reason: str, message: str, *_: Any) -> None:
+        self.told.append((f"{ref.kind}/{ref.namespace}/{ref.name}", reason))
 
 
 @dataclasses.dataclass
@@ -140,6 +144,7 @@ def test_immediate_goes_no_execute_at_once_and_waits_for_the_holder(kube: KubeCl
     result, rec = step(ctx, kube, rec, drain)
     assert isinstance(result, InProgress), "w3 still holds gpu-3 (the eviction controller deletes it)"
     assert rec.action is not None and "w/w3" in rec.action.detail and "w4" not in rec.action.detail
+    assert ctx.writer.told == [("Pod/w/w3", "GPUFault")], "the pod the NoExecute rule deletes is told why, once"
 
 
 def test_a_cluster_without_device_taint_rules_goes_node_level_once(no_rules: KubeClient) -> None:

@@ -73,6 +73,9 @@ class Context:
         self.metrics = SimpleNamespace(evictions=SimpleNamespace(inc=lambda **_: None),
                                        count_api_error=lambda _e: None)
         self.policy = Policy()
+        self.told: list[str] = []  # the workload notices (GPUFault Events): "Kind namespace/name"
+        self.events = SimpleNamespace(dry_run=False, object_event=lambda ref, *_: self.told.append(
+            f"{ref.kind} {ref.namespace}/{ref.name}"))
 
     def _write(self, node: dict[str, Any], record: NodeRecord) -> dict[str, Any]:
         self.written[node["metadata"]["name"]] = record
@@ -141,6 +144,7 @@ def test_a_pdb_refusal_is_recorded_by_the_step_after_its_answer() -> None:
         blocked = ctx.written["gpu-0"].blocked
         assert blocked is not None and blocked.reason == BLOCK_PDB and blocked.detail == "team-a/train-pdb"
         assert client.asked["gpu-0-train-3"] == 1  # not asked again before the drain's retry_s
+        assert len(ctx.told) == len(set(ctx.told)) == 5, "each evicted pod told why once"
     finally:
         drain.close()
 

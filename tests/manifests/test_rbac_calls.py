@@ -70,6 +70,7 @@ ALLOWED_UNUSED: dict[Permission, str] = {
     ("resource.k8s.io", "devicetaintrules", "delete"): "GPU-level isolation is off in this flow",
     ("resource.k8s.io", "resourceslices", "list"): "GPU-level isolation is off in this flow",
     ("resource.k8s.io", "resourceclaims", "get"): "GPU-level isolation is off in this flow",
+    ("resource.k8s.io", "resourceclaims", "create"): "GPU-level isolation is off in this flow",
 }
 
 POLICY = """

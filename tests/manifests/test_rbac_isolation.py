@@ -29,7 +29,7 @@ NODE = "gpu-node-1"
 ISOLATION_PERMISSIONS = {("resource.k8s.io", resource, verb) for resource, verb in (
     ("devicetaintrules", "get"), ("devicetaintrules", "list"), ("devicetaintrules", "create"),
     ("devicetaintrules", "update"), ("devicetaintrules", "delete"), ("resourceslices", "list"),
-    ("resourceclaims", "get"))}
+    ("resourceclaims", "get"), ("resourceclaims", "create"))}
 POLICY = """
 [isolation]
 scope = "gpu"

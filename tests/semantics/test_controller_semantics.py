@@ -73,3 +73,18 @@ def test_job_body_is_batch_v1_valid(client: KubeClient) -> None:
     assert pod["restartPolicy"] == "Never" and pod["tolerations"] == [{"operator": "Exists"}]
     limits = pod["containers"][0]["resources"]
     assert limits["limits"] == limits["requests"] == {"nvidia.com/gpu": "8"}  # extended resources: equal
+
+
+def test_a_job_taking_its_gpu_through_a_claim_is_placed_by_affinity_not_node_name(client: KubeClient) -> None:
+    """A pod given spec.nodeName skips the scheduler, so its claim would never be allocated: the claim's Job is
+    pinned by a required node affinity on the node's name instead, and its container names the claim."""
+    job = build_job("validate", "gpu-node-1", "xid-48/gpu3", 1,
+                    JobSpec(image="x", command=("dcgmi", "diag"), device_claim="gpur-validate-c"), namespace=NS)
+    pod = client.create(JOBS, job, NS, dry_run=True)["spec"]["template"]["spec"]
+    assert "nodeName" not in pod
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}]}]
+    assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimName": "gpur-validate-c"}]
+    assert pod["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}
+    plain = build_job("validate", "gpu-node-1", "xid-48/gpu3", 1, JobSpec(image="x", command=("true",)), namespace=NS)
+    assert plain["spec"]["template"]["spec"]["nodeName"] == "gpu-node-1"

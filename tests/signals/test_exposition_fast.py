@@ -9,6 +9,7 @@ samples, families and malformed lines, or raise the same ParseError, in strict a
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from gpuremediate.signals import exposition
 from gpuremediate.signals.exposition import ParseError, ParseResult, Sample, parse
 
 DATA = Path(__file__).resolve().parent / "data" / "dcgm-exporter"
+# the project's reference data (bench/run.py reads it too); its scrapes are checked where it is present
+SHARED = Path(os.environ.get("GPUREMEDIATE_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SETTINGS = settings(max_examples=400, deadline=None)
 
@@ -157,6 +160,48 @@ def test_the_real_scrapes_read_alike(path: Path) -> None:
     read = parse(path.read_text(encoding="utf-8"), content_type=CONTENT_TYPE, strict=False)
     assert read.samples and not read.malformed
     assert all(type(sample) is Sample for sample in read.samples)
+
+
+def real_scrapes() -> list[Path]:
+    """Every exporter scrape in the tests' data and in the reference data (where it is present)."""
+    shared = sorted(SHARED.rglob("*.prom")) if SHARED.is_dir() else []
+    return sorted(DATA.glob("*.prom")) + shared
+
+
+@pytest.mark.parametrize("path", real_scrapes(), ids=str)
+def test_every_real_scrape_reads_alike_in_both_loops_and_both_modes(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    check(text)
+    assert fast(text.replace("\n", "\r\n"), False) == fast(text, False)  # CRLF lines read alike (lenient)
+
+
+@pytest.mark.parametrize("path", real_scrapes(), ids=str)
+def test_every_real_scrape_gives_prometheus_clients_samples(path: Path) -> None:
+    """The samples bench/run.py times are the ones prometheus_client's parser reads (where it is installed)."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    text = path.read_text(encoding="utf-8")
+    ours = parse(text, content_type=CONTENT_TYPE, strict=False)
+    mine = sorted((s.name, s.labels, s.value) for s in ours.samples)
+    names = {name for name, _, _ in mine}
+    # prometheus_client names a 0.0.4 counter's samples <name>_total; undo it to compare (as bench/run.py does)
+    theirs = sorted((s.name if s.name in names else s.name.removesuffix("_total"), tuple(sorted(s.labels.items())),
+                     float(s.value)) for family in parser.text_string_to_metric_families(text) for s in family.samples)
+    assert mine == theirs and not ours.malformed
+
+
+def test_families_are_made_when_first_read_and_read_like_a_mapping() -> None:
+    read = parse("# HELP a x\n# TYPE a gauge\na 1\nb 2\n")
+    families = read.families
+    assert families.frozen is None  # type: ignore[attr-defined]  # nothing made yet
+    assert dict(families) == {"a": exposition.MetricFamily("a", "gauge", "x"), "b": exposition.MetricFamily(
+        "b", "untyped")}
+    assert "a" in families and "c" not in families and families.get("c") is None and len(families) == 2
+    assert families == parse("# HELP a x\n# TYPE a gauge\na 3\nb 4\n").families == dict(families)
+    assert families["a"] is parse("# HELP a x\n# TYPE a gauge\n").families["a"]  # shared between scrapes
+    with pytest.raises(TypeError):
+        families["c"] = exposition.MetricFamily("c", "gauge")  # type: ignore[index]
+    with pytest.raises(TypeError):
+        hash(families)
 
 
 def test_one_character_corruptions_of_real_lines_read_alike() -> None:

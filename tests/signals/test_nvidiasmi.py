@@ -87,7 +87,12 @@ def test_each_capture_maps_to_readings(
     assert gpu.extra.get("DCGM_FI_DEV_MIG_MODE") == mig
     assert gpu.xid is None and not gpu.xid_counts  # nvidia-smi does not report XIDs
     query = [f"--query-gpu={','.join(nvidiasmi.QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
-    assert calls(tmp_path) == ([query, ["-L"]] if mig else [query])  # MIG on: its devices are listed
+    fabric = [f"--query-gpu={','.join(nvidiasmi.FABRIC_FIELDS)}", "--format=csv,noheader,nounits"]
+    # the fabric fields are asked apart; MIG on: its devices are listed
+    assert calls(tmp_path) == ([query, fabric, ["-L"]] if mig else [query, fabric])
+    # HGX H100/H200 alone: registered (Completed, Success), in no multi-node NVLink domain (clique 0, zero UUID)
+    seen = None if gpu.fabric is None else (gpu.fabric.state, gpu.fabric.status, gpu.fabric.clique)
+    assert seen == (None if capture == RTX else ("completed", "Success", None))
     assert gpu.mig_devices == (("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb") if mig else ())
 
 

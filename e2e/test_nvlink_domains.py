@@ -1,0 +1,136 @@
+"""NVLink domains (issue 28): a GB200 NVL72 rack of 18 compute trays (4 GPUs each, GPU Feature Discovery's
+``nvidia.com/gpu.clique``), a single-tray domain and a plain HGX node, as gpu-sim and NodeSim model them.
+
+A Fabric Manager stopped on one tray is a finding on that tray only; one tray whose fabric registration failed
+is repaired as a tray (reboot, validation, back); idle racks, a single-tray domain whose IMEX is not running and
+the plain node raise nothing even with every fabric grace at 0; 10 of 18 trays failing at once open the domain
+breaker on the clique label (``[fabric] domain_breaker``): no tray is cordoned or rebooted.
+In-process targets only (the trays are gpu-sim's and NodeSim's). Run: ``python -m pytest e2e/test_nvlink_domains.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.harness import Cluster, EmulatorCluster, make_cluster
+from gpuremediate.signals.fabric import CLIQUE_LABEL
+from gpuremediate.state import states
+
+TRAYS = 18
+NOW: dict[str, Any] = {"failure_grace_s": 0, "stuck_after_s": 0, "not_started_grace_s": 0, "imex_grace_s": 0}
+ALL_BUDGET = {"max_unavailable": "100%"}
+
+
+@pytest.fixture
+def rack(tmp_path: Path) -> Iterator[EmulatorCluster]:
+    """One plain node, an NVL72 rack (rack-1, 18 trays) and a single-tray domain (rack-2)."""
+    cluster = make_cluster(tmp_path, nodes=1, nvl72=(TRAYS, 1))
+    if not isinstance(cluster, EmulatorCluster):
+        pytest.skip("simulated NVL72 trays (gpu-sim and NodeSim in process)")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop_controller()
+        problems = cluster.log_problems()
+        cluster.stop()
+        assert problems == []
+
+
+def trays(cluster: EmulatorCluster, rack: str = "rack-1") -> list[str]:
+    return list(cluster.sim.racks[rack])
+
+
+def healthy(cluster: Cluster, node: str) -> bool:
+    return cluster.state(node) == states.HEALTHY and not cluster.unschedulable(node)
+
+
+def fault_kind(cluster: Cluster, node: str) -> str:
+    record = cluster.record(node)
+    return record.fault.kind if record is not None and record.fault is not None else ""
+
+
+def test_the_trays_carry_their_domain(rack: EmulatorCluster) -> None:
+    cliques = {(rack.node(t)["metadata"].get("labels") or {}).get(CLIQUE_LABEL) for t in trays(rack)}
+    assert len(cliques) == 1 and None not in cliques
+    single = (rack.node(trays(rack, "rack-2")[0])["metadata"].get("labels") or {}).get(CLIQUE_LABEL)
+    assert single not in cliques | {None}
+    assert CLIQUE_LABEL not in (rack.node("gpu-node-1")["metadata"].get("labels") or {})
+    out = rack.cli("status", "--by", "domain")
+    assert out.returncode == 0, out.stderr
+    assert f"DOMAIN {cliques.pop()}: {TRAYS} node(s), 0 out of service" in out.stdout
+
+
+def test_fabric_manager_stopped_on_one_tray_is_a_finding_on_that_tray_only(rack: EmulatorCluster) -> None:
+    target = trays(rack)[2]
+    rack.inject(target, 0, "fabric-manager-down")
+    rack.start_controller({"fabric": {"not_started_grace_s": 0}})
+    rack.wait(lambda: fault_kind(rack, target) == "fabric-unhealthy" and rack.unschedulable(target), 20,
+              f"{target} cordoned for its Fabric Manager", seen=lambda: rack.summary(target))
+    domain = (rack.node(target)["metadata"].get("labels") or {})[CLIQUE_LABEL]
+    rack.wait_metric("gpuremediate_domain_nodes_out", 1, domain=domain)  # one tray of the rack out
+    others = [n for n in rack.nodes if n != target]
+    rack.holds(lambda: all(healthy(rack, n) for n in others), 2.0, "every other node healthy and schedulable",
+               seen=lambda: [rack.summary(n) for n in others if not healthy(rack, n)])
+    assert rack.job_runs(target, "reboot") == 0  # a cordon, not a repair: the workloads stay
+    rack.gpusim(target, "reboot", {"node": target})  # a person restarts its software: the fabric registers again
+    rack.wait(lambda: healthy(rack, target), 20, f"{target} uncordoned once its fabric is good again",
+              seen=lambda: rack.summary(target))
+
+
+def test_one_tray_with_a_failed_fabric_is_repaired_as_a_tray(rack: EmulatorCluster) -> None:
+    target = trays(rack)[4]
+    rack.inject(target, 1, "fabric-failure")
+    rack.start_controller({"fabric": {"failure_grace_s": 0}})
+    rack.wait(lambda: rack.job_runs(target, "reboot") >= 1, 30, f"{target} rebooted",
+              seen=lambda: rack.summary(target))
+    rack.wait(lambda: healthy(rack, target), 30, f"{target} back in service", seen=lambda: rack.summary(target))
+    assert rack.job_runs(target, "reboot") == 1
+    assert all(rack.job_runs(n, "reboot") == 0 for n in rack.nodes if n != target)
+    assert rack.metrics().value("gpuremediate_circuit_breaker_open") == 0
+
+
+def test_idle_racks_a_single_tray_domain_and_a_plain_node_raise_nothing(rack: EmulatorCluster) -> None:
+    single = trays(rack, "rack-2")[0]
+    rack.inject(single, 0, "imex-down", -3)  # no IMEX daemon running (it comes with a ComputeDomain)
+    for tray in trays(rack)[:6]:
+        rack.inject(tray, 0, "imex-down", -3)
+    rack.start_controller({"fabric": {**NOW, "imex_action": "cordon"}})  # any IMEX finding would cordon at once
+    rack.holds(lambda: all(healthy(rack, n) for n in rack.nodes), 4.0, "every node healthy and schedulable",
+               seen=lambda: [rack.summary(n) for n in rack.nodes if not healthy(rack, n)])
+    reasons = {reason for n in rack.nodes for reason in rack.event_reasons(n)}
+    assert not {r for r in reasons if "Fabric" in r or "Imex" in r or "IMEX" in r}, reasons
+    assert rack.controller_log().count("fabric-") == 0
+
+
+def test_ten_of_eighteen_trays_failing_open_the_domain_breaker_with_no_tray_rebooted(rack: EmulatorCluster) -> None:
+    failing = trays(rack)[:10]
+    for tray in failing:
+        rack.inject(tray, 0, "fabric-failure")
+    # The fleet-wide breaker (30 % of 20 nodes) is set out of the way: the rack's own breaker must hold them.
+    rack.start_controller({"fabric": {"failure_grace_s": 0}, "budget": ALL_BUDGET,
+                           "breaker": {"threshold_percent": 90, "domain_threshold_percent": 50}})
+
+    def held(node: str) -> bool:
+        record = rack.record(node)
+        return record is not None and record.blocked is not None and record.blocked.reason == "breaker" \
+            and "domain breaker open for " + CLIQUE_LABEL in record.blocked.detail
+
+    rack.wait(lambda: all(held(n) for n in failing), 30, "every failing tray held by the domain breaker",
+              seen=lambda: [rack.summary(n) for n in failing if not held(n)])
+    event = rack.wait_event(failing[0], "GPURemediationDomainBreakerOpen", f"10 of {TRAYS} nodes", timeout=10)
+    assert CLIQUE_LABEL in event["message"]
+    rack.holds(lambda: not any(rack.unschedulable(n) for n in rack.nodes), 2.0, "no tray cordoned",
+               seen=lambda: [n for n in rack.nodes if rack.unschedulable(n)])
+    assert sum(rack.job_runs(n, "reboot") for n in rack.nodes) == 0
+    assert rack.metrics().value("gpuremediate_circuit_breaker_open") == 0  # the fleet's breaker stays closed
+    out = rack.cli("status")
+    assert "DOMAIN BREAKER OPEN for " + CLIQUE_LABEL in out.stdout, out.stdout
+    explained = rack.cli("explain", failing[0]).stdout
+    assert f"NVLink domain: {CLIQUE_LABEL}=" in explained and f": {TRAYS} node(s), 0 out of service" in explained, \
+        explained
+    assert "domain breaker open for" in explained, explained

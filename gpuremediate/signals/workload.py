@@ -1,0 +1,179 @@
+"""The workload signal (issue 29): pods on one node failing with GPU errors — a node whose GPU is dead but whose
+exporter shows nothing keeps taking pods and failing them ("a node with one dead GPU kept showing Ready and
+rejected hundreds of pods in under two hours").
+
+Read from one watch of the cluster's Failed pods (``fieldSelector=status.phase=Failed``, every namespace), each
+reduced at once to what this needs (``reduce``: node, when, the GPU error it names, or nothing), so the cache holds
+a few strings per failed pod, never the pods. A failure counts when it names the GPU:
+
+- the kubelet refused the pod at admission for a GPU (``status.reason`` ``UnexpectedAdmissionError`` whose message
+  names an NVIDIA resource, or a device plugin's ``Allocate failed``: it offered a device it cannot hand out);
+- a container ended with a termination message or reason naming the GPU as unusable: no CUDA device, devices
+  busy or unavailable, an uncorrectable ECC error, a lost or fallen-off GPU, NVML failing to initialise.
+
+An application's own CUDA bug (an illegal memory access, out of memory) is not the node's fault and does not count.
+``WorkloadSignal.findings`` gives a node a ``workload-gpu-errors`` finding once ``[workload] min_pods`` distinct pods
+failed that way there within ``window_s``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpuremediate.kube.cache import FAILED_PODS, Informer
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import PODS
+from gpuremediate.policy.findings import ACTION_CORDON, Finding
+from gpuremediate.policy.schema import between, duration, setting
+
+KIND_WORKLOAD = "workload-gpu-errors"
+ADMISSION = "admission"
+CONTAINER = "container"
+
+# A container's termination message or reason that says the GPU itself is unusable (CUDA runtime/driver API
+# error names and their messages, NVML's, the driver's).
+GPU_UNUSABLE = re.compile("|".join((
+    r"no CUDA-capable device is detected", r"CUDA_ERROR_NO_DEVICE", r"cudaErrorNoDevice",
+    r"CUDA-capable device\(s\) is/are busy or unavailable", r"cudaErrorDevicesUnavailable",
+    r"CUDA_ERROR_ECC_UNCORRECTABLE", r"cudaErrorECCUncorrectable", r"uncorrectable ECC error encountered",
+    r"GPU is lost", r"fallen off the bus", r"Failed to initialize NVML", r"NVML_ERROR_GPU_IS_LOST",
+    r"CUDA_ERROR_SYSTEM_NOT_READY", r"cudaErrorSystemNotReady", r"system not yet initialized",
+)), re.IGNORECASE)
+GPU_RESOURCE = re.compile(r"nvidia\.com/|Allocate failed|unhealthy devices", re.IGNORECASE)
+MAX_TEXT = 300  # of a failure's message kept for the finding
+
+
+@dataclass(frozen=True)
+class WorkloadPolicy:
+    """``[workload]``: pods failing on a node with GPU errors as a finding for that node."""
+
+    enabled: bool = setting(True, "watch the cluster's Failed pods (one watch, each reduced to its GPU error) and "
+                            "give a node whose pods keep failing with GPU errors a workload-gpu-errors finding")
+    min_pods: int = setting(3, "distinct pods failed with a GPU error on the node within window_s",
+                            check=between(1, 10_000))
+    window_s: float = setting(600.0, "seconds the failures are counted over", check=duration(10))
+    action: str = setting(ACTION_CORDON, "what the finding does (cordon: no new pods land on the node, the "
+                          "others finish; reboot, reset-gpu, quarantine or a custom action)", action=True)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed pod, as much of it as the signal needs."""
+
+    pod: str  # namespace/name
+    node: str
+    at: float  # when it failed (its condition's or container's time; 0: unknown)
+    how: str  # ADMISSION | CONTAINER
+    text: str  # what it said
+
+
+def reduce(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The informer's transform: a Failed pod → the few fields ``failure_of`` reads (a non-GPU failure keeps only
+    its name: the cache stays small however many pods fail)."""
+    meta = pod.get("metadata") or {}
+    kept: dict[str, Any] = {"metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", ""),
+                                         "resourceVersion": meta.get("resourceVersion", "")}}
+    found = _gpu_error(pod)
+    if found is not None:
+        # A pod refused at admission may carry no status time: its creation then (admission follows at once). Never
+        # "when this watch saw it": a restarted controller relists last week's failures.
+        at = _failed_at(pod) or _seconds(meta.get("creationTimestamp") or "")
+        kept["gpuFailure"] = {"node": str((pod.get("spec") or {}).get("nodeName") or ""), "at": at,
+                              "how": found[0], "text": found[1][:MAX_TEXT]}
+    return kept
+
+
+def failure_of(reduced: Mapping[str, Any]) -> Failure | None:
+    found = reduced.get("gpuFailure")
+    if not isinstance(found, Mapping) or not found.get("node"):
+        return None
+    meta = reduced.get("metadata") or {}
+    return Failure(f"{meta.get('namespace', '')}/{meta.get('name', '')}", str(found["node"]), float(found["at"]),
+                   str(found["how"]), str(found["text"]))
+
+
+def _gpu_error(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    status = pod.get("status") or {}
+    message = str(status.get("message") or "")
+    if status.get("reason") == "UnexpectedAdmissionError" and GPU_RESOURCE.search(message):
+        return ADMISSION, message
+    for container in (*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])):
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            text = f"{ended.get('reason') or ''} {ended.get('message') or ''}".strip()
+            if ended.get("exitCode") not in (None, 0) and GPU_UNUSABLE.search(text):
+                return CONTAINER, f"container {container.get('name', '')}: {text}"
+    return None
+
+
+def _failed_at(pod: Mapping[str, Any]) -> float:
+    status = pod.get("status") or {}
+    stamps = [c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    for container in status.get("containerStatuses") or []:
+        stamps.append(((container.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+    stamps.append(status.get("startTime"))
+    return max((_seconds(s) for s in stamps if s), default=0.0)
+
+
+def _seconds(stamp: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+class WorkloadSignal:
+    """The GPU failures of the cluster's Failed pods, by node; fed by an informer's handlers (any thread)."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, Failure] = {}  # pod -> its failure
+        self._lock = threading.Lock()
+
+    def seen(self, reduced: Mapping[str, Any]) -> None:
+        failure = failure_of(reduced)
+        meta = reduced.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        with self._lock:
+            if failure is None:
+                self._failures.pop(key, None)
+            else:
+                self._failures[key] = failure
+
+    def failures(self, node: str, now: float, window_s: float) -> list[Failure]:
+        with self._lock:
+            self._failures = {k: f for k, f in self._failures.items() if now - f.at <= max(window_s, 3600.0)}
+            return sorted((f for f in self._failures.values() if f.node == node and now - f.at <= window_s),
+                          key=lambda f: (f.at, f.pod))
+
+    def findings(self, node: str, now: float, *, min_pods: int, window_s: float, action: str) -> list[Finding]:
+        """One finding when ``min_pods`` distinct pods failed on ``node`` with a GPU error within ``window_s``;
+        its fingerprint is the first of them, so the same run of failures is one fault however long it goes on."""
+        found = self.failures(node, now, window_s)
+        if len(found) < max(1, min_pods):
+            return []
+        first, last = found[0], found[-1]
+        how = "refused at admission" if all(f.how == ADMISSION for f in found) else "failed with GPU errors"
+        message = (f"{len(found)} pods {how} on this node within {window_s:.0f}s (last: {last.pod}: {last.text}); "
+                   f"action {action}")
+        return [Finding(node=node, kind=KIND_WORKLOAD, code=first.how, gpus=(), action=action,
+                        fingerprint=f"{KIND_WORKLOAD}/{first.pod}@{first.at:.0f}", message=message)]
+
+
+class FailedPodsWatch:
+    """The one watch of the cluster's Failed pods, reduced as they come, feeding ``signal``."""
+
+    def __init__(self, client: KubeClient, signal: WorkloadSignal) -> None:
+        self.signal = signal
+        self.informer = Informer(client, PODS, field_selector=FAILED_PODS, transform=reduce)
+        self.informer.add_handler(on_add=signal.seen, on_update=lambda _old, new: signal.seen(new))
+
+    def start(self) -> None:
+        self.informer.start()
+
+    def stop(self) -> None:
+        self.informer.stop()
