@@ -75,7 +75,7 @@ bench-isolation: $(STAMP)
 	$(PY) bench/isolation_month.py
 
 # The degradation detector over sim/degradation_fleet.py (issue 29): 100 nodes x 2 days, or FULL=1 for the issue's
-# 1,000 nodes x 8 GPUs x 7 days (about 8 minutes on 2 cores); JOBS=N processes (racks are independent).
+# 1,000 nodes x 8 GPUs x 7 days (15-25 minutes on 2 shared cores); JOBS=N processes (racks are independent).
 bench-degradation: $(STAMP)
 	$(PY) bench/degradation.py $(if $(FULL),--full,) --jobs $(if $(JOBS),$(JOBS),2)
 
