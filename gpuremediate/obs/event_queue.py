@@ -136,8 +136,10 @@ class EventQueue:
     def _ensure_worker(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
-                self._thread.start()
+                # Started before it is published: stop() (another thread, no lock) must never join an unstarted one.
+                worker = threading.Thread(target=self._work, name=self.name, daemon=True)
+                worker.start()
+                self._thread = worker
 
     def _work(self) -> None:
         with self.priority():
