@@ -4,7 +4,8 @@
 A Fabric Manager stopped on one tray is a finding on that tray only; one tray whose fabric registration failed
 is repaired as a tray (reboot, validation, back); idle racks, a single-tray domain whose IMEX is not running and
 the plain node raise nothing even with every fabric grace at 0; 10 of 18 trays failing at once open the domain
-breaker on the clique label (``[fabric] domain_breaker``): no tray is cordoned or rebooted.
+breaker on the clique label (``[fabric] domain_breaker``): no tray is cordoned or rebooted; with ``[fabric]
+domain_action = "quarantine"`` the rack is one unit: every tray drained, then quarantined for a person.
 In-process targets only (the trays are gpu-sim's and NodeSim's). Run: ``python -m pytest e2e/test_nvlink_domains.py``.
 """
 
@@ -134,3 +135,38 @@ def test_ten_of_eighteen_trays_failing_open_the_domain_breaker_with_no_tray_rebo
     assert f"NVLink domain: {CLIQUE_LABEL}=" in explained and f": {TRAYS} node(s), 0 out of service" in explained, \
         explained
     assert "domain breaker open for" in explained, explained
+
+
+def test_ten_of_eighteen_trays_failing_with_a_domain_action_drain_every_tray_for_a_person(
+        rack: EmulatorCluster) -> None:
+    """``[fabric] domain_action = "quarantine"``: the domain breaker's threshold passed, the rack is one unit: each of
+    its 18 trays (the 8 healthy ones too) is drained, then quarantined for a person, with the domain decision in its
+    record and an Event; no tray rebooted; a controller restart takes no tray twice; the other rack is untouched."""
+    failing = trays(rack)[:10]
+    for tray in failing:
+        rack.inject(tray, 0, "fabric-failure")
+    rack.start_controller({"fabric": {"failure_grace_s": 0, "domain_action": "quarantine"}, "budget": ALL_BUDGET,
+                           "breaker": {"threshold_percent": 90, "domain_threshold_percent": 50}})
+
+    def handed_over(node: str) -> bool:
+        record = rack.record(node)
+        return rack.state(node) == states.QUARANTINED and rack.unschedulable(node) and record is not None \
+            and record.fault is not None and record.fault.kind == "domain"
+
+    rack.wait(lambda: all(handed_over(n) for n in trays(rack)), 60, "every tray of the rack quarantined",
+              seen=lambda: [rack.summary(n) for n in trays(rack) if not handed_over(n)])
+    prints = {rack.record(n).fault.fingerprint for n in trays(rack)}  # type: ignore[union-attr]
+    assert len(prints) == 1 and CLIQUE_LABEL in next(iter(prints)), prints  # one decision, on every tray
+    event = rack.wait_event(trays(rack)[-1], "GPURemediationDomainAction", "domain action for " + CLIQUE_LABEL,
+                            timeout=10)
+    assert "every tray drained" in event["message"], event
+    assert sum(rack.job_runs(n, "reboot") for n in rack.nodes) == 0
+    assert all(healthy(rack, n) for n in rack.nodes if n not in trays(rack))
+    assert rack.metrics().value("gpuremediate_domain_action_trays_total", action="quarantine") == TRAYS
+    explained = rack.cli("explain", trays(rack)[12]).stdout
+    assert "Held by the domain decision for " + CLIQUE_LABEL in explained, explained
+    rack.restart_controller()
+    rack.holds(lambda: all(handed_over(n) for n in trays(rack)), 3.0, "the rack stays handed over after a restart",
+               seen=lambda: [rack.summary(n) for n in trays(rack) if not handed_over(n)])
+    assert {rack.record(n).fault.fingerprint for n in trays(rack)} == prints  # type: ignore[union-attr]
+    assert rack.metrics().value("gpuremediate_domain_action_trays_total", action="quarantine") == 0  # none again
