@@ -83,10 +83,12 @@ def test_fabric_manager_stopped_on_one_tray_is_a_finding_on_that_tray_only(rack:
               seen=lambda: rack.summary(target))
 
 
-def test_one_tray_with_a_failed_fabric_is_repaired_as_a_tray(rack: EmulatorCluster) -> None:
+@pytest.mark.parametrize("domain_action", ["none", "quarantine"])
+def test_one_tray_with_a_failed_fabric_is_repaired_as_a_tray(rack: EmulatorCluster, domain_action: str) -> None:
+    """One tray in a healthy domain takes the ordinary path, with or without a domain action."""
     target = trays(rack)[4]
     rack.inject(target, 1, "fabric-failure")
-    rack.start_controller({"fabric": {"failure_grace_s": 0}})
+    rack.start_controller({"fabric": {"failure_grace_s": 0, "domain_action": domain_action}})
     rack.wait(lambda: rack.job_runs(target, "reboot") >= 1, 30, f"{target} rebooted",
               seen=lambda: rack.summary(target))
     rack.wait(lambda: healthy(rack, target), 30, f"{target} back in service", seen=lambda: rack.summary(target))
@@ -170,3 +172,40 @@ def test_ten_of_eighteen_trays_failing_with_a_domain_action_drain_every_tray_for
                seen=lambda: [rack.summary(n) for n in trays(rack) if not handed_over(n)])
     assert {rack.record(n).fault.fingerprint for n in trays(rack)} == prints  # type: ignore[union-attr]
     assert rack.metrics().value("gpuremediate_domain_action_trays_total", action="quarantine") == 0  # none again
+
+
+def test_a_released_domain_returns_as_one_unit_once_every_tray_validated(rack: EmulatorCluster) -> None:
+    """After a quarantine domain action a person fixes the rack (the failed fabrics registered again) and releases
+    the trays: each validates, then waits in validating (cordoned, blocked on its domain) until the last tray has
+    validated too; then all return together, and the domain's decision is not taken again while its trip stands."""
+    failing, all_trays = trays(rack)[:10], trays(rack)
+    for tray in failing:
+        rack.inject(tray, 0, "fabric-failure")
+    rack.start_controller({"fabric": {"failure_grace_s": 0, "domain_action": "quarantine"}, "budget": ALL_BUDGET,
+                           "breaker": {"threshold_percent": 90, "domain_threshold_percent": 50}})
+    rack.wait(lambda: all(rack.state(n) == states.QUARANTINED for n in all_trays), 60, "the rack handed over",
+              seen=lambda: [rack.summary(n) for n in all_trays if rack.state(n) != states.QUARANTINED])
+    for tray in failing:
+        rack.reset_gpu(tray, 0)  # the person's fix: the fabric registered again
+    first, last = all_trays[:-1], all_trays[-1]
+    for tray in first:
+        assert rack.cli("release", tray, "--by", "e2e-operator").returncode == 0
+
+    def waits_for_domain(node: str) -> bool:
+        record = rack.record(node)
+        return rack.state(node) == states.VALIDATING and rack.unschedulable(node) and record is not None \
+            and record.blocked is not None and "returns as one unit" in record.blocked.detail
+
+    rack.wait(lambda: all(waits_for_domain(n) for n in first), 60, "the released trays validated, waiting for theirs",
+              seen=lambda: [rack.summary(n) for n in first if not waits_for_domain(n)])
+    rack.wait(lambda: f"1 of its {TRAYS} trays" in rack.record(first[0]).blocked.detail,  # type: ignore[union-attr]
+              20, "the tray's block names the one tray its domain waits for", seen=lambda: rack.summary(first[0]))
+    assert last in rack.record(first[0]).blocked.detail  # type: ignore[union-attr]
+    assert rack.state(last) == states.QUARANTINED
+    assert rack.cli("release", last, "--by", "e2e-operator").returncode == 0
+    rack.wait(lambda: all(healthy(rack, n) for n in all_trays), 60, "the rack back in service as one unit",
+              seen=lambda: [rack.summary(n) for n in all_trays if not healthy(rack, n)])
+    rack.holds(lambda: all(healthy(rack, n) for n in all_trays), 2.0, "not taken again while the trip stands",
+               seen=lambda: [rack.summary(n) for n in all_trays if not healthy(rack, n)])
+    assert sum(rack.job_runs(n, "reboot") for n in rack.nodes) == 0
+    assert all(rack.job_runs(n, "validate") == 1 for n in all_trays)
