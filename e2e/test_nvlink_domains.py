@@ -209,3 +209,28 @@ def test_a_released_domain_returns_as_one_unit_once_every_tray_validated(rack: E
                seen=lambda: [rack.summary(n) for n in all_trays if not healthy(rack, n)])
     assert sum(rack.job_runs(n, "reboot") for n in rack.nodes) == 0
     assert all(rack.job_runs(n, "validate") == 1 for n in all_trays)
+
+
+def test_a_domain_action_waits_whole_when_the_budget_cannot_take_all_its_trays(rack: EmulatorCluster) -> None:
+    """The budget counts a domain action as its trays: 25 % of 20 nodes (5 slots) cannot take 18 trays, so none is
+    drained (never a part of the rack) and each says why; the plain node's own fault still gets its repair."""
+    for tray in trays(rack)[:10]:
+        rack.inject(tray, 0, "fabric-failure")
+    rack.start_controller({"fabric": {"failure_grace_s": 0, "domain_action": "quarantine"},
+                           "budget": {"max_unavailable": "25%"},
+                           "breaker": {"threshold_percent": 90, "domain_threshold_percent": 50}})
+
+    def waits(node: str) -> bool:
+        record = rack.record(node)
+        return rack.state(node) == states.DRAINING and record is not None and record.action is None \
+            and record.blocked is not None and "budget full for the domain's 18 trays together" in record.blocked.detail
+
+    rack.wait(lambda: all(waits(n) for n in trays(rack)), 30, "every tray waiting for the budget, whole",
+              seen=lambda: [rack.summary(n) for n in trays(rack) if not waits(n)])
+    plain = next(n for n in rack.nodes if n not in trays(rack) and n not in trays(rack, "rack-2"))
+    rack.inject(plain, 0, "xid", 79)
+    rack.wait(lambda: rack.job_runs(plain, "reboot") >= 1, 30, f"{plain} repaired while the domain waits",
+              seen=lambda: rack.summary(plain))
+    rack.holds(lambda: all(waits(n) for n in trays(rack)), 1.0, "no tray of the domain drained",
+               seen=lambda: [rack.summary(n) for n in trays(rack) if not waits(n)])
+    assert sum(rack.job_runs(n, "reboot") for n in trays(rack)) == 0
