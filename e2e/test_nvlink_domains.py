@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import Cluster, EmulatorCluster, make_cluster
+from e2e.harness import SYSTEM_NS, Cluster, EmulatorCluster, make_cluster
+from e2e.plugins.remediation import API_VERSION, KIND, ExampleRemediationController, install_crd, remediation_crd
 from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.state import states
 
@@ -234,3 +235,45 @@ def test_a_domain_action_waits_whole_when_the_budget_cannot_take_all_its_trays(r
     rack.holds(lambda: all(waits(n) for n in trays(rack)), 1.0, "no tray of the domain drained",
                seen=lambda: [rack.summary(n) for n in trays(rack) if not waits(n)])
     assert sum(rack.job_runs(n, "reboot") for n in trays(rack)) == 0
+
+
+def test_a_custom_domain_action_asks_the_provider_for_each_tray_then_the_rack_returns(rack: EmulatorCluster) -> None:
+    """``domain_action = "rack-rma"``, a custom action: after the drain each tray gets its remediation resource (the
+    provider's rack maintenance, here the example controller completing it by hand once the rack is fixed), then
+    its validation; the rack returns as one unit. No reboot, one resource per tray."""
+    install_crd(rack.kube, remediation_crd(), API_VERSION, KIND)
+    provider = ExampleRemediationController(rack.kube, mode="never").start()
+    try:
+        failing = trays(rack)[:10]
+        for tray in failing:
+            rack.inject(tray, 0, "fabric-failure")
+        rack.start_controller({
+            "fabric": {"failure_grace_s": 0, "domain_action": "rack-rma"}, "budget": ALL_BUDGET,
+            "breaker": {"threshold_percent": 90, "domain_threshold_percent": 50},
+            "actions.rack-rma": {"apiGroup": "remediation.example.com", "version": "v1alpha1", "kind": KIND,
+                                 "scope": "Namespaced", "namespace": SYSTEM_NS, "completeConditionType": "Complete",
+                                 "timeout": 120, "maxAttempts": 1,
+                                 "template": {"spec": {"nodeName": "{{nodeName}}", "action": "{{action}}",
+                                                       "healthEventId": "{{healthEventID}}"}}}})
+        res = rack.kube.resolve(API_VERSION, KIND)
+
+        def requests() -> list[dict[str, Any]]:
+            return list(rack.kube.list(res, SYSTEM_NS)["items"])
+
+        rack.wait(lambda: len(requests()) == TRAYS, 60, "one remediation resource per tray",
+                  seen=lambda: [rack.summary(n) for n in trays(rack)])
+        assert {r["spec"]["nodeName"] for r in requests()} == set(trays(rack))
+        assert all(r["spec"]["action"] == "rack-rma" for r in requests())
+        for tray in failing:
+            rack.reset_gpu(tray, 0)  # the provider's fix
+        for request in requests():
+            provider.complete(request["metadata"]["name"])
+        rack.wait(lambda: all(healthy(rack, n) for n in trays(rack)), 60, "the rack back in service",
+                  seen=lambda: [rack.summary(n) for n in trays(rack) if not healthy(rack, n)])
+        assert len(requests()) == TRAYS
+        assert sum(rack.job_runs(n, "reboot") for n in rack.nodes) == 0
+        histories = {tuple((h.kind, h.action, h.outcome) for h in rack.record(n).history)  # type: ignore[union-attr]
+                     for n in trays(rack)}
+        assert histories == {(("domain", "rack-rma", "repaired"),)}, histories
+    finally:
+        provider.stop()
