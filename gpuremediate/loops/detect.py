@@ -36,6 +36,7 @@ from gpuremediate.actions.nodes import (
     unschedulable_before_us,
 )
 from gpuremediate.kube import errors
+from gpuremediate.kube.config import parse_rfc3339
 from gpuremediate.kube.resources import EVENTS
 from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.base import LoopContext, state_of
@@ -557,7 +558,9 @@ class DetectLoop:
             return None
         rules = self.ctx.policy_for(node).fabric
         trip = domain_trips(trips, rules).get(labels_of(node).get(rules.domain_label, ""))
-        return domain_finding(name_of(node), trip, rules) if trip is not None else None
+        if trip is None or _created_after(node, trip.opened_at):
+            return None  # a Node made after the decision (a tray replaced since) is not part of it
+        return domain_finding(name_of(node), trip, rules)
 
     def _workload_findings(self, node: str, policy: WorkloadPolicy, now: float) -> list[Finding]:
         if not policy.enabled or self._failed_pods is None:
@@ -874,6 +877,17 @@ class DetectLoop:
                 per_shard[index] += 1
         self.ctx.metrics.shards_held.set(float(len(per_shard)))
         self.ctx.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
+
+
+def _created_after(node: Node, when: float) -> bool:
+    """The Node object was created after ``when`` (its creationTimestamp; unknown: False)."""
+    stamp = (node.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return False
+    try:
+        return parse_rfc3339(stamp) > when + 1.0  # whole seconds on the server's clock
+    except errors.ConfigError:
+        return False
 
 
 def _isolated_in_flow(record: NodeRecord) -> bool:

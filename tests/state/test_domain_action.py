@@ -128,3 +128,14 @@ def test_a_domain_tray_is_drained_of_every_pod() -> None:
     policy = loads_policy('[drain]\nscope = "gpu"\n').defaults
     scope = drain_scope(policy, node, record)
     assert scope.scope == "all" and "domain action" in scope.why
+
+
+def test_a_node_created_after_the_decision_is_not_part_of_it() -> None:
+    from gpuremediate.loops.detect import _created_after
+
+    node = {"metadata": {"name": "tray-1", "creationTimestamp": "2027-01-15T08:00:05Z"}}
+    opened = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    assert _created_after(node, opened)
+    assert not _created_after(node, opened + 10)
+    assert not _created_after({"metadata": {"name": "tray-1"}}, opened)  # unknown: part of it
+    assert not _created_after({"metadata": {"creationTimestamp": "yesterday"}}, opened)
