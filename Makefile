@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-burst bench-isolation e2e e2e-kind image clean help
+.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-burst bench-isolation bench-degradation e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench-scale  the controller at 1,000 / 2,500 / 5,000 GPU nodes on a real Prometheus (N=... for one size)"
 	@echo "make bench-burst  750 of 5,000 nodes faulting within 10 s: time to cordon (issue 27)"
 	@echo "make bench-isolation  a month of 1,000 nodes replayed node-level and GPU-level: GPU-hours (issue 26)"
+	@echo "make bench-degradation  slow-gpu / link-degraded precision, recall, latency on a labelled fleet (FULL=1: 1,000 nodes x 7 days)"
 	@echo "make e2e-kind  the e2e scenarios on a kind cluster (needs Docker + kind + kubectl)"
 
 $(PY):
@@ -72,6 +73,11 @@ bench-burst: $(STAMP)
 # GPU-level isolation (issue 26): GPU-hours out of service per fault class, node-level vs GPU-level.
 bench-isolation: $(STAMP)
 	$(PY) bench/isolation_month.py
+
+# The degradation detector over sim/degradation_fleet.py (issue 29): 100 nodes x 2 days, or FULL=1 for the issue's
+# 1,000 nodes x 8 GPUs x 7 days (15-25 minutes on 2 shared cores); JOBS=N processes (racks are independent).
+bench-degradation: $(STAMP)
+	$(PY) bench/degradation.py $(if $(FULL),--full,) --jobs $(if $(JOBS),$(JOBS),2)
 
 e2e: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider e2e

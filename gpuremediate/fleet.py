@@ -32,7 +32,7 @@ from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DET
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.fabric import KIND_DOMAIN
-from gpuremediate.policy.findings import KIND_THERMAL
+from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
 from gpuremediate.signals.fabric import CLIQUE_LABEL
@@ -437,9 +437,17 @@ def _thermal(record: NodeRecord) -> bool:
     return record.state == states.CORDONED and record.fault is not None and record.fault.kind == KIND_THERMAL
 
 
+def _degraded(record: NodeRecord) -> bool:
+    return record.state == states.CORDONED and record.fault is not None and record.fault.kind in (
+        KIND_SLOW_GPU, KIND_LINK_DEGRADED, KIND_TREND)
+
+
 def _uncordon_when(record: NodeRecord) -> str:
     if _thermal(record):
         return "once its GPUs have stayed cool for the policy's [thermal].clear_hold_s (no repair, no validation)"
+    if _degraded(record):
+        return ("once the GPU is no longer degraded for the policy's [degradation] clear hold (clear_hold_s, "
+                "link_clear_s; no repair, no validation)")
     if record.state == states.CORDONED:
         return "only if a worse fault takes it through a repair and its validation passes (else a person does)"
     if record.state == states.QUARANTINED:
@@ -451,6 +459,9 @@ def _ends(record: NodeRecord) -> str:
     """What ends the node's state, in words (every state says it)."""
     if _thermal(record):
         return "the GPU cooling down (then healthy again, by itself)."
+    if _degraded(record):
+        return ("the GPU no longer degraded: keeping up with its peers, its link quiet, its error counters steady "
+                "(then healthy again, by itself).")
     return {
         states.CORDONED: "a person uncordoning it (a cordon-only fault gets no repair and is not lifted by "
                          "gpuremediate), or a worse fault (then it drains, or is quarantined).",

@@ -54,9 +54,19 @@ from gpuremediate.policy.fabric import (
     domain_trips,
     domains_out,
 )
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_RESET_GPU, KIND_THERMAL, Finding
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    ACTION_NONE,
+    ACTION_RESET_GPU,
+    KIND_LINK_DEGRADED,
+    KIND_SLOW_GPU,
+    KIND_THERMAL,
+    KIND_TREND,
+    Finding,
+)
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
+from gpuremediate.signals.degradation import DegradationDetector, NodeContext
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
 from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
@@ -82,6 +92,8 @@ SHARE_MIN_NODES = 20  # with --shards, a replica's own nodes count as a sample o
 FLOW_LIFT_HOLD = "lift-hold"
 FLOW_PERSON_UNCORDONED = "person-uncordoned"
 FLOW_THERMAL_CLEARED = "thermal-cleared"
+FLOW_DEGRADATION_CLEARED = "degradation-cleared"
+DEGRADATION_KINDS = (KIND_SLOW_GPU, KIND_LINK_DEGRADED, KIND_TREND)
 FLOW_FINDINGS = "findings"
 
 POLL_COST_SHARE = 20.0  # a fault poll is followed by at least this many times its own duration without one
@@ -144,6 +156,7 @@ class DetectLoop:
         self.source = source
         self.breakers = ctx.breakers
         self.memory: dict[str, PolicyMemory] = {}
+        self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
         self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
         self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
         self.unknown: dict[str, str] = {}  # node -> why its health is unknown
@@ -272,6 +285,8 @@ class DetectLoop:
         fleet = self.ctx.nodes.gpu_nodes()
         nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
         self._forget_others(nodes)
+        owned = {name_of(n) for n in nodes}
+        self.degradation.forget(owned.__contains__)  # nodes gone (or another shard's): their GPUs too
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         if not self._state_counts:
             self._gauges()  # the counts a long batch then moves as it goes
@@ -298,6 +313,7 @@ class DetectLoop:
         """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
         storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
         is not the batch's (the next cycle retries it); the fleet gauges follow a long batch as it goes."""
+        self._update_degradation(batch, by_node)
         pending: list[Assessed] = []
         for node in batch:
             assessed = self._guarded(node, functools.partial(self._assess, node, by_node.get(name_of(node))))
@@ -318,6 +334,28 @@ class DetectLoop:
             if moved and time.monotonic() - shown > GAUGES_EVERY_S:
                 self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in self._state_counts.items())
                 shown, moved = time.monotonic(), False
+
+    def _update_degradation(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
+        """Feed the pass's readings to the degradation detector before any node is assessed (its peers are the
+        fleet's, not one node's)."""
+        policies = (self.ctx.policy.defaults, *(group.policy for group in self.ctx.policy.groups))
+        if not self.degradation.gpus and not any(p.degradation.enabled or p.degradation.trends for p in policies):
+            return  # off everywhere (the default): no cost per node
+        nodes = {name_of(node): node for node in batch}
+
+        def context(name: str) -> NodeContext | None:
+            node = nodes.get(name)
+            if node is None:
+                return None
+            labels = labels_of(node)
+            group = self.ctx.policy.group_for(labels)
+            policy = (group.policy if group else self.ctx.policy.defaults).degradation
+            return NodeContext(group.name if group else "", policy, labels.get(policy.peer_label, "")
+                               if policy.peer_label else "")
+
+        readings = [by_node[name] for name in nodes if name in by_node]
+        if readings:
+            self.degradation.update(readings, context, self.ctx.clock())
 
     def _each(self, pending: Sequence[Assessed], step: Callable[[Assessed], object]) -> Iterator[object]:
         """``step`` for each node, ``workers`` at once when there are several (their writes are independent:
@@ -535,7 +573,7 @@ class DetectLoop:
         if readings is not None:
             result = evaluate(readings, policy, memory, now, labels_of(node))
             self.memory[name] = memory = result.memory
-            metric_findings = result.findings
+            metric_findings = [*result.findings, *self.degradation.findings(name)]
         verdict = merge_node(metric_findings, readings is not None, "", view, workload)
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
@@ -580,6 +618,8 @@ class DetectLoop:
         pruned = decide.prune_handled(a.record, a.findings, keep) if a.record is not None else None
         if pruned is not None and _thermal_cleared(pruned, a.findings):
             return FLOW_THERMAL_CLEARED, pruned
+        if pruned is not None and a.metrics_known and self._degradation_cleared(name_of(a.node), pruned):
+            return FLOW_DEGRADATION_CLEARED, pruned
         return FLOW_FINDINGS, pruned
 
     def _trips(self, a: Assessed) -> bool:
@@ -606,6 +646,8 @@ class DetectLoop:
             return uncordoned.transition if self._apply(node, uncordoned) is not None else None
         if flow == FLOW_THERMAL_CLEARED and pruned is not None:
             decision = decide.thermal_cleared(pruned, now, cleared_words(pruned.fault.kind if pruned.fault else ""))
+        elif flow == FLOW_DEGRADATION_CLEARED and pruned is not None:
+            decision = decide.degradation_cleared(pruned, now)
         elif (domain := self._domain_to_take(a, pruned)) is not None:
             decision = decide.on_domain_action(pruned, domain, unschedulable_before_us(node), now)
         else:
@@ -636,6 +678,13 @@ class DetectLoop:
         if domain is None or self.breakers.latest_pause().paused or self.breakers.latest().is_open:
             return None
         return domain
+
+    def _degradation_cleared(self, name: str, record: NodeRecord) -> bool:
+        """Cordoned for a degradation finding, and the detector has seen its GPUs recover (hysteresis inside it)."""
+        fault = record.fault
+        if record.state != states.CORDONED or fault is None or fault.kind not in DEGRADATION_KINDS:
+            return False
+        return self.degradation.cleared(name, fault.kind, fault.gpus)
 
     def _options(self, held: tuple[str, str] | None, node: Node, record: NodeRecord | None) -> decide.DecideOptions:
         cluster = self.ctx.policy.cluster
@@ -847,6 +896,8 @@ class DetectLoop:
                     and record.isolation.rule:
                 isolated += 1
         self.ctx.metrics.isolated_gpus.set(float(isolated))
+        found = self.degradation.counts()
+        self.ctx.metrics.degradation_gpus.replace_all(({"kind": kind}, float(n)) for kind, n in found.items())
         self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
         self._state_counts = counts
         self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())

@@ -45,6 +45,9 @@ class ControllerMetrics:
         self.isolated_gpus = Gauge(
             PREFIX + "isolated_gpus", "GPUs taken out alone by a DeviceTaintRule of ours (their nodes stay in service)."
         )
+        self.degradation_gpus = Gauge(
+            PREFIX + "degradation_gpus", "GPUs the [degradation] detector finds now, by finding kind.", ["kind"]
+        )
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
         self.paused = Gauge(PREFIX + "paused", "1 while new work is paused (`gpuremediate pause` or the annotation).")
         self.domains_tripped = Gauge(
@@ -138,6 +141,7 @@ class ControllerMetrics:
             self.budget_in_use,
             self.budget_limit,
             self.isolated_gpus,
+            self.degradation_gpus,
             self.circuit_breaker_open,
             self.paused,
             self.domains_tripped,

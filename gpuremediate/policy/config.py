@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.gpu_resources import GpuResourcesPolicy
+from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.findings import (
     ACTION_QUARANTINE,
@@ -188,6 +189,9 @@ class Policy:
     )
     isolation: IsolationPolicy = field(
         default_factory=IsolationPolicy, metadata={"doc": "one bad GPU out, or its whole node (docs/dra.md)"}
+    )
+    degradation: DegradationPolicy = field(
+        default_factory=DegradationPolicy, metadata={"doc": "slow GPUs and degraded links (docs/degradation.md)"}
     )
     workload: WorkloadPolicy = field(
         default_factory=WorkloadPolicy, metadata={"doc": "pods failing on a node with GPU errors as a finding"}

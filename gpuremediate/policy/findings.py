@@ -12,6 +12,8 @@ ACTION_RESET_GPU = "reset-gpu"
 ACTION_REBOOT = "reboot"
 ACTION_QUARANTINE = "quarantine"  # needs a person (RMA)
 BUILTIN_ACTIONS = (ACTION_NONE, ACTION_CORDON, ACTION_RESET_GPU, ACTION_REBOOT, ACTION_QUARANTINE)
+# Drain, then validate, with no repair between: only [degradation] recommends it (a slow GPU may need no repair).
+ACTION_DRAIN = "drain"
 
 # Finding kinds
 KIND_XID = "xid"
@@ -21,6 +23,9 @@ KIND_ROW_REMAP_PENDING = "row-remap-pending"
 KIND_UNCORRECTABLE_ROWS = "uncorrectable-rows"
 KIND_THERMAL = "thermal"
 KIND_GPU_LOST = "gpu-lost"  # the driver cannot reach a GPU (nvidia-smi exit 15, "GPU is lost")
+KIND_SLOW_GPU = "slow-gpu"  # [degradation]: an outlier against its peers' clocks
+KIND_LINK_DEGRADED = "link-degraded"  # [degradation]: PCIe replays or NVLink errors rising
+KIND_TREND = "trend"  # [degradation] trends: error counters climbing before a failure
 
 
 @dataclass(frozen=True)

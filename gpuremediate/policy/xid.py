@@ -166,9 +166,33 @@ def parse_catalog(text: str) -> dict[int, XidEntry]:
     return dict(sorted(table.items()))
 
 
+# XIDs newer than the catalog (it ends at 172): the driver's own names (open-gpu-kernel-modules nverror.h, 580.105.08
+# to 595.45.04; 185 from the GPU Operational Events release notes, R620), with no resolution bucket from NVIDIA yet,
+# so each action is decided here. An unknown XID's default is a quarantine: wrong for a benign one like 174 or 176.
+NEWER_THAN_CATALOG: Mapping[int, tuple[str, str, str]] = MappingProxyType(
+    {
+        173: ("C2C_FATAL_LINK_FAILURE", ACTION_REBOOT,
+              "Fatal chip-to-chip (Grace-Blackwell C2C) link failure: no bucket from NVIDIA yet; a node reboot "
+              "re-trains the link (the largest repair short of a person)."),
+        174: ("ROBUST_CHANNEL_RESETCHANNEL_KILL_PROCESS_SILENT", ACTION_NONE,
+              "A channel reset that killed a process silently: the application's, like the RESTART_APP XIDs."),
+        175: ("MEMORY_SUBSYSTEM_ERROR", ACTION_RESET_GPU,
+              "GPU memory subsystem timeout (also what a GSP RPC timeout traced to memory becomes): no bucket from "
+              "NVIDIA yet; a GPU reset, as the catalog gives the GSP RPC timeouts (XID 119/120) it refines."),
+        176: ("PCIE_CORRECTABLE_ERROR_FAULT", ACTION_NONE,
+              "PCIe correctable errors past the driver's threshold: corrected, so nothing to repair; an Event."),
+        185: ("SPARING_EVENT", ACTION_NONE,
+              "Memory sparing state changed (GPU-RAS event 0x003D): informational, the hardware spared the memory."),
+    }
+)
+
+
 def _load_table() -> Mapping[int, XidEntry]:
     text = resources.files("gpuremediate").joinpath("data", CATALOG_RESOURCE).read_text(encoding="utf-8")
-    return MappingProxyType(parse_catalog(text))
+    table = parse_catalog(text)
+    for code, (mnemonic, action, reason) in NEWER_THAN_CATALOG.items():
+        table.setdefault(code, XidEntry(code=code, mnemonic=mnemonic, bucket="", action=action, reason=reason))
+    return MappingProxyType(dict(sorted(table.items())))
 
 
 XID_TABLE: Mapping[int, XidEntry] = _load_table()

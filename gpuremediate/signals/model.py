@@ -32,6 +32,8 @@ PLACEHOLDER_MIN = 9.22e18
 MAX_TEMP_C = 200.0  # GPUs shut down near 100 C; a sensor that reads 0 C is absent (no memory sensor)
 MAX_XID = 65535  # the catalog runs to 172, room for new ones; 4294967295 (uint32 -1) or a blank is no XID
 MAX_COUNT = DCGM_INT32_BLANK - 1  # error counters are 32-bit: the int32 blanks start just above
+MAX_CLOCK_MHZ = 10000.0  # no GPU clocks its SMs near 10 GHz; 0 is a clock not read
+MAX_TOTAL = 2.0**53  # 64-bit totals (NVLink error counters) as exact floats; beyond is garbage
 
 
 def is_dcgm_blank(value: float) -> bool:
@@ -58,6 +60,34 @@ def plausible_count(value: float | None) -> float | None:
 def plausible_flag(value: float | None) -> float | None:
     """A yes/no field (row remap pending / failure): 0 or 1, else None."""
     if value is None or value not in (0, 1):
+        return None
+    return float(value)
+
+
+def plausible_clock(value: float | None) -> float | None:
+    """A clock in MHz above 0 and up to MAX_CLOCK_MHZ, else None."""
+    if value is None or not math.isfinite(value) or not 0 < value <= MAX_CLOCK_MHZ:
+        return None
+    return float(value)
+
+
+def plausible_share(value: float | None, top: float) -> float | None:
+    """A utilisation from 0 to ``top`` (100 for a percentage, 1 for a DCGM_FI_PROF_* ratio), else None."""
+    if value is None or not math.isfinite(value) or not 0 <= value <= top:
+        return None
+    return float(value)
+
+
+def plausible_bits(value: float | None) -> int | None:
+    """A bitmask (the clock event reasons): a whole number from 0 below 2**32, else None."""
+    if value is None or not math.isfinite(value) or not 0 <= value < 2**32 or value != int(value):
+        return None
+    return int(value)
+
+
+def plausible_total(value: float | None) -> float | None:
+    """A 64-bit counter's total from 0 to MAX_TOTAL, else None."""
+    if value is None or not math.isfinite(value) or not 0 <= value <= MAX_TOTAL:
         return None
     return float(value)
 

@@ -49,6 +49,8 @@ POLICY_METRICS = (
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION",  # [recovery_action]: 0 but while the driver asks for something
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",  # its name in older DCGM
 )
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from gpuremediate.policy import safety
 from gpuremediate.policy.findings import (
     ACTION_CORDON,
+    ACTION_DRAIN,
     ACTION_NONE,
     ACTION_QUARANTINE,
     ACTION_REBOOT,
@@ -467,7 +468,7 @@ def _close_flow(record: NodeRecord, reason: str, now: float, message: str, outco
 
 
 def _needs_repair(fault: Fault | None) -> bool:
-    return fault is not None and fault.action not in (ACTION_NONE, ACTION_CORDON, ACTION_QUARANTINE)
+    return fault is not None and fault.action not in (ACTION_NONE, ACTION_CORDON, ACTION_DRAIN, ACTION_QUARANTINE)
 
 
 def complete_drain(record: NodeRecord, now: float) -> Decision:
@@ -545,6 +546,12 @@ def thermal_cleared(record: NodeRecord, now: float,
     """The soft fault cleared (reading below the clear threshold for the hold time; a fabric state good again):
     healthy."""
     after = _close_flow(record, states.THERMAL_CLEARED, now, message, None)
+    return _moved(record, after, uncordon=should_uncordon(record))
+
+
+def degradation_cleared(record: NodeRecord, now: float) -> Decision:
+    """A slow GPU or degraded link recovered (not found again for its clear hold): healthy."""
+    after = _close_flow(record, states.DEGRADATION_CLEARED, now, "the GPU no longer degraded against its peers", None)
     return _moved(record, after, uncordon=should_uncordon(record))
 
 

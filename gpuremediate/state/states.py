@@ -39,6 +39,7 @@ VALIDATION_FAILED = "validation-failed"
 REPEAT_OFFENDER = "repeat-offender"
 RELEASED = "released"  # a person ran `gpuremediate release NODE`
 THERMAL_CLEARED = "thermal-cleared"
+DEGRADATION_CLEARED = "degradation-cleared"  # [degradation]: the slow GPU or degraded link recovered
 PERSON_UNCORDONED = "person-uncordoned"  # a person uncordoned the node mid-flow: we stop
 MAINTENANCE_REQUESTED = "maintenance-requested"
 MAINTENANCE_START = "maintenance-start"
@@ -57,6 +58,7 @@ LIFECYCLE_REASONS = frozenset(
         REPEAT_OFFENDER,
         RELEASED,
         THERMAL_CLEARED,
+        DEGRADATION_CLEARED,
         PERSON_UNCORDONED,
         MAINTENANCE_REQUESTED,
         MAINTENANCE_START,
@@ -85,7 +87,7 @@ TRANSITIONS: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
             maintenance=(MAINTENANCE_REQUESTED,),
         ),
         CORDONED: _edges(
-            healthy=(THERMAL_CLEARED, PERSON_UNCORDONED),
+            healthy=(THERMAL_CLEARED, DEGRADATION_CLEARED, PERSON_UNCORDONED),
             draining=(FAULT,),
             quarantined=(FAULT, REPEAT_OFFENDER),
         ),

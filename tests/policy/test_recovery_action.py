@@ -51,10 +51,13 @@ def test_blanks_and_garbage_are_no_verdict(value: str) -> None:
 
 
 def test_an_unknown_value_is_an_event_only_and_the_policy_can_change_each_action() -> None:
-    assert recovery(scrape({0: "5"})) == [("value 5", "none", ("GPU-0000",), True)]
+    assert recovery(scrape({0: "9"})) == [("value 9", "none", ("GPU-0000",), True)]
+    assert sorted(recovery(scrape({0: "5", 1: "6", 2: "7"}))) == [
+        ("BUS_RESET", "reboot", ("GPU-0001",), True), ("RECOVER_IMEX_DOMAIN", "cordon", ("GPU-0000",), True),
+        ("SYSTEM_REBOOT", "reboot", ("GPU-0002",), True)]
     custom = '[recovery_action]\ndrain_p2p_action = "reboot"\nunknown_action = "reset-gpu"\n'
-    assert sorted(recovery(scrape({0: "3", 1: "7"}), custom)) == [
-        ("DRAIN_P2P", "reboot", ("GPU-0000",), True), ("value 7", "reset-gpu", ("GPU-0001",), True)]
+    assert sorted(recovery(scrape({0: "3", 1: "9"}), custom)) == [
+        ("DRAIN_P2P", "reboot", ("GPU-0000",), True), ("value 9", "reset-gpu", ("GPU-0001",), True)]
     assert recovery(scrape({0: "2"}), "[recovery_action]\nenabled = false\n") == []
 
 
