@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/racks.py                        # 20 racks x 18 trays (360), 3 racks lose 10 trays
     .venv/bin/python bench/racks.py --racks 5 --storm-racks 1 --spread 5
+    .venv/bin/python bench/racks.py --domain-action quarantine   # the storm racks handled as one unit each
 
 The API emulator runs in a process of its own (bench/burst.py's); the controller runs here with an in-memory
 source: every tray has 4 GPUs whose fabric registration is Completed / Success, GPU Feature Discovery's
@@ -13,6 +14,11 @@ crossed its threshold becoming readable to its domain breaker opening, the trays
 (0 with ``--spread 0``; the trays before the threshold may be, with a spread), the single trays cordoned and
 how long that took, trays with more than one reboot Job (must be none: the emulator runs no Job, so a tray's
 first repair never ends here and a second one would be a decision taken twice).
+
+With ``--domain-action`` (``[fabric] domain_action``) each storm rack is handled as one unit: every one of its 18
+trays must get the domain fault, be cordoned, drained (no pods here: at once) and handed on (``quarantine``: to a
+person), none rebooted. Printed besides: per storm rack the seconds from the threshold's fault becoming readable
+to its last tray cordoned for the domain action, and the trays that ended with the domain fault.
 """
 
 from __future__ import annotations
@@ -33,15 +39,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench.burst import NAMESPACE, Emulator, log, node_body, percentile, watch_cordons  # noqa: E402
 from gpuremediate.actions.jobs import JOB_LABEL  # noqa: E402
+from gpuremediate.actions.nodes import name_of  # noqa: E402
 from gpuremediate.config import Settings  # noqa: E402
 from gpuremediate.controller import Controller  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import load_config  # noqa: E402
 from gpuremediate.kube.resources import JOBS, NAMESPACES, NODES  # noqa: E402
 from gpuremediate.policy.config import loads_policy  # noqa: E402
+from gpuremediate.policy.fabric import KIND_DOMAIN  # noqa: E402
 from gpuremediate.signals.fabric import CLIQUE_LABEL, STATE_COMPLETED  # noqa: E402
 from gpuremediate.signals.fabric_model import GpuFabric  # noqa: E402
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings  # noqa: E402
+from gpuremediate.state.record import NodeRecord, record_from_node  # noqa: E402
 
 TRAYS, GPUS = 18, 4
 POLICY = """[budget]\nmax_unavailable = "100%"\n[breaker]\nthreshold_percent = 99\n
@@ -50,6 +59,10 @@ POLICY = """[budget]\nmax_unavailable = "100%"\n[breaker]\nthreshold_percent = 9
 
 def clique(rack: int) -> str:
     return f"00000000-0000-4000-8000-{rack:012d}.1"
+
+
+def rack_trays(rack: int) -> list[str]:
+    return [f"rack-{rack:02d}-tray-{t:02d}" for t in range(1, TRAYS + 1)]
 
 
 def tray_body(rack: int, tray: int) -> dict[str, Any]:
@@ -109,7 +122,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         failing = [n for trays in storm.values() for n in trays] + singles
         source = RackSource(names, failing, args.spread)
         settings = Settings(namespace=NAMESPACE, scrape_interval_s=args.interval, resync_s=10.0, qps=500, burst=1000)
-        controller = Controller(settings, loads_policy(POLICY, "racks-policy"),
+        policy = POLICY + (f'domain_action = "{args.domain_action}"\n' if args.domain_action else "")
+        controller = Controller(settings, loads_policy(policy, "racks-policy"),
                                 client=KubeClient(config, qps=500, burst=1000), source=source)
         seen: dict[str, float] = {}
         stop = threading.Event()
@@ -124,7 +138,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         while time.time() < deadline:
             for trip in controller.ctx.breakers.latest().domains:
                 opened.setdefault(trip.value, time.time())
-            if len(opened) >= len(storm) and all(n in seen for n in singles):
+            whole = not args.domain_action or all(n in seen for r in storm for n in rack_trays(r))
+            if len(opened) >= len(storm) and all(n in seen for n in singles) and whole:
                 break
             time.sleep(0.1)
         time.sleep(3 * args.interval)  # anything that would still move, moves
@@ -136,6 +151,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        for j in admin.list(JOBS, "gpuremediate-jobs").get("items", [])
                        if (j["metadata"].get("labels") or {}).get(JOB_LABEL) == "reboot")
         storm_trays = {n for trays in storm.values() for n in trays}
+        taken = [name_of(n) for n in admin.list(NODES).get("items", [])
+                 if isinstance(rec := record_from_node(n), NodeRecord) and rec.fault is not None
+                 and rec.fault.kind == KIND_DOMAIN]
+        whole_after = [max(seen[n] for n in rack_trays(r)) - crossing[r] for r in storm
+                       if all(n in seen for n in rack_trays(r))]
+        extra = {"domain_action": args.domain_action, "trays_taken_into_domain_actions": len(taken),
+                 "racks_taken_whole": len(whole_after),
+                 "last_tray_cordoned_after_threshold_max_s": round(max(whole_after), 2) if whole_after else None,
+                 "storm_racks_trays_cordoned": sum(1 for r in storm for n in rack_trays(r) if n in seen),
+                 "storm_racks_reboot_jobs": sum(jobs[n] for r in storm for n in rack_trays(r)),
+                 "trays_taken_outside_storm_racks": sorted(set(taken) - {n for r in storm for n in rack_trays(r)})
+                 } if args.domain_action else {}
         return {
             "racks": args.racks, "trays": len(names), "storm_racks": len(storm), "storm_trays_each": args.storm_trays,
             "single_racks": len(singles), "spread_s": args.spread,
@@ -148,6 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if any(n in seen for n in singles) else None,
             "trays_with_two_reboots": sorted(n for n, count in jobs.items() if n and count > 1),
             "fleet_breaker_open": controller.ctx.breakers.latest().is_open,
+            **extra,
         }
     finally:
         server.stop()
@@ -162,6 +190,7 @@ def main() -> int:
     parser.add_argument("--spread", type=float, default=0.0)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--domain-action", default="", help="[fabric] domain_action (e.g. quarantine; default: none)")
     args = parser.parse_args()
     if args.storm_racks + args.single_racks > args.racks or not TRAYS // 2 < args.storm_trays <= TRAYS:
         parser.error("storm and single racks must fit in --racks; --storm-trays between 10 and 18")
@@ -169,7 +198,11 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     ok = (result["domain_breakers_open"] == args.storm_racks and not result["unexpected_domains"]
           and result["single_trays_cordoned"] == args.single_racks and not result["trays_with_two_reboots"]
-          and (args.spread > 0 or result["storm_trays_cordoned"] == 0))
+          and (args.spread > 0 or args.domain_action or result["storm_trays_cordoned"] == 0)
+          and (not args.domain_action or (result["racks_taken_whole"] == args.storm_racks
+                                          and result["trays_taken_into_domain_actions"] == args.storm_racks * TRAYS
+                                          and not result["trays_taken_outside_storm_racks"]
+                                          and (args.spread > 0 or result["storm_racks_reboot_jobs"] == 0))))
     return 0 if ok else 1
 
 

@@ -31,6 +31,7 @@ from gpuremediate.loops.diagnostics import DIAGNOSTICS, describe
 from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DETAIL
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.fabric import KIND_DOMAIN
 from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
@@ -301,6 +302,10 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         gpus = ", ".join(f.gpus) or "-"
         lines.append(f"  Open fault: {f.kind} {f.code} on GPU(s) {gpus}; recommended action {f.action}; "
                      f"first seen {_ago(f.first_seen, now)} ago.")
+        if f.kind == KIND_DOMAIN:
+            domain = f.fingerprint.partition(":")[2].rpartition("@")[0]
+            lines.append(f"  Held by the domain decision for {domain}: the NVLink domain is handled as one unit "
+                         f"(every tray drained, then {f.action}); this tray's own repairs wait for it.")
     if record.held:
         h = record.held
         lines.append(f"  Held fault: {h.kind} {h.code} on GPU(s) {', '.join(h.gpus) or '-'} ({h.message}); first seen "

@@ -36,6 +36,7 @@ from gpuremediate.actions.nodes import (
     unschedulable_before_us,
 )
 from gpuremediate.kube import errors
+from gpuremediate.kube.config import parse_rfc3339
 from gpuremediate.kube.resources import EVENTS
 from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.base import LoopContext, state_of
@@ -44,7 +45,15 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
-from gpuremediate.policy.fabric import CLEARING_KINDS, breaker_domain_labels, cleared_words, domains_out
+from gpuremediate.policy.fabric import (
+    CLEARING_KINDS,
+    KIND_DOMAIN,
+    breaker_domain_labels,
+    cleared_words,
+    domain_finding,
+    domain_trips,
+    domains_out,
+)
 from gpuremediate.policy.findings import (
     ACTION_CORDON,
     ACTION_NONE,
@@ -569,10 +578,27 @@ class DetectLoop:
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
             return None
-        if record is not None and record.state not in self.owned and not _isolated_in_flow(record):
+        domain = self._domain_finding(node)  # its NVLink domain's domain action, while the domain's trip stands
+        findings = (*verdict.findings, domain) if domain is not None else tuple(verdict.findings)
+        taken = domain is not None and record is not None and record.state == states.DRAINING \
+            and bool(decide.new_findings(record, [domain]))  # a tray waiting or draining for its own fault
+        if record is not None and record.state not in self.owned and not _isolated_in_flow(record) and not taken:
             return None  # another loop owns it; its findings wait until it is back (a GPU-level flow escalates)
-        return Assessed(node, record, tuple(verdict.findings), memory, now, verdict.metrics_known,
-                        policy.thermal.hold_s)
+        return Assessed(node, record, findings, memory, now, verdict.metrics_known, policy.thermal.hold_s)
+
+    def _domain_finding(self, node: Node) -> Finding | None:
+        """The domain decision for this tray: its NVLink domain's breaker is open and ``[fabric] domain_action``
+        handles the domain as one unit (None otherwise: the ordinary path, or the domain breaker's hold)."""
+        if not self.ctx.policy.cluster.breaker.enabled:
+            return None
+        trips = self.breakers.latest().domains
+        if not trips:
+            return None
+        rules = self.ctx.policy_for(node).fabric
+        trip = domain_trips(trips, rules).get(labels_of(node).get(rules.domain_label, ""))
+        if trip is None or _created_after(node, trip.opened_at):
+            return None  # a Node made after the decision (a tray replaced since) is not part of it
+        return domain_finding(name_of(node), trip, rules)
 
     def _workload_findings(self, node: str, policy: WorkloadPolicy, now: float) -> list[Finding]:
         if not policy.enabled or self._failed_pods is None:
@@ -602,7 +628,8 @@ class DetectLoop:
         flow, pruned = self._flow(a)
         if flow != FLOW_FINDINGS or not self.ctx.policy.cluster.breaker.enabled:
             return False
-        actionable = [f for f in decide.new_findings(pruned, a.findings) if f.action != ACTION_NONE]
+        actionable = [f for f in decide.new_findings(pruned, a.findings) if f.action != ACTION_NONE
+                      and f.kind != KIND_DOMAIN]  # a domain action is the breaker's own decision, not a new fault
         if pruned is not None and pruned.state == states.CORDONED:
             actionable = [f for f in actionable if f.action != ACTION_CORDON]
         return bool(actionable) and self._held(a.node) is None
@@ -621,6 +648,8 @@ class DetectLoop:
             decision = decide.thermal_cleared(pruned, now, cleared_words(pruned.fault.kind if pruned.fault else ""))
         elif flow == FLOW_DEGRADATION_CLEARED and pruned is not None:
             decision = decide.degradation_cleared(pruned, now)
+        elif (domain := self._domain_to_take(a, pruned)) is not None:
+            decision = decide.on_domain_action(pruned, domain, unschedulable_before_us(node), now)
         else:
             held = self._held(node)
             decision = _name_hold(record, decide.on_findings(pruned, a.findings, unschedulable_before_us(node), now,
@@ -635,7 +664,20 @@ class DetectLoop:
         if self._apply(node, decision) is None:
             return None
         self._count_fault(decision)  # counted once written: a 409 decides (and counts) again
+        fault = decision.record.fault
+        if fault is not None and fault.kind == KIND_DOMAIN and (record is None or record.fault is None
+                                                                 or record.fault.fingerprint != fault.fingerprint):
+            self.ctx.metrics.domain_action_trays.inc(action=fault.action)
+            self.events.node_event(name_of(node), "GPURemediationDomainAction", fault.message, WARNING)
         return decision.transition
+
+    def _domain_to_take(self, a: Assessed, pruned: NodeRecord | None) -> Finding | None:
+        """The domain finding when this tray is to be taken into its domain's action now: new for its record,
+        and neither a pause nor the fleet-wide breaker stops new work (those hold it as any fault)."""
+        domain = next((f for f in decide.new_findings(pruned, a.findings) if f.kind == KIND_DOMAIN), None)
+        if domain is None or self.breakers.latest_pause().paused or self.breakers.latest().is_open:
+            return None
+        return domain
 
     def _degradation_cleared(self, name: str, record: NodeRecord) -> bool:
         """Cordoned for a degradation finding, and the detector has seen its GPUs recover (hysteresis inside it)."""
@@ -886,6 +928,17 @@ class DetectLoop:
                 per_shard[index] += 1
         self.ctx.metrics.shards_held.set(float(len(per_shard)))
         self.ctx.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
+
+
+def _created_after(node: Node, when: float) -> bool:
+    """The Node object was created after ``when`` (its creationTimestamp; unknown: False)."""
+    stamp = (node.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return False
+    try:
+        return parse_rfc3339(stamp) > when + 1.0  # whole seconds on the server's clock
+    except errors.ConfigError:
+        return False
 
 
 def _isolated_in_flow(record: NodeRecord) -> bool:

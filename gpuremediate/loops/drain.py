@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuremediate.actions import budget_claims
 from gpuremediate.actions.events import WARNING
-from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.actions.nodes import Node, labels_of, name_of
 from gpuremediate.actions.pods import (
     SCOPE_GPU,
     SCOPE_IMPACTED,
@@ -37,6 +37,7 @@ from gpuremediate.loops.drainers import select as select_drainer
 from gpuremediate.loops.step import Done, InProgress, StepResult
 from gpuremediate.obs import notify
 from gpuremediate.policy import gates, safety
+from gpuremediate.policy.fabric import is_domain_fault
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.policy.workflow import DrainPolicy, budget_value
 from gpuremediate.signals.alerts import AlertsReader
@@ -64,9 +65,20 @@ def waiting_for_budget(nodes: Sequence[Node]) -> list[str]:
     waiting = []
     for node in nodes:
         record = record_from_node(node)
-        if isinstance(record, NodeRecord) and safety.is_waiting(record) and not _held_by_own_pods(record):
-            waiting.append(name_of(node))
+        if isinstance(record, NodeRecord) and safety.is_waiting(record) and not _held_by_own_pods(record) \
+                and not (record.fault is not None and is_domain_fault(record.fault.kind)):
+            waiting.append(name_of(node))  # a domain action's trays are admitted together, by their own check
     return waiting
+
+
+def _domain_admitted(node: Node, fingerprint: str) -> bool:
+    """The tray's record has the domain action ``fingerprint`` past its admission (its drain started, or on)."""
+    record = record_from_node(node)
+    if not isinstance(record, NodeRecord) or record.fault is None or record.fault.fingerprint != fingerprint:
+        return False
+    return record.state != states.DRAINING or (record.action is not None and record.action.kind == DRAIN_ACTION)
+    # (a tray taken mid-drain starts its drain again as the domain's: every drain of this fingerprint was admitted
+    # by the domain's check)
 
 
 def _held_by_own_pods(record: NodeRecord) -> bool:
@@ -144,10 +156,14 @@ class DrainLoop(NodeLoop):
         nodes = self.ctx.nodes.gpu_nodes()
         views = [safety.node_view(n) for n in nodes]
         view = next((v for v in views if v.name == name), None) or safety.node_view(node)
-        held = self._stopped(view) or self._fleet_gate(nodes, now)
+        domain_label = self.ctx.policy_for(node).fabric.domain_label
+        is_domain = record.fault is not None and is_domain_fault(record.fault.kind)
+        held = self._stopped(view, domain_label if is_domain else "") or self._fleet_gate(nodes, now)
         if held:
             return self._wait(node, block(record, *held, now))
         budget = safety.Budget(cluster.budget.as_budget_value(), cluster.budget.count_held)
+        if is_domain:
+            return self._admit_domain(node, record, policy, nodes, views, budget, domain_label, now)
         domains = [safety.DomainBudget(d.label, budget_value(d.max_unavailable)) for d in cluster.budget.domains]
         result = safety.budget_check(views, name, budget, domains)
         self.ctx.metrics.budget_in_use.set(float(result.in_use))
@@ -168,13 +184,40 @@ class DrainLoop(NodeLoop):
                 views, name, waiting_for_budget(nodes), budget, domains, claimed))
             if refused:
                 return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
+        return self._start(node, record, policy, now)
+
+    def _start(self, node: Node, record: NodeRecord, policy: DrainPolicy, now: float) -> float | None:
         scope = drain_scope(self.ctx.policy_for(node), node, record)
         started = start_action(unblock(record), DRAIN_ACTION, "", 1, now, policy.timeout_s, scope.detail)
         if self.ctx.writer.write(node, started) is None:
             return self.retry_after_conflict()
-        log.info("drain started", extra={"node": name, "mode": policy.mode, "scope": scope.scope,
+        log.info("drain started", extra={"node": name_of(node), "mode": policy.mode, "scope": scope.scope,
                                          **({"scope_why": scope.why} if scope.why else {})})
         return 0.0
+
+    def _admit_domain(self, node: Node, record: NodeRecord, policy: DrainPolicy, nodes: Sequence[Node],
+                      views: Sequence[safety.NodeView], budget: safety.Budget, label: str, now: float) -> float | None:
+        """A tray of a domain action: the domain's trays are admitted together. The first one's check counts every
+        tray of the domain whole against the fleet-wide budget (all or none); once one is admitted the domain
+        holds its slots and the others follow without a check of their own (each is queued at once). The domain
+        budgets, the blocking pods and the older faults' turn are for ordinary repairs."""
+        assert record.fault is not None
+        value = labels_of(node).get(label, "")
+        members = [n for n in nodes if value and labels_of(n).get(label) == value] or [node]
+        fingerprint, name = record.fault.fingerprint, name_of(node)
+        if not any(_domain_admitted(n, fingerprint) for n in members if name_of(n) != name):
+            result = safety.domain_admission(views, {name_of(n) for n in members}, budget)
+            if not result.allowed:
+                return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
+        if self.ctx.claims is not None:  # --shards: in the admitted set, so the other replicas count the tray
+            refused = self.ctx.claims.claim(name, lambda claimed: "")
+            if refused:
+                return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
+        requeue = self._start(node, record, policy, now)
+        for member in members:
+            if name_of(member) != name:
+                self.queue.add(name_of(member))
+        return requeue
 
     def _before_admission(self, node: Node, record: NodeRecord) -> InProgress | None:
         """A variant's ``before_admission(ctx, node, record)``, if it has one: what it does while the drain waits
@@ -186,15 +229,15 @@ class DrainLoop(NodeLoop):
         result = prepare(DrainView(self, node_policy), node, record)
         return result if isinstance(result, InProgress) else None
 
-    def _stopped(self, view: safety.NodeView) -> tuple[str, str] | None:
+    def _stopped(self, view: safety.NodeView, acting_for: str = "") -> tuple[str, str] | None:
         """A pause, the circuit breaker or the node's failure-domain breaker: no new drain (the detect loop
-        reloads both every cycle)."""
+        reloads both every cycle). ``acting_for``: a domain action's label (its own breaker does not hold it)."""
         pause = self.ctx.breakers.latest_pause()
         if pause.paused:
             return BLOCK_PAUSED, f"paused by {pause.by or '?'}: {pause.reason or '-'}"
         if not self.ctx.policy.cluster.breaker.enabled:
             return None
-        why = self.ctx.breakers.latest().blocks(view)
+        why = self.ctx.breakers.latest().blocks(view, acting_for)
         return (BLOCK_BREAKER, why) if why else None
 
     def _fleet_gate(self, nodes: Sequence[Node], now: float) -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpuremediate.actions.nodes import Node, labels_of
 from gpuremediate.actions.pods import SCOPE_ALL, SCOPE_GPU, SCOPE_IMPACTED
 from gpuremediate.policy.config import Policy
+from gpuremediate.policy.fabric import KIND_DOMAIN
 from gpuremediate.policy.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE
 from gpuremediate.state.decide import MAINTENANCE_KIND
@@ -43,6 +44,9 @@ def drain_scope(policy: Policy, node: Node, record: NodeRecord) -> DrainScope:
     if record.fault.kind == MAINTENANCE_KIND and record.fault.action in (ACTION_NONE, ACTION_QUARANTINE):
         held = "a MaintenanceRequest hands the node over (held for its maintenance, or for a person)"
         return chosen if chosen.scope == SCOPE_ALL else DrainScope(SCOPE_ALL, held)
+    if record.fault.kind == KIND_DOMAIN:
+        whole = "a domain action hands the whole NVLink domain over (a rack maintenance, or a person)"
+        return chosen if chosen.scope == SCOPE_ALL else DrainScope(SCOPE_ALL, whole)
     rungs = policy.remediation.ladder_for(record.fault.action)
     for number, rung in enumerate(rungs, start=1):
         needed = _needs(policy, node, record, rung.action)

@@ -37,16 +37,20 @@ from gpuremediate.actions.device_taints import (
 )
 from gpuremediate.actions.events import NORMAL
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
-from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.actions.nodes import Node, labels_of, name_of
 from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key
 from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu, validation_hold
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import NODES
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
+from gpuremediate.policy import safety
+from gpuremediate.policy.fabric import conditions as fabric_conditions
+from gpuremediate.policy.fabric import is_domain_fault
 from gpuremediate.policy.isolation import VALIDATE_BY_CLAIM
 from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state import decide, states
 from gpuremediate.state.record import (
+    BLOCK_GATE,
     BLOCK_GPU_PODS,
     BLOCK_GPU_UNAVAILABLE,
     ActionInProgress,
@@ -60,6 +64,7 @@ from gpuremediate.state.record import (
 )
 
 VALIDATE = "validate"
+DOMAIN_WAIT = "domain-wait"  # the step of a domain action's tray validated, waiting for its domain's trays
 # Rules of ours no flow holds are looked for at the first resync, then this often: one label-selected LIST of
 # DeviceTaintRules each time (a leftover costs the GPU it isolates, so minutes are soon enough; every resync
 # would be six LISTs a minute at steady state, where the controller otherwise only watches).
@@ -86,10 +91,12 @@ class ValidateLoop(JobLoop):
         held = self.held_by_pause(node, record)
         if held is not None:
             return held
+        action = record.action
+        if action is not None and action.kind == VALIDATE and action.step == DOMAIN_WAIT:
+            return self._finish(node, record, True, action.detail)  # the tray passed: its domain's trays are awaited
         policy = self.ctx.policy_for(node).validation
         if not policy.enabled:
             return self._finish(node, record, True, "validation disabled by policy")
-        action = record.action
         one_gpu = isolated_at_gpu(record)
         if action is None or action.kind != VALIDATE or not action.name:
             if one_gpu:
@@ -267,9 +274,70 @@ class ValidateLoop(JobLoop):
     def _finish(
         self, node: Node, record: NodeRecord, ok: bool, detail: str, cancel: ActionInProgress | None = None
     ) -> float | None:
+        if ok and record.fault is not None and is_domain_fault(record.fault.kind):
+            waiting = self._domain_not_back(node, record)
+            if waiting:
+                return self._wait_for_domain(node, record, detail, waiting)
         decision = dataclasses.replace(decide.complete_validation(record, ok, self.ctx.clock(), detail), cancel=cancel)
         if ok:
             self._release_rule(node, record)
         if self.apply(node, decision) is None:
             return self.retry_after_conflict()
         return None
+
+    # ---- a domain action's validation: the domain, not the tray alone --------------------------------------------
+
+    def _domain_not_back(self, node: Node, record: NodeRecord) -> str:
+        """Why this tray, validated, may not return yet ("" when it may): after a domain action the domain returns
+        as one unit. Every other tray of its NVLink domain must be back (healthy, schedulable, Ready) or validated
+        too and waiting here, and this tray's own fabric state good (its latest readings show no fabric
+        condition: registered, Fabric Manager running, IMEX ready where it runs). A tray still repairing, or
+        quarantined, holds the domain: a person releases it, or the domain waits. From the node informer only."""
+        assert record.fault is not None
+        rules = self.ctx.policy_for(node).fabric
+        labels = labels_of(node)
+        readings = self.ctx.readings.get(name_of(node))
+        if readings is None:
+            return "its GPU readings are not known yet (the fabric state is checked before the domain returns)"
+        bad = sorted(f"GPU {g.key}: {', '.join(sorted(found))}" for g in readings.gpus
+                     if (found := fabric_conditions(g.fabric, labels, rules)))
+        if bad:
+            return f"its NVLink fabric state is not good ({'; '.join(bad[:4])})"
+        value = labels.get(rules.domain_label, "")
+        members = [n for n in self.ctx.nodes.gpu_nodes() if value and labels_of(n).get(rules.domain_label) == value]
+        fingerprint, out = record.fault.fingerprint, []
+        for member in members:
+            if name_of(member) == name_of(node):
+                continue
+            view, theirs = safety.node_view(member), record_from_node(member)
+            back = view.state == states.HEALTHY and view.ready and not view.unschedulable
+            validated = isinstance(theirs, NodeRecord) and theirs.state == states.VALIDATING \
+                and theirs.fault is not None and theirs.fault.fingerprint == fingerprint \
+                and theirs.action is not None and theirs.action.step == DOMAIN_WAIT
+            if not back and not validated:
+                out.append(view.describe() if view.state != states.VALIDATING else f"{view.name}: validating")
+        if not out:
+            return ""
+        shown = "; ".join(sorted(out)[:5]) + ("; ..." if len(out) > 5 else "")
+        return (f"the domain {rules.domain_label}={value} returns as one unit: {len(out)} of its {len(members)} "
+                f"trays not validated or back yet ({shown})")
+
+    def _wait_for_domain(self, node: Node, record: NodeRecord, detail: str, why: str) -> float | None:
+        """Validated, held in validating (still cordoned) until its domain is back: the step says so across a
+        restart (no Job is run again), ``blocked`` says why; the domain's other trays are looked at again now."""
+        now = self.ctx.clock()
+        action = record.action
+        if action is None or action.step != DOMAIN_WAIT:
+            action = ActionInProgress(kind=VALIDATE, name=action.name if action is not None else "",
+                                      attempt=action.attempt if action is not None else 1,
+                                      started=action.started if action is not None else now,
+                                      created_at=action.created_at if action is not None else None,
+                                      detail=detail, step=DOMAIN_WAIT, step_since=now)
+            label = self.ctx.policy_for(node).fabric.domain_label
+            for member in self.ctx.nodes.gpu_nodes():
+                if name_of(member) != name_of(node) and labels_of(member).get(label) == labels_of(node).get(label):
+                    self.queue.add(name_of(member))
+        after = block(dataclasses.replace(record, action=action), BLOCK_GATE, why, now)
+        if after != record and self.ctx.writer.write(node, after) is None:
+            return self.retry_after_conflict()
+        return self.ctx.settings.resync_s

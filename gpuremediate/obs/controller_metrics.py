@@ -57,6 +57,10 @@ class ControllerMetrics:
             PREFIX + "domain_nodes_out", "GPU nodes out of service per NVLink domain ([fabric] domain_label), for the "
             "domains with at least one.", ["domain"]
         )
+        self.domain_action_trays = Counter(
+            PREFIX + "domain_action_trays_total", "Trays taken into their NVLink domain's domain action ([fabric] "
+            "domain_action), by the action: one per tray of each domain decision.", ["action"]
+        )
         self.notifications = Counter(
             PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
             ["kind", "result"],
@@ -142,6 +146,7 @@ class ControllerMetrics:
             self.paused,
             self.domains_tripped,
             self.domain_nodes_out,
+            self.domain_action_trays,
             self.notifications,
             self.scrape_seconds,
             self.scrape_errors,

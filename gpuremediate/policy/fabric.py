@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_REBOOT, Finding
-from gpuremediate.policy.safety import NodeView
-from gpuremediate.policy.schema import MAX_DURATION_S, between, setting
+from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, Finding
+from gpuremediate.policy.safety import DomainTrip, NodeView
+from gpuremediate.policy.schema import MAX_DURATION_S, PolicyError, between, check_action, setting
 from gpuremediate.policy.workflow import label_key
 from gpuremediate.signals.fabric import (
     CLIQUE_LABEL,
@@ -43,10 +43,19 @@ KIND_FABRIC_FAILURE = "fabric-failure"
 KIND_FABRIC_STUCK = "fabric-stuck"
 KIND_FABRIC_UNHEALTHY = "fabric-unhealthy"
 KIND_IMEX = "imex-not-ready"
+KIND_DOMAIN = "domain"  # a tray taken into its NVLink domain's domain action (the rack handled as one unit)
 FABRIC_KINDS = (KIND_FABRIC_FAILURE, KIND_FABRIC_STUCK, KIND_FABRIC_UNHEALTHY, KIND_IMEX)
 IMEX_DOWN = ("DOWN", "DEGRADED")
 # Cordon findings that lift by themselves once the state is good again (as a thermal cordon does).
 CLEARING_KINDS = (KIND_FABRIC_STUCK, KIND_FABRIC_UNHEALTHY, KIND_IMEX)
+
+
+def _domain_action_name(value: object, path: str) -> None:
+    """``domain_action``: any action but ``cordon`` (a cordon alone hands nothing over and lifts nothing)."""
+    check_action(value, path)
+    if value == ACTION_CORDON:
+        raise PolicyError(f"{path}: cordon is not a domain action (none holds the trays; quarantine drains them "
+                          f"for a person)")
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,12 @@ class FabricPolicy:
     imex_grace_s: float = setting(300.0, "seconds an IMEX daemon runs not READY (or its domain is DOWN/DEGRADED) "
                                   "before the imex-not-ready finding", check=between(0, MAX_DURATION_S))
     imex_action: str = setting(ACTION_NONE, "action for imex-not-ready (none: an event only)", action=True)
+    domain_action: str = field(default=ACTION_NONE, metadata={
+        "action": True, "check": _domain_action_name,
+        "doc": "once the domain breaker opens for an NVLink domain (domain_breaker): none = its trays are held for "
+               "a person (breaker reset) | quarantine = every tray is drained, then handed to a person | a custom "
+               "action (a rack maintenance at the provider), with its [remediation.ladders] ladder; reboot and "
+               "reset-gpu too"})
 
     def grace(self, kind: str) -> float:
         return {KIND_FABRIC_FAILURE: self.failure_grace_s, KIND_FABRIC_STUCK: self.stuck_after_s,
@@ -81,6 +96,30 @@ class FabricPolicy:
     def action(self, kind: str) -> str:
         return {KIND_FABRIC_FAILURE: self.failure_action, KIND_FABRIC_STUCK: self.stuck_action,
                 KIND_FABRIC_UNHEALTHY: self.not_started_action, KIND_IMEX: self.imex_action}[kind]
+
+
+def domain_trips(trips: Sequence[DomainTrip], rules: FabricPolicy) -> dict[str, DomainTrip]:
+    """The domain breaker's trips that are domain actions: NVLink domain (``domain_label``) value -> its trip.
+    Empty unless ``[fabric]`` is on with ``domain_breaker`` and a ``domain_action``."""
+    if not rules.enabled or not rules.domain_breaker or rules.domain_action == ACTION_NONE:
+        return {}
+    return {t.value: t for t in trips if t.label == rules.domain_label}
+
+
+def domain_finding(node: str, trip: DomainTrip, rules: FabricPolicy) -> Finding:
+    """The domain decision as a finding on one tray of the domain: the same fingerprint on every tray (the
+    domain, and when its breaker opened: a later trip of the same domain is a new decision), the action
+    ``domain_action``. The detect loop adds it to the findings of every tray of a tripped domain while the trip
+    stands, so its handled fingerprint survives a restart and the decision is taken once per tray."""
+    fingerprint = f"{KIND_DOMAIN}:{trip.label}={trip.value}@{trip.opened_at:.0f}"
+    then = "handed to a person" if rules.domain_action == ACTION_QUARANTINE else rules.domain_action
+    message = (f"domain action for {trip.label}={trip.value}: {trip.reason}; the NVLink domain is handled as one "
+               f"unit: every tray drained, then {then}")
+    return Finding(node, KIND_DOMAIN, "", (), rules.domain_action, fingerprint, message)
+
+
+def is_domain_fault(kind: str) -> bool:
+    return kind == KIND_DOMAIN
 
 
 def breaker_domain_labels(configured: tuple[str, ...], rules: FabricPolicy) -> tuple[str, ...]:

@@ -274,6 +274,27 @@ def admit(
     return admitted
 
 
+def domain_admission(gpu_nodes: Sequence[NodeView], members: Collection[str], budget: Budget | None = None
+                     ) -> BudgetResult:
+    """May a domain action take all ``members`` (the trays of one NVLink domain) out of service together? The
+    fleet-wide budget counts each tray whole, out of service or not yet: all or none. The domain budgets are for
+    ordinary repairs (at most so many trays of a rack out at once) and do not hold a decision about the whole
+    domain."""
+    budget = budget or Budget()
+    _require_known(gpu_nodes, list(members))
+    limit = budget.limit(len(gpu_nodes))
+    others = sorted((v for v in gpu_nodes if v.name not in members and counts_against(v, budget)),
+                    key=lambda v: v.name)
+    used = _slots(others)
+    in_use = float(used + len(members))
+    if used + len(members) > limit:
+        names = "; ".join(v.describe() for v in others[:10]) + ("; ..." if len(others) > 10 else "") or "none"
+        return BudgetResult(False, in_use, limit, f"budget full for the domain's {len(members)} trays together: "
+                                                  f"{_shown(used)} other of {limit} out of service ({names})")
+    return BudgetResult(True, in_use, limit, f"within budget: the domain's {len(members)} trays and "
+                                             f"{_shown(used)} other of {limit}")
+
+
 def _domain_full(gpu_nodes: Sequence[NodeView], candidate: NodeView, domain: DomainBudget, out: set[str]) -> str:
     """Why ``candidate`` would overfill its ``domain`` ("" when it fits or has no such label)."""
     value = candidate.labels.get(domain.label)
@@ -361,12 +382,14 @@ class CircuitBreaker:
     def is_open(self) -> bool:
         return self.open
 
-    def blocks(self, view: NodeView) -> str:
-        """Why no new work may start on this node ("" when none): the whole breaker or its domain's."""
+    def blocks(self, view: NodeView, acting_for: str = "") -> str:
+        """Why no new work may start on this node ("" when none): the whole breaker or its domain's.
+        ``acting_for``: the label of the domain whose own decision (a domain action) the work is: that domain's
+        breaker does not hold it (the whole breaker and the node's other domains still do)."""
         if self.open:
             return f"circuit breaker open: {self.reason}"
         for trip in self.domains:
-            if view.labels.get(trip.label) == trip.value:
+            if view.labels.get(trip.label) == trip.value and trip.label != acting_for:
                 return f"domain breaker open for {trip.label}={trip.value}: {trip.reason}"
         return ""
 

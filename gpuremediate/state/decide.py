@@ -247,6 +247,50 @@ def on_findings(
     return _open_fault(record, add_handled(after, *covered), chosen, node_unschedulable, now, opts, notices)
 
 
+def on_domain_action(record: NodeRecord | None, finding: Finding, node_unschedulable: bool, now: float) -> Decision:
+    """The tray's NVLink domain passed its domain breaker's threshold and ``[fabric] domain_action`` handles the
+    domain as one unit: the tray's record gets the domain fault (``finding``: the same fingerprint on every tray),
+    so the ordinary flow drains it and then runs the domain action (quarantine: a person; a custom action and its
+    ladder). Taken once per tray: a record that has the fault open or handled is left alone.
+
+    - healthy / cordoned: draining with the domain fault (cordoned at once when first touched); a soft fault's
+      fingerprint becomes handled (superseded), a held per-tray fault is dropped (the domain action covers it);
+    - draining (its own fault waited for the budget or the breaker, or its drain runs): the fault is replaced in
+      place, the tray's own fault handled: what follows the drain is the domain action, not the tray's repair; a
+      drain under way starts again as the domain's (admitted with its trays, every pod in scope);
+    - repairing, validating, quarantined, maintenance: no change (a repair under way cannot be recalled; the tray
+      is taken into the domain action once it is back in healthy; a quarantined tray already waits for a person).
+    """
+    base = record if record is not None else fresh_record(now)
+    fp = finding.fingerprint
+    if fp in base.handled or (base.fault is not None and base.fault.fingerprint == fp):
+        return _decide(record, base)
+    if base.state not in (*DETECT_STATES, states.DRAINING):
+        return _decide(record, base)
+    superseded = (base.fault.fingerprint,) if base.fault is not None else ()
+    held = (base.held.fingerprint,) if base.held is not None else ()
+    after = add_handled(base, *superseded, *held)
+    fault = fault_from_finding(finding, now)
+    if base.state == states.DRAINING:
+        cordon = not node_unschedulable and not base.cordoned_by_us
+        isolation = base.isolation
+        if isolation is not None and isolation.at_gpu:
+            isolation = dataclasses.replace(isolation, scope=SCOPE_NODE, why="its NVLink domain's domain action")
+        changes: dict[str, object] = {"fault": fault, "held": None, "blocked": None, "message": finding.message,
+                                      "isolation": isolation, "stopped": False, "action": None}
+        if cordon:
+            changes.update(cordoned_by_us=True)
+        return _decide(record, dataclasses.replace(after, **changes), cordon=cordon)  # type: ignore[arg-type]
+    first_touch = base.state == states.HEALTHY
+    cordon = first_touch and not node_unschedulable
+    opened: dict[str, object] = {"fault": fault, "action": None, "stopped": False, "held": None, "isolation": None}
+    if first_touch:
+        opened.update(cordoned_by_us=cordon, was_unschedulable=node_unschedulable)
+    moved = transition(after, states.DRAINING, states.fault_reason(finding.kind, finding.code), now,
+                       finding.message, **opened)
+    return _moved(record, moved, cordon=cordon)
+
+
 def covers(chosen: Finding, other: Finding) -> bool:
     """Whether the flow ``chosen`` opens repairs ``other`` too, so ``other`` is handled with it (as the fault's
     own fingerprint is): the agent's NodeCondition restating the same XID, or a second XID a reboot clears.

@@ -5,9 +5,11 @@ notifications reach a webhook receiver. A bare emulator, scripted readings, the 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +21,8 @@ from gpuremediate.controller import Controller
 from gpuremediate.kube.resources import EVENTS, NODES, SECRETS
 from gpuremediate.loops import drain
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.policy.safety import Pause
+from gpuremediate.policy.safety import DomainTrip, Pause
+from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.state import states
 from sim.waiting import wait_for
@@ -180,3 +183,32 @@ def test_without_the_secret_the_controller_runs_on_without_notifications(world: 
                in r.getMessage() for r in caplog.records)
     source.xids["gpu-1"] = 79
     wait_for(lambda: state(world, "gpu-1") == states.QUARANTINED, 15, "the controller works on")
+
+
+def test_a_domain_action_waits_for_the_pause_then_takes_every_tray_of_its_domain_only(world: World) -> None:  # noqa: F811
+    """The domain breaker is open for clique c1 (as a storm left it) and ``[fabric] domain_action`` is set: while
+    paused no tray is taken; once resumed every tray of c1 (the healthy ones too) is cordoned, drained and
+    quarantined with the domain fault, and the node of another domain is left alone."""
+    for name, clique in (("c1-a", "c1"), ("c1-b", "c1"), ("c1-c", "c1"), ("c2-a", "c2")):
+        world.node(name, {CLIQUE_LABEL: clique})
+    store = BreakerStore(world.kube, NS)
+    trip = DomainTrip(CLIQUE_LABEL, "c1", "2 of 3 nodes faulted", time.time())
+    store.update(lambda b: dataclasses.replace(b, domains=(trip,)))
+    store.set_pause(Pause(paused=True, by="alice", reason="rack work"))
+    start(world, NO_FLEET_BREAKER + '\n[fabric]\ndomain_action = "quarantine"\n')
+    time.sleep(1.0)
+    assert all(state(world, n) == states.HEALTHY for n in ("c1-a", "c1-b", "c1-c", "c2-a")), "taken while paused"
+    assert not any(world.kube.get(NODES, n)["spec"].get("unschedulable") for n in ("c1-a", "c1-b", "c1-c"))
+    store.set_pause(Pause())
+
+    def handed_over(name: str) -> bool:
+        if state(world, name) != states.QUARANTINED:
+            return False
+        fault = world.record(name).fault
+        return fault is not None and fault.kind == "domain" and bool(world.kube.get(NODES, name)["spec"].get(
+            "unschedulable"))
+
+    wait_for(lambda: all(handed_over(n) for n in ("c1-a", "c1-b", "c1-c")), 15, "every c1 tray handed over")
+    assert state(world, "c2-a") == states.HEALTHY
+    prints = {world.record(n).fault.fingerprint for n in ("c1-a", "c1-b", "c1-c")}  # type: ignore[union-attr]
+    assert prints == {f"domain:{CLIQUE_LABEL}=c1@{trip.opened_at:.0f}"}
