@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -69,6 +70,7 @@ DOMAIN_WAIT = "domain-wait"  # the step of a domain action's tray validated, wai
 # DeviceTaintRules each time (a leftover costs the GPU it isolates, so minutes are soon enough; every resync
 # would be six LISTs a minute at steady state, where the controller otherwise only watches).
 ORPHAN_SWEEP_S = 300.0
+CLAIM_RETRY_S = 30.0  # a validation claim the server refused is asked for again this often, not every step
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ class ValidateLoop(JobLoop):
     owned = frozenset({states.VALIDATING})
     _next_sweep = 0.0  # monotonic time of the next look for rules no flow holds (the first resync looks)
     _claims_made: frozenset[str] = frozenset()  # validation claims this process made or found (one look each)
+    _claim_failed: dict[str, float] | None = None  # claim -> monotonic time of its last failed create
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         held = self.held_by_pause(node, record)
@@ -210,7 +213,8 @@ class ValidateLoop(JobLoop):
 
     def _make_claim(self, node: Node, record: NodeRecord, job: Mapping[str, Any], claim: str) -> None:
         gpu = self._claimed_gpu(node, record)
-        if gpu is None or claim in self._claims_made:
+        failed = self._claim_failed = self._claim_failed if self._claim_failed is not None else {}
+        if gpu is None or claim in self._claims_made or time.monotonic() < failed.get(claim, -math.inf) + CLAIM_RETRY_S:
             return
         body = validation_claim(claim, self.ctx.settings.jobs_namespace, gpu, job,
                                 device_class=self.ctx.policy_for(node).isolation.device_class)
@@ -218,10 +222,12 @@ class ValidateLoop(JobLoop):
             if ensure_validation_claim(self.ctx.client, body):
                 log.info("validation claim created", extra={"node": name_of(node), "claim": claim,
                                                             "device": gpu.device})
-        except errors.ApiError as err:  # the Job waits for it, then times out: quarantined, the GPU still out
+        except (errors.ApiError, errors.TransportError) as err:  # the Job waits for it: tried again, then it times out
             log.warning("validation claim not created", extra={"node": name_of(node), "claim": claim,
                                                                "detail": str(err)})
+            failed[claim] = time.monotonic()  # not every step: one try per CLAIM_RETRY_S
             return
+        failed.pop(claim, None)
         self._claims_made = self._claims_made | {claim}
 
     def _claim_after_restart(self, node: Node, record: NodeRecord, action: ActionInProgress) -> None:
