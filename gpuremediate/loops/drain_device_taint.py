@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from gpuremediate.actions.device_taints import (
     DRY_RUN_ANNOTATION,
@@ -101,7 +102,7 @@ class DeviceTaintDrain:
     def _drained(self, ctx: DrainContext, node: Node, record: NodeRecord, isolation: Isolation) -> StepResult:
         if ctx.writer.dry_run:
             return Done(f"dry run: rule {isolation.rule} written with effect None, nothing deleted")
-        holders = self._holders(ctx, node, isolation)
+        holders, _ = self._holders(ctx, node, isolation)
         if not holders:
             return Done(f"no pod holds {isolation.device} any more (rule {isolation.rule})")
         if _past_deadline(ctx, record):
@@ -159,7 +160,7 @@ class DeviceTaintDrain:
     def _escalate_when_due(self, ctx: DrainContext, node: Node, record: NodeRecord,
                            isolation: Isolation) -> StepResult:
         policy = ctx.policy.drain
-        holders = [] if ctx.writer.dry_run else self._holders(ctx, node, isolation)
+        holders, pods = ([], []) if ctx.writer.dry_run else self._holders(ctx, node, isolation)
         modes = {policy.mode_of(h.pod.partition("/")[0]) for h in holders}
         late = _past_deadline(ctx, record)
         if not (modes <= {"Immediate"} or (late and _deletes_at_timeout(policy, modes))):
@@ -168,19 +169,18 @@ class DeviceTaintDrain:
             return self._note(ctx, node, record, f"NoSchedule; waiting for {_names(holders)} to finish")
         gpu = GpuDevice(name_of(node), isolation.uuid, isolation.driver, isolation.pool, isolation.device)
         if policy.pod_events:
-            self._tell(ctx, node, record, holders)
+            self._tell(ctx, node, record, holders, pods)
         self._write(ctx, record, gpu, EFFECT_NO_EXECUTE)
         after = dataclasses.replace(isolation, effect=EFFECT_NO_EXECUTE, effect_since=ctx.clock())
         if ctx.writer.write(node, dataclasses.replace(record, isolation=after)) is None:
             return CONFLICT
         return InProgress(0.0)
 
-    def _tell(self, ctx: DrainContext, node: Node, record: NodeRecord, holders: list[Holder]) -> None:
-        """The workload notice for the pods the NoExecute rule is about to have deleted."""
-        if not holders:
-            return
+    def _tell(self, ctx: DrainContext, node: Node, record: NodeRecord, holders: list[Holder],
+              node_pods: list[dict[str, Any]]) -> None:
+        """The workload notice for the pods the NoExecute rule is about to have deleted (from the step's own list)."""
         held = {h.pod for h in holders}
-        pods = [p for p in list_node_pods(ctx.client, name_of(node)) if "/".join(pod_key(p)) in held]
+        pods = [p for p in node_pods if "/".join(pod_key(p)) in held]
         how = "deleted by the device taint eviction controller: gpuremediate took its GPU out (the node stays)"
         self.notice.tell(ctx.events, record, pods, why_of(name_of(node), record, how))
 
@@ -190,9 +190,10 @@ class DeviceTaintDrain:
         return self.taints(ctx).isolate(gpu, effect, fault=kind, fingerprint=occurrence(record)).name
 
     @staticmethod
-    def _holders(ctx: DrainContext, node: Node, isolation: Isolation) -> list[Holder]:
+    def _holders(ctx: DrainContext, node: Node, isolation: Isolation) -> tuple[list[Holder], list[dict[str, Any]]]:
+        """The device's holders, and the node's pods they were found among (one LIST for both)."""
         pods = list_node_pods(ctx.client, name_of(node))
-        return device_holders(ctx.client, isolation.driver, isolation.pool, isolation.device, pods)
+        return device_holders(ctx.client, isolation.driver, isolation.pool, isolation.device, pods), pods
 
     @staticmethod
     def _note(ctx: DrainContext, node: Node, record: NodeRecord, waiting: str) -> StepResult:

@@ -43,6 +43,7 @@ from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key
 from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu, validation_hold
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import NODES
+from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
 from gpuremediate.policy import safety
 from gpuremediate.policy.fabric import conditions as fabric_conditions
@@ -87,8 +88,11 @@ class ValidateLoop(JobLoop):
     name = "validate"
     owned = frozenset({states.VALIDATING})
     _next_sweep = 0.0  # monotonic time of the next look for rules no flow holds (the first resync looks)
-    _claims_made: frozenset[str] = frozenset()  # validation claims this process made or found (one look each)
-    _claim_failed: dict[str, float] | None = None  # claim -> monotonic time of its last failed create
+
+    def __init__(self, ctx: LoopContext) -> None:
+        super().__init__(ctx)
+        self._claims_made: set[str] = set()  # validation claims this process made or found (one look each)
+        self._claim_failed: dict[str, float] = {}  # claim -> monotonic time of its last failed create
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         held = self.held_by_pause(node, record)
@@ -213,7 +217,7 @@ class ValidateLoop(JobLoop):
 
     def _make_claim(self, node: Node, record: NodeRecord, job: Mapping[str, Any], claim: str) -> None:
         gpu = self._claimed_gpu(node, record)
-        failed = self._claim_failed = self._claim_failed if self._claim_failed is not None else {}
+        failed = self._claim_failed
         if gpu is None or claim in self._claims_made or time.monotonic() < failed.get(claim, -math.inf) + CLAIM_RETRY_S:
             return
         body = validation_claim(claim, self.ctx.settings.jobs_namespace, gpu, job,
@@ -228,7 +232,7 @@ class ValidateLoop(JobLoop):
             failed[claim] = time.monotonic()  # not every step: one try per CLAIM_RETRY_S
             return
         failed.pop(claim, None)
-        self._claims_made = self._claims_made | {claim}
+        self._claims_made.add(claim)
 
     def _claim_after_restart(self, node: Node, record: NodeRecord, action: ActionInProgress) -> None:
         """A Job created by a controller killed before its claim: made now (one look per process and Job)."""

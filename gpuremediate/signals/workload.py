@@ -128,10 +128,12 @@ def _seconds(stamp: Any) -> float:
 
 
 class WorkloadSignal:
-    """The GPU failures of the cluster's Failed pods, by node; fed by an informer's handlers (any thread)."""
+    """The GPU failures of the cluster's Failed pods, by node; fed by an informer's handlers (any thread). A detect
+    pass asks once per node: each asks only its node's failures (never a scan of the cluster's)."""
 
     def __init__(self) -> None:
-        self._failures: dict[str, Failure] = {}  # pod -> its failure
+        self._by_node: dict[str, dict[str, Failure]] = {}  # node -> pod -> its failure
+        self._node_of: dict[str, str] = {}  # pod -> the node its failure is filed under
         self._lock = threading.Lock()
 
     def seen(self, reduced: Mapping[str, Any]) -> None:
@@ -139,16 +141,27 @@ class WorkloadSignal:
         meta = reduced.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         with self._lock:
-            if failure is None:
-                self._failures.pop(key, None)
-            else:
-                self._failures[key] = failure
+            self._drop(key)
+            if failure is not None:
+                self._by_node.setdefault(failure.node, {})[key] = failure
+                self._node_of[key] = failure.node
+
+    def _drop(self, key: str) -> None:
+        node = self._node_of.pop(key, None)
+        if node is not None:
+            pods = self._by_node.get(node, {})
+            pods.pop(key, None)
+            if not pods:
+                self._by_node.pop(node, None)
 
     def failures(self, node: str, now: float, window_s: float) -> list[Failure]:
+        """The node's failures within ``window_s``; older ones (an hour at least) are forgotten here."""
+        keep_s = max(window_s, 3600.0)
         with self._lock:
-            self._failures = {k: f for k, f in self._failures.items() if now - f.at <= max(window_s, 3600.0)}
-            return sorted((f for f in self._failures.values() if f.node == node and now - f.at <= window_s),
-                          key=lambda f: (f.at, f.pod))
+            for key in [k for k, f in self._by_node.get(node, {}).items() if now - f.at > keep_s]:
+                self._drop(key)
+            found = self._by_node.get(node, {}).values()
+            return sorted((f for f in found if now - f.at <= window_s), key=lambda f: (f.at, f.pod))
 
     def findings(self, node: str, now: float, *, min_pods: int, window_s: float, action: str) -> list[Finding]:
         """One finding when ``min_pods`` distinct pods failed on ``node`` with a GPU error within ``window_s``;
