@@ -33,6 +33,7 @@ from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.loops.maintenance import MaintenanceLoop
 from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
+from gpuremediate.loops.trend_maintenance import TrendMaintenance
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
@@ -256,6 +257,10 @@ class Controller:
             if maintenance is not None and not self.ctx.stop.is_set():
                 self.maintenance = maintenance
                 maintenance.start()
+                self.detect.trend_maintenance = TrendMaintenance(
+                    self.client, maintenance.res, maintenance.informer, self.metrics, self.detect.events.node_event,
+                    lambda: self.ctx.policy.cluster.maintenance.prepare_lead_s, dry_run=self.settings.dry_run)
+            self.detect.maintenance_discovered = True
 
     def _read_notifier(self) -> WebhookNotifier | None:
         """Read the notifications Secret once; without it the controller runs on, and says so. A dry run posts

@@ -49,7 +49,7 @@ DEFAULT_DRIVER = "570.133.20"
 HGX_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
 FAULTS = ("xid", "dbe", "row-remap-failure", "row-remap-pending", "uncorrectable-rows", "temp", "memory-temp",
-          "fabric-failure", "fabric-stuck", "fabric-manager-down", "imex-down")
+          "fabric-failure", "fabric-stuck", "fabric-manager-down", "imex-down", "sbe")
 # NVL72 (issue 28): a rack is one NVLink domain of 18 compute trays x 4 GPUs. The fabric fields as dcgm-exporter
 # shows them (docs/operations.md "NVLink domains" cites NVIDIA's names): DCGM_FI_DEV_FABRIC_MANAGER_STATUS is
 # dcgmFabricManagerStatus_t (1 NotStarted, 2 InProgress, 3 Success, 4 Failure), the cluster UUID and the IMEX
@@ -507,6 +507,7 @@ class GpuSim:
             "uncorrectable-rows": _inject_uncorrectable_rows,
             "temp": _set_gpu_temp,
             "memory-temp": _set_memory_temp,
+            "sbe": _inject_sbe,
         }
         appliers |= {"fabric-failure": _fabric_failure, "fabric-stuck": _fabric_stuck}
         if fault not in appliers and fault not in NODE_FAULTS:
@@ -925,6 +926,15 @@ def _inject_dbe(g: GpuState, value: float | None) -> None:
     n = _count(value, "dbe")
     g.dbe_vol += n
     g.dbe_agg += n
+
+
+def _inject_sbe(g: GpuState, value: float | None) -> None:
+    """Single-bit ECC errors (corrected: a trend, never a fault by itself): ``value`` more, default 1."""
+    count = 1 if value is None else int(value)
+    if count < 0:
+        raise SimError(f"fault 'sbe' needs a non-negative count as value, got {value!r}")
+    g.sbe_vol += count
+    g.sbe_agg += count
 
 
 def _inject_remap_failure(g: GpuState, value: float | None) -> None:

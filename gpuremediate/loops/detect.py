@@ -40,10 +40,12 @@ from gpuremediate.kube.config import parse_rfc3339
 from gpuremediate.kube.resources import EVENTS
 from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.base import LoopContext, state_of
+from gpuremediate.loops.trend_maintenance import TrendMaintenance
 from gpuremediate.loops.validate import VALIDATE
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
+from gpuremediate.policy.degradation import TREND_MAINTENANCE, DegradationPolicy
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.fabric import (
     CLEARING_KINDS,
@@ -159,6 +161,9 @@ class DetectLoop:
         self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
         self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
         self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
+        self.trend_maintenance: TrendMaintenance | None = None  # set once the maintenance loop runs (CRD served)
+        self.maintenance_discovered = False  # the controller has asked whether MaintenanceRequests are served
+        self._told_no_maintenance: set[str] = set()  # nodes told their trend cannot be scheduled (no CRD)
         self.unknown: dict[str, str] = {}  # node -> why its health is unknown
         self.evented_unknown: set[str] = set()  # nodes that got a GPUHealthUnknown Event (they get Known back)
         self.fleet_unknown = False  # most nodes unknown: one Event on the controller, none per node
@@ -578,6 +583,7 @@ class DetectLoop:
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
             return None
+        self._schedule_trends(name, record, verdict.findings, readings, policy.degradation, now)
         domain = self._domain_finding(node)  # its NVLink domain's domain action, while the domain's trip stands
         findings = (*verdict.findings, domain) if domain is not None else tuple(verdict.findings)
         taken = domain is not None and record is not None and record.state == states.DRAINING \
@@ -585,6 +591,24 @@ class DetectLoop:
         if record is not None and record.state not in self.owned and not _isolated_in_flow(record) and not taken:
             return None  # another loop owns it; its findings wait until it is back (a GPU-level flow escalates)
         return Assessed(node, record, findings, memory, now, verdict.metrics_known, policy.thermal.hold_s)
+
+    def _schedule_trends(self, name: str, record: NodeRecord | None, findings: Sequence[Finding],
+                         readings: NodeReadings | None, policy: DegradationPolicy, now: float) -> None:
+        """``trend_action = "maintenance"``: the node's trends get a MaintenanceRequest (loops/trend_maintenance)."""
+        if policy.trend_action != TREND_MAINTENANCE or not any(f.kind == KIND_TREND for f in findings):
+            return
+        if record is not None and record.state != states.HEALTHY:
+            return  # a flow under way (its repair may cure the trend): looked at again once it is over
+        if self.trend_maintenance is not None:
+            served = max((h.at for h in record.history if h.kind == decide.MAINTENANCE_KIND), default=0.0) \
+                if record is not None else 0.0
+            self.trend_maintenance.schedule(name, findings, readings, policy, now, served)
+        elif self.maintenance_discovered and name not in self._told_no_maintenance:
+            self._told_no_maintenance.add(name)
+            text = ("a failing trend cannot be scheduled: the API server serves no MaintenanceRequest (install "
+                    "manifests/crds); it is reported only")
+            log.error(text, extra={"node": name})
+            self.events.node_event(name, "GPUTrendMaintenanceFailed", text, WARNING)
 
     def _domain_finding(self, node: Node) -> Finding | None:
         """The domain decision for this tray: its NVLink domain's breaker is open and ``[fabric] domain_action``

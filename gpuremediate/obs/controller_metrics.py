@@ -53,6 +53,10 @@ class ControllerMetrics:
         self.domains_tripped = Gauge(
             PREFIX + "domain_breaker_open", "Failure domains (label values) whose breaker is open: no new work there."
         )
+        self.trend_requests = Counter(
+            PREFIX + "trend_maintenance_requests_total", "MaintenanceRequests filed for failing trends ([degradation] "
+            "trend_action = \"maintenance\"), by result (filed, dry_run, refused).", ["result"]
+        )
         self.domain_nodes_out = Gauge(
             PREFIX + "domain_nodes_out", "GPU nodes out of service per NVLink domain ([fabric] domain_label), for the "
             "domains with at least one.", ["domain"]
@@ -142,6 +146,7 @@ class ControllerMetrics:
             self.budget_limit,
             self.isolated_gpus,
             self.degradation_gpus,
+            self.trend_requests,
             self.circuit_breaker_open,
             self.paused,
             self.domains_tripped,

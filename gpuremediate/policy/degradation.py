@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuremediate.plugins.window import Window, WindowError
 from gpuremediate.policy.findings import ACTION_CORDON, ACTION_DRAIN, ACTION_NONE
-from gpuremediate.policy.schema import MAX_DURATION_S, PolicyError, at_least, between, setting
+from gpuremediate.policy.schema import MAX_DURATION_S, PolicyError, at_least, between, excerpt, setting
 from gpuremediate.policy.workflow import one_of
 
 DEGRADATION_ACTIONS = (ACTION_CORDON, ACTION_DRAIN, ACTION_NONE)
+TREND_MAINTENANCE = "maintenance"  # a trend files a MaintenanceRequest for the next trend window
+TREND_ACTIONS = (ACTION_NONE, ACTION_CORDON, TREND_MAINTENANCE)
+TREND_RECOMMENDED = ("COMPONENT_RESET", "RESTART_BM", "NONE")  # the request's recommendedAction
+
+
+MAX_WINDOW_TEXT = 200  # longer than any list of weekdays, HH:MM range or IANA zone name
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,16 @@ class DegradationPolicy:
     trends: bool = setting(False, "find failing trends: single-bit ECC errors, new remapped rows, pages pending "
                            "retirement (independent of enabled)")
     trend_action: str = setting(ACTION_NONE, "a trend: none (an Event and `explain`: plan its maintenance) | "
-                                "cordon (stop new work; never a drain)", check=one_of(ACTION_NONE, ACTION_CORDON))
+                                "cordon (stop new work; never a drain) | maintenance (file a MaintenanceRequest "
+                                "whose drain starts at the next trend window; never an immediate drain)",
+                                check=one_of(*TREND_ACTIONS))
+    trend_window_days: str = setting("Sat,Sun", "trend maintenance: the window's weekdays (Mon-Fri, Sat,Sun, ...)")
+    trend_window_hours: str = setting("02:00-06:00", "trend maintenance: the window's hours, HH:MM-HH:MM (may "
+                                      "cross midnight); the drain starts when it opens")
+    trend_window_zone: str = setting("UTC", "trend maintenance: the window's time zone (an IANA name)")
+    trend_recommended: str = setting("COMPONENT_RESET", "trend maintenance: the request's recommendedAction: "
+                                     "COMPONENT_RESET (drain, reset the GPU, validate) | RESTART_BM (reboot) | "
+                                     "NONE (drained and held for a person)", check=one_of(*TREND_RECOMMENDED))
     sbe_min: int = setting(100, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL increase within sbe_window_s (0 disables)",
                            check=at_least(0))
     sbe_window_s: float = setting(3600.0, "the single-bit ECC window", check=between(60, MAX_DURATION_S))
@@ -65,3 +81,18 @@ class DegradationPolicy:
         if self.link_gap_s > self.link_clear_s:
             raise PolicyError(f"{path}: link_gap_s ({self.link_gap_s:g}) must not exceed link_clear_s "
                               f"({self.link_clear_s:g})")
+        for name in ("trend_window_days", "trend_window_hours", "trend_window_zone"):
+            value = getattr(self, name)
+            if len(value) > MAX_WINDOW_TEXT:  # the window's own errors quote the whole value
+                raise PolicyError(f"{path}.{name}: {excerpt(value)} is too long for a window setting")
+        try:
+            self.trend_window()
+        except WindowError as exc:
+            flag = str(exc).partition(":")[0].strip("- ")
+            setting_name = {"days": "trend_window_days", "hours": "trend_window_hours",
+                            "timezone": "trend_window_zone"}.get(flag, "trend_window")
+            raise PolicyError(f"{path}.{setting_name}: {str(exc).partition(':')[2].strip()}") from None
+
+    def trend_window(self) -> Window:
+        """The weekly window a trend's maintenance drain starts in (``trend_action = "maintenance"``)."""
+        return Window.parse(self.trend_window_days, self.trend_window_hours, self.trend_window_zone)

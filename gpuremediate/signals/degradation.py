@@ -17,8 +17,15 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuremediate.policy.degradation import DegradationPolicy
-from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_TREND, Finding
+from gpuremediate.policy.degradation import TREND_MAINTENANCE, DegradationPolicy
+from gpuremediate.policy.findings import (
+    ACTION_CORDON,
+    ACTION_NONE,
+    KIND_LINK_DEGRADED,
+    KIND_SLOW_GPU,
+    KIND_TREND,
+    Finding,
+)
 from gpuremediate.signals.model import (
     SOURCE_OK,
     GpuReading,
@@ -413,6 +420,11 @@ TREND_WORDS = {CODE_SBE: "single-bit ECC errors rose by {value:.0f} within {wind
                CODE_PENDING: "{value:.0f} page(s) pending retirement (retired at the next GPU reset)"}
 
 
+TREND_THEN = {ACTION_CORDON: "cordoned (its pods stay): plan a drain and reset in a maintenance window",
+              ACTION_NONE: "plan a drain and reset in a maintenance window (MaintenanceRequest)",
+              TREND_MAINTENANCE: "a MaintenanceRequest drains and resets it in the next trend window"}
+
+
 def _trend_finding(node: str, key: str, code: str, since: float, trends: Trends,
                    policy: DegradationPolicy) -> Finding:
     window = {CODE_SBE: trends.sbe, CODE_ROWS: trends.rows}.get(code)
@@ -420,9 +432,9 @@ def _trend_finding(node: str, key: str, code: str, since: float, trends: Trends,
     span, minimum = ((policy.sbe_window_s, policy.sbe_min) if code == CODE_SBE
                      else (policy.rows_window_s, policy.rows_new_min))
     said = TREND_WORDS[code].format(value=value, window=span, minimum=minimum)
-    then = ("cordoned (its pods stay): plan a drain and reset in a maintenance window" if policy.trend_action ==
-            "cordon" else "plan a drain and reset in a maintenance window (MaintenanceRequest)")
-    return Finding(node, KIND_TREND, code, (key,), policy.trend_action, f"{KIND_TREND}:{code}:{key}:{since:.3f}",
+    then = TREND_THEN.get(policy.trend_action, TREND_THEN[ACTION_NONE])
+    action = ACTION_CORDON if policy.trend_action == ACTION_CORDON else ACTION_NONE  # a maintenance is filed aside
+    return Finding(node, KIND_TREND, code, (key,), action, f"{KIND_TREND}:{code}:{key}:{since:.3f}",
                    f"GPU {key}: {said}, a trend that precedes failures; {then}", urgent=False)
 
 

@@ -54,6 +54,7 @@ ALLOWED_UNUSED: dict[Permission, str] = {
     ("gpuremediate.io", "maintenancerequests", "list"): "maintenance flow not driven here",
     ("gpuremediate.io", "maintenancerequests", "watch"): "maintenance flow not driven here",
     ("gpuremediate.io", "maintenancerequests", "patch"): "maintenance flow not driven here",
+    ("gpuremediate.io", "maintenancerequests", "create"): "trend maintenance: e2e/test_trend_maintenance.py",
     ("gpuremediate.io", "maintenancerequests/status", "patch"): "maintenance flow not driven here",
     # [customDrain] is off by default; with it on the controller creates, reads (get, list by
     # label) and deletes DrainRequests instead of evicting. e2e's plugin scenarios drive it.
