@@ -45,6 +45,7 @@ from gpuremediate.loops.validate import VALIDATE
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
+from gpuremediate.policy.config import Policy
 from gpuremediate.policy.degradation import TREND_MAINTENANCE, DegradationPolicy
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.fabric import (
@@ -70,6 +71,7 @@ from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.signals.conditions import condition_view, merge_node
 from gpuremediate.signals.degradation import DegradationDetector, NodeContext
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
 from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
 from gpuremediate.state import decide, states
@@ -295,6 +297,8 @@ class DetectLoop:
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         if not self._state_counts:
             self._gauges()  # the counts a long batch then moves as it goes
+        if isinstance(self.source, ServesPeers):  # the policy may have been reloaded since the last read
+            self.source.degradation_plan = plan_for(p.degradation for p in self._policies())
         seen: dict[str, NodeReadings] = {}
         for wave in self._read_waves():
             by_node = {r.node: r for r in wave}
@@ -343,8 +347,8 @@ class DetectLoop:
     def _update_degradation(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
         """Feed the pass's readings to the degradation detector before any node is assessed (its peers are the
         fleet's, not one node's)."""
-        policies = (self.ctx.policy.defaults, *(group.policy for group in self.ctx.policy.groups))
-        if not self.degradation.gpus and not any(p.degradation.enabled or p.degradation.trends for p in policies):
+        if not self.degradation.gpus and not any(p.degradation.enabled or p.degradation.trends
+                                                 for p in self._policies()):
             return  # off everywhere (the default): no cost per node
         nodes = {name_of(node): node for node in batch}
 
@@ -360,7 +364,11 @@ class DetectLoop:
 
         readings = [by_node[name] for name in nodes if name in by_node]
         if readings:
-            self.degradation.update(readings, context, self.ctx.clock())
+            peers = self.source.fleet_peers if isinstance(self.source, ServesPeers) else None
+            self.degradation.update(readings, context, self.ctx.clock(), peers)
+
+    def _policies(self) -> tuple[Policy, ...]:
+        return (self.ctx.policy.defaults, *(group.policy for group in self.ctx.policy.groups))
 
     def _each(self, pending: Sequence[Assessed], step: Callable[[Assessed], object]) -> Iterator[object]:
         """``step`` for each node, ``workers`` at once when there are several (their writes are independent:

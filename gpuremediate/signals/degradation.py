@@ -180,15 +180,17 @@ def _nvlink_total(extra: Mapping[str, float]) -> float | None:
 
 
 @dataclass(frozen=True)
-class _Stats:
+class PeerStats:
+    """A set of peers' busy SM clocks: their median, robust spread and count."""
+
     median: float
     spread: float  # MAD_SCALE x MAD
     count: int
 
 
-def _stats(clocks: list[float]) -> _Stats:
+def _stats(clocks: list[float]) -> PeerStats:
     median = statistics.median(clocks)
-    return _Stats(median, MAD_SCALE * statistics.median([abs(c - median) for c in clocks]), len(clocks))
+    return PeerStats(median, MAD_SCALE * statistics.median([abs(c - median) for c in clocks]), len(clocks))
 
 
 class DegradationDetector:
@@ -206,9 +208,10 @@ class DegradationDetector:
     # ---- one pass ----------------------------------------------------------------------------------
 
     def update(self, readings: Iterable[NodeReadings], context: Callable[[str], NodeContext | None],
-               now: float) -> None:
+               now: float, fleet_peers: Mapping[str, PeerStats] | None = None) -> None:
         """Take one pass's readings (a wave of them: nodes not in it keep their last clocks as peers) and judge
-        the GPUs read in it. Unknown readings change nothing."""
+        the GPUs read in it. Unknown readings change nothing. ``fleet_peers``: the fleet's peers per GPU model,
+        computed by Prometheus (signals/prom_degradation.py), instead of the GPUs this detector reads."""
         if now - self.now > WAVE_S:
             self.interval = now - self.now if self.now else 0.0
         self.now = now
@@ -230,7 +233,8 @@ class DegradationDetector:
             return
         peers, local = self._peer_stats(now)
         for gpu, policy in judged:
-            self._judge(gpu, policy, peers.get(gpu.peers), local.get(gpu.local), now)
+            fleet = peers.get(gpu.peers) if fleet_peers is None else fleet_peers.get(gpu.peers[1])
+            self._judge(gpu, policy, fleet, local.get(gpu.local), now)
 
     def _observe(self, reading: GpuReading, ctx: NodeContext, now: float) -> _Gpu:
         gpu = self.gpus.get(reading.key)
@@ -280,7 +284,7 @@ class DegradationDetector:
         link.step(total, now, minimum, policy.link_hold_s, policy.link_gap_s, policy.link_clear_s)
         return link
 
-    def _peer_stats(self, now: float) -> tuple[dict[tuple[str, ...], _Stats], dict[tuple[str, ...], list[float]]]:
+    def _peer_stats(self, now: float) -> tuple[dict[tuple[str, ...], PeerStats], dict[tuple[str, ...], list[float]]]:
         fleet: dict[tuple[str, ...], list[float]] = {}
         local: dict[tuple[str, ...], list[float]] = {}
         stale = max(STALE_S, 3 * self.interval)
@@ -290,7 +294,7 @@ class DegradationDetector:
                 local.setdefault(gpu.local, []).append(gpu.clock)
         return {key: _stats(clocks) for key, clocks in fleet.items()}, local
 
-    def _judge(self, gpu: _Gpu, policy: DegradationPolicy, peers: _Stats | None, local: list[float] | None,
+    def _judge(self, gpu: _Gpu, policy: DegradationPolicy, peers: PeerStats | None, local: list[float] | None,
                now: float) -> None:
         outlier = self._outlier(gpu, policy, peers, local)
         if outlier:
@@ -307,7 +311,7 @@ class DegradationDetector:
         if gpu.found is not None and now - gpu.calm_since >= policy.clear_hold_s:
             gpu.found = None
 
-    def _outlier(self, gpu: _Gpu, policy: DegradationPolicy, peers: _Stats | None,
+    def _outlier(self, gpu: _Gpu, policy: DegradationPolicy, peers: PeerStats | None,
                  local: list[float] | None) -> bool:
         clock = gpu.clock
         if clock is None or peers is None or local is None:
@@ -320,7 +324,7 @@ class DegradationDetector:
         return True
 
     @staticmethod
-    def _below(clock: float, stats: _Stats, policy: DegradationPolicy) -> bool:
+    def _below(clock: float, stats: PeerStats, policy: DegradationPolicy) -> bool:
         return clock < policy.slow_ratio * stats.median and stats.median - clock > policy.mad_k * stats.spread
 
     # ---- what it found -----------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
-from gpuremediate.signals import dcgm, exposition
+from gpuremediate.signals import dcgm, exposition, prom_degradation
+from gpuremediate.signals.degradation import PeerStats
 from gpuremediate.signals.exposition import Labels, Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
 from gpuremediate.signals.promapi import api_data
@@ -699,6 +700,11 @@ class PrometheusSource:
         if not recording_rules:  # never looked for: the raw series, always
             self.mode, self.mode_detail = MODE_RAW, "recording rules not looked for"
         self.recording_rules = recording_rules
+        # [degradation] (signals/prom_degradation.py): what to ask for, set by the detect loop from the policy; the
+        # fleet's peers per GPU model as Prometheus computed them at the last full read (None: never asked)
+        self.degradation_plan: prom_degradation.DegradationPlan | None = None
+        self.fleet_peers: dict[str, PeerStats] | None = None
+        self.degradation_error = ""  # why the last degradation query failed ("" when it did not)
         # the fast path may ask while a full read runs (the detect loop polls during it): what both change
         self._state_lock = threading.Lock()
 
@@ -769,12 +775,15 @@ class PrometheusSource:
         if self.recording_rules and not nodes and (not self.mode or self.reads % MODE_CHECK_EVERY == 0):
             self.detect_mode()
         recorded = self.recorded
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prometheus") as pool:  # evaluated side by side
+        plan = None if nodes else self.degradation_plan  # the fast path's follow-up reads hard faults only
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="prometheus") as pool:  # evaluated side by side
             asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher, recorded=recorded),
                                 "freshness")
+            degraded = pool.submit(self._degradation, plan) if plan is not None else None
             values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher, recorded=recorded),
                                             "readings")
             stamps, _ = asked.result()
+            extra = degraded.result() if degraded is not None else []
         raw: dict[str, list[Sample]] = {}
         for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
             if node := self._node_of(sample.label):
@@ -782,6 +791,9 @@ class PrometheusSource:
         self._remember_faults(raw, whole=not nodes)
         self._refresh_identity({node for node, got in raw.items() if any(s.name not in DENSE_METRICS for s in got)},
                                fleet=not nodes)
+        for sample in extra:  # per-GPU degradation fields: values, not faults (remembered or not, above)
+            if (node := self._node_of(sample.label)) and node in raw:
+                raw[node].append(sample)
         newest = self._newest(stamps)
         found = sorted(set(raw) | set(newest))
         readings = []
@@ -794,6 +806,41 @@ class PrometheusSource:
         self.nodes_seen = len(readings)
         self.reads += 1
         return readings
+
+    def _degradation(self, plan: prom_degradation.DegradationPlan) -> list[Sample]:
+        """The degradation query, then the suspects' fields: per-GPU samples for the readings; the fleet's peers
+        kept in ``fleet_peers``. A failed query is logged (once until it changes) and reads no degradation field:
+        those GPUs look idle and quiet to the detector for this read."""
+        try:
+            result, _ = self._query(prom_degradation.degradation_query(plan, self.node_labels), "degradation")
+            samples = list(_drain_samples(result))
+            suspects = prom_degradation.suspect_nodes(samples, self.node_labels) if plan.slow else {}
+            fields = self._suspect_fields(suspects)
+        except PrometheusError as exc:
+            if str(exc) != self.degradation_error:
+                log.warning("degradation query failed; no slow-GPU, link or trend field this read",
+                            extra={"error": str(exc)})
+            self.degradation_error = str(exc)
+            return []
+        self.degradation_error = ""
+        if plan.slow:
+            self.fleet_peers = prom_degradation.fleet_peers(samples)
+        return [s for s in samples if prom_degradation.is_gpu_sample(s)] + fields
+
+    def _suspect_fields(self, suspects: Mapping[str, str]) -> list[Sample]:
+        if len(suspects) > prom_degradation.MAX_SUSPECT_NODES:
+            log.warning("more slow-GPU suspect nodes than one query reads; the rest wait for a later read",
+                        extra={"suspects": len(suspects), "read": prom_degradation.MAX_SUSPECT_NODES})
+        by_label: dict[str, list[str]] = {}
+        for node in sorted(suspects)[:prom_degradation.MAX_SUSPECT_NODES]:
+            by_label.setdefault(suspects[node], []).append(node)
+        samples: list[Sample] = []
+        for label, group in by_label.items():
+            result, _ = self._query(prom_degradation.suspect_fields_query(self.node_labels,
+                                                                          node_matcher(label, group)),
+                                    "slow-GPU suspects")
+            samples += _drain_samples(result)
+        return samples
 
     def changed_nodes(self) -> set[str]:
         """The fault fast path: nodes whose non-zero fault series differ from what the last read saw (a new
