@@ -56,7 +56,16 @@ from bench import promlab  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
-from gpuremediate.signals import dcgm, exposition, recording, sources  # noqa: E402
+from gpuremediate.policy.degradation import DegradationPolicy  # noqa: E402
+from gpuremediate.signals import (  # noqa: E402
+    dcgm,
+    degradation,
+    exposition,
+    prom_degradation,
+    recording,
+    sources,
+    trends,
+)
 from sim.gpusim import new_node, render  # noqa: E402
 from sim.kubeapi import KubeAPIServer  # noqa: E402
 
@@ -106,6 +115,30 @@ USER_FAMILIES = (*promlab.POLICY_FAMILIES, "DCGM_FI_DEV_ROW_REMAP_PENDING",
                  "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")  # 7 series per GPU: every field the policy reads
 XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
 XID_79_MSG = "GPU has fallen off the bus."
+# --degradation (issue 29): what a standard dcgm-exporter deployment adds for the degradation detector, every GPU
+# busy at its clock (a few MHz apart), counters high but flat, and one slow GPU per degradation run.
+DEGRADATION_FAMILIES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+                        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", *degradation.NVLINK_ERRORS, trends.SBE_TOTAL,
+                        trends.REMAPPED_ROWS, trends.RETIRED_PENDING)
+DEGRADATION = False  # --degradation
+DEGRADATION_RUN = "+degradation"
+SLOW_CLOCK_MHZ = 1300.0
+DEGRADATION_POLICY = """[degradation]
+enabled = true
+trends = true
+hold_s = 60
+"""
+
+
+def families() -> tuple[str, ...]:
+    return (*USER_FAMILIES, *DEGRADATION_FAMILIES) if DEGRADATION else USER_FAMILIES
+
+
+def degradation_value(name: str, node: str, gpu: int, slow: frozenset[str]) -> float:
+    if name == "DCGM_FI_DEV_SM_CLOCK":
+        return SLOW_CLOCK_MHZ if node in slow and gpu == 5 else 1980.0 - ((sum(map(ord, node)) + gpu) % 4) * 15
+    return {"DCGM_FI_DEV_GPU_UTIL": 92.0, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0.0, trends.RETIRED_PENDING: 0.0,
+            trends.SBE_TOTAL: 1200.0 + gpu, trends.REMAPPED_ROWS: 3.0}.get(name, 17.0)
 
 
 def exporter_ip(i: int) -> str:
@@ -118,8 +151,8 @@ class FleetEndpoint:
     >= 3.3's shape: ``err_code="0", err_msg="No Error"`` while quiet, and an XID is a NEW series with the code
     in its labels (the quiet one goes stale). ``inject_xid`` re-renders only the endpoint's live nodes."""
 
-    def __init__(self, names: list[str], live: list[str], ips: dict[str, str]) -> None:
-        self.names, self.live, self.ips = names, live, ips
+    def __init__(self, names: list[str], live: list[str], ips: dict[str, str], slow: frozenset[str]) -> None:
+        self.names, self.live, self.ips, self.slow = names, live, ips, slow
         self.xid: dict[str, tuple[int, int]] = {}
         self.lock = threading.Lock()
         self.static = self._render([n for n in names if n not in live])
@@ -145,11 +178,13 @@ class FleetEndpoint:
 
     def _render(self, names: list[str]) -> bytes:
         out: list[str] = []
-        for name in USER_FAMILIES:
+        for name in families():
             for node in names:
                 for gpu in range(8):
                     labels = promlab.gpu_labels(node, gpu, self.ips[node])
-                    value = {"DCGM_FI_DEV_GPU_TEMP": 40 + gpu, "DCGM_FI_DEV_MEMORY_TEMP": 45 + gpu}.get(name, 0)
+                    value: float = {"DCGM_FI_DEV_GPU_TEMP": 40 + gpu, "DCGM_FI_DEV_MEMORY_TEMP": 45 + gpu}.get(name, 0)
+                    if name in DEGRADATION_FAMILIES:
+                        value = degradation_value(name, node, gpu, self.slow)
                     if name == XID_FAMILY:
                         gpu_xid, code = self.xid.get(node, (-1, 0))
                         if gpu_xid == gpu:
@@ -175,12 +210,12 @@ class Fleet:
     """N nodes' exporters behind ``endpoints`` scrape targets (several dcgm-exporter Services or federation
     shards), the fault nodes spread over them."""
 
-    def __init__(self, names: list[str], live: list[str], endpoints: int) -> None:
+    def __init__(self, names: list[str], live: list[str], endpoints: int, slow: frozenset[str] = frozenset()) -> None:
         ips = {name: exporter_ip(i) for i, name in enumerate(names)}
         groups: list[list[str]] = [[] for _ in range(max(1, endpoints))]
         for i, name in enumerate(names):
             groups[i % len(groups)].append(name)
-        self.endpoints = [FleetEndpoint(group, [n for n in group if n in live], ips) for group in groups]
+        self.endpoints = [FleetEndpoint(group, [n for n in group if n in live], ips, slow) for group in groups]
         self.by_node = {name: ep for ep in self.endpoints for name in ep.names}
 
     @property
@@ -211,12 +246,13 @@ CONTROLLER_FLAGS: list[str] = []  # --controller-flag: beyond the defaults (none
 CONTROLLER_LOG_LEVEL = "warning"  # --log-level: info adds the fast path's split (controller.log)
 
 
-def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int) -> subprocess.Popen[bytes]:
+def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int,
+                       flags: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
     return subprocess.Popen(
         [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
          "--prometheus-url", prom_url, "--metrics-addr", f"127.0.0.1:{metrics_port}",
-         "--log-level", CONTROLLER_LOG_LEVEL, *CONTROLLER_FLAGS],
+         "--log-level", CONTROLLER_LOG_LEVEL, *CONTROLLER_FLAGS, *flags],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "ab"))
 
 
@@ -326,37 +362,58 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_prometheus(n: int, steady_s: float, faults: int, endpoints: int, modes: list[str]) -> dict[str, Any]:
     """The controller with default flags on a user-shaped Prometheus, once per mode ("raw": no recording
-    rules; "recorded": gpuremediate's rules loaded), side by side on one Prometheus and one emulator."""
-    live_by_mode = {mode: [f"gpu-live-{mode}-{i}" for i in range(faults)] for mode in modes}
-    live = [node for nodes in live_by_mode.values() for node in nodes]
-    names = [f"gpu-{i:05d}" for i in range(n - len(live))] + live
+    rules; "recorded": gpuremediate's rules loaded), side by side on one Prometheus and one emulator. With
+    --degradation each mode runs again with ``[degradation]`` on (its own controller, fault nodes and slow GPU):
+    what the detection adds to the controller is the difference."""
+    runs = [run for mode in modes for run in (mode, *((f"{mode}{DEGRADATION_RUN}",) if DEGRADATION else ()))]
+    live_by_run = {run: [f"gpu-live-{run.replace('+', '-')}-{i}" for i in range(faults)] for run in runs}
+    slow_by_run = {run: f"gpu-slow-{run.replace('+', '-')}" for run in runs if run.endswith(DEGRADATION_RUN)}
+    live = [node for nodes in live_by_run.values() for node in nodes]
+    names = [f"gpu-{i:05d}" for i in range(n - len(live) - len(slow_by_run))] + list(slow_by_run.values()) + live
     log(f"N={n}: emulator with {n} Nodes")
     srv, client = emulator_with_nodes(names)
     started = time.monotonic()
-    fleet = Fleet(names, live, endpoints)
+    fleet = Fleet(names, live, endpoints, frozenset(slow_by_run.values()))
     log(f"N={n}: {endpoints} endpoints, {fleet.body_bytes / 1e6:.0f} MB a scrape, rendered in "
         f"{time.monotonic() - started:.0f} s")
     LOGS.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"nodes": n, "gpus": n * 8, "series": n * 8 * len(USER_FAMILIES),
+    result: dict[str, Any] = {"nodes": n, "gpus": n * 8, "series": n * 8 * len(families()),
                               "endpoints": endpoints, "prometheus_scrape_interval_s": PROM_SCRAPE_S,
                               "controller_flags": CONTROLLER_FLAGS or "defaults"}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, \
                 prometheus_with_fleet(fleet, PROM_SCRAPE_S, Path(tmp)) as prom:
             wait(lambda: prom_has_nodes(prom.url) >= n, 900, "Prometheus to scrape the fleet")
-            for mode in modes:
-                result[mode] = run_mode(mode, prom, srv, client, fleet, live_by_mode[mode], steady_s)
+            for run in runs:
+                result[run] = run_mode(run, prom, srv, client, fleet, live_by_run[run], steady_s,
+                                       slow_by_run.get(run))
             if "raw" in result and "recorded" in result:  # the rules' evaluations: Prometheus' cost of them alone
                 alone = [result[m]["prometheus_cpu_s_per_min_alone"] for m in ("recorded", "raw")]
                 result["recording_rules_cpu_s_per_min"] = round(alone[0] - alone[1], 1)
+            for mode in modes:
+                if f"{mode}{DEGRADATION_RUN}" in result:
+                    result[f"{mode}_degradation_adds"] = degradation_cost(result[mode],
+                                                                          result[f"{mode}{DEGRADATION_RUN}"])
     finally:
         fleet.stop()
         srv.stop()
     return result
 
 
-def run_mode(mode: str, prom: promlab.PromServer, srv: KubeAPIServer, client: KubeClient, fleet: Fleet,
-             live: list[str], steady_s: float) -> dict[str, Any]:
+def degradation_cost(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
+    """What ``[degradation]`` on added to the same controller on the same fleet: CPU a minute, steady RSS, and
+    the Prometheus CPU its queries caused."""
+    def share(key: str) -> float | None:
+        return round(on[key] / off[key] - 1.0, 3) if off[key] else None
+    return {"controller_cpu_share": share("controller_cpu_s_per_min"), "rss_steady_share": share("rss_steady_mb"),
+            "read_s": [off["read_s"], on["read_s"]],
+            "prometheus_cpu_s_per_min_caused": [off["prometheus_cpu_s_per_min_caused"],
+                                                on["prometheus_cpu_s_per_min_caused"]]}
+
+
+def run_mode(run: str, prom: promlab.PromServer, srv: KubeAPIServer, client: KubeClient, fleet: Fleet,
+             live: list[str], steady_s: float, slow: str | None = None) -> dict[str, Any]:
+    mode = run.removesuffix(DEGRADATION_RUN)
     recorded = mode == "recorded"
     if recorded:
         rules = prom.workdir / "gpuremediate-recording.rules.yml"
@@ -364,17 +421,23 @@ def run_mode(mode: str, prom: promlab.PromServer, srv: KubeAPIServer, client: Ku
         prom.rule_files = [rules]
         prom.reload()
         wait(lambda: query_result(prom.url, sources.RULES_INFO), 300, "the recording rules' first evaluation")
-    log(f"{mode}: Prometheus alone for {steady_s:g} s")
+    log(f"{run}: Prometheus alone for {steady_s:g} s")
     idle_cpu = prometheus_cpu_per_min(prom, steady_s)
     kubeconfig = LOGS / "kubeconfig"
     srv.write_kubeconfig(kubeconfig, token=CONTROLLER_TOKEN)
     metrics_port = promlab.free_port()
-    proc = controller_process(kubeconfig, prom.url, metrics_port)
+    flags: tuple[str, ...] = ()
+    if slow is not None:
+        policy = LOGS / "degradation-policy.toml"
+        policy.write_text(DEGRADATION_POLICY)
+        flags = ("--policy", str(policy))
+    started = time.monotonic()
+    proc = controller_process(kubeconfig, prom.url, metrics_port, flags)
     try:
         rss = RssSampler(proc.pid)
         first_read_s = wait(lambda: good_reads(metrics_port) >= 1, 900, "the controller's first good read")
         errors_before_first = scrape_stats(metrics_port)[2]
-        log(f"{mode}: first read after {first_read_s:.0f} s; controller steady for {steady_s:g} s")
+        log(f"{run}: first read after {first_read_s:.0f} s; controller steady for {steady_s:g} s")
         before_reqs = len(srv.requests)
         c0, s0, e0 = scrape_stats(metrics_port)
         ctl_cpu_0 = cpu_seconds(proc.pid)
@@ -387,6 +450,14 @@ def run_mode(mode: str, prom: promlab.PromServer, srv: KubeAPIServer, client: Ku
                          if r[0] == CONTROLLER_USER)
         floor_s = curl_floor_s(prom.url, full_read_queries(recorded))
         fault_query_s = query_seconds(prom.url, sources.fault_query(recorded=recorded))
+        slow_found: dict[str, float] = {}
+        if slow is not None:  # the slow GPU: found after the policy's hold, its node cordoned (no drain)
+            wait(lambda: client.get(NODES, slow)["spec"].get("unschedulable"), 600, f"{slow}'s slow-gpu cordon")
+            plan = prom_degradation.plan_for([DegradationPolicy(enabled=True, trends=True)])
+            assert plan is not None
+            slow_found = {"slow_gpu_cordoned_after_s": round(time.monotonic() - started, 1),
+                          "degradation_query_s": round(query_seconds(prom.url, prom_degradation.degradation_query(
+                              plan, dcgm.NODE_LABEL_CANDIDATES)), 3)}
         timed = [fault_to_cordon(fleet, prom.url, client, node) for node in live]
         to_cordon = [c for c, _ in timed]
         prom_to_cordon = [c - p for c, p in timed]
@@ -410,6 +481,7 @@ def run_mode(mode: str, prom: promlab.PromServer, srv: KubeAPIServer, client: Ku
                                               "max": round(max(prom_to_cordon), 2)},
             "rss_peak_mb": round(rss.peak_mb(), 1), "rss_steady_mb": round(rss.median_mb(t0, t1), 1),
             "api_per_min_steady": {verb: round(count * 60.0 / (t1 - t0), 1) for verb, count in sorted(steady.items())},
+            **slow_found,
         }
     finally:
         proc.terminate()
@@ -623,11 +695,15 @@ def main() -> int:
                    help="XIDs injected one after the other per mode, each on a node of its own (P50/P90 of them)")
     p.add_argument("--log-level", default="warning",
                    help="the controller's --log-level (info: the fast path's split of each fault, in controller.log)")
+    p.add_argument("--degradation", action="store_true",
+                   help="Prometheus mode: the fleet serves the degradation fields too, and each mode runs again "
+                        "with [degradation] on: what the detection adds (issue 29)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
     args = p.parse_args()
-    global TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL
+    global TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL, DEGRADATION
     TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL = args.trace_memory, args.controller_flag, args.log_level
+    DEGRADATION = args.degradation
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         if args.direct:

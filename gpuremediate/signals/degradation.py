@@ -53,6 +53,7 @@ SLOWDOWN_BITS = ((0x4, "SW power cap"), (0x8, "HW slowdown"), (0x20, "SW thermal
                  (0x80, "HW power brake"))
 MAD_SCALE = 1.4826  # MAD → standard deviation of a normal sample
 STALE_S = 180.0  # a peer's clock older than this (or three scrape intervals) is not a peer's clock any more
+READS_APART = 1.5  # an outlier seen again within this many read intervals was one the whole time
 WAVE_S = 5.0  # passes closer than this are waves of one cycle (the exporter source's stragglers)
 CODE_PCIE, CODE_NVLINK = "pcie", "nvlink"
 JOB_CACHE = 100_000
@@ -298,7 +299,10 @@ class DegradationDetector:
                now: float) -> None:
         outlier = self._outlier(gpu, policy, peers, local)
         if outlier:
-            if gpu.outlier_since is None or gpu.last_outlier is None or now - gpu.last_outlier > policy.hold_s:
+            # a gap longer than the hold (idle, unread) starts the onset again; two reads in a row never are one,
+            # however far apart (a hold as long as the read interval would otherwise never pass)
+            gap = max(policy.hold_s, READS_APART * self.interval)
+            if gpu.outlier_since is None or gpu.last_outlier is None or now - gpu.last_outlier > gap:
                 gpu.outlier_since = now
             gpu.last_outlier, gpu.calm_since = now, None
             if gpu.found is None and now - gpu.outlier_since >= policy.hold_s:

@@ -68,6 +68,14 @@ def test_an_outlier_is_found_once_its_hold_has_passed_and_not_before() -> None:
     assert seen[5] == seen[6] == ["slow-gpu:GPU-node-1-3"]
 
 
+def test_a_hold_as_long_as_the_read_interval_passes_at_the_second_read() -> None:
+    """The Prometheus source reads every 60 s (a little more, under load): a 60 s hold is found at the second
+    read, not never (each read was one interval after the last outlier, longer than the hold)."""
+    slow = fleet(**{"node-1": {3: {"clock": 0.6 * PEAK}}})
+    seen = run(DegradationDetector(), [(1000.0 + 61.5 * m, slow) for m in range(3)], dataclasses.replace(ON, hold_s=60.0))
+    assert seen == [[], ["slow-gpu:GPU-node-1-3"], ["slow-gpu:GPU-node-1-3"]]
+
+
 def test_the_finding_names_the_clock_its_peers_and_the_power_cap() -> None:
     detector = DegradationDetector()
     run(detector, every_minute(6, fleet(**{"node-1": {3: {"clock": 0.6 * PEAK, "reasons": 0x4}}})))
