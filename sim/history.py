@@ -43,6 +43,20 @@ FIELDS = {  # GpuState attribute -> DCGM series
     "temp": "DCGM_FI_DEV_GPU_TEMP",
     "memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
 }
+# The series a fleet with ``degradation`` also serves (the [degradation] detector's: load, clocks, link and ECC
+# counters). Healthy: busy at full clock, no errors. A Fault's ``values`` set them (``sm_clock``, ``reasons``...);
+# its ``rates`` make the counters rise.
+DEGRADATION_FIELDS = {
+    "util": "DCGM_FI_DEV_GPU_UTIL",
+    "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "reasons": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "pcie_replays": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "nvlink_errors": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "sbe": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+}
+COUNTERS = frozenset({"pcie_replays", "nvlink_errors", "sbe"})
+FULL_CLOCK = 1980.0  # MHz, an H100 busy at its boost clock
+RATE_TICK_S = MINUTE  # a rising counter is scraped (and changes) once a minute
 STRICT_POLICY = """# A stricter policy to compare with the default: at most 2 nodes out at once, a breaker that opens
 # when more than 2% of the GPU nodes (and at least 3) fault within 10 minutes.
 [budget]
@@ -57,13 +71,15 @@ min_nodes = 3
 
 @dataclass(frozen=True)
 class Fault:
-    """From ``at`` to ``until``, GPU ``gpu`` of ``node`` shows ``values`` (GpuState fields)."""
+    """From ``at`` to ``until``, GPU ``gpu`` of ``node`` shows ``values`` (GpuState fields), and its counters
+    (``COUNTERS``) rise by ``rates`` a minute (they keep their total after ``until``)."""
 
     node: str
     gpu: int
     at: float
     until: float | None
     values: Mapping[str, float]
+    rates: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,6 +90,7 @@ class Fleet:
     faults: list[Fault] = field(default_factory=list)
     down: list[tuple[str, float, float]] = field(default_factory=list)  # (node, from, to): exporter unreachable
     excluded: set[str] = field(default_factory=set)
+    degradation: bool = False  # the scrapes carry DEGRADATION_FIELDS too
 
 
 def node_name(i: int) -> str:
@@ -147,10 +164,17 @@ def catalog_fleet(nodes: int = 1000, days: float = 30.0, *, per_1000_gpu_days: f
 def gpu_values(fleet: Fleet, node: str, gpu: int, at: float) -> dict[str, float]:
     index = fleet.nodes.index(node)
     values = {"xid": 0.0, "dbe": 0.0, "remap_failure": 0.0, "remap_pending": 0.0, "uncorrectable_rows": 0.0,
-              "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6}
+              "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6,
+              "util": 95.0, "sm_clock": FULL_CLOCK - (index * 3 + gpu * 5) % 20, "reasons": 0.0,
+              "pcie_replays": 0.0, "nvlink_errors": 0.0, "sbe": 0.0}
     for fault in fleet.faults:
-        if fault.node == node and fault.gpu == gpu and fault.at <= at and (fault.until is None or at < fault.until):
+        if fault.node != node or fault.gpu != gpu or at < fault.at:
+            continue
+        if fault.until is None or at < fault.until:
             values.update(fault.values)
+        risen = (min(at, fault.until) if fault.until is not None else at) - fault.at
+        for counter, per_minute in fault.rates.items():
+            values[counter] += per_minute * (risen // RATE_TICK_S)
     return values
 
 
@@ -166,16 +190,24 @@ def _labels(node: str, gpu: int) -> str:
 def scrape_text(fleet: Fleet, node: str, at: float) -> str:
     """What dcgm-exporter on ``node`` serves at ``at`` (text format 0.0.4)."""
     lines = []
-    for attr, series in FIELDS.items():
+    for attr, series in _fields(fleet).items():
         lines.append(f"# TYPE {series} gauge")
         for gpu in range(GPUS):
             lines.append(f"{series}{{{_labels(node, gpu)}}} {gpu_values(fleet, node, gpu, at)[attr]:g}")
     return "\n".join(lines) + "\n"
 
 
+def _fields(fleet: Fleet) -> dict[str, str]:
+    return {**FIELDS, **DEGRADATION_FIELDS} if fleet.degradation else FIELDS
+
+
 def change_times(fleet: Fleet, node: str) -> list[float]:
     times = {fleet.start, fleet.end}
     times.update(x for f in fleet.faults if f.node == node for x in (f.at, f.until) if x is not None)
+    for f in fleet.faults:
+        if f.node == node and f.rates:  # a rising counter: a scrape a tick while it rises
+            last = f.until if f.until is not None else fleet.end
+            times.update(f.at + k * RATE_TICK_S for k in range(1, int((last - f.at) // RATE_TICK_S) + 1))
     times.update(x for d in fleet.down if d[0] == node for x in (d[1], d[2]))
     return sorted(x for x in times if fleet.start <= x <= fleet.end)
 
@@ -218,7 +250,7 @@ def node_list(fleet: Fleet) -> dict[str, object]:
 def openmetrics_lines(fleet: Fleet, step: float) -> Iterator[str]:
     """Every series every ``step`` seconds, grouped by metric family (promtool wants that), then # EOF."""
     count = int((fleet.end - fleet.start) // step) + 1
-    for attr, series in FIELDS.items():
+    for attr, series in _fields(fleet).items():
         yield f"# TYPE {series} gauge"
         for node in fleet.nodes:
             for gpu in range(GPUS):
