@@ -28,18 +28,18 @@ from gpuremediate.actions.nodes import NodeView, NodeWriter, gpu_count, is_gpu_n
 from gpuremediate.config import Settings
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import Resource
 from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.trend_maintenance import TrendMaintenance, drain_start
 from gpuremediate.loops.validate import ValidateLoop
-from gpuremediate.kube.resources import Resource
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.degradation import DegradationPolicy
-from gpuremediate.policy.findings import KIND_TREND, Finding
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
+from gpuremediate.policy.findings import KIND_TREND, Finding
 from gpuremediate.replay.cluster import Durations, Node, ReplayCluster, SimClock, replay_node
 from gpuremediate.replay.history import Cursor, History, format_time
 from gpuremediate.replay.result import (
@@ -57,8 +57,8 @@ from gpuremediate.replay.result import (
     Unacted,
     Wait,
 )
-from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.degradation import DegradationDetector
+from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.state import maintenance as mr
 from gpuremediate.state import states
 from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
