@@ -3,6 +3,7 @@ with a handful of faults (dcgm-exporter series, as the controller reads them).
 
     python -m sim.history OUT [--nodes 200] [--days 30] [--start 2026-11-01T00:00:00Z]
                               [--openmetrics FILE --om-step 60s]
+    python -m sim.history OUT --degradation [--nodes 16] [--days 2]   (``degradation_fleet``)
 
 writes ``OUT/scrapes/`` (the saved-scrapes layout of ``gpuremediate.replay.history``: one scrape per
 node at the start, one at each change, one at the end), ``OUT/nodes.json`` (a NodeList as
@@ -129,6 +130,48 @@ def month_fleet(nodes: int = 200, days: float = 30.0, start: float = 1_793_491_2
                   down=[(n(99), t(7, 1), t(7, 7))])
     fleet.faults = [f for f in faults if f.at < fleet.end]
     fleet.down = [d for d in fleet.down if d[1] < fleet.end]
+    return fleet
+
+
+DEGRADATION_POLICY = """# [degradation] on (docs/degradation.md): slow GPUs and degraded links cordoned (no drain) until they recover;
+# failing trends get a MaintenanceRequest whose drain starts in the next trend window (Sat,Sun 02:00-06:00 UTC).
+[degradation]
+enabled = true
+trends = true
+trend_action = "maintenance"
+"""
+
+
+def degradation_fleet(nodes: int = 16, days: float = 2.0, start: float = 1_793_491_200.0) -> Fleet:
+    """Slow GPUs, degraded links and a failing trend among healthy noise, every GPU busy at its clock unless said
+    (the series of ``DEGRADATION_FIELDS``); times are hours from the start:
+
+    - slow-gpu: GPU 2 of node 3 at 60 % of its clock (HW thermal) from 6 h for 2 h, then recovered;
+    - link-degraded: PCIe replays rising 30 a minute on GPU 5 of node 7 from 12 h for 30 min; NVLink CRC errors
+      25 a minute on GPU 1 of node 9 from 27 h for 20 min;
+    - trend: single-bit ECC errors 10 a minute on GPU 6 of node 11 from 20 h for 2 h (1,200 in all);
+    - healthy noise: GPU 0 of node 5 slow for 2 min at 9 h (below the hold), three single PCIe replays on GPU 3
+      of node 2 at 15 h, node 13 idle (idle clock, the idle reason) from 30 h for 4 h.
+    """
+    if nodes < 14:
+        raise ValueError("the degradation scenario needs at least 14 nodes")
+    names = [node_name(i) for i in range(nodes)]
+
+    def t(hours: float) -> float:
+        return start + hours * HOUR
+
+    faults = [
+        Fault(names[3], 2, t(6), t(8), {"sm_clock": 0.6 * FULL_CLOCK, "reasons": 0x40}),
+        Fault(names[7], 5, t(12), t(12.5), {}, {"pcie_replays": 30.0}),
+        Fault(names[9], 1, t(27), t(27) + 20 * MINUTE, {}, {"nvlink_errors": 25.0}),
+        Fault(names[11], 6, t(20), t(22), {}, {"sbe": 10.0}),
+        Fault(names[5], 0, t(9), t(9) + 2 * MINUTE, {"sm_clock": 0.6 * FULL_CLOCK, "reasons": 0x4}),
+        Fault(names[2], 3, t(15), t(15) + 3 * MINUTE, {}, {"pcie_replays": 1.0}),
+        *(Fault(names[13], gpu, t(30), t(34), {"util": 0.0, "sm_clock": 210.0, "reasons": 0x1})
+          for gpu in range(GPUS)),
+    ]
+    fleet = Fleet(names, start, start + days * DAY, degradation=True)
+    fleet.faults = [f for f in faults if f.at < fleet.end]
     return fleet
 
 
@@ -273,6 +316,8 @@ def write_all(fleet: Fleet, out: Path, *, openmetrics: Path | None = None, om_st
     files = write_scrapes(fleet, out / "scrapes")
     (out / "nodes.json").write_text(json.dumps(node_list(fleet), indent=1))
     (out / "policy-strict.toml").write_text(STRICT_POLICY)
+    if fleet.degradation:
+        (out / "policy-degradation.toml").write_text(DEGRADATION_POLICY)
     if openmetrics is not None:
         write_openmetrics(fleet, openmetrics, om_step)
     return files
@@ -281,18 +326,26 @@ def write_all(fleet: Fleet, out: Path, *, openmetrics: Path | None = None, om_st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.history", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="folder to write scrapes/, nodes.json, policy-strict.toml into")
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--nodes", type=int, help="default 200 (16 with --degradation)")
+    parser.add_argument("--days", type=float, help="default 30 (2 with --degradation)")
     parser.add_argument("--start", type=float, default=1_793_491_200.0, help="unix seconds (default 2026-11-01)")
     parser.add_argument("--openmetrics", help="also write this OpenMetrics file (for promtool backfill)")
     parser.add_argument("--om-step", type=float, default=60.0, help="seconds between OpenMetrics samples")
     parser.add_argument("--catalog-mix", type=float, metavar="PER_1000_GPU_DAYS",
                         help="random faults of the XID catalog's mix at this rate instead of the scripted month")
     parser.add_argument("--seed", type=int, default=1, help="with --catalog-mix")
+    parser.add_argument("--degradation", action="store_true",
+                        help="the degradation scenario instead (slow GPUs, degraded links, a trend; degradation_fleet), "
+                             "with OUT/policy-degradation.toml")
     args = parser.parse_args(argv)
-    fleet = (catalog_fleet(args.nodes, args.days, per_1000_gpu_days=args.catalog_mix, seed=args.seed,
-                           start=args.start) if args.catalog_mix is not None
-             else month_fleet(args.nodes, args.days, args.start))
+    if args.degradation:
+        args.nodes, args.days = args.nodes or 16, args.days or 2.0
+        fleet = degradation_fleet(args.nodes, args.days, args.start)
+    else:
+        args.nodes, args.days = args.nodes or 200, args.days or 30.0
+        fleet = (catalog_fleet(args.nodes, args.days, per_1000_gpu_days=args.catalog_mix, seed=args.seed,
+                               start=args.start) if args.catalog_mix is not None
+                 else month_fleet(args.nodes, args.days, args.start))
     files = write_all(fleet, Path(args.out), openmetrics=Path(args.openmetrics) if args.openmetrics else None,
                       om_step=args.om_step)
     print(f"{args.out}: {files} scrapes of {len(fleet.nodes)} nodes over {args.days:g} days, "
