@@ -133,8 +133,9 @@ def month_fleet(nodes: int = 200, days: float = 30.0, start: float = 1_793_491_2
     return fleet
 
 
-DEGRADATION_POLICY = """# [degradation] on (docs/degradation.md): slow GPUs and degraded links cordoned (no drain) until they recover;
-# failing trends get a MaintenanceRequest whose drain starts in the next trend window (Sat,Sun 02:00-06:00 UTC).
+DEGRADATION_POLICY = """# [degradation] on (docs/degradation.md): slow GPUs and degraded links cordoned (no drain) until
+# they recover; failing trends get a MaintenanceRequest whose drain starts in the next trend window
+# (Sat,Sun 02:00-06:00 UTC).
 [degradation]
 enabled = true
 trends = true
@@ -335,8 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="random faults of the XID catalog's mix at this rate instead of the scripted month")
     parser.add_argument("--seed", type=int, default=1, help="with --catalog-mix")
     parser.add_argument("--degradation", action="store_true",
-                        help="the degradation scenario instead (slow GPUs, degraded links, a trend; degradation_fleet), "
-                             "with OUT/policy-degradation.toml")
+                        help="the degradation scenario instead (slow GPUs, degraded links, a trend: "
+                             "degradation_fleet), with OUT/policy-degradation.toml")
     args = parser.parse_args(argv)
     if args.degradation:
         args.nodes, args.days = args.nodes or 16, args.days or 2.0

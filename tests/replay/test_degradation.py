@@ -9,12 +9,30 @@ from pathlib import Path
 
 import pytest
 
+from gpuremediate.policy.config import loads_policy
 from gpuremediate.replay import cli
+from gpuremediate.replay.engine import replay
+from gpuremediate.replay.history import load_scrapes
 from gpuremediate.replay.html import render_html
+from gpuremediate.replay.prometheus import DEGRADATION_METRICS, PrometheusHistory
 from gpuremediate.replay.result import ReplayResult
 from gpuremediate.replay.text import render_compare, render_text
-from sim.history import FULL_CLOCK, MINUTE, Fault, Fleet, degradation_fleet, gpu_values, main, write_all
+from gpuremediate.signals.sources import POLICY_METRICS
+from sim.history import (
+    DEGRADATION_FIELDS,
+    FIELDS,
+    FULL_CLOCK,
+    MINUTE,
+    Fault,
+    Fleet,
+    degradation_fleet,
+    gpu_values,
+    main,
+    write_all,
+    write_scrapes,
+)
 from tests.replay.helpers import HOUR, T0, fleet, moves, run
+from tests.replay.test_prometheus import _served
 
 ON = "[degradation]\nenabled = true\ntrends = true\n"
 MAINTENANCE = ON + 'trend_action = "maintenance"\n'
@@ -126,6 +144,22 @@ def test_a_quiet_fleet_with_degradation_on_still_jumps_between_changes(tmp_path:
 
     assert len(result.findings) == 1
     assert result.steps < 400  # 48 h at 30 s is 5,760 instants: visited only while a hold or clear runs
+
+
+def test_a_prometheus_history_asks_for_the_detector_series_when_a_policy_enables_it(tmp_path: Path) -> None:
+    on, off = loads_policy(ON, "on"), loads_policy("", "off")
+    assert cli.history_metrics([off]) == POLICY_METRICS
+    assert cli.history_metrics([off, on]) == (*POLICY_METRICS, *DEGRADATION_METRICS)
+
+    scenario = busy_fleet(slow(1, 3, HOUR, 2 * HOUR), rising(2, 5, HOUR, 1.5 * HOUR, pcie_replays=30.0))
+    source = PrometheusHistory("http://prometheus.test:9090", metrics=cli.history_metrics([on]),
+                               fetcher=_served(scenario, 30.0, {**FIELDS, **DEGRADATION_FIELDS}))
+    from_prometheus = replay(source.load(T0, T0 + 6 * HOUR, 30.0, chunk_s=6 * HOUR), on)
+    write_scrapes(scenario, tmp_path / "scrapes")
+    from_scrapes = replay(load_scrapes(tmp_path / "scrapes"), on)
+
+    assert found(from_prometheus) == found(from_scrapes) and len(from_scrapes.findings) == 2
+    assert moves(from_prometheus) == moves(from_scrapes)
 
 
 # ---- the synthetic scenario, through the command ------------------------------------------------------------
