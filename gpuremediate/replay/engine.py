@@ -302,8 +302,8 @@ class Replay:
 
     def _instant(self, visit: set[str], changed: set[str]) -> None:
         self.detect.breakers.load()
-        if self.degradation:  # peers are the fleet's: every node's readings each pass, as the controller reads them
-            visit = set(self.cluster.nodes)
+        if self.degradation:
+            visit = visit | self._feed_detector()
         nodes = [node for name in sorted(visit) if (node := self.ctx.nodes.get(name)) is not None]
         readings = {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))}
         self.detect.check_nodes(nodes, readings)
@@ -320,6 +320,20 @@ class Replay:
                     if loop.reconcile_name(name) != 0.0:
                         break
         self._read_events()
+
+    def _feed_detector(self) -> set[str]:
+        """The degradation detector's peers are the fleet's: it takes every node's readings each pass, as in the
+        controller (the detect loop's own ``_update_degradation``). Only the nodes with a degradation finding, or
+        one just gone, are assessed beside those visited anyway (assessing a quiet node decides nothing); the
+        assessment feeds them again at the same instant, which changes nothing. Without that hook every node
+        is assessed (the same decisions, slower)."""
+        feed = getattr(self.detect, "_update_degradation", None)
+        if not callable(feed):
+            return set(self.cluster.nodes)
+        nodes = [node for name in sorted(self.cluster.nodes) if (node := self.ctx.nodes.get(name)) is not None]
+        feed(nodes, {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))})
+        found = {name for name in self.cluster.nodes if self.detect.degradation.findings(name)}
+        return found | {f.node for f in self._open_findings.values()}
 
     def _scraped_now(self, name: str) -> NodeReadings | None:
         """The node's readings as a scrape at this instant sees them: the exporter serves its last saved scrape
