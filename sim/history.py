@@ -44,9 +44,10 @@ FIELDS = {  # GpuState attribute -> DCGM series
     "temp": "DCGM_FI_DEV_GPU_TEMP",
     "memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
 }
-# The series a fleet with ``degradation`` also serves (the [degradation] detector's: load, clocks, link and ECC
-# counters). Healthy: busy at full clock, no errors. A Fault's ``values`` set them (``sm_clock``, ``reasons``...);
-# its ``rates`` make the counters rise.
+# The series a fleet with ``degradation`` also serves (issue 29: the [degradation] detector's load, clocks, link and
+# ECC counters; the driver's recovery action). Healthy: busy at full clock, no errors, recovery action 0 (NONE). A
+# Fault's ``values`` set them (``sm_clock``, ``reasons``, ``recovery_action``...); its ``rates`` make the counters
+# rise.
 DEGRADATION_FIELDS = {
     "util": "DCGM_FI_DEV_GPU_UTIL",
     "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
@@ -54,6 +55,7 @@ DEGRADATION_FIELDS = {
     "pcie_replays": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "nvlink_errors": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
     "sbe": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "recovery_action": "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
 }
 COUNTERS = frozenset({"pcie_replays", "nvlink_errors", "sbe"})
 FULL_CLOCK = 1980.0  # MHz, an H100 busy at its boost clock
@@ -210,7 +212,7 @@ def gpu_values(fleet: Fleet, node: str, gpu: int, at: float) -> dict[str, float]
     values = {"xid": 0.0, "dbe": 0.0, "remap_failure": 0.0, "remap_pending": 0.0, "uncorrectable_rows": 0.0,
               "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6,
               "util": 95.0, "sm_clock": FULL_CLOCK - (index * 3 + gpu * 5) % 20, "reasons": 0.0,
-              "pcie_replays": 0.0, "nvlink_errors": 0.0, "sbe": 0.0}
+              "pcie_replays": 0.0, "nvlink_errors": 0.0, "sbe": 0.0, "recovery_action": 0.0}
     for fault in fleet.faults:
         if fault.node != node or fault.gpu != gpu or at < fault.at:
             continue

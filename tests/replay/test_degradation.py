@@ -162,6 +162,18 @@ def test_a_prometheus_history_asks_for_the_detector_series_when_a_policy_enables
     assert moves(from_prometheus) == moves(from_scrapes)
 
 
+def test_the_drivers_recovery_action_is_acted_on_and_a_zero_is_not(tmp_path: Path) -> None:
+    verdict = Fault("node-1", 4, T0 + HOUR, T0 + 1.5 * HOUR, {"recovery_action": 1.0})  # GPU_RESET
+    result = run(tmp_path, busy_fleet(verdict), "")  # [recovery_action] is on in the built-in policy
+
+    assert [m[2:] for m in moves(result)] == [("healthy", "draining", "recovery-action"),
+                                             ("draining", "repairing", "drain-complete"),
+                                             ("repairing", "validating", "repair-complete"),
+                                             ("validating", "healthy", "validation-passed")]
+    assert moves(result)[0][0] == HOUR
+    assert result.findings == []  # not a degradation finding: the driver's verdict is a fault
+
+
 # ---- the synthetic scenario, through the command ------------------------------------------------------------
 
 
