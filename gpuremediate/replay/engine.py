@@ -8,8 +8,14 @@ timeout), ``RemediateLoop`` (Jobs, attempts, reboot by bootID, repeat offender v
 ``ValidateLoop``. They talk to ``ReplayCluster`` instead of an API server. The engine only watches
 what they write (transitions, ``blocked``) and the Events they send.
 
+With ``[degradation]`` on in a policy, the detect loop's degradation detector takes every node's readings each
+instant (its peers are the fleet's); the engine keeps the stretch of each finding it holds, and the controller's
+trend maintenance runs as a dry run, so a trend under ``trend_action = "maintenance"`` says which
+MaintenanceRequest it would file and when its drain would start.
+
 Time moves in steps of the scrape interval while anything is in flight (a node outside healthy
-and quarantined, a thermal timer running, a pod terminating, a Job running); when the fleet is
+and quarantined, a thermal timer running, a pod terminating, a Job running, a degradation hold or
+clear running); when the fleet is
 quiet it jumps to the next change in the history, so a quiet month costs little.
 """
 
