@@ -105,7 +105,13 @@ def outcome(result: ReplayResult, finding: Sighting) -> str:
         if r.node == finding.node and any(fp.split(":")[1] == finding.code for fp in r.trends) \
                 and finding.start <= r.at <= finding.end:
             done.append(f"would file MaintenanceRequest {r.name}, drain at {format_time(r.drain_at)}")
-    return "; ".join(done) if done else ("reported only" if finding.action == "none" else "not acted on")
+    if done:
+        return "; ".join(done)
+    if finding.action == "none":
+        return "reported only"
+    before = [m for m in result.moves if m.node == finding.node and m.at <= finding.start]
+    state = before[-1].to_state if before else "healthy"
+    return f"the node was {state} already ({before[-1].reason})" if before and state != "healthy" else "not acted on"
 
 
 def degradation(result: ReplayResult) -> list[str]:
