@@ -55,9 +55,11 @@ DEGRADATION_FIELDS = {
     "pcie_replays": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "nvlink_errors": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
     "sbe": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "remapped_rows": "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "retired_pending": "DCGM_FI_DEV_RETIRED_PENDING",
     "recovery_action": "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
 }
-COUNTERS = frozenset({"pcie_replays", "nvlink_errors", "sbe"})
+COUNTERS = frozenset({"pcie_replays", "nvlink_errors", "sbe", "remapped_rows"})
 FULL_CLOCK = 1980.0  # MHz, an H100 busy at its boost clock
 RATE_TICK_S = MINUTE  # a rising counter is scraped (and changes) once a minute
 STRICT_POLICY = """# A stricter policy to compare with the default: at most 2 nodes out at once, a breaker that opens
@@ -212,7 +214,8 @@ def gpu_values(fleet: Fleet, node: str, gpu: int, at: float) -> dict[str, float]
     values = {"xid": 0.0, "dbe": 0.0, "remap_failure": 0.0, "remap_pending": 0.0, "uncorrectable_rows": 0.0,
               "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6,
               "util": 95.0, "sm_clock": FULL_CLOCK - (index * 3 + gpu * 5) % 20, "reasons": 0.0,
-              "pcie_replays": 0.0, "nvlink_errors": 0.0, "sbe": 0.0, "recovery_action": 0.0}
+              "pcie_replays": 0.0, "nvlink_errors": 0.0, "sbe": 0.0, "remapped_rows": 0.0,
+              "retired_pending": 0.0, "recovery_action": 0.0}
     for fault in fleet.faults:
         if fault.node != node or fault.gpu != gpu or at < fault.at:
             continue

@@ -150,6 +150,17 @@ def test_a_trend_is_reported_and_never_drained(tmp_path: Path) -> None:
     assert "reported only" in render_text(result)
 
 
+@pytest.mark.parametrize(("fault", "code"), [
+    (rising(3, 2, HOUR, HOUR + 120, remapped_rows=1.0), "remapped-rows"),  # 2 new rows within a day
+    (Fault("node-3", 2, T0 + HOUR, None, {"retired_pending": 1.0}), "retired-pending"),
+])
+def test_remapped_rows_and_pending_retirements_are_trends(tmp_path: Path, fault: Fault, code: str) -> None:
+    result = run(tmp_path, busy_fleet(fault), ON)
+
+    assert [(f[0], f[1], f[2]) for f in found(result)] == [("node-3", "trend", code)]
+    assert result.moves == []
+
+
 def test_trend_maintenance_says_when_it_would_schedule_the_drain(tmp_path: Path) -> None:
     # 2026-11-01 is a Sunday; the trend window is Sat,Sun 02:00-06:00 UTC: it found at 01:10, the window opens 02:00
     result = run(tmp_path, busy_fleet(rising(3, 2, HOUR, 2 * HOUR, sbe=10.0)), MAINTENANCE)
