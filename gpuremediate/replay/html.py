@@ -428,7 +428,9 @@ def _degradation(result: ReplayResult) -> str:
     if not result.findings and not result.maintenances:
         return ""
     counts = result.findings_by_kind()
-    rows = "".join(f"<tr><td>{escape(format_time(f.start))}</td><td>{escape(f.node)}</td><td>{escape(f.kind)}</td>"
+    rows = ("<tr><th>found</th><th>node</th><th>kind</th><th>GPU</th><th>action</th><th>lasted</th>"
+            "<th>what the node did</th></tr>")
+    rows += "".join(f"<tr><td>{escape(format_time(f.start))}</td><td>{escape(f.node)}</td><td>{escape(f.kind)}</td>"
                    f"<td>{escape(', '.join(f.gpus))}</td><td>{escape(f.action)}</td><td>"
                    f"{'until the end' if f.ongoing else escape(duration(f.end - f.start))}</td>"
                    f"<td style='text-align:left'>{escape(outcome(result, f))}</td></tr>" for f in result.findings)
