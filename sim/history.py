@@ -3,6 +3,7 @@ with a handful of faults (dcgm-exporter series, as the controller reads them).
 
     python -m sim.history OUT [--nodes 200] [--days 30] [--start 2026-11-01T00:00:00Z]
                               [--openmetrics FILE --om-step 60s]
+    python -m sim.history OUT --degradation [--nodes 16] [--days 2]   (``degradation_fleet``)
 
 writes ``OUT/scrapes/`` (the saved-scrapes layout of ``gpuremediate.replay.history``: one scrape per
 node at the start, one at each change, one at the end), ``OUT/nodes.json`` (a NodeList as
@@ -43,6 +44,24 @@ FIELDS = {  # GpuState attribute -> DCGM series
     "temp": "DCGM_FI_DEV_GPU_TEMP",
     "memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
 }
+# The series a fleet with ``degradation`` also serves (issue 29: the [degradation] detector's load, clocks, link and
+# ECC counters; the driver's recovery action). Healthy: busy at full clock, no errors, recovery action 0 (NONE). A
+# Fault's ``values`` set them (``sm_clock``, ``reasons``, ``recovery_action``...); its ``rates`` make the counters
+# rise.
+DEGRADATION_FIELDS = {
+    "util": "DCGM_FI_DEV_GPU_UTIL",
+    "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "reasons": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "pcie_replays": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "nvlink_errors": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "sbe": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "remapped_rows": "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "retired_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+    "recovery_action": "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+}
+COUNTERS = frozenset({"pcie_replays", "nvlink_errors", "sbe", "remapped_rows"})
+FULL_CLOCK = 1980.0  # MHz, an H100 busy at its boost clock
+RATE_TICK_S = MINUTE  # a rising counter is scraped (and changes) once a minute
 STRICT_POLICY = """# A stricter policy to compare with the default: at most 2 nodes out at once, a breaker that opens
 # when more than 2% of the GPU nodes (and at least 3) fault within 10 minutes.
 [budget]
@@ -57,13 +76,15 @@ min_nodes = 3
 
 @dataclass(frozen=True)
 class Fault:
-    """From ``at`` to ``until``, GPU ``gpu`` of ``node`` shows ``values`` (GpuState fields)."""
+    """From ``at`` to ``until``, GPU ``gpu`` of ``node`` shows ``values`` (GpuState fields), and its counters
+    (``COUNTERS``) rise by ``rates`` a minute (they keep their total after ``until``)."""
 
     node: str
     gpu: int
     at: float
     until: float | None
     values: Mapping[str, float]
+    rates: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,6 +95,7 @@ class Fleet:
     faults: list[Fault] = field(default_factory=list)
     down: list[tuple[str, float, float]] = field(default_factory=list)  # (node, from, to): exporter unreachable
     excluded: set[str] = field(default_factory=set)
+    degradation: bool = False  # the scrapes carry DEGRADATION_FIELDS too
 
 
 def node_name(i: int) -> str:
@@ -115,6 +137,49 @@ def month_fleet(nodes: int = 200, days: float = 30.0, start: float = 1_793_491_2
     return fleet
 
 
+DEGRADATION_POLICY = """# [degradation] on (docs/degradation.md): slow GPUs and degraded links cordoned (no drain) until
+# they recover; failing trends get a MaintenanceRequest whose drain starts in the next trend window
+# (Sat,Sun 02:00-06:00 UTC).
+[degradation]
+enabled = true
+trends = true
+trend_action = "maintenance"
+"""
+
+
+def degradation_fleet(nodes: int = 16, days: float = 2.0, start: float = 1_793_491_200.0) -> Fleet:
+    """Slow GPUs, degraded links and a failing trend among healthy noise, every GPU busy at its clock unless said
+    (the series of ``DEGRADATION_FIELDS``); times are hours from the start:
+
+    - slow-gpu: GPU 2 of node 3 at 60 % of its clock (HW thermal) from 6 h for 2 h, then recovered;
+    - link-degraded: PCIe replays rising 30 a minute on GPU 5 of node 7 from 12 h for 30 min; NVLink CRC errors
+      25 a minute on GPU 1 of node 9 from 27 h for 20 min;
+    - trend: single-bit ECC errors 10 a minute on GPU 6 of node 11 from 20 h for 2 h (1,200 in all);
+    - healthy noise: GPU 0 of node 5 slow for 2 min at 9 h (below the hold), three single PCIe replays on GPU 3
+      of node 2 at 15 h, node 13 idle (idle clock, the idle reason) from 30 h for 4 h.
+    """
+    if nodes < 14:
+        raise ValueError("the degradation scenario needs at least 14 nodes")
+    names = [node_name(i) for i in range(nodes)]
+
+    def t(hours: float) -> float:
+        return start + hours * HOUR
+
+    faults = [
+        Fault(names[3], 2, t(6), t(8), {"sm_clock": 0.6 * FULL_CLOCK, "reasons": 0x40}),
+        Fault(names[7], 5, t(12), t(12.5), {}, {"pcie_replays": 30.0}),
+        Fault(names[9], 1, t(27), t(27) + 20 * MINUTE, {}, {"nvlink_errors": 25.0}),
+        Fault(names[11], 6, t(20), t(22), {}, {"sbe": 10.0}),
+        Fault(names[5], 0, t(9), t(9) + 2 * MINUTE, {"sm_clock": 0.6 * FULL_CLOCK, "reasons": 0x4}),
+        Fault(names[2], 3, t(15), t(15) + 3 * MINUTE, {}, {"pcie_replays": 1.0}),
+        *(Fault(names[13], gpu, t(30), t(34), {"util": 0.0, "sm_clock": 210.0, "reasons": 0x1})
+          for gpu in range(GPUS)),
+    ]
+    fleet = Fleet(names, start, start + days * DAY, degradation=True)
+    fleet.faults = [f for f in faults if f.at < fleet.end]
+    return fleet
+
+
 # The fault mix of ``catalog_fleet``: XIDs of NVIDIA's catalog (gpuremediate/data) by how often a fleet sees
 # them, a prior from published fleet reports (ECC, GSP and NVLink errors and fallen-off-the-bus lead; application
 # XIDs are common but need no repair); the catalog itself gives each one's action (reset-gpu, reboot, none).
@@ -147,10 +212,18 @@ def catalog_fleet(nodes: int = 1000, days: float = 30.0, *, per_1000_gpu_days: f
 def gpu_values(fleet: Fleet, node: str, gpu: int, at: float) -> dict[str, float]:
     index = fleet.nodes.index(node)
     values = {"xid": 0.0, "dbe": 0.0, "remap_failure": 0.0, "remap_pending": 0.0, "uncorrectable_rows": 0.0,
-              "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6}
+              "temp": base_temp(index, gpu), "memory_temp": base_temp(index, gpu) + 6,
+              "util": 95.0, "sm_clock": FULL_CLOCK - (index * 3 + gpu * 5) % 20, "reasons": 0.0,
+              "pcie_replays": 0.0, "nvlink_errors": 0.0, "sbe": 0.0, "remapped_rows": 0.0,
+              "retired_pending": 0.0, "recovery_action": 0.0}
     for fault in fleet.faults:
-        if fault.node == node and fault.gpu == gpu and fault.at <= at and (fault.until is None or at < fault.until):
+        if fault.node != node or fault.gpu != gpu or at < fault.at:
+            continue
+        if fault.until is None or at < fault.until:
             values.update(fault.values)
+        risen = (min(at, fault.until) if fault.until is not None else at) - fault.at
+        for counter, per_minute in fault.rates.items():
+            values[counter] += per_minute * (risen // RATE_TICK_S)
     return values
 
 
@@ -166,16 +239,24 @@ def _labels(node: str, gpu: int) -> str:
 def scrape_text(fleet: Fleet, node: str, at: float) -> str:
     """What dcgm-exporter on ``node`` serves at ``at`` (text format 0.0.4)."""
     lines = []
-    for attr, series in FIELDS.items():
+    for attr, series in _fields(fleet).items():
         lines.append(f"# TYPE {series} gauge")
         for gpu in range(GPUS):
             lines.append(f"{series}{{{_labels(node, gpu)}}} {gpu_values(fleet, node, gpu, at)[attr]:g}")
     return "\n".join(lines) + "\n"
 
 
+def _fields(fleet: Fleet) -> dict[str, str]:
+    return {**FIELDS, **DEGRADATION_FIELDS} if fleet.degradation else FIELDS
+
+
 def change_times(fleet: Fleet, node: str) -> list[float]:
     times = {fleet.start, fleet.end}
     times.update(x for f in fleet.faults if f.node == node for x in (f.at, f.until) if x is not None)
+    for f in fleet.faults:
+        if f.node == node and f.rates:  # a rising counter: a scrape a tick while it rises
+            last = f.until if f.until is not None else fleet.end
+            times.update(f.at + k * RATE_TICK_S for k in range(1, int((last - f.at) // RATE_TICK_S) + 1))
     times.update(x for d in fleet.down if d[0] == node for x in (d[1], d[2]))
     return sorted(x for x in times if fleet.start <= x <= fleet.end)
 
@@ -218,7 +299,7 @@ def node_list(fleet: Fleet) -> dict[str, object]:
 def openmetrics_lines(fleet: Fleet, step: float) -> Iterator[str]:
     """Every series every ``step`` seconds, grouped by metric family (promtool wants that), then # EOF."""
     count = int((fleet.end - fleet.start) // step) + 1
-    for attr, series in FIELDS.items():
+    for attr, series in _fields(fleet).items():
         yield f"# TYPE {series} gauge"
         for node in fleet.nodes:
             for gpu in range(GPUS):
@@ -241,6 +322,8 @@ def write_all(fleet: Fleet, out: Path, *, openmetrics: Path | None = None, om_st
     files = write_scrapes(fleet, out / "scrapes")
     (out / "nodes.json").write_text(json.dumps(node_list(fleet), indent=1))
     (out / "policy-strict.toml").write_text(STRICT_POLICY)
+    if fleet.degradation:
+        (out / "policy-degradation.toml").write_text(DEGRADATION_POLICY)
     if openmetrics is not None:
         write_openmetrics(fleet, openmetrics, om_step)
     return files
@@ -249,18 +332,26 @@ def write_all(fleet: Fleet, out: Path, *, openmetrics: Path | None = None, om_st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.history", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="folder to write scrapes/, nodes.json, policy-strict.toml into")
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--nodes", type=int, help="default 200 (16 with --degradation)")
+    parser.add_argument("--days", type=float, help="default 30 (2 with --degradation)")
     parser.add_argument("--start", type=float, default=1_793_491_200.0, help="unix seconds (default 2026-11-01)")
     parser.add_argument("--openmetrics", help="also write this OpenMetrics file (for promtool backfill)")
     parser.add_argument("--om-step", type=float, default=60.0, help="seconds between OpenMetrics samples")
     parser.add_argument("--catalog-mix", type=float, metavar="PER_1000_GPU_DAYS",
                         help="random faults of the XID catalog's mix at this rate instead of the scripted month")
     parser.add_argument("--seed", type=int, default=1, help="with --catalog-mix")
+    parser.add_argument("--degradation", action="store_true",
+                        help="the degradation scenario instead (slow GPUs, degraded links, a trend: "
+                             "degradation_fleet), with OUT/policy-degradation.toml")
     args = parser.parse_args(argv)
-    fleet = (catalog_fleet(args.nodes, args.days, per_1000_gpu_days=args.catalog_mix, seed=args.seed,
-                           start=args.start) if args.catalog_mix is not None
-             else month_fleet(args.nodes, args.days, args.start))
+    if args.degradation:
+        args.nodes, args.days = args.nodes or 16, args.days or 2.0
+        fleet = degradation_fleet(args.nodes, args.days, args.start)
+    else:
+        args.nodes, args.days = args.nodes or 200, args.days or 30.0
+        fleet = (catalog_fleet(args.nodes, args.days, per_1000_gpu_days=args.catalog_mix, seed=args.seed,
+                               start=args.start) if args.catalog_mix is not None
+                 else month_fleet(args.nodes, args.days, args.start))
     files = write_all(fleet, Path(args.out), openmetrics=Path(args.openmetrics) if args.openmetrics else None,
                       om_step=args.om_step)
     print(f"{args.out}: {files} scrapes of {len(fleet.nodes)} nodes over {args.days:g} days, "

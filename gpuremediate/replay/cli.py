@@ -19,12 +19,13 @@ from typing import Any
 from gpuremediate.kube.errors import KubeError
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.replay.cluster import Durations
-from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay
+from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay, uses_degradation
 from gpuremediate.replay.history import History, HistoryError, load_scrapes, parse_time
 from gpuremediate.replay.html import render_html
-from gpuremediate.replay.prometheus import PrometheusHistory
+from gpuremediate.replay.prometheus import DEGRADATION_METRICS, PrometheusHistory
 from gpuremediate.replay.result import ReplayResult
 from gpuremediate.replay.text import render_compare, render_json, render_text
+from gpuremediate.signals.sources import POLICY_METRICS
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -87,6 +88,14 @@ def thermal_thresholds(policies: Sequence[PolicyFile]) -> list[float]:
     return sorted(found)
 
 
+def history_metrics(policies: Sequence[PolicyFile]) -> tuple[str, ...]:
+    """The series a Prometheus history asks for: the policy's, and the degradation detector's where a policy
+    enables ``[degradation]`` (clocks move every scrape: such a history keeps a change point per scrape)."""
+    if any(uses_degradation(p) for p in policies):
+        return (*POLICY_METRICS, *DEGRADATION_METRICS)
+    return POLICY_METRICS
+
+
 def load_history(args: argparse.Namespace, policies: Sequence[PolicyFile] = ()) -> History:
     if bool(args.prometheus) == bool(args.scrapes):
         raise HistoryError("give the history as exactly one of --prometheus URL or --scrapes DIR")
@@ -98,7 +107,7 @@ def load_history(args: argparse.Namespace, policies: Sequence[PolicyFile] = ()) 
         raise HistoryError("--prometheus needs --from and --to")
     token = Path(args.prometheus_token_file).read_text().strip() if args.prometheus_token_file else None
     source = PrometheusHistory(args.prometheus, token=token, ca_file=args.prometheus_ca_file or None,
-                               node_label=args.node_label)
+                               node_label=args.node_label, metrics=history_metrics(policies))
     return source.load(start, end, args.step, args.chunk, thermal_thresholds(policies))
 
 

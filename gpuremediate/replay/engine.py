@@ -8,8 +8,14 @@ timeout), ``RemediateLoop`` (Jobs, attempts, reboot by bootID, repeat offender v
 ``ValidateLoop``. They talk to ``ReplayCluster`` instead of an API server. The engine only watches
 what they write (transitions, ``blocked``) and the Events they send.
 
+With ``[degradation]`` on in a policy, the detect loop's degradation detector takes every node's readings each
+instant (its peers are the fleet's); the engine keeps the stretch of each finding it holds, and the controller's
+trend maintenance runs as a dry run, so a trend under ``trend_action = "maintenance"`` says which
+MaintenanceRequest it would file and when its drain would start.
+
 Time moves in steps of the scrape interval while anything is in flight (a node outside healthy
-and quarantined, a thermal timer running, a pod terminating, a Job running); when the fleet is
+and quarantined, a thermal timer running, a pod terminating, a Job running, a degradation hold or
+clear running); when the fleet is
 quiet it jumps to the next change in the history, so a quiet month costs little.
 """
 
@@ -28,14 +34,18 @@ from gpuremediate.actions.nodes import NodeView, NodeWriter, gpu_count, is_gpu_n
 from gpuremediate.config import Settings
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import Resource
 from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.loops.remediate import RemediateLoop
+from gpuremediate.loops.trend_maintenance import TrendMaintenance, drain_start
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
+from gpuremediate.policy.findings import KIND_TREND, Finding
 from gpuremediate.replay.cluster import Durations, Node, ReplayCluster, SimClock, replay_node
 from gpuremediate.replay.history import Cursor, History, format_time
 from gpuremediate.replay.result import (
@@ -45,13 +55,17 @@ from gpuremediate.replay.result import (
     NOTICE,
     UNKNOWN,
     BreakerTrip,
+    Maintenance,
     Move,
     ReplayResult,
+    Sighting,
     Span,
     Unacted,
     Wait,
 )
+from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.state import maintenance as mr
 from gpuremediate.state import states
 from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
 
@@ -130,6 +144,65 @@ class _Immediate:
         return None
 
 
+class _NoRequests:
+    """The trend maintenance's view of MaintenanceRequests: a replay starts with none, and files none (dry run)."""
+
+    def has_synced(self) -> bool:
+        return True
+
+    def list(self) -> list[dict[str, Any]]:
+        return []
+
+
+class _TrendMaintenance(TrendMaintenance):
+    """The controller's trend maintenance as a dry run (it files nothing, says what it would file, once per
+    request): the replay keeps each request it would have filed, with the drain's start in the trend window."""
+
+    def __init__(self, client: KubeClient, res: Resource, metrics: ControllerMetrics, policy: PolicyFile,
+                 events: _Events, filed: list[Maintenance]) -> None:
+        super().__init__(client, res, cast(Informer, _NoRequests()), metrics,
+                         lambda node, reason, message, type_: events.node_event(node, reason, message, type_),
+                         lambda: policy.cluster.maintenance.prepare_lead_s, dry_run=True)
+        self.filed = filed
+
+    def schedule(self, node: str, findings: Sequence[Finding], readings: NodeReadings | None,
+                 policy: DegradationPolicy, now: float, served_at: float = 0.0) -> str:
+        name = super().schedule(node, findings, readings, policy, now, served_at)
+        if name and all(m.name != name for m in self.filed):
+            trends = tuple(sorted(f.fingerprint for f in findings if f.kind == KIND_TREND))
+            self.filed.append(Maintenance(node, name, now, drain_start(policy, now), trends))
+        return name
+
+
+def uses_degradation(policy: PolicyFile) -> bool:
+    """Some node group finds slow GPUs, degraded links or trends (``[degradation]``)."""
+    return any(p.degradation.enabled or p.degradation.trends for p in (policy.defaults, *(g.policy for g in
+                                                                                         policy.groups)))
+
+
+def degradation_pending(detector: DegradationDetector) -> bool:
+    """The detector would change without a new reading: a GPU's hold or clear running (slow-gpu), a link episode
+    open or found, a trend window still holding errors. The engine then visits every interval, as the controller
+    does; otherwise it may jump to the history's next change (a steady outlier stays one). Its GPU state is the
+    detector's own; should it change shape, every interval is visited (slower, never wrong)."""
+    now = detector.now
+    try:
+        for gpu in detector.gpus.values():
+            if gpu.found is None and gpu.outlier_since is not None and gpu.last_outlier == now:
+                return True  # an outlier counting down its hold
+            if gpu.found is not None and gpu.calm_since is not None:
+                return True  # calm again, counting down its clear hold
+            if any(link is not None and (link.since is not None or link.found is not None)
+                   for link in (gpu.pcie, gpu.nvlink)):
+                return True
+            trends = gpu.trends
+            if trends is not None and any(w is not None and w.sum > 0 for w in (trends.sbe, trends.rows)):
+                return True
+    except AttributeError:
+        return True
+    return False
+
+
 def check_supported(policy: PolicyFile) -> None:
     """Custom drains and custom actions run through plugins the replay cannot simulate."""
     refs = policy.custom_action_refs()
@@ -198,6 +271,11 @@ class Replay:
         self._excluded_seen: set[tuple[str, str]] = set()
         self._breaker_open = False
         self.detect.events = _Immediate(self.events)  # type: ignore[assignment]  # no worker thread in a replay
+        self.degradation = uses_degradation(policy)
+        self._open_findings: dict[str, Sighting] = {}  # fingerprint -> the degradation finding, while found
+        res = Resource(self.ctx.settings.maintenance_group, mr.VERSION, "maintenancerequests", mr.KIND, False)
+        self.detect.trend_maintenance = _TrendMaintenance(self.ctx.client, res, self.ctx.metrics, policy,
+                                                          self.events, self.result.maintenances)
 
     def _context(self) -> LoopContext:
         client = cast(KubeClient, self.cluster)  # duck-typed: the calls the loops make
@@ -230,9 +308,13 @@ class Replay:
 
     def _instant(self, visit: set[str], changed: set[str]) -> None:
         self.detect.breakers.load()
+        if self.degradation:
+            visit = visit | self._feed_detector()
         nodes = [node for name in sorted(visit) if (node := self.ctx.nodes.get(name)) is not None]
         readings = {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))}
         self.detect.check_nodes(nodes, readings)
+        if self.degradation:
+            self._watch_findings()
         self._note_breaker()
         self._watch_signals(visit, changed)
         for loop in self.loops:
@@ -244,6 +326,20 @@ class Replay:
                     if loop.reconcile_name(name) != 0.0:
                         break
         self._read_events()
+
+    def _feed_detector(self) -> set[str]:
+        """The degradation detector's peers are the fleet's: it takes every node's readings each pass, as in the
+        controller (the detect loop's own ``_update_degradation``). Only the nodes with a degradation finding, or
+        one just gone, are assessed beside those visited anyway (assessing a quiet node decides nothing); the
+        assessment feeds them again at the same instant, which changes nothing. Without that hook every node
+        is assessed (the same decisions, slower)."""
+        feed = getattr(self.detect, "_update_degradation", None)
+        if not callable(feed):
+            return set(self.cluster.nodes)
+        nodes = [node for name in sorted(self.cluster.nodes) if (node := self.ctx.nodes.get(name)) is not None]
+        feed(nodes, {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))})
+        found = {name for name in self.cluster.nodes if self.detect.degradation.findings(name)}
+        return found | {f.node for f in self._open_findings.values()}
 
     def _scraped_now(self, name: str) -> NodeReadings | None:
         """The node's readings as a scrape at this instant sees them: the exporter serves its last saved scrape
@@ -266,7 +362,8 @@ class Replay:
         return busy | {name for name, memory in self.detect.memory.items() if memory.thermal}
 
     def _next_instant(self, now: float, step: float, pending: bool) -> float:
-        if pending or self._ticking() or self.cluster.busy():
+        if pending or self._ticking() or self.cluster.busy() or (
+                self.degradation and degradation_pending(self.detect.degradation)):
             return now + step
         upcoming = self.cursor.next_change()
         if upcoming is None:
@@ -359,7 +456,26 @@ class Replay:
         if opened is not None:
             self.result.unacted.append(Unacted(node, UNKNOWN, opened[0], opened[1], now))
 
+    def _watch_findings(self) -> None:
+        """The detector's degradation findings now, node by node: each one's stretch (by fingerprint)."""
+        now, found = self.clock(), set()
+        for name in sorted(self.cluster.nodes):
+            for f in self.detect.degradation.findings(name):
+                found.add(f.fingerprint)
+                if f.fingerprint not in self._open_findings:
+                    self._open_findings[f.fingerprint] = Sighting(name, f.kind, f.code, tuple(f.gpus), f.action, now,
+                                                                  now, f.message)
+        for fingerprint in [fp for fp in self._open_findings if fp not in found]:
+            self._close_finding(fingerprint, now, ongoing=False)
+
+    def _close_finding(self, fingerprint: str, now: float, *, ongoing: bool) -> None:
+        opened = self._open_findings.pop(fingerprint)
+        self.result.findings.append(replace(opened, end=now, ongoing=ongoing))
+
     def _close(self, end: float) -> None:
+        for fingerprint in list(self._open_findings):
+            self._close_finding(fingerprint, end, ongoing=True)
+        self.result.findings.sort(key=lambda f: (f.start, f.node, f.kind, f.gpus))
         for name in list(self._open_spans):
             self._close_span(name, end)
         for name in list(self._open_waits):

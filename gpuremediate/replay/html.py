@@ -20,13 +20,14 @@ from gpuremediate.replay.history import format_time
 from gpuremediate.replay.result import (
     BELOW_THRESHOLD,
     BREAKER_HELD,
+    DEGRADATION_KINDS,
     EXCLUDED,
     NOTICE,
     UNACTED_CATEGORIES,
     UNKNOWN,
     ReplayResult,
 )
-from gpuremediate.replay.text import COMPARED, duration
+from gpuremediate.replay.text import COMPARED, duration, outcome
 from gpuremediate.state import states
 
 COLORS = {
@@ -403,6 +404,10 @@ def _summary_table(results: Sequence[ReplayResult]) -> str:
             for k in ("nodes", "gpus", *COMPARED)]
     rows += [f"<tr><td>not acted on: {c}</td>" + "".join(f"<td>{s['unacted'][c]}</td>" for s in summaries) + "</tr>"
              for c in UNACTED_CATEGORIES]
+    rows += [f"<tr><td>findings: {k}</td>" + "".join(f"<td>{s['degradation_findings'][k]}</td>" for s in summaries)
+             + "</tr>" for k in DEGRADATION_KINDS]
+    rows.append("<tr><td>maintenances scheduled</td>" + "".join(f"<td>{s['maintenances_scheduled']}</td>"
+                                                              for s in summaries) + "</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -415,7 +420,26 @@ def _details(result: ReplayResult) -> str:
                       f"{escape(u.detail)}</td></tr>" for u in result.unacted)
     return (f"<details><summary>every transition ({len(result.moves)})</summary><table>{moves}</table></details>"
             f"<details><summary>seen but not acted on ({len(result.unacted)})</summary><table>{unacted}</table>"
-            "</details>")
+            f"</details>{_degradation(result)}")
+
+
+def _degradation(result: ReplayResult) -> str:
+    """The degradation findings by kind and the maintenances trends would schedule (none: nothing shown)."""
+    if not result.findings and not result.maintenances:
+        return ""
+    counts = result.findings_by_kind()
+    rows = ("<tr><th>found</th><th>node</th><th>kind</th><th>GPU</th><th>action</th><th>lasted</th>"
+            "<th>what the node did</th></tr>")
+    rows += "".join(f"<tr><td>{escape(format_time(f.start))}</td><td>{escape(f.node)}</td><td>{escape(f.kind)}</td>"
+                   f"<td>{escape(', '.join(f.gpus))}</td><td>{escape(f.action)}</td><td>"
+                   f"{'until the end' if f.ongoing else escape(duration(f.end - f.start))}</td>"
+                   f"<td style='text-align:left'>{escape(outcome(result, f))}</td></tr>" for f in result.findings)
+    rows += "".join(f"<tr><td>{escape(format_time(r.at))}</td><td>{escape(r.node)}</td><td>maintenance</td><td></td>"
+                    f"<td></td><td></td><td style='text-align:left'>would schedule a maintenance at "
+                    f"{escape(format_time(r.drain_at))} ({escape(r.name)})</td></tr>" for r in result.maintenances)
+    kinds = ", ".join(f"{k} {counts[k]}" for k in DEGRADATION_KINDS)
+    return (f'<details open class="degradation"><summary>degradation findings ({escape(kinds)}; '
+            f"{len(result.maintenances)} maintenance(s))</summary><table>{rows}</table></details>")
 
 
 def render_html(results: Sequence[ReplayResult]) -> str:

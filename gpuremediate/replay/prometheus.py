@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.replay.history import History, HistoryError, unknown_readings
-from gpuremediate.signals import dcgm
+from gpuremediate.signals import dcgm, degradation, trends
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.promapi import api_data
 from gpuremediate.signals.sources import MIB, POLICY_METRICS, FetchError, fetch
@@ -34,6 +34,11 @@ class _Series:
     value: float
 
 
+# What the [degradation] detector reads besides the policy's series (a replay whose policy enables it asks for these
+# too): load, clocks and their event reasons, link error counters, the trend counters.
+DEGRADATION_METRICS = (degradation.GPU_UTIL, *degradation.ACTIVITY_FIELDS, degradation.SM_CLOCK,
+                       *degradation.REASON_FIELDS, degradation.PCIE_REPLAYS, *degradation.NVLINK_ERRORS,
+                       trends.SBE_TOTAL, trends.REMAPPED_ROWS, trends.RETIRED_PENDING)
 TEMPERATURES = frozenset({"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP"})
 
 

@@ -15,6 +15,9 @@ BELOW_THRESHOLD = "below-threshold"  # a raw signal the policy does not count as
 BREAKER_HELD = "breaker-held"  # a fault found while the circuit breaker was open: no new work
 UNACTED_CATEGORIES = (UNKNOWN, EXCLUDED, NOTICE, BELOW_THRESHOLD, BREAKER_HELD)
 
+# The [degradation] detector's finding kinds (issue 29, docs/degradation.md), as policy/findings names them.
+DEGRADATION_KINDS = ("slow-gpu", "link-degraded", "trend")
+
 
 @dataclass(frozen=True)
 class Move:
@@ -60,6 +63,34 @@ class Unacted:
 
 
 @dataclass(frozen=True)
+class Sighting:
+    """A degradation finding (slow-gpu, link-degraded, trend) the detector held from ``start`` to ``end`` (the end of
+    the range while it lasted), with the action its policy gives it (cordon, drain, none)."""
+
+    node: str
+    kind: str  # one of DEGRADATION_KINDS
+    code: str  # sm-clock; pcie, nvlink; sbe-rate, remapped-rows, retired-pending
+    gpus: tuple[str, ...]
+    action: str
+    start: float
+    end: float
+    message: str
+    ongoing: bool = False  # still found at the end of the range
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """A MaintenanceRequest the controller would have filed for a node's trends (``trend_action = "maintenance"``):
+    filed at ``at``, its drain starting at ``drain_at`` (the trend window's next opening)."""
+
+    node: str
+    name: str
+    at: float
+    drain_at: float
+    trends: tuple[str, ...]  # the trend fingerprints it covers
+
+
+@dataclass(frozen=True)
 class BreakerTrip:
     at: float
     node: str
@@ -78,6 +109,8 @@ class ReplayResult:
     waits: list[Wait] = field(default_factory=list)
     unacted: list[Unacted] = field(default_factory=list)
     trips: list[BreakerTrip] = field(default_factory=list)
+    findings: list[Sighting] = field(default_factory=list)  # degradation findings, by start
+    maintenances: list[Maintenance] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     steps: int = 0  # simulated instants the engine visited
     changes: int = 0  # change points in the history
@@ -86,7 +119,7 @@ class ReplayResult:
     @property
     def affected(self) -> list[str]:
         return sorted({m.node for m in self.moves} | {u.node for u in self.unacted if u.category != UNKNOWN}
-                      | {w.node for w in self.waits})
+                      | {w.node for w in self.waits} | {f.node for f in self.findings})
 
     def node_hours(self, node: str | None = None) -> float:
         """Hours out of service (any state but healthy), for one node or the fleet."""
@@ -109,6 +142,10 @@ class ReplayResult:
     def gpu_level_flows(self) -> int:
         """Flows that began GPU-level (one GPU out, the node in service)."""
         return sum(1 for s in self.spans if s.gpus is not None and s.state == states.DRAINING)
+
+    def findings_by_kind(self) -> dict[str, int]:
+        """Degradation findings per kind (every kind, 0 included)."""
+        return {kind: sum(1 for f in self.findings if f.kind == kind) for kind in DEGRADATION_KINDS}
 
     def final_states(self) -> dict[str, str]:
         final: dict[str, str] = {}
@@ -138,6 +175,8 @@ class ReplayResult:
             "gpu_hours_by_fault": {k: round(v, 3) for k, v in self.gpu_hours_by_fault().items()},
             "gpu_level_flows": self.gpu_level_flows(),
             "unacted": {c: sum(1 for u in self.unacted if u.category == c) for c in UNACTED_CATEGORIES},
+            "degradation_findings": self.findings_by_kind(),
+            "maintenances_scheduled": len(self.maintenances),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +191,8 @@ class ReplayResult:
             "waits": [asdict(w) for w in self.waits],
             "breaker_trips": [asdict(t) for t in self.trips],
             "not_acted_on": [asdict(u) for u in self.unacted],
+            "degradation_findings": [asdict(f) for f in self.findings],
+            "maintenances": [asdict(m) for m in self.maintenances],
             "per_node": {n: {"node_hours": round(self.node_hours(n), 3), "gpu_hours": round(self.gpu_hours(n), 3)}
                          for n in self.affected},
             "notes": self.notes,

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 
 from gpuremediate.replay.history import format_time
-from gpuremediate.replay.result import UNACTED_CATEGORIES, ReplayResult
+from gpuremediate.replay.result import DEGRADATION_KINDS, UNACTED_CATEGORIES, ReplayResult, Sighting
 
 
 def duration(seconds: float) -> str:
@@ -89,9 +89,58 @@ def unacted(result: ReplayResult) -> list[str]:
     return lines
 
 
+def outcome(result: ReplayResult, finding: Sighting) -> str:
+    """What the node did for the finding: its transitions for the finding's kind, from its start on (a cordon, a
+    drain) and the lift once it cleared."""
+    done = []
+    for m in result.moves:
+        if m.node != finding.node or m.at < finding.start:
+            continue
+        if m.reason == finding.kind:
+            done.append(f"{m.to_state} {format_time(m.at)}")
+        elif m.reason == "degradation-cleared" and done:
+            done.append(f"lifted {format_time(m.at)}")
+            break
+    for r in result.maintenances:
+        if r.node == finding.node and any(fp.split(":")[1] == finding.code for fp in r.trends) \
+                and finding.start <= r.at <= finding.end:
+            done.append(f"would file MaintenanceRequest {r.name}, drain at {format_time(r.drain_at)}")
+    if done:
+        return "; ".join(done)
+    if finding.action == "none":
+        return "reported only"
+    before = [m for m in result.moves if m.node == finding.node and m.at <= finding.start]
+    state = before[-1].to_state if before else "healthy"
+    return f"the node was {state} already ({before[-1].reason})" if before and state != "healthy" else "not acted on"
+
+
+def degradation(result: ReplayResult) -> list[str]:
+    """The [degradation] findings by kind, each with its GPU, stretch and what the node did; the maintenances
+    trends would have had filed. Nothing when the replay found none (the policy's default: off)."""
+    if not result.findings and not result.maintenances:
+        return []
+    counts = result.findings_by_kind()
+    lines = ["", "Degradation findings ([degradation]: " + ", ".join(f"{k} {counts[k]}" for k in DEGRADATION_KINDS)
+             + ")"]
+    for kind in DEGRADATION_KINDS:
+        found = [f for f in result.findings if f.kind == kind]
+        if not found:
+            continue
+        lines.append(f"  {kind} ({len(found)})")
+        for f in found:
+            lasted = "until the end" if f.ongoing else f"for {duration(f.end - f.start)}"
+            lines.append(f"    {format_time(f.start)} {lasted}  {f.node} {', '.join(f.gpus)} ({f.code}, action "
+                         f"{f.action}): {outcome(result, f)}")
+    if result.maintenances:
+        lines.append(f"  maintenances the trends would schedule ({len(result.maintenances)})")
+        lines += [f"    {format_time(r.at)}  {r.node}: would schedule a maintenance at {format_time(r.drain_at)} "
+                  f"(MaintenanceRequest {r.name})" for r in result.maintenances]
+    return lines
+
+
 def render_text(result: ReplayResult) -> str:
     lines = [*header(result), *timeline(result), *safety(result), *out_of_service(result), *by_fault(result),
-             *unacted(result)]
+             *degradation(result), *unacted(result)]
     if result.notes:
         lines += ["", "Notes", *(f"  {n}" for n in result.notes)]
     return "\n".join(lines) + "\n"
@@ -115,6 +164,11 @@ def render_compare(results: Sequence[ReplayResult]) -> str:
     for category in UNACTED_CATEGORIES:
         lines.append(f"  {'not acted on: ' + category:<28}" + "".join(f" {s['unacted'][category]!s:>{width}}"
                                                                    for s in summaries))
+    for kind in DEGRADATION_KINDS:
+        lines.append(f"  {'findings: ' + kind:<28}" + "".join(f" {s['degradation_findings'][kind]!s:>{width}}"
+                                                              for s in summaries))
+    lines.append(f"  {'maintenances_scheduled':<28}" + "".join(f" {s['maintenances_scheduled']!s:>{width}}"
+                                                              for s in summaries))
     lines += ["", "Nodes treated differently (final state, node-hours out of service)"]
     nodes = sorted(set().union(*({m.node for m in r.moves} for r in results)))
     differing = [n for n in nodes if len({(r.final_states().get(n, "healthy"), round(r.node_hours(n), 2))

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -27,14 +27,15 @@ from tests.replay.helpers import HOUR, T0, fleet, moves, xid
 STEP = 30.0
 
 
-def _served(scenario: object, step: float) -> Callable[[str], bytes]:
-    """A stand-in for Prometheus's query_range over the scenario (lookback: the sample at or before)."""
+def _served(scenario: object, step: float, series: Mapping[str, str] = SERIES) -> Callable[[str], bytes]:
+    """A stand-in for Prometheus's query_range over the scenario (lookback: the sample at or before), serving
+    ``series`` (GpuState attribute -> metric name)."""
     calls: list[dict[str, str]] = []
 
     def fetch(url: str) -> bytes:
         query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
         calls.append(query)
-        attr = next((a for a, name in SERIES.items() if name == query["query"]), None)
+        attr = next((a for a, name in series.items() if name == query["query"]), None)
         if attr is None:  # a series the exporter does not serve here (the per-XID counts)
             return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
         start, end, qstep = float(query["start"]), float(query["end"]), float(query["step"])
