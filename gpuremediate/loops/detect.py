@@ -322,7 +322,7 @@ class DetectLoop:
         """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
         storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
         is not the batch's (the next cycle retries it); the fleet gauges follow a long batch as it goes."""
-        self._update_degradation(batch, by_node)
+        self.update_degradation(batch, by_node)
         pending: list[Assessed] = []
         for node in batch:
             assessed = self._guarded(node, functools.partial(self._assess, node, by_node.get(name_of(node))))
@@ -344,7 +344,7 @@ class DetectLoop:
                 self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in self._state_counts.items())
                 shown, moved = time.monotonic(), False
 
-    def _update_degradation(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
+    def update_degradation(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
         """Feed the pass's readings to the degradation detector before any node is assessed (its peers are the
         fleet's, not one node's)."""
         if not self.degradation.gpus and not any(p.degradation.enabled or p.degradation.trends
@@ -650,7 +650,8 @@ class DetectLoop:
         pruned = decide.prune_handled(a.record, a.findings, keep) if a.record is not None else None
         if pruned is not None and _thermal_cleared(pruned, a.findings):
             return FLOW_THERMAL_CLEARED, pruned
-        if pruned is not None and a.metrics_known and self._degradation_cleared(name_of(a.node), pruned):
+        if (pruned is not None and a.metrics_known and self._degradation_cleared(name_of(a.node), pruned)
+                and not _other_degradation(a.findings, pruned)):
             return FLOW_DEGRADATION_CLEARED, pruned
         return FLOW_FINDINGS, pruned
 
@@ -991,6 +992,13 @@ def _name_hold(stored: NodeRecord | None, decision: decide.Decision, held: tuple
     after = block(before, *held, now)
     return dataclasses.replace(decision, record=after,
                                changed=after != (stored if stored is not None else decide.fresh_record(after.since)))
+
+
+def _other_degradation(findings: Sequence[Finding], record: NodeRecord) -> bool:
+    """Another degradation finding that acts stands on the node: its cordon stays (lifting it would cordon the
+    node again one pass later)."""
+    fault = record.fault.fingerprint if record.fault is not None else ""
+    return any(f.kind in DEGRADATION_KINDS and f.action != ACTION_NONE and f.fingerprint != fault for f in findings)
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:

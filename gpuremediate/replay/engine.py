@@ -329,15 +329,12 @@ class Replay:
 
     def _feed_detector(self) -> set[str]:
         """The degradation detector's peers are the fleet's: it takes every node's readings each pass, as in the
-        controller (the detect loop's own ``_update_degradation``). Only the nodes with a degradation finding, or
+        controller (the detect loop's own ``update_degradation``). Only the nodes with a degradation finding, or
         one just gone, are assessed beside those visited anyway (assessing a quiet node decides nothing); the
-        assessment feeds them again at the same instant, which changes nothing. Without that hook every node
-        is assessed (the same decisions, slower)."""
-        feed = getattr(self.detect, "_update_degradation", None)
-        if not callable(feed):
-            return set(self.cluster.nodes)
+        assessment feeds them again at the same instant, which changes nothing."""
         nodes = [node for name in sorted(self.cluster.nodes) if (node := self.ctx.nodes.get(name)) is not None]
-        feed(nodes, {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))})
+        scraped_now = {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))}
+        self.detect.update_degradation(nodes, scraped_now)
         found = {name for name in self.cluster.nodes if self.detect.degradation.findings(name)}
         return found | {f.node for f in self._open_findings.values()}
 

@@ -12,7 +12,8 @@ nodes. Instead one query per full read asks Prometheus for what is not ordinary,
   and their count (PromQL's ``quantile(0.5)`` interpolates as ``statistics.median`` does);
 - **link and trend counters**: only the GPUs whose counter changed within a window longer than the detector's
   clear hold or trend window (``max(X) != max(X offset W)``, two samples a series and no range read; a series
-  younger than W, where it changed within the last ten minutes), and pages pending retirement where there are some, or were recently.
+  younger than W, where it changed within the last ten minutes), and pages pending retirement where there are
+  some, or were recently.
 
 A GPU that is not shipped looks idle and quiet to the detector: not an outlier, no new error, which is what the
 queries say of it. What differs from the exporter source (docs/degradation.md): the fleet's peers are per model

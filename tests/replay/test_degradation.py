@@ -121,9 +121,6 @@ def test_a_second_finding_on_a_cordoned_node_says_the_node_was_out_already(tmp_p
     assert "(sm-clock, action cordon): the node was cordoned already (link-degraded)" in text
 
 
-@pytest.mark.xfail(strict=True, reason="detect loop: a cordon is lifted when the record's own finding clears though "
-                   "another degradation finding of the node stands (loops/detect.py _flow / _degradation_cleared); "
-                   "it is cordoned again one pass later")
 def test_a_cordon_stays_while_another_degradation_finding_of_the_node_stands(tmp_path: Path) -> None:
     scenario = busy_fleet(rising(1, 5, HOUR, 1.5 * HOUR, pcie_replays=30.0), slow(1, 3, HOUR + 600, 2 * HOUR))
     result = run(tmp_path, scenario, ON)
