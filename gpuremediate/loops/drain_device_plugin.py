@@ -51,7 +51,7 @@ def gpus_offered(node: Mapping[str, Any]) -> tuple[int, int] | None:
     capacity = count_of((status.get("capacity") or {}).get(GPU, ""))
     if not capacity:
         return None
-    allocatable = count_of((status.get("allocatable") or {}).get(GPU, "0"))
+    allocatable = count_of((status.get("allocatable") or {}).get(GPU, ""))  # not posted: as capacity
     return (capacity if allocatable is None else allocatable), capacity
 
 
