@@ -132,15 +132,17 @@ class DeviceTaintDrain:
                                     "UUID: no ResourceSlice device can be matched to it")
         # Discovery first: a cluster without the API says DeviceTaintsNotServed before any slice is read.
         taints = self.taints(ctx)
-        if not taints.served_ga and ctx.policy.isolation.before_ga != SCOPE_GPU:
-            return self._node_level(ctx, node, record, isolation, before_ga_reason(taints.api_version))
-        adopted = self._adopt(ctx, node, record, isolation)
+        before_ga = not taints.served_ga and ctx.policy.isolation.before_ga != SCOPE_GPU
+        adopted = None if before_ga else self._adopt(ctx, node, record, isolation)
         if adopted is not None:
             return adopted
+        # The slice first: a GPU no DRA driver publishes (a device-plugin node) is no matter of the rule's version.
         gpu = find_gpu_device(ctx.client, name, isolation.uuid)
         if gpu is None:
             return self._without_dra(ctx, node, record, isolation, f"GPU {isolation.uuid} is in no ResourceSlice of "
                                      f"{name} (no DRA driver publishes it)")
+        if before_ga:
+            return self._node_level(ctx, node, record, isolation, before_ga_reason(taints.api_version))
         rule = self._write(ctx, record, gpu, EFFECT_NO_SCHEDULE)
         placed = dataclasses.replace(isolation, rule=rule, driver=gpu.driver, pool=gpu.pool, device=gpu.device,
                                      effect=EFFECT_NO_SCHEDULE, effect_since=ctx.clock())
