@@ -158,7 +158,8 @@ def test_a_second_gpu_failing_while_one_is_isolated_goes_node_level(plugin: Emul
     c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=3.0, kind="reset-gpu")
     c.start_controller(BY_DEVICE_PLUGIN)
     c.inject(node, 3, "xid", 48)
-    c.wait_state(node, "repairing", timeout=20)
+    first = c.wait_state(node, "repairing", timeout=20)
+    assert first.isolation is not None and first.isolation.by_device_plugin and first.isolation.at_gpu
     assert not c.unschedulable(node)
     c.inject(node, 5, "xid", 48)
     c.wait(lambda: c.unschedulable(node), 15, "the node cordoned: node-level now")
