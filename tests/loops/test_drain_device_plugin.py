@@ -117,7 +117,7 @@ def test_allocatable_still_full_waits_within_the_bound() -> None:
     assert drain.before_admission(ctx, gpu_node(8), plugin_record()) is None  # type: ignore[arg-type]
     assert ctx.writer.records == []
     result = drain.step(ctx, gpu_node(8), plugin_record())  # type: ignore[arg-type]
-    assert isinstance(result, InProgress) and result.requeue_s <= 1.0
+    assert isinstance(result, InProgress) and result.requeue_s is not None and result.requeue_s <= 1.0
     rec, cordon = last(ctx)
     assert not cordon and rec.action is not None and "waiting for the device plugin" in rec.action.detail
 
@@ -156,10 +156,10 @@ def test_gpus_offered_reads_the_kubelets_counts() -> None:
 
 
 def test_the_drain_scope_narrows_to_the_gpus_pods() -> None:
-    scope = drain_scope(policy(scope="all"), gpu_node(7), plugin_record(EFFECT_UNHEALTHY))  # type: ignore[arg-type]
+    scope = drain_scope(policy(scope="all"), gpu_node(7), plugin_record(EFFECT_UNHEALTHY))
     assert scope.scope == SCOPE_IMPACTED and "GPU" in scope.why
     dra = record(Isolation(SCOPE_GPU, UUID, rule="r"))
-    assert drain_scope(policy(scope="all"), gpu_node(7), dra).scope == SCOPE_ALL  # type: ignore[arg-type]
+    assert drain_scope(policy(scope="all"), gpu_node(7), dra).scope == SCOPE_ALL
 
 
 def test_the_record_round_trips_how_the_gpu_is_isolated() -> None:
@@ -177,3 +177,20 @@ def test_its_history_is_gpu_level_once_the_device_plugin_held_the_gpu_out() -> N
     assert repaired.history[-1].scope == SCOPE_GPU and repaired.history[-1].gpus == (UUID,)
     never = dataclasses.replace(repairing, isolation=dataclasses.replace(isolation, effect=""))
     assert decide.complete_repair(never, True, 1500.0, 1).record.history[-1].scope == SCOPE_NODE
+
+
+@pytest.fixture
+def beta() -> Iterator[KubeClient]:
+    yield from served(("v1beta2",))
+
+
+def test_before_ga_a_gpu_in_no_slice_still_goes_to_the_device_plugin(beta: KubeClient) -> None:
+    """A 1.36 cluster (DeviceTaintRule at v1beta2, ``before_ga = "node"``) whose GPU no DRA driver publishes: the
+    slice decides, not the rule's version (a GPU in a slice there is node-level: test_drain_device_taint)."""
+    other = "GPU-00000000-0000-0000-0000-000000000099"
+    ctx = Ctx(beta, policy())
+    rec = record(Isolation(SCOPE_GPU, other))
+    DeviceTaintDrain().step(ctx, beta.get(NODES, NODE), rec)  # type: ignore[arg-type]
+    after, cordon = last(ctx)
+    assert not cordon and after.isolation is not None and after.isolation.by_device_plugin
+    assert "in no ResourceSlice" in after.isolation.why
