@@ -135,6 +135,7 @@ def test_privileged_validation_checks_gpu3_alone_and_never_cordons(plugin: Emula
     assert gpu_ids(validation) == "3" and gpu_limits(validation) == {}, "GPU 3 alone, no GPU asked for"
     assert c.evicted() == {"workloads/w3"}
     assert allocatable(c, node) == str(GPUS), "reset: the device plugin offers it again"
+    assert "GPUIsolated" in c.event_reasons(node) and "GPUReturned" in c.event_reasons(node)
 
 
 def test_allocatable_that_never_drops_goes_node_level_and_says_so(blind: EmulatorCluster) -> None:

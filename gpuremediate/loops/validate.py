@@ -184,6 +184,10 @@ class ValidateLoop(JobLoop):
     def _release_rule(self, node: Node, record: NodeRecord) -> None:
         """The isolated GPU passed (or its node did): its DeviceTaintRule goes, before the record says healthy."""
         isolation = record.isolation
+        if isolation is not None and isolation.at_gpu and isolation.by_device_plugin:
+            self.ctx.events.node_event(name_of(node), "GPUReturned", f"GPU {isolation.uuid} validated alone; the "
+                                       "device plugin offers it again once it reports it healthy", NORMAL)
+            return
         if isolation is None or not isolation.rule:
             return
         try:
