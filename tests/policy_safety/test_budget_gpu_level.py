@@ -89,8 +89,8 @@ def test_a_gpu_the_device_plugin_holds_out_counts_in_gpus_until_its_node_level_v
     fault = r.Fault("xid", "48", ("GPU-3",), "xid:48", "reset-gpu", 80.0, 80.0, "XID 48")
     isolation = r.Isolation(r.SCOPE_GPU, "GPU-3", via=r.VIA_DEVICE_PLUGIN, effect=r.EFFECT_UNHEALTHY)
     repairing = r.NodeRecord(state=s.REPAIRING, since=80.0, fault=fault, isolation=isolation)
-    assert node_view(_node(repairing)).share == Fraction(1, 8)  # type: ignore[arg-type]
+    assert node_view(_node(repairing)).share == Fraction(1, 8)
     cordoned = r.NodeRecord(state=s.VALIDATING, since=90.0, fault=fault, cordoned_by_us=True,
                             isolation=r.Isolation(r.SCOPE_NODE, "GPU-3", why="validation is node-level",
                                                   via=r.VIA_DEVICE_PLUGIN, effect=r.EFFECT_UNHEALTHY))
-    assert node_view(_node(cordoned, unschedulable=True)).share == 1  # type: ignore[arg-type]
+    assert node_view(_node(cordoned, unschedulable=True)).share == 1
