@@ -43,9 +43,12 @@ from gpuremediate.state.record import (
     BLOCK_GPU_PODS,
     BLOCK_PAUSED,
     BLOCK_PDB,
+    EFFECT_UNHEALTHY,
     Blocked,
+    Isolation,
     NodeRecord,
     RecordError,
+    gpu_held_out,
     node_patch,
     record_from_node,
     to_dict,
@@ -165,9 +168,9 @@ def _row_for(node: Mapping[str, Any], dry_run: Journal | None = None, now: float
 
 
 def isolated_gpus(record: NodeRecord) -> tuple[str, ...]:
-    """The GPUs a DeviceTaintRule of ours takes out alone (the node itself stays in service)."""
+    """The GPUs taken out alone, by a DeviceTaintRule of ours or the device plugin (the node stays in service)."""
     isolation = record.isolation
-    return (isolation.uuid,) if isolation is not None and isolation.at_gpu and isolation.rule else ()
+    return (isolation.uuid,) if isolation is not None and gpu_held_out(record) else ()
 
 
 def _fault_word(record: NodeRecord, now: float) -> str:
@@ -376,6 +379,8 @@ def _isolation_lines(record: NodeRecord, now: float) -> list[str]:
     kept = f" (DeviceTaintRule {isolation.rule} stays until the node is validated)" if isolation.rule else ""
     if not isolation.at_gpu:
         return [f"  Isolation: node-level: {isolation.why}{kept}."]
+    if isolation.by_device_plugin:
+        return _device_plugin_lines(record, isolation, now)
     if not isolation.rule:
         return [f"  Isolation: GPU {isolation.uuid} alone; its DeviceTaintRule is not written yet (the node is not "
                 "cordoned)."]
@@ -392,6 +397,25 @@ def _isolation_lines(record: NodeRecord, now: float) -> list[str]:
         lines.append(f"  Next: the reset of GPU {isolation.uuid} only, then its validation; the rule goes after.")
     elif record.state == states.VALIDATING:
         lines.append("  Next: once the validation of that GPU passes, the rule is deleted and the GPU returns.")
+    return lines
+
+
+def _device_plugin_lines(record: NodeRecord, isolation: Isolation, now: float) -> list[str]:
+    """A GPU isolated by the device plugin (no DRA): whether allocatable shows it gone yet, what comes next."""
+    since = f" for {_ago(isolation.effect_since, now)}" if isolation.effect_since is not None else ""
+    if isolation.effect != EFFECT_UNHEALTHY:
+        lines = [f"  Isolation: GPU {isolation.uuid} alone, by the device plugin (no DRA device taint); waiting{since} "
+                 "for the node's allocatable nvidia.com/gpu to show it gone (else node-level at "
+                 "[isolation] device_plugin_wait_s). The node is not cordoned."]
+    else:
+        lines = [f"  Isolation: GPU {isolation.uuid} taken out alone by the device plugin (unhealthy: out of the "
+                 f"node's allocatable nvidia.com/gpu){since}; only its pods are evicted, the node stays schedulable."]
+    action = record.action
+    if action is not None and action.kind == "drain" and action.detail.startswith(ISOLATION_DETAIL):
+        lines.append(f"  Drain: {action.detail.removeprefix(ISOLATION_DETAIL)}.")
+    elif record.state == states.REPAIRING:
+        lines.append(f"  Next: the reset of GPU {isolation.uuid} only, then the node's validation (node-level: "
+                     "cordoned for it, unless [isolation] validation = \"privileged\").")
     return lines
 
 

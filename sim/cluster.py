@@ -59,6 +59,7 @@ from gpuremediate.policy.config import default_policy
 from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
+from sim.device_plugin import DevicePluginHealth
 from sim.dra_claims import ensure_device_class
 from sim.gpusim import NVL72_GPUS, NVL72_MODEL, GpuSim, gpu_uuid
 from sim.kubeapi import KubeAPIServer
@@ -167,10 +168,14 @@ class SimCluster:
         tls: bool = False,
         dra: bool = False,
         nvl72: tuple[int, ...] = (),
+        device_plugin: str = "",
     ) -> None:
         """``tls``: the emulator serves https (a self-signed certificate; ``api.write_kubeconfig(path,
         embed_ca=True)`` writes a kubeconfig kubectl accepts with its bearer token). ``dra``: NodeSim publishes
-        each node's ResourceSlice as NVIDIA's DRA driver does (sim.nodesim_dra) and the DeviceClass exists."""
+        each node's ResourceSlice as NVIDIA's DRA driver does (sim.nodesim_dra) and the DeviceClass exists.
+        ``device_plugin``: "" (allocatable stays as set), ``health`` (NVIDIA's device plugin takes a GPU with a
+        critical XID out of allocatable nvidia.com/gpu until it is reset: sim.device_plugin) or ``blind`` (it
+        never does)."""
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         # NVL72 racks (issue 28): trays per rack (18 a full one; 1 a single-tray domain), after the other nodes
         self.racks = {f"rack-{r}": [f"rack-{r}-tray-{t}" for t in range(1, trays + 1)]
@@ -200,6 +205,8 @@ class SimCluster:
         self.products = dict(products or {})
         self.reset_refusals: list[tuple[str, str]] = []  # (node, why the reset Job failed), as nvidia-smi says it
         self.dra = dra
+        self.device_plugin_mode = device_plugin
+        self.device_plugin: DevicePluginHealth | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -228,6 +235,9 @@ class SimCluster:
             self.nodesim.add_node(name, gpus=self._gpus_of(name), labels=self._node_labels(name))
             self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
         self.nodesim.start()
+        if self.device_plugin_mode:
+            self.device_plugin = DevicePluginHealth(self.gpusim, self.nodesim, self.node_names,
+                                                    self.device_plugin_mode).start()
         self._wait_for_exporters()
         if self.operator_options is not None:
             # The operator's exporter follows its deploy label, set on every node by now (a real DaemonSet
@@ -348,6 +358,8 @@ class SimCluster:
             self.operator.stop()
         if self.busy is not None:
             self.busy.stop()
+        if self.device_plugin is not None:
+            self.device_plugin.stop()
         if self.nodesim is not None:
             self.nodesim.stop()
         self.gpusim.stop()

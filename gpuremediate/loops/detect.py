@@ -81,6 +81,7 @@ from gpuremediate.state.record import (
     NodeRecord,
     RecordError,
     block,
+    gpu_held_out,
     isolated_at_gpu,
     record_from_node,
 )
@@ -925,8 +926,7 @@ class DetectLoop:
             record = record_from_node(node)
             if isinstance(record, NodeRecord) and record.blocked is not None:
                 blocked[record.blocked.reason] = blocked.get(record.blocked.reason, 0) + 1
-            if isinstance(record, NodeRecord) and isolated_at_gpu(record) and record.isolation is not None \
-                    and record.isolation.rule:
+            if isinstance(record, NodeRecord) and gpu_held_out(record):
                 isolated += 1
         self.ctx.metrics.isolated_gpus.set(float(isolated))
         found = self.degradation.counts()

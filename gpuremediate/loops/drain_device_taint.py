@@ -15,6 +15,10 @@ Each step, from the record's ``isolation``:
    deletes the holders with their own grace period (``[drain] grace_period_s`` cannot apply) and asks no PDB.
 3. ``NoExecute``: done once no allocated ResourceClaim holds the device for a pod still on the node.
 
+Without DRA device taints (none served, the GPU in no ResourceSlice) and ``[isolation] without_dra =
+"device-plugin"``, the record says ``via = device-plugin`` instead of going node-level, and the device-plugin row
+(``loops.drain_device_plugin``) takes the next step.
+
 Dry run: the rule is written with effect ``None`` (annotated with the effect it stands for), nothing is deleted,
 and the drain is done once the would-be ``NoExecute`` is written.
 """
@@ -32,6 +36,7 @@ from gpuremediate.actions.device_taints import (
     EFFECT_NO_SCHEDULE,
     DeviceTaintError,
     DeviceTaints,
+    DeviceTaintsNotServed,
     GpuDevice,
     Holder,
     RuleConflict,
@@ -46,7 +51,15 @@ from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import DrainPolicy
-from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE, Isolation, NodeRecord, isolated_at_gpu, occurrence
+from gpuremediate.state.record import (
+    SCOPE_GPU,
+    SCOPE_NODE,
+    VIA_DEVICE_PLUGIN,
+    Isolation,
+    NodeRecord,
+    isolated_at_gpu,
+    occurrence,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +109,8 @@ class DeviceTaintDrain:
             return write()
         except RuleConflict:  # someone wrote our rule meanwhile: the next step reads it again
             return InProgress(ctx.policy.drain.retry_s)
+        except DeviceTaintsNotServed as exc:
+            return self._without_dra(ctx, node, record, isolation, str(exc))
         except DeviceTaintError as exc:  # not served, a foreign rule of that name, refused by the server
             return self._node_level(ctx, node, record, isolation, str(exc))
 
@@ -117,15 +132,17 @@ class DeviceTaintDrain:
                                     "UUID: no ResourceSlice device can be matched to it")
         # Discovery first: a cluster without the API says DeviceTaintsNotServed before any slice is read.
         taints = self.taints(ctx)
-        if not taints.served_ga and ctx.policy.isolation.before_ga != SCOPE_GPU:
-            return self._node_level(ctx, node, record, isolation, before_ga_reason(taints.api_version))
-        adopted = self._adopt(ctx, node, record, isolation)
+        before_ga = not taints.served_ga and ctx.policy.isolation.before_ga != SCOPE_GPU
+        adopted = None if before_ga else self._adopt(ctx, node, record, isolation)
         if adopted is not None:
             return adopted
+        # The slice first: a GPU no DRA driver publishes (a device-plugin node) is no matter of the rule's version.
         gpu = find_gpu_device(ctx.client, name, isolation.uuid)
         if gpu is None:
-            return self._node_level(ctx, node, record, isolation, f"GPU {isolation.uuid} is in no ResourceSlice of "
-                                    f"{name} (no DRA driver publishes it)")
+            return self._without_dra(ctx, node, record, isolation, f"GPU {isolation.uuid} is in no ResourceSlice of "
+                                     f"{name} (no DRA driver publishes it)")
+        if before_ga:
+            return self._node_level(ctx, node, record, isolation, before_ga_reason(taints.api_version))
         rule = self._write(ctx, record, gpu, EFFECT_NO_SCHEDULE)
         placed = dataclasses.replace(isolation, rule=rule, driver=gpu.driver, pool=gpu.pool, device=gpu.device,
                                      effect=EFFECT_NO_SCHEDULE, effect_since=ctx.clock())
@@ -207,19 +224,39 @@ class DeviceTaintDrain:
         return InProgress(ctx.policy.drain.retry_s)
 
     @staticmethod
-    def _node_level(ctx: DrainContext, node: Node, record: NodeRecord, isolation: Isolation, why: str) -> StepResult:
-        """GPU-level cannot be done here: node-level from now (cordoned unless already unschedulable; the eviction
-        drain's row takes the next step), said once: this write ends the GPU-level scope."""
-        name = name_of(node)
-        cordon = not unschedulable_before_us(node)
-        after = dataclasses.replace(record, isolation=dataclasses.replace(isolation, scope=SCOPE_NODE, why=why),
-                                    cordoned_by_us=cordon, message=f"{record.message}; node-level: {why}")
-        if ctx.writer.write(node, after, cordon=cordon) is None:
+    def _without_dra(ctx: DrainContext, node: Node, record: NodeRecord, isolation: Isolation,
+                     why: str) -> StepResult:
+        """No DRA device taint for this GPU: node-level, or (``without_dra = "device-plugin"``) left to the device
+        plugin's health: the record says so and the device-plugin row takes the next step (its clock starts now)."""
+        if not ctx.policy.isolation.by_device_plugin:
+            return node_level(ctx, node, record, isolation, why)
+        why = f"no DRA device taint ({why}): by the device plugin"
+        after = dataclasses.replace(record, isolation=dataclasses.replace(isolation, via=VIA_DEVICE_PLUGIN, why=why,
+                                                                          effect="", effect_since=ctx.clock()),
+                                    message=f"{record.message}; {why}")
+        if ctx.writer.write(node, after) is None:
             return CONFLICT
-        log.warning("GPU-level isolation not possible: node-level", extra={"node": name, "detail": why})
-        ctx.events.node_event(name, "GPUIsolationNodeLevel", f"GPU {isolation.uuid} cannot be isolated alone "
-                              f"({why}): the node is cordoned and drained instead", WARNING)
+        log.info("GPU-level isolation by the device plugin", extra={"node": name_of(node), "detail": why})
         return InProgress(0.0)
+
+    @staticmethod
+    def _node_level(ctx: DrainContext, node: Node, record: NodeRecord, isolation: Isolation, why: str) -> StepResult:
+        return node_level(ctx, node, record, isolation, why)
+
+
+def node_level(ctx: DrainContext, node: Node, record: NodeRecord, isolation: Isolation, why: str) -> StepResult:
+    """GPU-level cannot be done here: node-level from now (cordoned unless already unschedulable; the eviction
+    drain's row takes the next step), said once: this write ends the GPU-level scope."""
+    name = name_of(node)
+    cordon = not unschedulable_before_us(node)
+    after = dataclasses.replace(record, isolation=dataclasses.replace(isolation, scope=SCOPE_NODE, why=why),
+                                cordoned_by_us=cordon, message=f"{record.message}; node-level: {why}")
+    if ctx.writer.write(node, after, cordon=cordon) is None:
+        return CONFLICT
+    log.warning("GPU-level isolation not possible: node-level", extra={"node": name, "detail": why})
+    ctx.events.node_event(name, "GPUIsolationNodeLevel", f"GPU {isolation.uuid} cannot be isolated alone "
+                          f"({why}): the node is cordoned and drained instead", WARNING)
+    return InProgress(0.0)
 
 
 def before_ga_reason(api_version: str) -> str:

@@ -5,7 +5,9 @@ A drain of scope ``impacted`` (or ``gpu``) leaves pods on the node; a reboot end
 of every GPU (a fault naming no GPU, or a node whose GPUs reset only together) ends the pods on the other GPUs.
 Those pods would be killed without their PodDisruptionBudgets being asked. So the drain takes what the widest
 rung needs, computed from the policy, the node and the record alone (the same answer on every replica and after
-a restart). A custom action keeps the configured scope: what it ends is its plugin's to say.
+a restart). A custom action keeps the configured scope: what it ends is its plugin's to say. A GPU isolated by the
+device plugin (``[isolation] without_dra = "device-plugin"``) narrows it to ``impacted``: that GPU's pods, and the
+node stays schedulable.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ def drain_scope(policy: Policy, node: Node, record: NodeRecord) -> DrainScope:
     chosen = DrainScope(policy.drain.scope)
     if record.fault is None:
         return chosen
+    isolation = record.isolation
+    if isolation is not None and isolation.at_gpu and isolation.by_device_plugin:
+        # Its ladder is the GPU's reset alone (policy.isolation.node_level_reason): nothing wider is needed.
+        alone = f"GPU {isolation.uuid} alone is isolated (by the device plugin): only its pods"
+        return chosen if chosen.scope == SCOPE_IMPACTED else DrainScope(SCOPE_IMPACTED, alone)
     if record.fault.kind == MAINTENANCE_KIND and record.fault.action in (ACTION_NONE, ACTION_QUARANTINE):
         held = "a MaintenanceRequest hands the node over (held for its maintenance, or for a person)"
         return chosen if chosen.scope == SCOPE_ALL else DrainScope(SCOPE_ALL, held)

@@ -16,7 +16,13 @@ Before the Job: pods still holding GPU resources are waited for (the kubelet wou
 a device plugin that reports fewer devices allocatable than the node has (after a reboot it registers again;
 a device it marked unhealthy stays out). The kubelet admits no pod asking for more than allocatable, so
 "every GPU" cannot be held then: past ``[gpu_resources] allocatable_wait_s`` validation fails, its message
-naming the short resources — a GPU its device plugin calls unhealthy is not fit to return to service."""
+naming the short resources — a GPU its device plugin calls unhealthy is not fit to return to service.
+
+A GPU isolated by the device plugin (``[isolation] without_dra = "device-plugin"``, no DRA) cannot be validated
+alone through a GPU request (a pod asks the device plugin for a count, never for one GPU): unless ``[isolation]
+validation = "privileged"`` (the Job asks for no GPU, GPU_IDS = that GPU), its validation is node-level: the node
+is cordoned for it, the record and an Event say so, and the Job holds every GPU as above (the pods on the other
+GPUs are waited for)."""
 
 from __future__ import annotations
 
@@ -36,9 +42,9 @@ from gpuremediate.actions.device_taints import (
     ensure_validation_claim,
     validation_claim,
 )
-from gpuremediate.actions.events import NORMAL
+from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import FAILED, SUCCEEDED
-from gpuremediate.actions.nodes import Node, labels_of, name_of
+from gpuremediate.actions.nodes import Node, labels_of, name_of, unschedulable_before_us
 from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key
 from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu, validation_hold
 from gpuremediate.kube import errors
@@ -55,6 +61,7 @@ from gpuremediate.state.record import (
     BLOCK_GATE,
     BLOCK_GPU_PODS,
     BLOCK_GPU_UNAVAILABLE,
+    SCOPE_NODE,
     ActionInProgress,
     Blocked,
     NodeRecord,
@@ -106,6 +113,8 @@ class ValidateLoop(JobLoop):
             return self._finish(node, record, True, "validation disabled by policy")
         one_gpu = isolated_at_gpu(record)
         if action is None or action.kind != VALIDATE or not action.name:
+            if one_gpu and self._node_level_for_validation(node, record):
+                return self._cordon_for_validation(node, record)
             if one_gpu:
                 return self.start_job(node, record, VALIDATE, 1, policy.job, timeout_s=policy.job.timeout_s)
             gpus = self.ctx.policy_for(node).gpu_resources
@@ -175,6 +184,10 @@ class ValidateLoop(JobLoop):
     def _release_rule(self, node: Node, record: NodeRecord) -> None:
         """The isolated GPU passed (or its node did): its DeviceTaintRule goes, before the record says healthy."""
         isolation = record.isolation
+        if isolation is not None and isolation.at_gpu and isolation.by_device_plugin:
+            self.ctx.events.node_event(name_of(node), "GPUReturned", f"GPU {isolation.uuid} validated alone; the "
+                                       "device plugin offers it again once it reports it healthy", NORMAL)
+            return
         if isolation is None or not isolation.rule:
             return
         try:
@@ -246,6 +259,29 @@ class ValidateLoop(JobLoop):
         created = self.create_job(node, record, VALIDATE, action.name, action.attempt, job, not isolated_at_gpu(record))
         if created is not None:
             self.note_created(node, record, created)
+
+    def _node_level_for_validation(self, node: Node, record: NodeRecord) -> bool:
+        """A GPU isolated by the device plugin, validated through a GPU request: no pod can ask for it alone."""
+        isolation = record.isolation
+        return isolation is not None and isolation.by_device_plugin and \
+            self.ctx.policy_for(node).isolation.validation == VALIDATE_BY_CLAIM
+
+    def _cordon_for_validation(self, node: Node, record: NodeRecord) -> float | None:
+        """Node-level from here: cordoned (unless unschedulable already), said in the record and an Event."""
+        isolation = record.isolation
+        assert isolation is not None
+        why = (f"validation is node-level: a pod cannot ask the device plugin for GPU {isolation.uuid} alone "
+               '([isolation] validation = "privileged" validates it alone); the node is cordoned for it')
+        cordon = not unschedulable_before_us(node)
+        after = dataclasses.replace(record, isolation=dataclasses.replace(isolation, scope=SCOPE_NODE, why=why),
+                                    cordoned_by_us=record.cordoned_by_us or cordon,
+                                    message=f"{record.message}; {why}")
+        if self.ctx.writer.write(node, after, cordon=cordon) is None:
+            return self.retry_after_conflict()
+        log.info("GPU isolated by the device plugin: node-level validation", extra={"node": name_of(node)})
+        self.ctx.events.node_event(name_of(node), "GPUValidationNodeLevel", f"GPU {isolation.uuid} was isolated by "
+                                   f"the device plugin; {why}", WARNING)
+        return 0.0
 
     def gpu_pods(self, node: Node, gpu_resources: tuple[str, ...]) -> list[str]:
         """Pods that hold GPUs or MIG slices on the node (a node quarantined without a drain, then released,

@@ -43,7 +43,8 @@ class ControllerMetrics:
         self.budget_in_use = Gauge(PREFIX + "budget_in_use", "GPU nodes out of service, counted against the budget.")
         self.budget_limit = Gauge(PREFIX + "budget_limit", "Most GPU nodes allowed out of service at once.")
         self.isolated_gpus = Gauge(
-            PREFIX + "isolated_gpus", "GPUs taken out alone by a DeviceTaintRule of ours (their nodes stay in service)."
+            PREFIX + "isolated_gpus",
+            "GPUs taken out alone, by a DeviceTaintRule of ours or the device plugin (their nodes stay in service)."
         )
         self.degradation_gpus = Gauge(
             PREFIX + "degradation_gpus", "GPUs the [degradation] detector finds now, by finding kind.", ["kind"]

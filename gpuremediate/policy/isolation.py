@@ -17,11 +17,13 @@ from typing import Any
 
 from gpuremediate.policy.findings import ACTION_RESET_GPU, Finding
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE, GpuOperatorPolicy
-from gpuremediate.policy.schema import dns_subdomain, setting
+from gpuremediate.policy.schema import at_least, dns_subdomain, setting
 from gpuremediate.policy.workflow import Rung, one_of
 from gpuremediate.state.record import SCOPE_GPU, HistoryEntry
 
 ISOLATION_SCOPES = ("node", "gpu")
+WITHOUT_DRA_DEVICE_PLUGIN = "device-plugin"
+WITHOUT_DRA_CHOICES = ("node", WITHOUT_DRA_DEVICE_PLUGIN)
 BEFORE_GA_CHOICES = ("node", "gpu")
 VALIDATE_BY_CLAIM = "claim"
 VALIDATION_CHOICES = (VALIDATE_BY_CLAIM, "privileged")
@@ -48,10 +50,26 @@ class IsolationPolicy:
                               "node access [validation.job] gives it)", check=one_of(*VALIDATION_CHOICES))
     device_class: str = setting("gpu.nvidia.com", "the DeviceClass of the validation claim (NVIDIA's DRA driver "
                                 "installs gpu.nvidia.com)", check=dns_subdomain)
+    without_dra: str = setting("node", "where the cluster has no DRA device taints (no DeviceTaintRule served, or the "
+                               "GPU in no ResourceSlice): node (the fault is node-level) | device-plugin (GPUs offered "
+                               "as nvidia.com/gpu by NVIDIA's device plugin: only the pods the exporter maps to that "
+                               "GPU are evicted, and the node stays schedulable only while its allocatable "
+                               "nvidia.com/gpu shows the GPU gone, the device plugin having marked it unhealthy; "
+                               "validation is node-level, the node cordoned for it, unless validation = "
+                               '"privileged")', check=one_of(*WITHOUT_DRA_CHOICES))
+    device_plugin_wait_s: float = setting(120.0, 'without_dra = "device-plugin": how long the node allocatable '
+                                          "nvidia.com/gpu may stay at its capacity after the fault (the device plugin "
+                                          "not marking the GPU unhealthy) before the fault goes node-level (cordon "
+                                          "and the usual drain)", check=at_least(1))
 
     @property
     def gpu_level(self) -> bool:
         return self.scope == SCOPE_GPU
+
+    @property
+    def by_device_plugin(self) -> bool:
+        """A GPU the cluster cannot isolate with a DeviceTaintRule is left to the device plugin's health."""
+        return self.without_dra == WITHOUT_DRA_DEVICE_PLUGIN
 
 
 def node_level_reason(

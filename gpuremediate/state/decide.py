@@ -51,6 +51,7 @@ from gpuremediate.state import states
 from gpuremediate.state.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
+    EFFECT_UNHEALTHY,
     OUTCOME_ESCALATED,
     OUTCOME_REPAIR_FAILED,
     OUTCOME_REPAIRED,
@@ -441,7 +442,10 @@ def _history_entry(record: NodeRecord, now: float, outcome: str, action: str = "
     fault = record.fault
     if fault is None:
         return None
-    scope = record.isolation.scope if record.isolation is not None else ""
+    isolation = record.isolation
+    scope = isolation.scope if isolation is not None else ""
+    if isolation is not None and isolation.by_device_plugin and isolation.effect == EFFECT_UNHEALTHY:
+        scope = SCOPE_GPU  # the device plugin took the GPU out alone (node-level later, for its validation at most)
     return HistoryEntry(at=now, kind=fault.kind, code=fault.code, action=action or fault.action, outcome=outcome,
                         gpus=fault.gpus, scope=scope)
 

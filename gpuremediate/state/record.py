@@ -145,6 +145,8 @@ class HistoryEntry:
 
 SCOPE_NODE = "node"  # the whole node is taken out (cordon, drain)
 SCOPE_GPU = "gpu"  # only the faulty GPU is (a DRA DeviceTaintRule); the node stays schedulable
+VIA_DEVICE_PLUGIN = "device-plugin"  # Isolation.via: no DRA; the device plugin holds the GPU out of allocatable
+EFFECT_UNHEALTHY = "unhealthy"  # Isolation.effect on that path: allocatable shows the GPU gone
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,11 @@ class Isolation:
     ``scope`` gpu: the GPU ``uuid`` is isolated by the DeviceTaintRule ``rule`` (DRA device ``driver``/``pool``/
     ``device``) with ``effect``, and the node is not cordoned. ``scope`` node: node-level after all, ``why``
     says why (not eligible, not a DRA cluster, escalated); a rule written before an escalation stays until
-    the flow ends (``rule`` still names it)."""
+    the flow ends (``rule`` still names it).
+
+    ``via`` says how the GPU is taken out: "" a DeviceTaintRule (DRA), ``device-plugin`` the device plugin's own
+    health (``[isolation] without_dra = "device-plugin"``: no rule; ``effect`` is ``unhealthy`` once the node's
+    allocatable shows the GPU gone, "" while that is waited for since ``effect_since``)."""
 
     scope: str
     uuid: str = ""
@@ -165,6 +171,11 @@ class Isolation:
     device: str = ""
     effect: str = ""
     effect_since: float | None = None  # when ``effect`` was written (NoExecute: the eviction clock)
+    via: str = ""  # "" a DeviceTaintRule; VIA_DEVICE_PLUGIN: the device plugin took the GPU out of allocatable
+
+    @property
+    def by_device_plugin(self) -> bool:
+        return self.via == VIA_DEVICE_PLUGIN
 
     @property
     def at_gpu(self) -> bool:
@@ -369,6 +380,16 @@ def isolated_at_gpu(record: NodeRecord | None) -> bool:
     return record is not None and record.isolation is not None and record.isolation.at_gpu
 
 
+def gpu_held_out(record: NodeRecord | None) -> bool:
+    """The open fault's one GPU is out of service alone now: its DeviceTaintRule written, or the device plugin seen
+    to hold it out of allocatable (the node stays in service)."""
+    if not isolated_at_gpu(record):
+        return False
+    assert record is not None and record.isolation is not None
+    isolation = record.isolation
+    return bool(isolation.rule) or (isolation.by_device_plugin and isolation.effect == EFFECT_UNHEALTHY)
+
+
 def _isolation(obj: _Obj) -> Isolation:
     scope = obj.get("scope", str)
     if scope not in (SCOPE_NODE, SCOPE_GPU):
@@ -377,6 +398,7 @@ def _isolation(obj: _Obj) -> Isolation:
         scope=scope, uuid=obj.opt("uuid", str, ""), why=obj.opt("why", str, ""), rule=obj.opt("rule", str, ""),
         driver=obj.opt("driver", str, ""), pool=obj.opt("pool", str, ""), device=obj.opt("device", str, ""),
         effect=obj.opt("effect", str, ""), effect_since=obj.timestamp("effect_since", None),
+        via=obj.opt("via", str, ""),
     )
 
 

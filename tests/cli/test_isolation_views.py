@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -57,3 +58,23 @@ def test_explain_says_why_a_flow_is_node_level() -> None:
     text = fleet.explain(escalated, "gpu-a", now=100.0)
     assert "Isolation: node-level: XID 48 on GPU-5 while GPU GPU-3 is isolated" in text
     assert f"DeviceTaintRule {RULE} stays until the node is validated" in text
+
+
+def by_device_plugin(effect: str) -> r.NodeRecord:
+    isolation = r.Isolation(r.SCOPE_GPU, uuid="GPU-3", why="no DRA device taint", via=r.VIA_DEVICE_PLUGIN,
+                            effect=effect, effect_since=90.0)
+    return dataclasses.replace(draining(), isolation=isolation, action=None)
+
+
+def test_a_gpu_the_device_plugin_holds_out_is_seven_of_eight_and_explained() -> None:
+    row = fleet.row_for(node(by_device_plugin(r.EFFECT_UNHEALTHY)), now=100.0)
+    assert row.isolated == ("GPU-3",) and row.gpus_in_service == "7/8 GPUs"
+    text = fleet.explain(by_device_plugin(r.EFFECT_UNHEALTHY), "gpu-a", now=100.0)
+    assert "GPU GPU-3 taken out alone by the device plugin" in text and "DeviceTaintRule" not in text
+
+
+def test_a_gpu_the_device_plugin_has_not_dropped_yet_is_not_counted_out() -> None:
+    row = fleet.row_for(node(by_device_plugin("")), now=100.0)
+    assert row.isolated == () and row.gpus_in_service == ""
+    text = fleet.explain(by_device_plugin(""), "gpu-a", now=100.0)
+    assert "waiting for 10s for the node's allocatable nvidia.com/gpu to show it gone" in text

@@ -76,3 +76,21 @@ def test_node_view_reads_the_isolation_from_the_record_and_the_gpu_count_from_th
     widened = r.NodeRecord(state=s.DRAINING, isolation=r.Isolation(scope=r.SCOPE_NODE, uuid="GPU-1", why="x"))
     node["metadata"]["annotations"] = {r.RECORD_ANNOTATION: r.encode(widened)}  # type: ignore[index]
     assert node_view(node).share == 1
+
+
+def _node(record: r.NodeRecord, unschedulable: bool = False) -> dict[str, object]:
+    return {"metadata": {"name": "dp", "annotations": {r.RECORD_ANNOTATION: r.encode(record)}},
+            "spec": {"unschedulable": unschedulable},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "7"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_a_gpu_the_device_plugin_holds_out_counts_in_gpus_until_its_node_level_validation() -> None:
+    fault = r.Fault("xid", "48", ("GPU-3",), "xid:48", "reset-gpu", 80.0, 80.0, "XID 48")
+    isolation = r.Isolation(r.SCOPE_GPU, "GPU-3", via=r.VIA_DEVICE_PLUGIN, effect=r.EFFECT_UNHEALTHY)
+    repairing = r.NodeRecord(state=s.REPAIRING, since=80.0, fault=fault, isolation=isolation)
+    assert node_view(_node(repairing)).share == Fraction(1, 8)
+    cordoned = r.NodeRecord(state=s.VALIDATING, since=90.0, fault=fault, cordoned_by_us=True,
+                            isolation=r.Isolation(r.SCOPE_NODE, "GPU-3", why="validation is node-level",
+                                                  via=r.VIA_DEVICE_PLUGIN, effect=r.EFFECT_UNHEALTHY))
+    assert node_view(_node(cordoned, unschedulable=True)).share == 1
