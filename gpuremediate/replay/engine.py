@@ -70,7 +70,7 @@ from gpuremediate.replay.result import (
 )
 from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
-from gpuremediate.signals.workload import KIND_WORKLOAD, FailedPodsWatch, WorkloadSignal
+from gpuremediate.signals.workload import FailedPodsWatch, WorkloadSignal
 from gpuremediate.state import maintenance as mr
 from gpuremediate.state import states
 from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
@@ -178,6 +178,17 @@ class _TrendMaintenance(TrendMaintenance):
             trends = tuple(sorted(f.fingerprint for f in findings if f.kind == KIND_TREND))
             self.filed.append(Maintenance(node, name, now, drain_start(policy, now), trends))
         return name
+
+
+@dataclass
+class _PodRun:
+    """A node's GPU failures fed since it last had none that could count (the replay's own bookkeeping)."""
+
+    first: float
+    last: float
+    pods: int = 0
+    found: bool = False  # they made a workload-gpu-errors finding
+    peak: int = 0  # the most failures within the window while found
 
 
 class _FedPods:
@@ -302,7 +313,7 @@ class Replay:
         if self.workload:  # as DetectLoop.start() with its watch: the detect loop counts the signal
             self.detect._failed_pods = cast(FailedPodsWatch, _FedPods(self.detect.workload))
         self._pods_fed = 0  # history.pods[:_pods_fed] went to the signal
-        self._workload_nodes: dict[str, float] = {}  # node -> its newest GPU failure fed, while it may count
+        self._workload_nodes: dict[str, _PodRun] = {}  # node -> its GPU failures fed, while they may count
         self._open_workload: dict[str, Sighting] = {}  # node -> its workload finding, while found
         self._workload_fingerprints: dict[str, str] = {}  # node -> its workload finding's fingerprint ("": none)
         self._count_pods(history)
@@ -395,7 +406,8 @@ class Replay:
             self._pods_fed += 1
             self.detect.workload.seen(pod.reduced)
             if pod.node in self.cluster.nodes:
-                self._workload_nodes[pod.node] = max(pod.at, self._workload_nodes.get(pod.node, 0.0))
+                run = self._workload_nodes.setdefault(pod.node, _PodRun(pod.at, pod.at))
+                run.last, run.pods = max(run.last, pod.at), run.pods + 1
         return self._watch_workload(now)
 
     def _watch_workload(self, now: float) -> set[str]:
@@ -410,16 +422,28 @@ class Replay:
             if fingerprint != self._workload_fingerprints.get(name, ""):
                 moved.add(name)
             self._workload_fingerprints[name] = fingerprint
-            opened = self._open_workload.get(name)
+            opened, run = self._open_workload.get(name), self._workload_nodes[name]
             if found:
-                f = found[0]
-                self._open_workload[name] = Sighting(name, f.kind, f.code, (), f.action, now, now, f.message) \
-                    if opened is None else replace(opened, message=f.message)  # the latest count and pod
+                f, count = found[0], len(self.detect.workload.failures(name, now, rules.window_s))
+                if opened is None:
+                    self._open_workload[name] = Sighting(name, f.kind, f.code, (), f.action, now, now, f.message)
+                elif count > run.peak:
+                    self._open_workload[name] = replace(opened, message=f.message)  # the most pods at once
+                run.found, run.peak = True, max(run.peak, count)
             elif opened is not None:
                 self._close_workload(name, now, ongoing=False)
-            if not found and now - self._workload_nodes[name] > rules.window_s:
+            if not found and now - run.last > rules.window_s:
                 del self._workload_nodes[name]  # its failures are out of the window: nothing more can change
+                if not run.found:
+                    self._below_min_pods(name, run, rules.min_pods, rules.window_s)
         return moved
+
+    def _below_min_pods(self, name: str, run: _PodRun, min_pods: int, window_s: float) -> None:
+        """GPU failures on the node too few or too far apart for a finding: below the policy's threshold."""
+        what = "a pod failed with a GPU error" if run.pods == 1 else \
+            f"{run.pods} pods failed with GPU errors, never {min_pods} within {window_s:g}s"
+        detail = f"{what} ([workload] min_pods {min_pods}, window_s {window_s:g}): no workload-gpu-errors finding"
+        self.result.unacted.append(Unacted(name, BELOW_THRESHOLD, detail, run.first, run.last))
 
     def _close_workload(self, name: str, now: float, *, ongoing: bool) -> None:
         opened = self._open_workload.pop(name)
