@@ -70,7 +70,7 @@ from gpuremediate.replay.result import (
 )
 from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
-from gpuremediate.signals.workload import FailedPodsWatch, WorkloadSignal
+from gpuremediate.signals.workload import KIND_WORKLOAD, FailedPodsWatch, WorkloadSignal
 from gpuremediate.state import maintenance as mr
 from gpuremediate.state import states
 from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
@@ -316,6 +316,7 @@ class Replay:
         self._workload_nodes: dict[str, _PodRun] = {}  # node -> its GPU failures fed, while they may count
         self._open_workload: dict[str, Sighting] = {}  # node -> its workload finding, while found
         self._workload_fingerprints: dict[str, str] = {}  # node -> its workload finding's fingerprint ("": none)
+        self._workload_cordons: set[str] = set()  # cordoned for workload-gpu-errors (see _ticking)
         self._count_pods(history)
         res = Resource(self.ctx.settings.maintenance_group, mr.VERSION, "maintenancerequests", mr.KIND, False)
         self.detect.trend_maintenance = _TrendMaintenance(self.ctx.client, res, self.ctx.metrics, policy,
@@ -465,8 +466,10 @@ class Replay:
         return name in self._waiting and self._seen_version.get(name) == self._version
 
     def _ticking(self) -> set[str]:
-        """Nodes the loops must see every interval: in flight (not parked), or with a thermal timer running."""
-        busy = {name for name, state in self._states.items() if state in IN_FLIGHT and not self._parked(name)}
+        """Nodes the loops must see every interval: in flight (not parked, not a settled workload cordon), or with a
+        thermal timer running."""
+        busy = {name for name, state in self._states.items() if state in IN_FLIGHT and not self._parked(name)
+                and not (name in self._workload_cordons and name not in self._workload_nodes)}
         return busy | {name for name, memory in self.detect.memory.items() if memory.thermal}
 
     def _next_instant(self, now: float, step: float, pending: bool) -> float:
@@ -496,6 +499,12 @@ class Replay:
             self._waiting.add(name)
         else:
             self._waiting.discard(name)
+        if new.state == states.CORDONED and new.fault is not None and new.fault.kind == KIND_WORKLOAD:
+            # Held until a person uncordons it (nobody, in a replay): nothing but a new input (readings, pods, the
+            # detector's findings: each makes the node visited) changes its decision, as for a quiet healthy node.
+            self._workload_cordons.add(name)
+        else:
+            self._workload_cordons.discard(name)
         if new.state != states.HEALTHY:
             self._states[name] = new.state
         else:

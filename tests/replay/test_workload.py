@@ -12,13 +12,13 @@ import pytest
 
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.replay import cli
-from gpuremediate.replay.engine import replay
+from gpuremediate.replay.engine import IN_FLIGHT, Replay, replay
 from gpuremediate.replay.history import HistoryError, load_pods, load_scrapes
 from gpuremediate.replay.result import BELOW_THRESHOLD, ReplayResult
 from gpuremediate.replay.text import render_compare, render_text
 from gpuremediate.signals.workload import KIND_WORKLOAD
-from sim.history import Fleet, admission_error, container_error, main, workload_fleet, write_scrapes
-from tests.replay.helpers import HOUR, T0, fleet, moves, run
+from sim.history import Fleet, admission_error, container_error, main, node_list, workload_fleet, write_scrapes
+from tests.replay.helpers import HOUR, T0, fleet, moves, run, xid
 
 NO_DEVICE = "RuntimeError: No CUDA GPUs are available: no CUDA-capable device is detected"
 ILLEGAL_ACCESS = "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -194,3 +194,29 @@ def test_pods_given_apart_from_the_history(tmp_path: Path, capsys: pytest.Captur
 
     assert cli.entry(["--scrapes", str(tmp_path / "scrapes"), "--pods", str(tmp_path / "failed.jsonl")]) == 0
     assert "healthy → cordoned (workload-gpu-errors)" in capsys.readouterr().out
+
+
+class _TickingEveryCordon(Replay):
+    """The engine without its settled-workload-cordon shortcut: every cordoned node seen each interval."""
+
+    def _ticking(self) -> set[str]:
+        return {name for name, state in self._states.items() if state in IN_FLIGHT and not self._parked(name)} \
+            | {name for name, memory in self.detect.memory.items() if memory.thermal}
+
+
+def test_a_settled_workload_cordon_is_not_visited_every_interval_and_decides_the_same(tmp_path: Path) -> None:
+    scenario = with_pods(*refused(2, HOUR, HOUR + 60, HOUR + 120), *refused(1, 5 * HOUR, 5 * HOUR + 30, 5 * HOUR + 60),
+                         hours=8)
+    scenario.faults = [xid(2, 3 * HOUR, 3 * HOUR + 1200), xid(1, 6 * HOUR, None)]  # XID 79: reboot, on both nodes
+    write_scrapes(scenario, tmp_path / "scrapes")
+    nodes = node_list(scenario)["items"]
+    history, policy = load_scrapes(tmp_path / "scrapes"), loads_policy("", "default")
+
+    fast = Replay(history, policy, nodes).run()  # type: ignore[arg-type]
+    slow = _TickingEveryCordon(load_scrapes(tmp_path / "scrapes"), policy, nodes).run()  # type: ignore[arg-type]
+
+    assert moves(fast)[:2] == [(HOUR + 120, "node-2", "healthy", "cordoned", KIND_WORKLOAD),
+                               (3 * HOUR, "node-2", "cordoned", "draining", "xid-79")]
+    assert (moves(fast), fast.spans, fast.workload_findings, fast.unacted) == \
+        (moves(slow), slow.spans, slow.workload_findings, slow.unacted)
+    assert fast.steps < slow.steps / 2
