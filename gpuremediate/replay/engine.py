@@ -406,7 +406,8 @@ class Replay:
             pod = pods[self._pods_fed]
             self._pods_fed += 1
             self.detect.workload.seen(pod.reduced)
-            if pod.node in self.cluster.nodes:
+            node = self.cluster.nodes.get(pod.node)
+            if node is not None and self.ctx.policy_for(node).workload.enabled:  # its group counts them
                 run = self._workload_nodes.setdefault(pod.node, _PodRun(pod.at, pod.at))
                 run.last, run.pods = max(run.last, pod.at), run.pods + 1
         return self._watch_workload(now)

@@ -220,3 +220,16 @@ def test_a_settled_workload_cordon_is_not_visited_every_interval_and_decides_the
     assert (moves(fast), fast.spans, fast.workload_findings, fast.unacted) == \
         (moves(slow), slow.spans, slow.workload_findings, slow.unacted)
     assert fast.steps < slow.steps / 2
+
+
+def test_a_node_group_with_workload_off_is_not_counted_while_the_others_are(tmp_path: Path) -> None:
+    policy = '[[groups]]\nname = "inference"\nselector = "pool=inference"\n[groups.workload]\nenabled = false\n'
+    scenario = with_pods(*refused(1, HOUR, HOUR + 60, HOUR + 120), *refused(2, HOUR, HOUR + 60, HOUR + 120))
+    write_scrapes(scenario, tmp_path / "scrapes")
+    nodes = node_list(scenario)["items"]
+    nodes[1]["metadata"]["labels"]["pool"] = "inference"  # type: ignore[index]
+
+    result = replay(load_scrapes(tmp_path / "scrapes"), loads_policy(policy, "groups"), nodes)  # type: ignore[arg-type]
+
+    assert moves(result) == [(HOUR + 120, "node-2", "healthy", "cordoned", KIND_WORKLOAD)]
+    assert [f.node for f in result.workload_findings] == ["node-2"] and result.unacted == []
