@@ -406,10 +406,13 @@ class Replay:
             pod = pods[self._pods_fed]
             self._pods_fed += 1
             self.detect.workload.seen(pod.reduced)
-            node = self.cluster.nodes.get(pod.node)
-            if node is not None and self.ctx.policy_for(node).workload.enabled:  # its group counts them
-                run = self._workload_nodes.setdefault(pod.node, _PodRun(pod.at, pod.at))
-                run.last, run.pods = max(run.last, pod.at), run.pods + 1
+            failure, node = pod.failure, self.cluster.nodes.get(pod.node)
+            if failure is None or node is None:
+                continue
+            rules = self.ctx.policy_for(node).workload
+            if rules.enabled and now - failure.at <= rules.window_s:  # it may count (one older never does)
+                run = self._workload_nodes.setdefault(failure.node, _PodRun(failure.at, failure.at))
+                run.last, run.pods = max(run.last, failure.at), run.pods + 1
         return self._watch_workload(now)
 
     def _watch_workload(self, now: float) -> set[str]:

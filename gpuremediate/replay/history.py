@@ -38,7 +38,7 @@ from typing import Any
 from gpuremediate.signals import dcgm
 from gpuremediate.signals.exposition import ParseError, parse
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
-from gpuremediate.signals.workload import failure_of, reduce
+from gpuremediate.signals.workload import Failure, failure_of, reduce
 
 SCRAPE_SUFFIXES = (".prom", ".txt", ".om")
 UNKNOWN_SUFFIX = ".unknown"
@@ -66,9 +66,14 @@ class FailedPod:
     reduced: Mapping[str, Any]
 
     @property
+    def failure(self) -> Failure | None:
+        """Its GPU failure as the signal counts it (None when it names no GPU: the signal does not count it)."""
+        return failure_of(self.reduced)
+
+    @property
     def node(self) -> str:
-        """The node its GPU failure names ("" when it names no GPU: the signal does not count it)."""
-        failure = failure_of(self.reduced)
+        """The node its GPU failure names ("" when none)."""
+        failure = self.failure
         return failure.node if failure is not None else ""
 
 

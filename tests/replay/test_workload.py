@@ -116,7 +116,13 @@ def test_failures_before_the_range_are_listed_at_its_start_and_do_not_count(tmp_
     scenario = with_pods(*refused(1, -2 * HOUR, -2 * HOUR + 60, -2 * HOUR + 120))
     result = run(tmp_path, scenario)
 
-    assert result.moves == [] and result.workload_findings == []
+    assert result.moves == [] and result.workload_findings == [] and result.unacted == []
+
+
+def test_failures_just_before_the_range_count_with_those_in_it(tmp_path: Path) -> None:
+    result = run(tmp_path, with_pods(*refused(1, -120, -60, 240)))  # the controller's first list has the two
+
+    assert moves(result) == [(240, "node-1", "healthy", "cordoned", KIND_WORKLOAD)]
 
 
 def test_a_run_going_on_past_the_window_is_one_finding_and_one_cordon(tmp_path: Path) -> None:
