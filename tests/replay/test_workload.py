@@ -178,8 +178,10 @@ def test_the_sim_scenario_the_cli_outputs_and_compare(tmp_path: Path, capsys: py
     assert (finding["node"], finding["code"], finding["start"] - T0) == ("gpu-node-002", "admission", 3 * HOUR + 300)
     assert [(m["node"], m["to_state"]) for m in on["transitions"]] == [("gpu-node-002", "cordoned")]
     assert on["summary"]["unacted"][BELOW_THRESHOLD] == 3  # gpu-node-006's three, 20 minutes apart
-    assert "workload findings (1; 14 failed pod(s) in the history, 8 with a GPU error)" in \
-        (tmp_path / "r.html").read_text()
+    page = (tmp_path / "r.html").read_text()
+    assert "workload findings (1; 14 failed pod(s) in the history, 8 with a GPU error)" in page
+    assert "<tr><td>findings: workload-gpu-errors</td><td>1</td><td>0</td></tr>" in page
+    assert "5 pods refused at admission on this node within 600s" in page
 
     history = load_scrapes(out)
     nodes = json.loads((tmp_path / "nodes.json").read_text())["items"]
