@@ -4,9 +4,11 @@ with a handful of faults (dcgm-exporter series, as the controller reads them).
     python -m sim.history OUT [--nodes 200] [--days 30] [--start 2026-11-01T00:00:00Z]
                               [--openmetrics FILE --om-step 60s]
     python -m sim.history OUT --degradation [--nodes 16] [--days 2]   (``degradation_fleet``)
+    python -m sim.history OUT --workload [--nodes 8] [--days 1]       (``workload_fleet``: failed pods)
 
 writes ``OUT/scrapes/`` (the saved-scrapes layout of ``gpuremediate.replay.history``: one scrape per
-node at the start, one at each change, one at the end), ``OUT/nodes.json`` (a NodeList as
+node at the start, one at each change, one at the end; ``OUT/scrapes/pods.jsonl``, the failed pods, where the
+scenario has any), ``OUT/nodes.json`` (a NodeList as
 ``kubectl get nodes -o json`` prints it) and ``OUT/policy-strict.toml`` (a small budget and a
 touchy breaker, to compare with the default), and with ``--openmetrics`` one OpenMetrics file for
 ``promtool tsdb create-blocks-from openmetrics`` (every series every ``--om-step``: keep that to
@@ -26,6 +28,7 @@ The faults (day offsets from the start; times are deterministic):
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import random
 import sys
@@ -96,6 +99,7 @@ class Fleet:
     down: list[tuple[str, float, float]] = field(default_factory=list)  # (node, from, to): exporter unreachable
     excluded: set[str] = field(default_factory=set)
     degradation: bool = False  # the scrapes carry DEGRADATION_FIELDS too
+    pods: list[dict[str, object]] = field(default_factory=list)  # Failed Pod objects (written to pods.jsonl)
 
 
 def node_name(i: int) -> str:
@@ -178,6 +182,81 @@ def degradation_fleet(nodes: int = 16, days: float = 2.0, start: float = 1_793_4
     fleet = Fleet(names, start, start + days * DAY, degradation=True)
     fleet.faults = [f for f in faults if f.at < fleet.end]
     return fleet
+
+
+def _stamp(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _failed_pod(name: str, node: str, at: float, status: Mapping[str, object]) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "creationTimestamp": _stamp(at - 5),
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name.rsplit("-", 1)[0],
+                                              "uid": f"uid-job-{name}", "controller": True}]},
+            "spec": {"nodeName": node, "restartPolicy": "Never",
+                     "containers": [{"name": "train", "image": "trainer:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+            "status": {"phase": "Failed", "startTime": _stamp(at), **status}}
+
+
+def admission_error(name: str, node: str, at: float) -> dict[str, object]:
+    """A pod the kubelet refused at admission: the device plugin offered GPUs it cannot hand out (a GPU counts)."""
+    return _failed_pod(name, node, at, {
+        "reason": "UnexpectedAdmissionError",
+        "message": "Pod was rejected: Allocate failed due to requested number of devices unavailable for "
+                   "nvidia.com/gpu. Requested: 8, Available: 7, which is unexpected"})
+
+
+def container_error(name: str, node: str, at: float, reason: str, message: str, exit_code: int = 1) \
+        -> dict[str, object]:
+    """A pod whose container ended at ``at`` with ``reason`` and the termination ``message``."""
+    ended = {"exitCode": exit_code, "reason": reason, "message": message, "startedAt": _stamp(at - 20),
+             "finishedAt": _stamp(at)}
+    return _failed_pod(name, node, at - 20, {
+        "conditions": [{"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _stamp(at)}],
+        "containerStatuses": [{"name": "train", "ready": False, "restartCount": 0, "image": "trainer:1",
+                               "state": {"terminated": ended}}]})
+
+
+WORKLOAD_POLICY_OFF = """# [workload] off: the failed pods are not counted (no finding, no cordon)
+[workload]
+enabled = false
+"""
+
+
+def workload_fleet(nodes: int = 8, days: float = 1.0, start: float = 1_793_491_200.0) -> Fleet:
+    """Failed pods for the workload signal (``[workload]``: 3 GPU-error pods within 600 s by default); the metrics
+    healthy throughout (the dead GPU the exporter does not show). Times are hours from the start:
+
+    - node 2's GPU is gone for the device plugin: from 3 h a Job's pods are refused at admission
+      (``UnexpectedAdmissionError``, ``nvidia.com/gpu`` unavailable), 5 in 10 minutes (one each 150 s): found and
+      cordoned at the third, 300 s after the first;
+    - node 4 runs pods that fail in their own code from 5 h: 3 OOMKilled, 3 with ``CUDA error: an illegal memory
+      access was encountered`` within 10 minutes: the application's, not counted;
+    - node 6: 3 pods ending with ``no CUDA-capable device is detected`` from 8 h, 20 minutes apart: a GPU error,
+      but never 3 within the window (the signal counts only the last 600 s).
+    """
+    if nodes < 7:
+        raise ValueError("the workload scenario needs at least 7 nodes")
+    names = [node_name(i) for i in range(nodes)]
+
+    def t(hours: float) -> float:
+        return start + hours * HOUR
+
+    pods = [admission_error(f"train-a-{k}", names[2], t(3) + k * 150) for k in range(5)]
+    pods += [container_error(f"app-oom-{k}", names[4], t(5) + k * 100, "OOMKilled", "", 137) for k in range(3)]
+    pods += [container_error(f"app-cuda-{k}", names[4], t(5) + 50 + k * 100, "Error",
+                             "RuntimeError: CUDA error: an illegal memory access was encountered") for k in range(3)]
+    pods += [container_error(f"probe-{k}", names[6], t(8) + k * 20 * MINUTE, "Error",
+                             "RuntimeError: No CUDA GPUs are available: no CUDA-capable device is detected")
+             for k in range(3)]
+    return Fleet(names, start, start + days * DAY, pods=[p for p in pods if _time(p) < start + days * DAY])
+
+
+def _time(pod: Mapping[str, object]) -> float:
+    status = pod["status"]
+    assert isinstance(status, Mapping)
+    return datetime.datetime.fromisoformat(str(status["startTime"]).replace("Z", "+00:00")).timestamp()
 
 
 # The fault mix of ``catalog_fleet``: XIDs of NVIDIA's catalog (gpuremediate/data) by how often a fleet sees
@@ -277,6 +356,10 @@ def write_scrapes(fleet: Fleet, folder: Path) -> int:
             else:
                 (node_dir / f"{stamp}.prom").write_text(scrape_text(fleet, node, at))
             count += 1
+    if fleet.pods:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "pods.jsonl").write_text("".join(json.dumps(p, separators=(",", ":")) + "\n" for p in fleet.pods))
+        count += 1
     return count
 
 
@@ -324,6 +407,8 @@ def write_all(fleet: Fleet, out: Path, *, openmetrics: Path | None = None, om_st
     (out / "policy-strict.toml").write_text(STRICT_POLICY)
     if fleet.degradation:
         (out / "policy-degradation.toml").write_text(DEGRADATION_POLICY)
+    if fleet.pods:
+        (out / "policy-workload-off.toml").write_text(WORKLOAD_POLICY_OFF)
     if openmetrics is not None:
         write_openmetrics(fleet, openmetrics, om_step)
     return files
@@ -343,8 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--degradation", action="store_true",
                         help="the degradation scenario instead (slow GPUs, degraded links, a trend: "
                              "degradation_fleet), with OUT/policy-degradation.toml")
+    parser.add_argument("--workload", action="store_true",
+                        help="the workload scenario instead (pods failing with GPU errors and with the "
+                             "application's: workload_fleet), with OUT/policy-workload-off.toml")
     args = parser.parse_args(argv)
-    if args.degradation:
+    if args.workload:
+        args.nodes, args.days = args.nodes or 8, args.days or 1.0
+        fleet = workload_fleet(args.nodes, args.days, args.start)
+    elif args.degradation:
         args.nodes, args.days = args.nodes or 16, args.days or 2.0
         fleet = degradation_fleet(args.nodes, args.days, args.start)
     else:
@@ -355,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = write_all(fleet, Path(args.out), openmetrics=Path(args.openmetrics) if args.openmetrics else None,
                       om_step=args.om_step)
     print(f"{args.out}: {files} scrapes of {len(fleet.nodes)} nodes over {args.days:g} days, "
-          f"{len(fleet.faults)} faults")
+          f"{len(fleet.faults)} faults" + (f", {len(fleet.pods)} failed pods" if fleet.pods else ""))
     return 0
 
 

@@ -20,7 +20,7 @@ from gpuremediate.kube.errors import KubeError
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.replay.cluster import Durations
 from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay, uses_degradation
-from gpuremediate.replay.history import History, HistoryError, load_scrapes, parse_time
+from gpuremediate.replay.history import History, HistoryError, load_pods, load_scrapes, parse_time
 from gpuremediate.replay.html import render_html
 from gpuremediate.replay.prometheus import DEGRADATION_METRICS, PrometheusHistory
 from gpuremediate.replay.result import ReplayResult
@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_argument_group("history (one of)")
     source.add_argument("--prometheus", metavar="URL", help="Prometheus server holding the dcgm-exporter series")
     source.add_argument("--scrapes", metavar="DIR", help="folder of saved scrapes (<node>/<ts>.prom, <ts>.prom)")
+    p.add_argument("--pods", metavar="FILE", help="failed pods for the workload signal ([workload]): one Pod a "
+                   "line (.jsonl) or a PodList (kubectl get pods -A --field-selector status.phase=Failed -o json); "
+                   "--scrapes DIR reads DIR/pods.jsonl or DIR/pods.json by itself")
     p.add_argument("--from", dest="start", metavar="TIME", help="start: unix seconds or RFC 3339 "
                    "(required with --prometheus; default for --scrapes: the oldest scrape)")
     p.add_argument("--to", dest="end", metavar="TIME", help="end (required with --prometheus; default for "
@@ -102,13 +105,17 @@ def load_history(args: argparse.Namespace, policies: Sequence[PolicyFile] = ()) 
     start = parse_time(args.start, "--from") if args.start else None
     end = parse_time(args.end, "--to") if args.end else None
     if args.scrapes:
-        return load_scrapes(args.scrapes, start=start, end=end, node_label=args.node_label)
-    if start is None or end is None:
+        history = load_scrapes(args.scrapes, start=start, end=end, node_label=args.node_label)
+    elif start is None or end is None:
         raise HistoryError("--prometheus needs --from and --to")
-    token = Path(args.prometheus_token_file).read_text().strip() if args.prometheus_token_file else None
-    source = PrometheusHistory(args.prometheus, token=token, ca_file=args.prometheus_ca_file or None,
-                               node_label=args.node_label, metrics=history_metrics(policies))
-    return source.load(start, end, args.step, args.chunk, thermal_thresholds(policies))
+    else:
+        token = Path(args.prometheus_token_file).read_text().strip() if args.prometheus_token_file else None
+        source = PrometheusHistory(args.prometheus, token=token, ca_file=args.prometheus_ca_file or None,
+                                   node_label=args.node_label, metrics=history_metrics(policies))
+        history = source.load(start, end, args.step, args.chunk, thermal_thresholds(policies))
+    if getattr(args, "pods", None):
+        history.add_pods(load_pods(args.pods))
+    return history
 
 
 def load_node_list(args: argparse.Namespace) -> list[dict[str, Any]] | None:

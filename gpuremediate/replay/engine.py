@@ -13,6 +13,11 @@ instant (its peers are the fleet's); the engine keeps the stretch of each findin
 trend maintenance runs as a dry run, so a trend under ``trend_action = "maintenance"`` says which
 MaintenanceRequest it would file and when its drain would start.
 
+With ``[workload]`` on in a policy (the default) the history's failed pods (``History.pods``) go to the detect loop's
+own workload signal at their failure time (``WorkloadSignal.seen``, as the controller's Failed pods watch feeds it),
+and the detect loop counts them as in the controller; the engine keeps the stretch of each node's
+``workload-gpu-errors`` finding.
+
 Time moves in steps of the scrape interval while anything is in flight (a node outside healthy
 and quarantined, a thermal timer running, a pod terminating, a Job running, a degradation hold or
 clear running); when the fleet is
@@ -65,6 +70,7 @@ from gpuremediate.replay.result import (
 )
 from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.signals.workload import KIND_WORKLOAD, FailedPodsWatch, WorkloadSignal
 from gpuremediate.state import maintenance as mr
 from gpuremediate.state import states
 from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
@@ -174,6 +180,36 @@ class _TrendMaintenance(TrendMaintenance):
         return name
 
 
+@dataclass
+class _PodRun:
+    """A node's GPU failures fed since it last had none that could count (the replay's own bookkeeping)."""
+
+    first: float
+    last: float
+    pods: int = 0
+    found: bool = False  # they made a workload-gpu-errors finding
+    peak: int = 0  # the most failures within the window while found
+
+
+class _FedPods:
+    """Stands in for the detect loop's Failed pods watch (``FailedPodsWatch``: what ``start()`` sets where a group
+    enables ``[workload]``): the engine feeds the signal the history's pods itself, at their time."""
+
+    def __init__(self, signal: WorkloadSignal) -> None:
+        self.signal = signal
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+def uses_workload(policy: PolicyFile) -> bool:
+    """Some node group counts pods failing with GPU errors (``[workload]``, on by default)."""
+    return any(p.workload.enabled for p in (policy.defaults, *(g.policy for g in policy.groups)))
+
+
 def uses_degradation(policy: PolicyFile) -> bool:
     """Some node group finds slow GPUs, degraded links or trends (``[degradation]``)."""
     return any(p.degradation.enabled or p.degradation.trends for p in (policy.defaults, *(g.policy for g in
@@ -273,9 +309,31 @@ class Replay:
         self.detect.events = _Immediate(self.events)  # type: ignore[assignment]  # no worker thread in a replay
         self.degradation = uses_degradation(policy)
         self._open_findings: dict[str, Sighting] = {}  # fingerprint -> the degradation finding, while found
+        self.workload = uses_workload(policy)
+        if self.workload:  # as DetectLoop.start() with its watch: the detect loop counts the signal
+            self.detect._failed_pods = cast(FailedPodsWatch, _FedPods(self.detect.workload))
+        self._pods_fed = 0  # history.pods[:_pods_fed] went to the signal
+        self._workload_nodes: dict[str, _PodRun] = {}  # node -> its GPU failures fed, while they may count
+        self._open_workload: dict[str, Sighting] = {}  # node -> its workload finding, while found
+        self._workload_fingerprints: dict[str, str] = {}  # node -> its workload finding's fingerprint ("": none)
+        self._workload_cordons: set[str] = set()  # cordoned for workload-gpu-errors (see _ticking)
+        self._count_pods(history)
         res = Resource(self.ctx.settings.maintenance_group, mr.VERSION, "maintenancerequests", mr.KIND, False)
         self.detect.trend_maintenance = _TrendMaintenance(self.ctx.client, res, self.ctx.metrics, policy,
                                                           self.events, self.result.maintenances)
+
+    def _count_pods(self, history: History) -> None:
+        gpu = [p for p in history.pods if p.node]
+        self.result.failed_pods = len(history.pods)
+        self.result.gpu_failed_pods = sum(1 for p in gpu if p.node in self.cluster.nodes)
+        elsewhere = sorted({p.node for p in gpu if p.node not in self.cluster.nodes})
+        if elsewhere:
+            self.result.notes.append(f"failed pods with GPU errors on {len(elsewhere)} node(s) not replayed (no "
+                                     "metrics, not in the Node list): " + ", ".join(elsewhere[:5])
+                                     + (" ..." if len(elsewhere) > 5 else ""))
+        if history.pods and not self.workload:
+            self.result.notes.append(f"{len(history.pods)} failed pod(s) in the history not counted: [workload] "
+                                     "is off in every node group")
 
     def _context(self) -> LoopContext:
         client = cast(KubeClient, self.cluster)  # duck-typed: the calls the loops make
@@ -310,6 +368,8 @@ class Replay:
         self.detect.breakers.load()
         if self.degradation:
             visit = visit | self._feed_detector()
+        if self.workload:
+            visit = visit | self._feed_pods()
         nodes = [node for name in sorted(visit) if (node := self.ctx.nodes.get(name)) is not None]
         readings = {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))}
         self.detect.check_nodes(nodes, readings)
@@ -338,6 +398,62 @@ class Replay:
         found = {name for name in self.cluster.nodes if self.detect.degradation.findings(name)}
         return found | {f.node for f in self._open_findings.values()}
 
+    def _feed_pods(self) -> set[str]:
+        """The pods failed by now go to the workload signal (``seen``, as the watch's handlers call it); the nodes
+        whose workload finding came, changed or went are assessed now (the others' decisions cannot change)."""
+        now, pods = self.clock(), self.history.pods
+        while self._pods_fed < len(pods) and pods[self._pods_fed].at <= now:
+            pod = pods[self._pods_fed]
+            self._pods_fed += 1
+            self.detect.workload.seen(pod.reduced)
+            failure, node = pod.failure, self.cluster.nodes.get(pod.node)
+            if failure is None or node is None:
+                continue
+            rules = self.ctx.policy_for(node).workload
+            if rules.enabled and now - failure.at <= rules.window_s:  # it may count (one older never does)
+                run = self._workload_nodes.setdefault(failure.node, _PodRun(failure.at, failure.at))
+                run.last, run.pods = max(run.last, failure.at), run.pods + 1
+        return self._watch_workload(now)
+
+    def _watch_workload(self, now: float) -> set[str]:
+        """Each node's workload finding now (what the detect loop's assessment finds at this instant): its stretch
+        as a Sighting (one while the node has the finding, whichever failures make it); the nodes where it came,
+        went or changed fingerprint (older failures left the window, newer ones still make it)."""
+        moved = set()
+        for name in sorted(self._workload_nodes):
+            rules = self.ctx.policy_for(self.cluster.nodes[name]).workload
+            found = self.detect._workload_findings(name, rules, now)
+            fingerprint = found[0].fingerprint if found else ""
+            if fingerprint != self._workload_fingerprints.get(name, ""):
+                moved.add(name)
+            self._workload_fingerprints[name] = fingerprint
+            opened, run = self._open_workload.get(name), self._workload_nodes[name]
+            if found:
+                f, count = found[0], len(self.detect.workload.failures(name, now, rules.window_s))
+                if opened is None:
+                    self._open_workload[name] = Sighting(name, f.kind, f.code, (), f.action, now, now, f.message)
+                elif count > run.peak:
+                    self._open_workload[name] = replace(opened, message=f.message)  # the most pods at once
+                run.found, run.peak = True, max(run.peak, count)
+            elif opened is not None:
+                self._close_workload(name, now, ongoing=False)
+            if not found and now - run.last > rules.window_s:
+                del self._workload_nodes[name]  # its failures are out of the window: nothing more can change
+                if not run.found:
+                    self._below_min_pods(name, run, rules.min_pods, rules.window_s)
+        return moved
+
+    def _below_min_pods(self, name: str, run: _PodRun, min_pods: int, window_s: float) -> None:
+        """GPU failures on the node too few or too far apart for a finding: below the policy's threshold."""
+        what = "a pod failed with a GPU error" if run.pods == 1 else \
+            f"{run.pods} pods failed with GPU errors, never {min_pods} within {window_s:g}s"
+        detail = f"{what} ([workload] min_pods {min_pods}, window_s {window_s:g}): no workload-gpu-errors finding"
+        self.result.unacted.append(Unacted(name, BELOW_THRESHOLD, detail, run.first, run.last))
+
+    def _close_workload(self, name: str, now: float, *, ongoing: bool) -> None:
+        opened = self._open_workload.pop(name)
+        self.result.workload_findings.append(replace(opened, end=now, ongoing=ongoing))
+
     def _scraped_now(self, name: str) -> NodeReadings | None:
         """The node's readings as a scrape at this instant sees them: the exporter serves its last saved scrape
         until the history's next one (the reset sequence waits for readings newer than its restore)."""
@@ -354,15 +470,19 @@ class Replay:
         return name in self._waiting and self._seen_version.get(name) == self._version
 
     def _ticking(self) -> set[str]:
-        """Nodes the loops must see every interval: in flight (not parked), or with a thermal timer running."""
-        busy = {name for name, state in self._states.items() if state in IN_FLIGHT and not self._parked(name)}
+        """Nodes the loops must see every interval: in flight (not parked, not a settled workload cordon), or with a
+        thermal timer running."""
+        busy = {name for name, state in self._states.items() if state in IN_FLIGHT and not self._parked(name)
+                and not (name in self._workload_cordons and name not in self._workload_nodes)}
         return busy | {name for name, memory in self.detect.memory.items() if memory.thermal}
 
     def _next_instant(self, now: float, step: float, pending: bool) -> float:
-        if pending or self._ticking() or self.cluster.busy() or (
+        if pending or self._ticking() or self.cluster.busy() or self._workload_nodes or (
                 self.degradation and degradation_pending(self.detect.degradation)):
             return now + step
-        upcoming = self.cursor.next_change()
+        pod = self.history.pods[self._pods_fed].at if self.workload and self._pods_fed < len(self.history.pods) \
+            else None
+        upcoming = min((t for t in (self.cursor.next_change(), pod) if t is not None), default=None)
         if upcoming is None:
             return self.history.end + step  # nothing more will happen
         start = self.history.start
@@ -383,6 +503,12 @@ class Replay:
             self._waiting.add(name)
         else:
             self._waiting.discard(name)
+        if new.state == states.CORDONED and new.fault is not None and new.fault.kind == KIND_WORKLOAD:
+            # Held until a person uncordons it (nobody, in a replay): nothing but a new input (readings, pods, the
+            # detector's findings: each makes the node visited) changes its decision, as for a quiet healthy node.
+            self._workload_cordons.add(name)
+        else:
+            self._workload_cordons.discard(name)
         if new.state != states.HEALTHY:
             self._states[name] = new.state
         else:
@@ -473,6 +599,9 @@ class Replay:
         for fingerprint in list(self._open_findings):
             self._close_finding(fingerprint, end, ongoing=True)
         self.result.findings.sort(key=lambda f: (f.start, f.node, f.kind, f.gpus))
+        for name in list(self._open_workload):
+            self._close_workload(name, end, ongoing=True)
+        self.result.workload_findings.sort(key=lambda f: (f.start, f.node))
         for name in list(self._open_spans):
             self._close_span(name, end)
         for name in list(self._open_waits):

@@ -14,6 +14,13 @@ Saved scrapes folder layout (timestamps are unix seconds or RFC 3339, e.g. ``202
   federation dump); a node seen before but absent from it is unknown from ``ts`` on.
 
 A scrape holds until the node's next file: write one when something changes, not every interval.
+
+Failed pods (the workload signal's input, ``[workload]``): ``<folder>/pods.jsonl`` (or ``--pods FILE`` for any
+history), one Pod object a line as the API server serves it (``kubectl get pods -A --field-selector
+status.phase=Failed -o json | jq -c '.items[]'``), or ``pods.json``, a PodList. Each is reduced at once by the
+signal's own ``reduce`` and dated as the controller dates it (its status' times, or its creation): the replay feeds
+it to the signal at that time (one before the range at the start, as a controller's first list would; one after
+the end never).
 """
 
 from __future__ import annotations
@@ -21,17 +28,21 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuremediate.signals import dcgm
 from gpuremediate.signals.exposition import ParseError, parse
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+from gpuremediate.signals.workload import Failure, failure_of, reduce
 
 SCRAPE_SUFFIXES = (".prom", ".txt", ".om")
 UNKNOWN_SUFFIX = ".unknown"
+PODS_FILES = ("pods.jsonl", "pods.json")  # a saved-scrapes folder's failed pods (module docstring)
 SOURCE = "replay"
 
 
@@ -47,11 +58,31 @@ class Change:
     readings: NodeReadings
 
 
+@dataclass(frozen=True)
+class FailedPod:
+    """A Failed pod as the workload signal's watch keeps it (``signals.workload.reduce``), fed at ``at``."""
+
+    at: float  # when it failed (its GPU failure's time; the history's start for one naming no GPU)
+    reduced: Mapping[str, Any]
+
+    @property
+    def failure(self) -> Failure | None:
+        """Its GPU failure as the signal counts it (None when it names no GPU: the signal does not count it)."""
+        return failure_of(self.reduced)
+
+    @property
+    def node(self) -> str:
+        """The node its GPU failure names ("" when none)."""
+        failure = self.failure
+        return failure.node if failure is not None else ""
+
+
 @dataclass
 class History:
     start: float
     end: float
     changes: dict[str, list[Change]] = field(default_factory=dict)  # node -> changes, oldest first
+    pods: list[FailedPod] = field(default_factory=list)  # failed pods, by time (``add_pods``)
 
     def add(self, node: str, at: float, readings: NodeReadings) -> None:
         """Append a change (in time order per node); a repeat of the current readings is dropped."""
@@ -75,6 +106,17 @@ class History:
 
     def change_count(self) -> int:
         return sum(len(c) for c in self.changes.values())
+
+    def add_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """Failed Pod objects: each reduced as the watch reduces it, dated by its failure (the range's start at the
+        earliest: the controller's first list sees the older ones then); one failing after the end is dropped."""
+        for pod in pods:
+            reduced = reduce(pod)
+            failure = failure_of(reduced)
+            at = max(self.start, failure.at) if failure is not None else self.start
+            if at <= self.end:
+                self.pods.append(FailedPod(at, reduced))
+        self.pods.sort(key=lambda p: p.at)
 
 
 def unknown_readings(node: str, reason: str) -> NodeReadings:
@@ -182,7 +224,32 @@ def load_scrapes(folder: str | Path, *, start: float | None = None, end: float |
             for gone in sorted(seen - present):
                 history.add(gone, at, unknown_readings(gone, f"absent from the fleet scrape {path.name}"))
         seen.update(r.node for r in found)
+    for name in PODS_FILES:
+        if (root / name).is_file():
+            history.add_pods(load_pods(root / name))
     return history
+
+
+def load_pods(path: str | Path) -> list[dict[str, Any]]:
+    """Pod objects from a file: one JSON object a line (``.jsonl``), or one JSON document, a PodList (``items``), a
+    list of Pods or one Pod."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"{file}: cannot read: {exc}") from None
+    try:
+        if file.suffix == ".jsonl":
+            docs: Any = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            docs = json.loads(text)
+    except ValueError as exc:
+        raise HistoryError(f"{file}: not JSON: {exc}") from None
+    if isinstance(docs, dict):
+        docs = docs.get("items") if "items" in docs else [docs]
+    if not isinstance(docs, list) or not all(isinstance(d, dict) and d.get("kind", "Pod") == "Pod" for d in docs):
+        raise HistoryError(f"{file}: expected Pod objects (one a line, a list, or a PodList)")
+    return docs
 
 
 def _entries(root: Path) -> Iterable[tuple[float, str | None, Path]]:

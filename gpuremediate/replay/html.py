@@ -408,6 +408,8 @@ def _summary_table(results: Sequence[ReplayResult]) -> str:
              + "</tr>" for k in DEGRADATION_KINDS]
     rows.append("<tr><td>maintenances scheduled</td>" + "".join(f"<td>{s['maintenances_scheduled']}</td>"
                                                               for s in summaries) + "</tr>")
+    rows.append("<tr><td>findings: workload-gpu-errors</td>" + "".join(f"<td>{s['workload_findings']}</td>"
+                                                                      for s in summaries) + "</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -420,7 +422,7 @@ def _details(result: ReplayResult) -> str:
                       f"{escape(u.detail)}</td></tr>" for u in result.unacted)
     return (f"<details><summary>every transition ({len(result.moves)})</summary><table>{moves}</table></details>"
             f"<details><summary>seen but not acted on ({len(result.unacted)})</summary><table>{unacted}</table>"
-            f"</details>{_degradation(result)}")
+            f"</details>{_degradation(result)}{_workload(result)}")
 
 
 def _degradation(result: ReplayResult) -> str:
@@ -440,6 +442,22 @@ def _degradation(result: ReplayResult) -> str:
     kinds = ", ".join(f"{k} {counts[k]}" for k in DEGRADATION_KINDS)
     return (f'<details open class="degradation"><summary>degradation findings ({escape(kinds)}; '
             f"{len(result.maintenances)} maintenance(s))</summary><table>{rows}</table></details>")
+
+
+def _workload(result: ReplayResult) -> str:
+    """The workload-gpu-errors findings (pods failing on the node with GPU errors); nothing without failed pods."""
+    if not result.failed_pods and not result.workload_findings:
+        return ""
+    rows = ("<tr><th>found</th><th>node</th><th>failures</th><th>action</th><th>lasted</th>"
+            "<th>what the node did</th><th>the signal</th></tr>")
+    rows += "".join(f"<tr><td>{escape(format_time(f.start))}</td><td>{escape(f.node)}</td><td>{escape(f.code)}</td>"
+                    f"<td>{escape(f.action)}</td><td>"
+                    f"{'until the end' if f.ongoing else escape(duration(f.end - f.start))}</td>"
+                    f"<td style='text-align:left'>{escape(outcome(result, f))}</td>"
+                    f"<td style='text-align:left'>{escape(f.message)}</td></tr>" for f in result.workload_findings)
+    return (f'<details open class="workload"><summary>workload findings ({len(result.workload_findings)}; '
+            f"{result.failed_pods} failed pod(s) in the history, {result.gpu_failed_pods} with a GPU error)"
+            f"</summary><table>{rows}</table></details>")
 
 
 def render_html(results: Sequence[ReplayResult]) -> str:

@@ -65,11 +65,12 @@ class Unacted:
 @dataclass(frozen=True)
 class Sighting:
     """A degradation finding (slow-gpu, link-degraded, trend) the detector held from ``start`` to ``end`` (the end of
-    the range while it lasted), with the action its policy gives it (cordon, drain, none)."""
+    the range while it lasted), with the action its policy gives it (cordon, drain, none); or a node's
+    workload-gpu-errors finding (``[workload]``: its pods failing with GPU errors), while the signal gave it."""
 
     node: str
-    kind: str  # one of DEGRADATION_KINDS
-    code: str  # sm-clock; pcie, nvlink; sbe-rate, remapped-rows, retired-pending
+    kind: str  # one of DEGRADATION_KINDS, or KIND_WORKLOAD
+    code: str  # sm-clock; pcie, nvlink; sbe-rate, remapped-rows, retired-pending; admission, container
     gpus: tuple[str, ...]
     action: str
     start: float
@@ -110,6 +111,9 @@ class ReplayResult:
     unacted: list[Unacted] = field(default_factory=list)
     trips: list[BreakerTrip] = field(default_factory=list)
     findings: list[Sighting] = field(default_factory=list)  # degradation findings, by start
+    workload_findings: list[Sighting] = field(default_factory=list)  # workload-gpu-errors findings, by start
+    failed_pods: int = 0  # in the history
+    gpu_failed_pods: int = 0  # of them, failed with a GPU error on a replayed node (the workload signal's input)
     maintenances: list[Maintenance] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     steps: int = 0  # simulated instants the engine visited
@@ -119,7 +123,7 @@ class ReplayResult:
     @property
     def affected(self) -> list[str]:
         return sorted({m.node for m in self.moves} | {u.node for u in self.unacted if u.category != UNKNOWN}
-                      | {w.node for w in self.waits} | {f.node for f in self.findings})
+                      | {w.node for w in self.waits} | {f.node for f in (*self.findings, *self.workload_findings)})
 
     def node_hours(self, node: str | None = None) -> float:
         """Hours out of service (any state but healthy), for one node or the fleet."""
@@ -177,6 +181,8 @@ class ReplayResult:
             "unacted": {c: sum(1 for u in self.unacted if u.category == c) for c in UNACTED_CATEGORIES},
             "degradation_findings": self.findings_by_kind(),
             "maintenances_scheduled": len(self.maintenances),
+            "workload_findings": len(self.workload_findings),
+            "failed_pods": {"in_history": self.failed_pods, "gpu_errors": self.gpu_failed_pods},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,6 +199,7 @@ class ReplayResult:
             "not_acted_on": [asdict(u) for u in self.unacted],
             "degradation_findings": [asdict(f) for f in self.findings],
             "maintenances": [asdict(m) for m in self.maintenances],
+            "workload_findings": [asdict(f) for f in self.workload_findings],
             "per_node": {n: {"node_hours": round(self.node_hours(n), 3), "gpu_hours": round(self.gpu_hours(n), 3)}
                          for n in self.affected},
             "notes": self.notes,

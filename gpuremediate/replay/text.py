@@ -138,9 +138,26 @@ def degradation(result: ReplayResult) -> list[str]:
     return lines
 
 
+def workload(result: ReplayResult) -> list[str]:
+    """The [workload] findings (pods failing on a node with GPU errors), each with its stretch, what the node did
+    and the signal's last word; nothing when the history had no failed pods."""
+    if not result.failed_pods and not result.workload_findings:
+        return []
+    lines = ["", f"Workload findings ([workload]: {len(result.workload_findings)}; {result.failed_pods} failed "
+             f"pod(s) in the history, {result.gpu_failed_pods} with a GPU error)"]
+    for f in result.workload_findings:
+        lasted = "until the end" if f.ongoing else f"for {duration(f.end - f.start)}"
+        lines.append(f"    {format_time(f.start)} {lasted}  {f.node} ({f.code}, action {f.action}): "
+                     f"{outcome(result, f)}")
+        lines.append(f"      {f.message}")
+    if not result.workload_findings:
+        lines.append("  none")
+    return lines
+
+
 def render_text(result: ReplayResult) -> str:
     lines = [*header(result), *timeline(result), *safety(result), *out_of_service(result), *by_fault(result),
-             *degradation(result), *unacted(result)]
+             *degradation(result), *workload(result), *unacted(result)]
     if result.notes:
         lines += ["", "Notes", *(f"  {n}" for n in result.notes)]
     return "\n".join(lines) + "\n"
@@ -169,6 +186,8 @@ def render_compare(results: Sequence[ReplayResult]) -> str:
                                                               for s in summaries))
     lines.append(f"  {'maintenances_scheduled':<28}" + "".join(f" {s['maintenances_scheduled']!s:>{width}}"
                                                               for s in summaries))
+    lines.append(f"  {'findings: workload':<28}" + "".join(f" {s['workload_findings']!s:>{width}}"
+                                                          for s in summaries))
     lines += ["", "Nodes treated differently (final state, node-hours out of service)"]
     nodes = sorted(set().union(*({m.node for m in r.moves} for r in results)))
     differing = [n for n in nodes if len({(r.final_states().get(n, "healthy"), round(r.node_hours(n), 2))
