@@ -164,6 +164,7 @@ class DetectLoop:
         self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
         self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
         self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
+        self.workload_fed = False  # the signal is fed (by that watch, or by the replay's history): it may count
         self.trend_maintenance: TrendMaintenance | None = None  # set once the maintenance loop runs (CRD served)
         self.maintenance_discovered = False  # the controller has asked whether MaintenanceRequests are served
         self._told_no_maintenance: set[str] = set()  # nodes told their trend cannot be scheduled (no CRD)
@@ -198,6 +199,7 @@ class DetectLoop:
         if any(p.workload.enabled for p in policies):
             self._failed_pods = FailedPodsWatch(self.ctx.client, self.workload)
             self._failed_pods.start()
+            self.workload_fed = True
         start_source = getattr(self.source, "start", None)
         if callable(start_source):
             start_source()  # e.g. the exporter source's pod informer, so the first cycle finds it synced
@@ -566,7 +568,7 @@ class DetectLoop:
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
         view = condition_view(node, policy.conditions, now)
-        workload = self._workload_findings(name, policy.workload, now)
+        workload = self.workload_findings(name, policy.workload, now)
         if readings is None or readings.status != SOURCE_OK:
             reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
             verdict = merge_node((), False, reason, view, workload)
@@ -633,8 +635,9 @@ class DetectLoop:
             return None  # a Node made after the decision (a tray replaced since) is not part of it
         return domain_finding(name_of(node), trip, rules)
 
-    def _workload_findings(self, node: str, policy: WorkloadPolicy, now: float) -> list[Finding]:
-        if not policy.enabled or self._failed_pods is None:
+    def workload_findings(self, node: str, policy: WorkloadPolicy, now: float) -> list[Finding]:
+        """The node's workload signal findings now (none while nothing feeds the signal)."""
+        if not policy.enabled or not self.workload_fed:
             return []
         return self.workload.findings(node, now, min_pods=policy.min_pods, window_s=policy.window_s,
                                       action=policy.action)

@@ -70,7 +70,7 @@ from gpuremediate.replay.result import (
 )
 from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
-from gpuremediate.signals.workload import KIND_WORKLOAD, FailedPodsWatch, WorkloadSignal
+from gpuremediate.signals.workload import KIND_WORKLOAD
 from gpuremediate.state import maintenance as mr
 from gpuremediate.state import states
 from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
@@ -191,20 +191,6 @@ class _PodRun:
     peak: int = 0  # the most failures within the window while found
 
 
-class _FedPods:
-    """Stands in for the detect loop's Failed pods watch (``FailedPodsWatch``: what ``start()`` sets where a group
-    enables ``[workload]``): the engine feeds the signal the history's pods itself, at their time."""
-
-    def __init__(self, signal: WorkloadSignal) -> None:
-        self.signal = signal
-
-    def start(self) -> None:
-        return None
-
-    def stop(self) -> None:
-        return None
-
-
 def uses_workload(policy: PolicyFile) -> bool:
     """Some node group counts pods failing with GPU errors (``[workload]``, on by default)."""
     return any(p.workload.enabled for p in (policy.defaults, *(g.policy for g in policy.groups)))
@@ -310,8 +296,7 @@ class Replay:
         self.degradation = uses_degradation(policy)
         self._open_findings: dict[str, Sighting] = {}  # fingerprint -> the degradation finding, while found
         self.workload = uses_workload(policy)
-        if self.workload:  # as DetectLoop.start() with its watch: the detect loop counts the signal
-            self.detect._failed_pods = cast(FailedPodsWatch, _FedPods(self.detect.workload))
+        self.detect.workload_fed = self.workload  # the engine feeds the signal the history's pods, at their time
         self._pods_fed = 0  # history.pods[:_pods_fed] went to the signal
         self._workload_nodes: dict[str, _PodRun] = {}  # node -> its GPU failures fed, while they may count
         self._open_workload: dict[str, Sighting] = {}  # node -> its workload finding, while found
@@ -422,7 +407,7 @@ class Replay:
         moved = set()
         for name in sorted(self._workload_nodes):
             rules = self.ctx.policy_for(self.cluster.nodes[name]).workload
-            found = self.detect._workload_findings(name, rules, now)
+            found = self.detect.workload_findings(name, rules, now)
             fingerprint = found[0].fingerprint if found else ""
             if fingerprint != self._workload_fingerprints.get(name, ""):
                 moved.add(name)

@@ -134,6 +134,7 @@ class WorkloadSignal:
     def __init__(self) -> None:
         self._by_node: dict[str, dict[str, Failure]] = {}  # node -> pod -> its failure
         self._node_of: dict[str, str] = {}  # pod -> the node its failure is filed under
+        self._runs: dict[str, str] = {}  # node -> the fingerprint of its run of failures, while it has one
         self._lock = threading.Lock()
 
     def seen(self, reduced: Mapping[str, Any]) -> None:
@@ -165,16 +166,20 @@ class WorkloadSignal:
 
     def findings(self, node: str, now: float, *, min_pods: int, window_s: float, action: str) -> list[Finding]:
         """One finding when ``min_pods`` distinct pods failed on ``node`` with a GPU error within ``window_s``;
-        its fingerprint is the first of them, so the same run of failures is one fault however long it goes on."""
+        its fingerprint is the first failure of the run, kept while the run lasts: a run is one fault."""
         found = self.failures(node, now, window_s)
         if len(found) < max(1, min_pods):
+            with self._lock:
+                self._runs.pop(node, None)  # the run ended: the next one is a fault of its own
             return []
         first, last = found[0], found[-1]
+        with self._lock:  # a run longer than the window keeps the fingerprint it began with
+            fingerprint = self._runs.setdefault(node, f"{KIND_WORKLOAD}/{first.pod}@{first.at:.0f}")
         how = "refused at admission" if all(f.how == ADMISSION for f in found) else "failed with GPU errors"
         message = (f"{len(found)} pods {how} on this node within {window_s:.0f}s (last: {last.pod}: {last.text}); "
                    f"action {action}")
         return [Finding(node=node, kind=KIND_WORKLOAD, code=first.how, gpus=(), action=action,
-                        fingerprint=f"{KIND_WORKLOAD}/{first.pod}@{first.at:.0f}", message=message)]
+                        fingerprint=fingerprint, message=message)]
 
 
 class FailedPodsWatch:

@@ -98,3 +98,18 @@ def test_a_refusal_with_no_status_time_is_dated_by_its_creation_never_by_when_it
         old["metadata"]["creationTimestamp"] = stamp(T0 - 7 * 86400)
         signal.seen(reduce(old))
     assert signal.findings("gpu-node-1", T0, min_pods=3, window_s=600, action="cordon") == []
+
+
+def test_a_run_of_failures_longer_than_the_window_stays_one_fault_and_a_new_run_is_another() -> None:
+    signal = WorkloadSignal()
+    fingerprints = []
+    for i in range(12):  # a pod refused every 5 minutes for an hour: always 2-3 within the 10-minute window
+        signal.seen(reduce(admission_refused(f"p{i}", at=T0 + 300 * i)))
+        fingerprints += [f.fingerprint for f in signal.findings("gpu-node-1", T0 + 300 * i + 1, min_pods=2,
+                                                                window_s=600, action="cordon")]
+    assert len(fingerprints) == 11 and len(set(fingerprints)) == 1  # the first pod's, for the whole run
+    assert signal.findings("gpu-node-1", T0 + 5000, min_pods=2, window_s=600, action="cordon") == []  # it ended
+    for i in range(2):
+        signal.seen(reduce(admission_refused(f"q{i}", at=T0 + 6000 + i)))
+    [later] = signal.findings("gpu-node-1", T0 + 6002, min_pods=2, window_s=600, action="cordon")
+    assert later.fingerprint != fingerprints[0]
