@@ -456,8 +456,8 @@ def run_mode(run: str, prom: promlab.PromServer, srv: KubeAPIServer, client: Kub
             plan = prom_degradation.plan_for([DegradationPolicy(enabled=True, trends=True)])
             assert plan is not None
             slow_found = {"slow_gpu_cordoned_after_s": round(time.monotonic() - started, 1),
-                          "degradation_query_s": round(query_seconds(prom.url, prom_degradation.degradation_query(
-                              plan, dcgm.NODE_LABEL_CANDIDATES)), 3)}
+                          "degradation_query_s": round(query_seconds(prom.url, prom_degradation.nodes_query(
+                              plan, dcgm.NODE_LABEL_CANDIDATES, full=True)), 3)}
         timed = [fault_to_cordon(fleet, prom.url, client, node) for node in live]
         to_cordon = [c for c, _ in timed]
         prom_to_cordon = [c - p for c, p in timed]

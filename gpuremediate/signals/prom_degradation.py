@@ -2,18 +2,21 @@
 
 The fields the degradation detector reads are dense (every GPU, every scrape: SM clock, load, clock event
 reasons, link and ECC counters); shipping them at every read would add several times today's answer at 5,000
-nodes. Instead one query per full read asks Prometheus for what is not ordinary, and the detector judges that:
+nodes. Instead Prometheus is asked which nodes hold anything not ordinary, and only those nodes' fields come back:
 
-- **slow suspects**: nodes with a busy GPU whose SM clock is below the loosest ``slow_ratio`` of the fastest busy
-  GPU of the same model on its node. The detector's own node-local test (below ``slow_ratio`` of the median of
-  the node's GPUs of its job) cannot pass otherwise: that median is never above the node's maximum. For those
-  nodes alone a second query brings every GPU's clock, load and event reasons;
-- **the fleet's peers**: per GPU model, the median of the busy GPUs' SM clocks, their median absolute deviation
-  and their count (PromQL's ``quantile(0.5)`` interpolates as ``statistics.median`` does);
-- **link and trend counters**: only the GPUs whose counter changed within a window longer than the detector's
-  clear hold or trend window (``max(X) != max(X offset W)``, two samples a series and no range read; a series
-  younger than W, where it changed within the last ten minutes), and pages pending retirement where there are
-  some, or were recently.
+- **the nodes query** (each full read, beside the readings query): the *slow suspects*, nodes with a busy GPU whose
+  SM clock is below the loosest ``slow_ratio`` of the fastest busy GPU of the same model on its node (the
+  detector's own node-local test, below ``slow_ratio`` of the median of the node's GPUs of its job, cannot pass
+  otherwise: that median is never above the node's maximum); nodes with a link counter that changed within the
+  link window (each series against itself ``W`` ago: two samples a series, no range read); and every FULL_EVERY
+  reads, nodes whose trend counters changed within their window, with pages pending retirement (now or ten
+  minutes ago), and series younger than their window (a new node, a restarted exporter pod) that changed within
+  the last ten minutes;
+- **the fields query**, for those nodes alone: every field of the plan for every GPU (a suspect's node-local
+  peers are its node's GPUs);
+- **the peers query**, only while there are suspects, at most every PEERS_TTL_S: per GPU model, the median of the
+  busy GPUs' SM clocks, their median absolute deviation and their count (PromQL's ``quantile(0.5)`` interpolates
+  as ``statistics.median`` does).
 
 A GPU that is not shipped looks idle and quiet to the detector: not an outlier, no new error, which is what the
 queries say of it. What differs from the exporter source (docs/degradation.md): the fleet's peers are per model
@@ -45,15 +48,18 @@ KEY = ("gpu", "GPU_I_ID", "UUID")
 MODEL = "modelName"
 NAME_LABEL = "gpuremediate_metric"  # as the readings query names its series (sources.NAME_LABEL)
 SUSPECTS = "gpuremediate:slow_suspect_gpus:count"
+CHANGED = "gpuremediate:changed_gpu_counters:count"
 PEER_MEDIAN = "gpuremediate:peer_sm_clock:median"
 PEER_MAD = "gpuremediate:peer_sm_clock:mad"
 PEER_COUNT = "gpuremediate:peer_sm_clock:count"
 PEER_SERIES = (PEER_MEDIAN, PEER_MAD, PEER_COUNT)
 SUSPECT_FIELDS = (SM_CLOCK, GPU_UTIL, *ACTIVITY_FIELDS, *REASON_FIELDS)
+FULL_EVERY = 5  # reads between two looks at the trend counters (windows of an hour to a day) and young series
+PEERS_TTL_S = 300.0  # the fleet's peers are asked again after this long (medians of thousands move slowly)
 SHIP_MARGIN_S = 600.0  # a counter is shipped this long past the detector's own window: it sees the window close
 YOUNG_S = 600.0  # a series younger than its window is compared with its value this long ago
 PENDING_RECENT_S = 600.0  # pages pending retirement shipped this long after they are gone (the finding clears)
-MAX_SUSPECT_NODES = 1000  # one query's node matcher; more are read at the next read (logged)
+MAX_FIELD_NODES = 1000  # nodes whose fields one read brings; more wait for a later read (logged)
 
 
 @dataclass(frozen=True)
@@ -112,18 +118,12 @@ def _by(labels: Sequence[str]) -> str:
     return ", ".join(labels)
 
 
-def _gpu_max(metric: str, node_labels: Sequence[str], offset_s: float = 0.0, extra: Sequence[str] = ()) -> str:
-    offset = f" offset {int(offset_s)}s" if offset_s else ""
-    return f"max by ({_by((*node_labels, *KEY, *extra))}) ({metric}{offset})"
-
-
 def busy_clocks(plan: DegradationPlan, node_labels: Sequence[str]) -> str:
-    """Each busy GPU's SM clock, labelled by node, GPU and model."""
+    """Each busy GPU's SM clock series (raw: no aggregation of the fleet's series)."""
     gpu = (*node_labels, *KEY)
-    loaded = [f"{_gpu_max(GPU_UTIL, node_labels)} >= {plan.busy_util_pct:g}",
-              *(f"{_gpu_max(name, node_labels)} >= {plan.busy_activity:g}" for name in ACTIVITY_FIELDS)]
-    busy = " or ".join(f"({part})" for part in loaded)
-    return f"({_gpu_max(SM_CLOCK, node_labels, extra=(MODEL,))} and on ({_by(gpu)}) ({busy}))"
+    loaded = [f"{GPU_UTIL} >= {plan.busy_util_pct:g}",
+              *(f"{name} >= {plan.busy_activity:g}" for name in ACTIVITY_FIELDS)]
+    return f"({SM_CLOCK} and on ({_by(gpu)}) ({' or '.join(loaded)}))"
 
 
 def suspects_expr(plan: DegradationPlan, node_labels: Sequence[str]) -> str:
@@ -134,52 +134,57 @@ def suspects_expr(plan: DegradationPlan, node_labels: Sequence[str]) -> str:
     return _named(f"count by ({_by(node_labels)}) ({slow})", SUSPECTS)
 
 
-def peers_exprs(plan: DegradationPlan, node_labels: Sequence[str]) -> list[str]:
+def peers_query(plan: DegradationPlan, node_labels: Sequence[str]) -> str:
     """The fleet's busy SM clocks per model: median, median absolute deviation, count."""
     busy = busy_clocks(plan, node_labels)
     median = f"quantile by ({MODEL}) (0.5, {busy})"
     mad = f"quantile by ({MODEL}) (0.5, abs({busy} - on ({MODEL}) group_left () {median}))"
-    return [_named(median, PEER_MEDIAN), _named(mad, PEER_MAD), _named(f"count by ({MODEL}) ({busy})", PEER_COUNT)]
+    return " or ".join((_named(median, PEER_MEDIAN), _named(mad, PEER_MAD),
+                        _named(f"count by ({MODEL}) ({busy})", PEER_COUNT)))
 
 
-def _changed(metric: str, node_labels: Sequence[str], window_s: float) -> str:
-    """The GPUs whose ``metric`` changed within ``window_s``; a series younger than that (a new node, a
-    Prometheus keeping less) where it changed within YOUNG_S: never every young series of a fleet at once."""
-    now, then = _gpu_max(metric, node_labels), _gpu_max(metric, node_labels, window_s)
-    recent = _gpu_max(metric, node_labels, YOUNG_S)
-    return f"(({now} != {then}) or (({now} unless {then}) != {recent}))"
+def _changed_nodes(metric: str, node_labels: Sequence[str], window_s: float, young: bool) -> list[str]:
+    """Nodes with a ``metric`` series that changed within ``window_s`` (each series against itself: two samples a
+    series, no range read); with ``young``, also those with a series younger than that (a new node, an exporter
+    pod restarted, a Prometheus keeping less) that changed within YOUNG_S."""
+    by = _by(node_labels)
+    exprs = [f"count by ({by}) ({metric} != {metric} offset {int(window_s)}s)"]
+    if young:
+        exprs.append(f"count by ({by}) (({metric} unless {metric} offset {int(window_s)}s) != "
+                     f"{metric} offset {int(YOUNG_S)}s)")
+    return [_named(expr, CHANGED) for expr in exprs]
 
 
-def counter_exprs(plan: DegradationPlan, node_labels: Sequence[str]) -> list[str]:
-    """The link and trend counters of the GPUs whose counter changed within its window; every NVLink counter of
-    a GPU where one changed (the detector sums them)."""
-    gpu = _by((*node_labels, *KEY))
-    exprs = []
-    if plan.link_window_s:
-        window = plan.link_window_s + SHIP_MARGIN_S
-        exprs.append(_named(_changed(PCIE_REPLAYS, node_labels, window), PCIE_REPLAYS))
-        any_nvlink = " or ".join(_changed(name, node_labels, window) for name in NVLINK_ERRORS)
-        exprs += [_named(f"{_gpu_max(name, node_labels)} and on ({gpu}) ({any_nvlink})", name)
-                  for name in NVLINK_ERRORS]
-    for metric, window_s in ((SBE_TOTAL, plan.sbe_window_s), (REMAPPED_ROWS, plan.rows_window_s)):
-        if window_s:
-            exprs.append(_named(_changed(metric, node_labels, window_s + SHIP_MARGIN_S), metric))
-    if plan.pending:
-        now, then = _gpu_max(RETIRED_PENDING, node_labels), _gpu_max(RETIRED_PENDING, node_labels, PENDING_RECENT_S)
-        exprs.append(_named(f"({now} != 0) or ({now} and on ({gpu}) ({then} != 0))", RETIRED_PENDING))
-    return exprs
+def link_metrics(plan: DegradationPlan) -> tuple[str, ...]:
+    return (PCIE_REPLAYS, *NVLINK_ERRORS) if plan.link_window_s else ()
 
 
-def degradation_query(plan: DegradationPlan, node_labels: Sequence[str]) -> str:
-    """One instant query: the slow suspects per node, the fleet's peers per model, the changed counters."""
-    parts = [suspects_expr(plan, node_labels), *peers_exprs(plan, node_labels)] if plan.slow else []
-    return " or ".join((*parts, *counter_exprs(plan, node_labels)))
+def trend_metrics(plan: DegradationPlan) -> tuple[tuple[str, float], ...]:
+    return tuple((m, w) for m, w in ((SBE_TOTAL, plan.sbe_window_s), (REMAPPED_ROWS, plan.rows_window_s)) if w)
 
 
-def suspect_fields_query(node_labels: Sequence[str], matcher: str) -> str:
-    """Every GPU's clock, load and event reasons on the nodes ``matcher`` selects (``{Hostname=~"a|b"}``)."""
-    return " or ".join(_named(f"max by ({_by((*node_labels, *KEY))}) ({name}{matcher})", name)
-                       for name in SUSPECT_FIELDS)
+def nodes_query(plan: DegradationPlan, node_labels: Sequence[str], full: bool) -> str:
+    """The nodes whose GPUs the detector must see this read: slow suspects and nodes whose link counters changed
+    within the link window, every read; with ``full`` (every FULL_EVERY reads) also those whose trend counters
+    changed within their window, with pages pending retirement, and the young series' changes."""
+    parts = [suspects_expr(plan, node_labels)] if plan.slow else []
+    for metric in link_metrics(plan):
+        parts += _changed_nodes(metric, node_labels, plan.link_window_s + SHIP_MARGIN_S, full)
+    if full:
+        for metric, window_s in trend_metrics(plan):
+            parts += _changed_nodes(metric, node_labels, window_s + SHIP_MARGIN_S, True)
+        if plan.pending:
+            by = _by(node_labels)
+            parts += [_named(f"count by ({by}) ({RETIRED_PENDING} != 0)", CHANGED),
+                      _named(f"count by ({by}) ({RETIRED_PENDING} offset {int(PENDING_RECENT_S)}s != 0)", CHANGED)]
+    return " or ".join(parts)
+
+
+def fields_query(plan: DegradationPlan, node_labels: Sequence[str], matcher: str) -> str:
+    """Every field of the plan for every GPU of the nodes ``matcher`` selects (``{Hostname=~"a|b"}``)."""
+    names = [*(SUSPECT_FIELDS if plan.slow else ()), *link_metrics(plan), *(m for m, _ in trend_metrics(plan)),
+             *((RETIRED_PENDING,) if plan.pending else ())]
+    return " or ".join(_named(f"max by ({_by((*node_labels, *KEY))}) ({name}{matcher})", name) for name in names)
 
 
 # ---- the answers --------------------------------------------------------------------------------------
@@ -195,17 +200,14 @@ def fleet_peers(samples: Iterable[Sample]) -> dict[str, PeerStats]:
             for model, got in by_model.items() if all(name in got for name in PEER_SERIES)}
 
 
-def is_gpu_sample(sample: Sample) -> bool:
-    """A counter of one GPU (merged into its node's readings), not a per-node or per-model series."""
-    return sample.name not in PEER_SERIES and sample.name != SUSPECTS
-
-
-def suspect_nodes(samples: Iterable[Sample], node_labels: Sequence[str]) -> dict[str, str]:
-    """node -> the node label that names it, of every node with a slow suspect."""
+def marked_nodes(samples: Iterable[Sample], node_labels: Sequence[str]) -> tuple[dict[str, str], bool]:
+    """(node -> the node label that names it, of every node the nodes query marked; whether any is a slow
+    suspect: the fleet's peers are needed only then)."""
     found: dict[str, str] = {}
+    suspects = False
     for sample in samples:
-        if sample.name == SUSPECTS:
-            named = next(((label, value) for label in node_labels if (value := sample.label(label))), None)
-            if named:
-                found[named[1]] = named[0]
-    return found
+        named = next(((label, value) for label in node_labels if (value := sample.label(label))), None)
+        if named and sample.name in (SUSPECTS, CHANGED):
+            found[named[1]] = named[0]
+            suspects = suspects or sample.name == SUSPECTS
+    return found, suspects

@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import logging
+import math
 import re
 import socket
 import ssl
@@ -704,6 +705,7 @@ class PrometheusSource:
         # fleet's peers per GPU model as Prometheus computed them at the last full read (None: never asked)
         self.degradation_plan: prom_degradation.DegradationPlan | None = None
         self.fleet_peers: dict[str, PeerStats] | None = None
+        self._peers_at = -math.inf  # when fleet_peers were asked for
         self.degradation_error = ""  # why the last degradation query failed ("" when it did not)
         # the fast path may ask while a full read runs (the detect loop polls during it): what both change
         self._state_lock = threading.Lock()
@@ -808,14 +810,22 @@ class PrometheusSource:
         return readings
 
     def _degradation(self, plan: prom_degradation.DegradationPlan) -> list[Sample]:
-        """The degradation query, then the suspects' fields: per-GPU samples for the readings; the fleet's peers
-        kept in ``fleet_peers``. A failed query is logged (once until it changes) and reads no degradation field:
-        those GPUs look idle and quiet to the detector for this read."""
+        """The nodes query, then the marked nodes' fields (and the fleet's peers while there are slow suspects,
+        kept in ``fleet_peers``): per-GPU samples for the readings. A failed query is logged (once until it
+        changes) and reads no degradation field: those GPUs look idle and quiet to the detector for this read."""
+        full = self.reads % prom_degradation.FULL_EVERY == 0
+        if self.fleet_peers is None:
+            self.fleet_peers = {}  # from now on the detector's fleet peers are Prometheus' (none until asked)
+        query = prom_degradation.nodes_query(plan, self.node_labels, full)
+        if not query:
+            return []  # trends alone: looked at every FULL_EVERY reads
         try:
-            result, _ = self._query(prom_degradation.degradation_query(plan, self.node_labels), "degradation")
-            samples = list(_drain_samples(result))
-            suspects = prom_degradation.suspect_nodes(samples, self.node_labels) if plan.slow else {}
-            fields = self._suspect_fields(suspects)
+            result, _ = self._query(query, "degradation")
+            marked, suspects = prom_degradation.marked_nodes(_drain_samples(result), self.node_labels)
+            if suspects and self.clock() - self._peers_at >= prom_degradation.PEERS_TTL_S:
+                result, _ = self._query(prom_degradation.peers_query(plan, self.node_labels), "degradation peers")
+                self.fleet_peers, self._peers_at = prom_degradation.fleet_peers(_drain_samples(result)), self.clock()
+            fields = self._degradation_fields(plan, marked)
         except PrometheusError as exc:
             if str(exc) != self.degradation_error:
                 log.warning("degradation query failed; no slow-GPU, link or trend field this read",
@@ -823,22 +833,19 @@ class PrometheusSource:
             self.degradation_error = str(exc)
             return []
         self.degradation_error = ""
-        if plan.slow:
-            self.fleet_peers = prom_degradation.fleet_peers(samples)
-        return [s for s in samples if prom_degradation.is_gpu_sample(s)] + fields
+        return fields
 
-    def _suspect_fields(self, suspects: Mapping[str, str]) -> list[Sample]:
-        if len(suspects) > prom_degradation.MAX_SUSPECT_NODES:
-            log.warning("more slow-GPU suspect nodes than one query reads; the rest wait for a later read",
-                        extra={"suspects": len(suspects), "read": prom_degradation.MAX_SUSPECT_NODES})
+    def _degradation_fields(self, plan: prom_degradation.DegradationPlan, marked: Mapping[str, str]) -> list[Sample]:
+        if len(marked) > prom_degradation.MAX_FIELD_NODES:
+            log.warning("more nodes to read degradation fields for than one read brings; the rest wait",
+                        extra={"nodes": len(marked), "read": prom_degradation.MAX_FIELD_NODES})
         by_label: dict[str, list[str]] = {}
-        for node in sorted(suspects)[:prom_degradation.MAX_SUSPECT_NODES]:
-            by_label.setdefault(suspects[node], []).append(node)
+        for node in sorted(marked)[:prom_degradation.MAX_FIELD_NODES]:
+            by_label.setdefault(marked[node], []).append(node)
         samples: list[Sample] = []
         for label, group in by_label.items():
-            result, _ = self._query(prom_degradation.suspect_fields_query(self.node_labels,
-                                                                          node_matcher(label, group)),
-                                    "slow-GPU suspects")
+            query = prom_degradation.fields_query(plan, self.node_labels, node_matcher(label, group))
+            result, _ = self._query(query, "degradation fields")
             samples += _drain_samples(result)
         return samples
 

@@ -31,7 +31,8 @@ def test_trends_alone_ask_for_counters_over_their_window_and_no_clock() -> None:
     plan = prom_degradation.plan_for([dataclasses.replace(OFF, trends=True, sbe_window_s=3600.0, rows_new_min=0)])
     assert plan is not None and not plan.slow and plan.pending and plan.link_window_s == 0.0
     assert plan.sbe_window_s == 3600.0 * (1 + 1 / BUCKETS) and plan.rows_window_s == 0.0
-    query = prom_degradation.degradation_query(plan, ("Hostname",))
+    assert prom_degradation.nodes_query(plan, ("Hostname",), full=False) == ""  # trends: every FULL_EVERY reads
+    query = prom_degradation.nodes_query(plan, ("Hostname",), full=True)
     assert "DCGM_FI_DEV_SM_CLOCK" not in query and "DCGM_FI_DEV_PCIE_REPLAY_COUNTER" not in query
     assert f"offset {int(3600 * (1 + 1 / BUCKETS) + prom_degradation.SHIP_MARGIN_S)}s" in query
 
