@@ -234,7 +234,10 @@ class DegradationDetector:
             return
         peers, local = self._peer_stats(now)
         for gpu, policy in judged:
-            fleet = peers.get(gpu.peers) if fleet_peers is None else fleet_peers.get(gpu.peers[1])
+            if gpu.clock is None:  # idle or unread: never an outlier, its peers not needed
+                fleet = None
+            else:
+                fleet = peers.get(gpu.peers) if fleet_peers is None else fleet_peers.get(gpu.peers[1])
             self._judge(gpu, policy, fleet, local.get(gpu.local), now)
 
     def _observe(self, reading: GpuReading, ctx: NodeContext, now: float) -> _Gpu:
@@ -244,6 +247,9 @@ class DegradationDetector:
                 self.by_node.get(gpu.node, {}).pop(reading.key, None)
             gpu = self.gpus[reading.key] = _Gpu(reading.node)
             self.by_node.setdefault(reading.node, {})[reading.key] = gpu
+        if not reading.extra:  # no field read for it (the Prometheus source: nothing out of the ordinary)
+            gpu.clock, gpu.seen = None, now  # idle and quiet: counters and trends as they were
+            return gpu
         policy, reasons = ctx.policy, _reasons(reading)
         if policy.trends:
             gpu.trends = gpu.trends or Trends()
