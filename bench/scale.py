@@ -122,6 +122,8 @@ DEGRADATION_FAMILIES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI
                         trends.REMAPPED_ROWS, trends.RETIRED_PENDING)
 DEGRADATION = False  # --degradation
 DEGRADATION_RUN = "+degradation"
+DEGRADATION_FIRST = False  # --degradation-first
+PROFILE = False  # --profile
 SLOW_CLOCK_MHZ = 1300.0
 DEGRADATION_POLICY = """[degradation]
 enabled = true
@@ -249,6 +251,9 @@ CONTROLLER_LOG_LEVEL = "warning"  # --log-level: info adds the fast path's split
 def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int,
                        flags: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
+    if PROFILE:  # bench/sampled_controller.py: where the CPU goes, per run
+        entry = [str(ROOT / "bench" / "sampled_controller.py")]
+        os.environ["BENCH_PROFILE_OUT"] = str(kubeconfig.parent / f"profile-{metrics_port}.txt")
     return subprocess.Popen(
         [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
          "--prometheus-url", prom_url, "--metrics-addr", f"127.0.0.1:{metrics_port}",
@@ -366,6 +371,8 @@ def run_prometheus(n: int, steady_s: float, faults: int, endpoints: int, modes: 
     --degradation each mode runs again with ``[degradation]`` on (its own controller, fault nodes and slow GPU):
     what the detection adds to the controller is the difference."""
     runs = [run for mode in modes for run in (mode, *((f"{mode}{DEGRADATION_RUN}",) if DEGRADATION else ()))]
+    if DEGRADATION_FIRST:  # the order's own effect (a second controller meets the first one's faults and records)
+        runs = [run for mode in modes for run in (*((f"{mode}{DEGRADATION_RUN}",) if DEGRADATION else ()), mode)]
     live_by_run = {run: [f"gpu-live-{run.replace('+', '-')}-{i}" for i in range(faults)] for run in runs}
     slow_by_run = {run: f"gpu-slow-{run.replace('+', '-')}" for run in runs if run.endswith(DEGRADATION_RUN)}
     live = [node for nodes in live_by_run.values() for node in nodes]
@@ -698,12 +705,16 @@ def main() -> int:
     p.add_argument("--degradation", action="store_true",
                    help="Prometheus mode: the fleet serves the degradation fields too, and each mode runs again "
                         "with [degradation] on: what the detection adds (issue 29)")
+    p.add_argument("--degradation-first", action="store_true",
+                   help="with --degradation: the [degradation] run of each mode before the plain one")
+    p.add_argument("--profile", action="store_true",
+                   help="run the controller under bench/sampled_controller.py (LOGS/profile-PORT.txt per run)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the controller under tracemalloc (bench/traced_controller.py; slower: not for timings)")
     args = p.parse_args()
-    global TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL, DEGRADATION
+    global TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL, DEGRADATION, DEGRADATION_FIRST, PROFILE
     TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL = args.trace_memory, args.controller_flag, args.log_level
-    DEGRADATION = args.degradation
+    DEGRADATION, DEGRADATION_FIRST, PROFILE = args.degradation, args.degradation_first, args.profile
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         if args.direct:

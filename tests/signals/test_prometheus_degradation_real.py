@@ -73,7 +73,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[promlab.PromSer
     prometheus, promtool = BINARIES
     workdir: Path = tmp_path_factory.mktemp("prometheus-degradation")
     promlab.backfill(promlab.openmetrics(_families(time.time())), workdir / "data", promtool)
-    with promlab.PromServer(workdir, prometheus).start() as started:
+    with promlab.PromServer(workdir, prometheus) as started:  # __enter__ starts it
         yield started
 
 
