@@ -118,6 +118,7 @@ class _Gpu:
     """One GPU's bounded state."""
 
     __slots__ = (
+        "blank_since",
         "calm_since",
         "clock",
         "found",
@@ -151,6 +152,7 @@ class _Gpu:
         self.pcie: _Link | None = None
         self.nvlink: _Link | None = None
         self.trends: Trends | None = None
+        self.blank_since: float | None = None  # read with no field at all since (Prometheus: nothing unusual)
 
 
 def _busy(reading: GpuReading, policy: DegradationPolicy, reasons: int) -> bool:
@@ -249,7 +251,9 @@ class DegradationDetector:
             self.by_node.setdefault(reading.node, {})[reading.key] = gpu
         if not reading.extra:  # no field read for it (the Prometheus source: nothing out of the ordinary)
             gpu.clock, gpu.seen = None, now  # idle and quiet: counters and trends as they were
+            gpu.blank_since = now if gpu.blank_since is None else gpu.blank_since
             return gpu
+        gpu.blank_since = None
         policy, reasons = ctx.policy, _reasons(reading)
         if policy.trends:
             gpu.trends = gpu.trends or Trends()
@@ -374,12 +378,17 @@ class DegradationDetector:
 
     def _gpu_cleared(self, gpu: _Gpu, kind: str, policy: DegradationPolicy) -> bool:
         if kind == KIND_TREND:
-            return gpu.trends is not None and not gpu.trends.found and gpu.trends.whole(policy, self.now)
+            if gpu.trends is None:  # never read: quiet (no counter changed, none pending) since first seen
+                return (gpu.blank_since is not None
+                        and self.now - gpu.blank_since >= max(policy.sbe_window_s, policy.rows_window_s))
+            return not gpu.trends.found and gpu.trends.whole(policy, self.now)
         if kind == KIND_SLOW_GPU:
             return (gpu.found is None and gpu.calm_since is not None
                     and self.now - gpu.calm_since >= policy.clear_hold_s)
         links = [link for link in (gpu.pcie, gpu.nvlink) if link is not None]
-        return bool(links) and all(link.found is None and self.now - link.risen >= policy.link_clear_s
+        if not links:  # never read (a restart, then Prometheus found no change): quiet since it was first seen
+            return gpu.blank_since is not None and self.now - gpu.blank_since >= policy.link_clear_s
+        return all(link.found is None and self.now - link.risen >= policy.link_clear_s
                                    for link in links)
 
     def counts(self) -> Mapping[str, int]:

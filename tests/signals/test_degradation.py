@@ -72,7 +72,8 @@ def test_a_hold_as_long_as_the_read_interval_passes_at_the_second_read() -> None
     """The Prometheus source reads every 60 s (a little more, under load): a 60 s hold is found at the second
     read, not never (each read was one interval after the last outlier, longer than the hold)."""
     slow = fleet(**{"node-1": {3: {"clock": 0.6 * PEAK}}})
-    seen = run(DegradationDetector(), [(1000.0 + 61.5 * m, slow) for m in range(3)], dataclasses.replace(ON, hold_s=60.0))
+    passes = [(1000.0 + 61.5 * m, slow) for m in range(3)]
+    seen = run(DegradationDetector(), passes, dataclasses.replace(ON, hold_s=60.0))
     assert seen == [[], ["slow-gpu:GPU-node-1-3"], ["slow-gpu:GPU-node-1-3"]]
 
 
@@ -289,3 +290,20 @@ def test_a_gpu_seen_on_another_node_starts_afresh_there_and_leaves_the_first() -
     run(detector, [(360.0, moved)])
     assert detector.findings("node-1") == [] and detector.findings("node-2") == []
     assert detector.gpus["GPU-node-1-3"].node == "node-2"
+
+
+def test_after_a_restart_a_gpu_prometheus_never_ships_clears_once_quiet_for_the_window() -> None:
+    """The Prometheus source ships a GPU's counters only when they changed: after a restart a quiet link (or trend)
+    is never read. Its node, cordoned before the restart, is released once the GPU has been read with nothing
+    unusual for the link's clear hold (the trends' longest window), not kept cordoned for ever."""
+    blank = [NodeReadings(node="node-1", source="prometheus", gpus=(GpuReading(node="node-1", gpu="3",
+                                                                               uuid="GPU-node-1-3"),))]
+    policy = dataclasses.replace(ON, trends=True)
+    detector = DegradationDetector()
+    cleared = []
+    for now in (1000.0, 1000.0 + policy.link_clear_s - 60, 1000.0 + policy.link_clear_s,
+                1000.0 + policy.rows_window_s):
+        detector.update(blank, lambda _name: NodeContext("", policy), now, {})
+        cleared.append((detector.cleared("node-1", KIND_LINK_DEGRADED, ["GPU-node-1-3"]),
+                        detector.cleared("node-1", "trend", ["GPU-node-1-3"])))
+    assert cleared == [(False, False), (False, False), (True, False), (True, True)]

@@ -2,9 +2,9 @@
 
 Two hours of a small fleet are backfilled: every GPU busy at the same clock but one slow GPU, an idle node,
 counters that rose (PCIe replays, one NVLink counter, single-bit ECC), counters that are high but flat, pages
-pending retirement, and a node whose series began half an hour ago (younger than the windows). What comes back is exactly what the
-detector needs: the suspect node's every GPU with its clock, the fleet's peers per model as statistics.median
-computes them, the changed counters alone. Then the detector, fed by the source over reads, finds the slow GPU.
+pending retirement, ordinary nodes, and a node whose series began half an hour ago (younger than the windows).
+Exactly the nodes with something unusual come back, each with every field of every GPU; the fleet's peers per
+model are what statistics.median computes. Then the detector, fed by the source over reads, finds the slow GPU.
 Skipped, saying why, where prometheus/promtool are not installed.
 """
 
