@@ -335,17 +335,20 @@ def test_prometheus_query_timeout_is_its_own(prom: tuple[str, type[PromHandler]]
     assert {q["timeout"][0] for _, q, _ in handler.seen} == {"42000ms"}
 
 
-def test_prometheus_first_read_is_sized_for_the_fleet_the_informer_shows(prom: tuple[str, type[PromHandler]]) -> None:
+def test_prometheus_first_read_is_sized_for_the_fleet_the_informer_shows(prom: tuple[str, type[PromHandler]],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Before any read succeeded no node was seen: sized for none, the first read at 5,000 nodes had 10 s and
     every read timed out, for ever (issue 21). The Node informer's count sizes it from the start."""
     url, handler = prom
-    fleet = [5000]
-    src = PrometheusSource(url, fleet_size=lambda: fleet[0])
+    fleet, counted = [5000], []
+    src = PrometheusSource(url, fleet_size=lambda: counted.append(1) or fleet[0])
     assert src.timeout_s == 30.0
     src.read()
     assert {q["timeout"][0] for _, q, _ in handler.seen} == {"30000ms"}
+    assert len(counted) == 1  # counted once for all the read's queries (the fast path asks every second)
     fleet[0] = 0  # the informer lost its nodes: the nodes the last read saw still count
-    assert src.timeout_s == 10.0 + 0.004 * src.nodes_seen
+    monkeypatch.setattr(sources, "FLEET_SIZE_EVERY_S", 0.0)
+    assert src.timeout_s == 10.0 + 0.004 * src.nodes_seen and len(counted) == 2
 
 
 def test_prometheus_node_label_choice(prom: tuple[str, type[PromHandler]]) -> None:
