@@ -707,7 +707,7 @@ class PrometheusSource:
         # fleet's peers per GPU model as Prometheus computed them at the last full read (None: never asked)
         self.degradation_plan: prom_degradation.DegradationPlan | None = None
         self.fleet_peers: dict[str, PeerStats] | None = None
-        self._peers_at = -math.inf  # when fleet_peers were asked for
+        self._peers_at = -math.inf  # when fleet_peers were asked for (monotonic: a clock step does not freeze them)
         self.degradation_error = ""  # why the last degradation query failed ("" when it did not)
         # the fast path may ask while a full read runs (the detect loop polls during it): what both change
         self._state_lock = threading.Lock()
@@ -826,9 +826,10 @@ class PrometheusSource:
         try:
             result, _ = self._query(query, "degradation")
             marked, suspects = prom_degradation.marked_nodes(_drain_samples(result), self.node_labels)
-            if suspects and self.clock() - self._peers_at >= prom_degradation.PEERS_TTL_S:
+            if suspects and time.monotonic() - self._peers_at >= prom_degradation.PEERS_TTL_S:
                 result, _ = self._query(prom_degradation.peers_query(plan, self.node_labels), "degradation peers")
-                self.fleet_peers, self._peers_at = prom_degradation.fleet_peers(_drain_samples(result)), self.clock()
+                self.fleet_peers = prom_degradation.fleet_peers(_drain_samples(result))
+                self._peers_at = time.monotonic()
             fields = self._degradation_fields(plan, marked)
         except PrometheusError as exc:
             if str(exc) != self.degradation_error:
