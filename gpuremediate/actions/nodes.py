@@ -137,12 +137,17 @@ class NodeView:
         self.node_filter = node_filter
         self._written: dict[str, tuple[str, Node]] = {}  # name -> (resourceVersion we wrote over, result)
         self._overlay: dict[str, dict[str, Any]] = {}  # dry-run: name -> merged patch
+        # name -> (the Node object, whether the filter takes it): the informer hands out the same object until the
+        # node changes, so the filter runs once per version, not once per node per call (each loop asks often)
+        self._filtered: dict[str, tuple[Node, bool]] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str) -> Node | None:
         obj = self.informer.get(name)
-        if obj is None:
-            return None
+        return None if obj is None else self._corrected(name, obj)
+
+    def _corrected(self, name: str, obj: Node) -> Node:
+        """The informer's ``obj`` for ``name``, or our newer write of it, with the dry run's overlay."""
         with self._lock:
             written = self._written.get(name)
             if written is not None:
@@ -156,8 +161,17 @@ class NodeView:
         return obj
 
     def gpu_nodes(self) -> list[Node]:
-        nodes = (self.get(name_of(n)) for n in self.informer.list())
-        return sorted((n for n in nodes if n is not None and self.node_filter(n)), key=name_of)
+        filtered: dict[str, tuple[Node, bool]] = {}
+        known = self._filtered
+        for listed in self.informer.list():
+            name = name_of(listed)
+            node = self._corrected(name, listed)
+            entry = known.get(name)
+            if entry is None or entry[0] is not node:
+                entry = (node, self.node_filter(node))
+            filtered[name] = entry
+        self._filtered = filtered  # nodes gone drop out; concurrent callers each build a whole one
+        return [filtered[name][0] for name in sorted(filtered) if filtered[name][1]]
 
     def remember_write(self, old_rv: str, result: Node) -> None:
         with self._lock:

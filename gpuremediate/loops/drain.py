@@ -59,16 +59,36 @@ DRAIN_ACTION = "drain"
 BLOCK_PAUSED, BLOCK_GATE = safety.BLOCK_PAUSED, safety.BLOCK_GATE
 
 
-def waiting_for_budget(nodes: Sequence[Node]) -> list[str]:
-    """The nodes cordoned for a fault whose drain has not started: they are admitted oldest fault first.
-    One held by its own blocking pods is left out: it would keep every younger fault waiting."""
-    waiting = []
-    for node in nodes:
-        record = record_from_node(node)
-        if isinstance(record, NodeRecord) and safety.is_waiting(record) and not _held_by_own_pods(record) \
-                and not (record.fault is not None and is_domain_fault(record.fault.kind)):
-            waiting.append(name_of(node))  # a domain action's trays are admitted together, by their own check
-    return waiting
+def _waits_for_budget(node: Node) -> bool:
+    """Cordoned for a fault whose drain has not started: such nodes are admitted oldest fault first. One held by
+    its own blocking pods is left out (it would keep every younger fault waiting), and a domain action's trays
+    (admitted together, by their own check)."""
+    record = record_from_node(node)
+    return isinstance(record, NodeRecord) and safety.is_waiting(record) and not _held_by_own_pods(record) \
+        and not (record.fault is not None and is_domain_fault(record.fault.kind))
+
+
+class FleetViews:
+    """The budget's view of each GPU node, and whether it waits for admission, made once per version of its Node
+    object (the node cache hands out the same object until the node changes). Each admission looks at the whole
+    fleet: in a drain burst, decoding every node's record for each of hundreds of admissions was most of the
+    controller's CPU."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[Node, safety.NodeView, bool]] = {}
+
+    def of(self, nodes: Sequence[Node]) -> tuple[list[safety.NodeView], list[str]]:
+        """``nodes``' views and the names of those waiting for admission (``_waits_for_budget``)."""
+        made: dict[str, tuple[Node, safety.NodeView, bool]] = {}
+        known = self._made
+        for node in nodes:
+            name = name_of(node)
+            entry = known.get(name)
+            if entry is None or entry[0] is not node:
+                entry = (node, safety.node_view(node), _waits_for_budget(node))
+            made[name] = entry
+        self._made = made  # nodes gone drop out; concurrent admissions each build a whole one
+        return [entry[1] for entry in made.values()], [name for name, entry in made.items() if entry[2]]
 
 
 def _domain_admitted(node: Node, fingerprint: str) -> bool:
@@ -99,6 +119,7 @@ class DrainLoop(NodeLoop):
         # The pods of the nodes being drained, watched per node (started by a drain's first step, stopped when it
         # ends): a step reads them from here, and a pod that changes queues its node.
         self.node_pods = NodePods(ctx.client, on_change=self.queue.add)
+        self.fleet_views = FleetViews()
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node).drain
@@ -154,7 +175,7 @@ class DrainLoop(NodeLoop):
         cluster = self.ctx.policy.cluster
         name = name_of(node)
         nodes = self.ctx.nodes.gpu_nodes()
-        views = [safety.node_view(n) for n in nodes]
+        views, waiting = self.fleet_views.of(nodes)
         view = next((v for v in views if v.name == name), None) or safety.node_view(node)
         domain_label = self.ctx.policy_for(node).fabric.domain_label
         is_domain = record.fault is not None and is_domain_fault(record.fault.kind)
@@ -173,7 +194,7 @@ class DrainLoop(NodeLoop):
         # With --shards the claim decides the order too (budget_refusal): a node whose claim is in the admitted set
         # already holds its slot, and yielding it here to an older fault, whose replica counts that claim and
         # waits for it, would leave both waiting for ever.
-        if self.ctx.claims is None and name not in safety.admit(views, [*waiting_for_budget(nodes), name], budget,
+        if self.ctx.claims is None and name not in safety.admit(views, [*waiting, name], budget,
                                                                 domains):
             return self._wait(node, block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now))
         pods = self._blocking_pods(name)
@@ -181,7 +202,7 @@ class DrainLoop(NodeLoop):
             return self._wait(node, block(record, BLOCK_GATE, pods, now))
         if self.ctx.claims is not None:  # --shards: the API server decides who takes the last slot
             refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
-                views, name, waiting_for_budget(nodes), budget, domains, claimed))
+                views, name, waiting, budget, domains, claimed))
             if refused:
                 return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
         return self._start(node, record, policy, now)

@@ -263,13 +263,16 @@ def admit(
     limit = budget.limit(len(gpu_nodes))
     out = {v.name for v in gpu_nodes if counts_against(v, budget)}
     by_name = {v.name: v for v in gpu_nodes}
+    used = _slots(by_name[n] for n in out)  # kept as candidates are added: a sum per candidate was quadratic
     admitted = []
     for name in sorted(set(candidates), key=lambda n: (_first_seen_key(by_name[n]), n)):
-        if _slots(by_name[n] for n in out | {name}) > limit:
+        adds = Fraction(0) if name in out else by_name[name].share
+        if used + adds > limit:
             continue
         if any(_domain_full(gpu_nodes, by_name[name], domain, out) for domain in domains):
             continue
         out.add(name)
+        used += adds
         admitted.append(name)
     return admitted
 

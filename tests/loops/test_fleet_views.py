@@ -1,0 +1,85 @@
+"""The per-version caches behind admission: a node's view is made again when its Node object changes, and only then."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from gpuremediate.actions.nodes import NodeView as NodeCacheView
+from gpuremediate.loops.drain import FleetViews
+from gpuremediate.policy import safety
+from gpuremediate.state import states
+from gpuremediate.state.record import RECORD_ANNOTATION, Fault, NodeRecord, encode
+
+
+def node(name: str, record: NodeRecord | None = None, gpus: int = 8, rv: str = "1") -> dict[str, Any]:
+    annotations = {RECORD_ANNOTATION: encode(record)} if record is not None else {}
+    return {"metadata": {"name": name, "resourceVersion": rv, "annotations": annotations, "labels": {}},
+            "spec": {}, "status": {"capacity": {"nvidia.com/gpu": str(gpus)} if gpus else {},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def waiting_record() -> NodeRecord:
+    fault = Fault(kind="xid", code="79", gpus=("GPU-1",), fingerprint="f1", action="reboot", first_seen=10.0,
+                  last_seen=10.0, message="fell off the bus")
+    return NodeRecord(state=states.DRAINING, since=10.0, fault=fault, cordoned_by_us=True)
+
+
+def test_views_follow_each_new_version_of_a_node() -> None:
+    views = FleetViews()
+    a, b = node("a"), node("b")
+    first, waiting = views.of([a, b])
+    assert [v.name for v in first] == ["a", "b"] and waiting == []
+    assert [v.state for v in first] == [states.HEALTHY, states.HEALTHY]
+
+    b2 = node("b", waiting_record(), rv="2")  # b faulted: a new object
+    second, waiting = views.of([a, b2])
+    assert second[0] is first[0]  # a did not change: its view is reused
+    assert second[1].state == states.DRAINING and second[1].waiting and waiting == ["b"]
+
+    third, waiting = views.of([a])  # b is gone
+    assert [v.name for v in third] == ["a"] and waiting == []
+
+
+def test_a_view_is_made_from_the_object_not_from_its_name() -> None:
+    views = FleetViews()
+    a = node("a", waiting_record())
+    assert views.of([a])[1] == ["a"]
+    edited = copy.deepcopy(a)  # same name and resourceVersion, another object (a replaced cache entry)
+    edited["metadata"]["annotations"][RECORD_ANNOTATION] = json.dumps({"v": 1, "state": "healthy"})
+    view = views.of([edited])
+    assert view[1] == [] and view[0][0].state == states.HEALTHY
+    assert view[0][0] == safety.node_view(edited)
+
+
+class _Informer:
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get(name)
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self.objects.values())
+
+
+def test_gpu_nodes_filter_each_version_and_keep_the_name_order() -> None:
+    calls: list[str] = []
+
+    def has_gpus(obj: Any) -> bool:
+        calls.append(obj["metadata"]["name"])
+        return bool(obj["status"]["capacity"])
+
+    informer = _Informer([node("b"), node("a"), node("cpu", gpus=0)])
+    view = NodeCacheView(informer, has_gpus)  # type: ignore[arg-type]
+    assert [n["metadata"]["name"] for n in view.gpu_nodes()] == ["a", "b"]
+    assert sorted(calls) == ["a", "b", "cpu"]
+    calls.clear()
+    assert [n["metadata"]["name"] for n in view.gpu_nodes()] == ["a", "b"]
+    assert calls == []  # nothing changed: nothing filtered again
+
+    informer.objects["a"] = node("a", gpus=0, rv="2")  # a lost its GPUs
+    informer.objects["cpu"] = node("cpu", rv="2")  # and cpu gained some
+    assert [n["metadata"]["name"] for n in view.gpu_nodes()] == ["b", "cpu"]
+    assert sorted(calls) == ["a", "cpu"]
