@@ -184,17 +184,16 @@ class Controllers:
         return out
 
     def _dependents(self, uid: str) -> list[tuple[ResourceType, Obj]]:
-        return self._all_objects(lambda o: owned_by(o, uid))
+        by_key = {rt.key: rt for rt in list(self.api.types.values())}
+        return [(by_key[key], obj) for key, obj in self.store.owned_by(uid) if key in by_key]
 
     def _collect_dependents(self, uid: str) -> None:
         """Delete what `uid` owned and no other live owner still does (one snapshot of the store)."""
         with self.store.lock:
-            live = self.store.uids()
-            dependents = self._dependents(uid)
-        for rt, dep in dependents:
-            if dep["metadata"].get("deletionTimestamp"):
-                continue
-            if not any(r.get("uid") in live for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid):
+            dependents = [(rt, dep, any(self.store.has_uid(r.get("uid")) for r in dep["metadata"]["ownerReferences"]
+                                        if r.get("uid") != uid)) for rt, dep in self._dependents(uid)]
+        for rt, dep, owned_still in dependents:
+            if not dep["metadata"].get("deletionTimestamp") and not owned_still:
                 self._delete(rt, dep, "Background")
 
     def _collect_if_orphaned(self, key: str, obj: Obj) -> None:
