@@ -72,10 +72,14 @@ class FleetViews:
     """The budget's view of each GPU node, and whether it waits for admission, made once per version of its Node
     object (the node cache hands out the same object until the node changes). Each admission looks at the whole
     fleet: in a drain burst, decoding every node's record for each of hundreds of admissions was most of the
-    controller's CPU."""
+    controller's CPU. Cleared at each resync: it would otherwise keep, after a burst, the Node objects of its last
+    admission for as long as the controller runs."""
 
     def __init__(self) -> None:
         self._made: dict[str, tuple[Node, safety.NodeView, bool]] = {}
+
+    def clear(self) -> None:
+        self._made = {}
 
     def of(self, nodes: Sequence[Node]) -> tuple[list[safety.NodeView], list[str]]:
         """``nodes``' views and the names of those waiting for admission (``_waits_for_budget``)."""
@@ -132,6 +136,7 @@ class DrainLoop(NodeLoop):
         return self._step(node, record, policy)
 
     def resync(self) -> None:
+        self.fleet_views.clear()
         pause = self.ctx.breakers.latest_pause()  # the detect loop reloads it every cycle
         self.ctx.metrics.paused.set(1.0 if pause.paused else 0.0)
         self.ctx.metrics.domains_tripped.set(float(len(self.ctx.breakers.latest().domains)))

@@ -83,3 +83,12 @@ def test_gpu_nodes_filter_each_version_and_keep_the_name_order() -> None:
     informer.objects["cpu"] = node("cpu", rv="2")  # and cpu gained some
     assert [n["metadata"]["name"] for n in view.gpu_nodes()] == ["b", "cpu"]
     assert sorted(calls) == ["a", "cpu"]
+
+
+def test_cleared_views_are_made_again() -> None:
+    views = FleetViews()
+    a = node("a")
+    first = views.of([a])[0][0]
+    views.clear()
+    again = views.of([a])[0][0]
+    assert again == first and again is not first
