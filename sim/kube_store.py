@@ -192,14 +192,14 @@ class Store:
     def update(self, rt: ResourceType, new: Obj, old: Obj, dry_run: bool = False) -> Obj:
         """Store `new` over `old` (the caller merged status/spec per subresource); a no-op keeps the rv."""
         with self.lock:
-            current = self.get(rt.key, old["metadata"].get("namespace", ""), old["metadata"]["name"])
+            current = self.objects.get(rt.key, {}).get((old["metadata"].get("namespace", ""), old["metadata"]["name"]))
             if current is None:
                 raise errs.not_found(rt.resource, rt.group, old["metadata"]["name"])
             if current["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"]:
                 raise errs.raced(rt.resource, rt.group, old["metadata"]["name"])
             new = shape(rt, new)
             if _same_ignoring_rv(new, current):
-                return current
+                return copy.deepcopy(current)
             if dry_run:
                 return new
             removed = _finalized(new)
@@ -284,11 +284,9 @@ def _owner_uids(obj: Obj) -> set[str]:
 
 
 def _same_ignoring_rv(a: Obj, b: Obj) -> bool:
-    def strip(o: Obj) -> Obj:
-        o = copy.deepcopy(o)
-        o["metadata"].pop("resourceVersion", None)
-        o["metadata"].pop("managedFields", None)
-        return o
+    def strip(o: Obj) -> Obj:  # a shallow copy: the comparison reads, it never writes
+        meta = {k: v for k, v in o["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+        return {**o, "metadata": meta}
     return strip(a) == strip(b)
 
 
