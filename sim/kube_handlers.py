@@ -96,15 +96,14 @@ class Verbs:
             limit = 0
         with self.store.lock:
             list_rv = token_rv or self.store.current_rv()
-            items = self.store.select(t.rt.key, t.namespace, lambda o: self._matches(o, t, labels, fields))
-        items = [o for o in items if _list_key(o, t) > start] if start else items
+            items, remaining = self.store.select_page(t.rt.key, t.namespace,
+                                                      lambda o: self._matches(o, t, labels, fields),
+                                                      lambda o: _list_key(o, t), start, limit)
         meta: dict[str, Any] = {"resourceVersion": str(list_rv)}
-        if limit and len(items) > limit:
-            last = _list_key(items[limit - 1], t)
-            meta["continue"] = _encode_continue(list_rv, last)
+        if remaining:
+            meta["continue"] = _encode_continue(list_rv, _list_key(items[-1], t))
             if not req.query.get("labelSelector") and not req.query.get("fieldSelector"):
-                meta["remainingItemCount"] = len(items) - limit
-            items = items[:limit]
+                meta["remainingItemCount"] = remaining
         rendered = [self._item(t.rt, o) for o in items]
         if t.rt.custom:
             return {"apiVersion": t.rt.group_version, "items": rendered, "kind": t.rt.kind + "List",

@@ -91,6 +91,19 @@ class Store:
                           if (not namespace or k[0] == namespace) and (keep is None or keep(obj)))
             return [copy.deepcopy(bucket[k]) for k in keys]
 
+    def select_page(self, key: str, namespace: str, keep: Callable[[Obj], bool], order: Callable[[Obj], str],
+                    after: str = "", limit: int = 0) -> tuple[list[Obj], int]:
+        """A LIST page: copies of at most ``limit`` (0: all) accepted objects whose ``order`` key is past
+        ``after``, in that key's order (etcd's: the key as a string), and how many accepted ones come after them.
+        Only the page is copied: paging 20,000 Nodes 500 at a time copies each once, not once a page."""
+        with self.lock:
+            bucket = self.objects.get(key, {})
+            found = [(order(obj), obj) for k, obj in bucket.items() if (not namespace or k[0] == namespace)
+                     and keep(obj)]
+            found = sorted((pair for pair in found if not after or pair[0] > after), key=lambda pair: pair[0])
+            page = found[:limit] if limit else found
+            return [copy.deepcopy(obj) for _, obj in page], len(found) - len(page)
+
     def uids(self) -> set[str]:
         with self.lock:
             return set(self._uids)

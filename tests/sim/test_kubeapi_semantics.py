@@ -85,6 +85,21 @@ def test_pagination_pages_through_with_remaining_count(raw: Raw) -> None:
     assert raw("GET", f"{NS}/configmaps?limit=1&continue=garbage").status == 400
 
 
+def test_a_paged_list_across_namespaces_is_in_etcd_key_order_and_misses_none(raw: Raw) -> None:
+    # etcd orders "<namespace>/<name>" as a string: "a-b/x" before "a/x" ('-' < '/'), unlike (namespace, name)
+    for namespace in ("a", "a-b"):
+        raw("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        raw("POST", f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "x", "labels": {"t": "p"}}})
+    seen, token = [], ""
+    while True:
+        page = raw("GET", "/api/v1/configmaps?labelSelector=t%3Dp&limit=1" + (f"&continue={token}" if token else ""))
+        seen += [f"{i['metadata']['namespace']}/{i['metadata']['name']}" for i in page.body["items"]]
+        token = page.body["metadata"].get("continue", "")
+        if not token:
+            break
+    assert seen == ["a-b/x", "a/x"]
+
+
 def test_expired_continue_token_and_exact_list_are_410() -> None:
     srv = KubeAPIServer(watch_history=5).start()
     try:
