@@ -16,10 +16,12 @@ at all while ``handover.ModeGuard`` says another mode acts: a live shard Lease o
 (annotation ``gpuremediate.io/shards``) or the ``--leader-elect`` Lease. Two modes map nodes differently, so
 during a rollout that changes the mode or S the replicas of one mode wait, holding and asking for nothing.
 
-A replica holding fewer than ``floor(S / live)`` shards while another holds more than the cap (a replica that
-came back finds its shards taken over) says so on one of that holder's Leases (annotation
-``gpuremediate.io/shard-wanted-by``, rewritten while it wants); the holder, over its cap, releases that
-shard, and the waiting replica takes it. The API server decides every change (resourceVersion).
+A replica holding fewer than ``floor(S / live)`` shards while another holds more than that floor, or fewer
+than the cap while another holds more than the cap (a replica that came back finds its shards taken over; the
+last of replicas started one by one finds every free shard taken) says so on one of that holder's Leases
+(annotation ``gpuremediate.io/shard-wanted-by``, rewritten while it wants); the holder releases that shard
+while it holds more than the cap, or more than the floor while the asker holds less, and the waiting replica
+takes it. The API server decides every change (resourceVersion).
 
 ``fence`` is the per-shard write fence: a write to a Node (its path names it), or any write made while
 reconciling a node (``acting_for``), passes only while that node's shard is ours (as ``owned``); other writes
@@ -324,11 +326,17 @@ class ShardSet:
                     self._held.add(index)
 
     def _hand_back(self, live: set[str]) -> None:
-        """Over the cap with a live replica asking for one of ours: release that shard (it takes it next)."""
+        """A live replica asks for one of ours: release that shard (it takes it next) while we hold more than the
+        cap, or more than the floor while the asker holds less than it (4 shards, 3 replicas started one by one:
+        2, 2, 0 is under every cap; the third asks and is handed one)."""
         cap = fair_cap(self.shards, len(live))
+        floor = fair_floor(self.shards, len(live))
         for index, (who, _) in sorted(self._fresh_wishes().items()):
-            if len(self._held) <= cap:
+            held = len(self._held)
+            if held <= floor:
                 return
+            if held <= cap and self._holds(who) >= floor:
+                continue  # the asker has its share: ours is within the cap
             if index in self._held and who != self.identity:
                 log.info("%s hands shard %d to %s", self.identity, index, who)
                 with self._lock:
@@ -337,19 +345,25 @@ class ShardSet:
                 self._handed[index] = (who, self._clock())
 
     def _ask_if_short(self, live: set[str]) -> None:
-        """Fewer than our share while another holder has more than the cap: ask for one of its shards."""
-        if len(self._held) >= fair_floor(self.shards, len(live)):
+        """Fewer than the floor while another holder has more than it, or fewer than the cap while another has
+        more than the cap: ask for one of its shards (the holder gives it up keeping the floor, or the cap, itself,
+        so neither side crosses the line it moved toward: no handing back and forth)."""
+        floor, cap = fair_floor(self.shards, len(live)), fair_cap(self.shards, len(live))
+        held = len(self._held)
+        if held >= cap:
             return
-        counts: dict[str, int] = {}
-        for lock in self.locks:
-            if lock.held_by_other():
-                counts[lock.holder()] = counts.get(lock.holder(), 0) + 1
-        cap = fair_cap(self.shards, len(live))
+        line = floor if held < floor else cap
         for index in self._preference():
             lock = self.locks[index]
-            if lock.held_by_other() and counts.get(lock.holder(), 0) > cap:
+            if lock.held_by_other() and self._holds(lock.holder()) > line:
                 self._wish(index)
                 return
+
+    def _holds(self, identity: str) -> int:
+        """How many shard Leases ``identity`` holds, by this round's read (ours: what we hold)."""
+        if identity == self.identity:
+            return len(self._held)
+        return sum(1 for lock in self.locks if lock.held_by_other() and lock.holder() == identity)
 
     # ---- wishes (the hand-back annotation) -----------------------------------------------------------------
 

@@ -137,6 +137,23 @@ def test_a_replica_that_comes_back_is_handed_its_share(kube_target: KubeTarget, 
     assert all(WANTED_ANNOTATION not in a for a in annotations)  # the taker drops its request
 
 
+@pytest.mark.parametrize(("shards", "replicas", "split"), [(4, 3, [1, 1, 2]), (4, 4, [1, 1, 1, 1]),
+                                                         (8, 3, [2, 3, 3]), (5, 2, [2, 3])])
+def test_replicas_started_one_by_one_end_with_a_fair_split(kube_target: KubeTarget, clock: FakeClock, shards: int,
+                                                           replicas: int, split: list[int]) -> None:
+    # a rollout: each replica starts once the last one holds its shards (4 shards, 3 replicas was stuck at
+    # 2, 2, 0: the first two within the cap of 2, the third below its floor of 1 and asking no one)
+    started: list[ShardSet] = []
+    for index in range(replicas):
+        started.append(_shard_set(kube_target, f"replica-{index}", clock, shards=shards)[0])
+        _rounds(*started, count=12, clock=clock)
+    assert sorted(len(replica.owned()) for replica in started) == split
+    owned = [replica.owned() for replica in started]
+    assert frozenset().union(*owned) == frozenset(range(shards)) and sum(map(len, owned)) == shards
+    _rounds(*started, count=12, clock=clock)  # and it stays so: nobody hands back and forth
+    assert [replica.owned() for replica in started] == owned
+
+
 def test_shutdown_releases_every_shard_at_once(kube_target: KubeTarget, clock: FakeClock) -> None:
     leaving, _ = _shard_set(kube_target, "replica-a", clock)
     staying, _ = _shard_set(kube_target, "replica-b", clock)
