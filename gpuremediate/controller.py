@@ -48,7 +48,7 @@ from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Sourc
 
 log = logging.getLogger(__name__)
 
-CACHE_SYNC_S = 60.0
+CACHE_SYNC_S = 60.0  # the node cache gives up after this long without a page of its list
 STOP_BOUND_S = 6.0  # loops and caches stop together within this; each loop's own join waits 5 s at most
 RELEASE_BOUND_S = 2.0  # then the lease is released, last
 REPORT_QUEUE_SIZE = 10_000  # Events and conditions waiting to be written; past it they are dropped and counted
@@ -371,11 +371,13 @@ class Controller:
             server.stop()
 
     def _sync_caches(self, shutdown: Shutdown, timeout: float) -> bool:
-        """start_caches, giving up early when shutdown is requested (the main thread must keep polling it)."""
+        """start_caches, giving up when no page of the Node list came for ``timeout`` (a fleet's first list may
+        take longer than that in all, on a loaded API server) or at once when shutdown is requested (the main
+        thread must keep polling it)."""
         self.informer.start()
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         while not self.informer.wait_for_sync(shutdown.poll_s):
-            if shutdown.requested or time.monotonic() > deadline:
+            if shutdown.requested or time.monotonic() > max(started, self.informer.last_progress()) + timeout:
                 return False
         return True
 

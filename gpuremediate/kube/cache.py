@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +112,7 @@ class Informer:
         self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
         self.relists = 0
+        self._progress_at = 0.0
 
     # ---- public ------------------------------------------------------------------------------------------
 
@@ -148,6 +150,13 @@ class Informer:
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
+
+    def last_progress(self) -> float:
+        """When (time.monotonic) the last page of a list arrived; 0.0 before any."""
+        return self._progress_at
+
+    def _paged(self) -> None:
+        self._progress_at = time.monotonic()
 
     def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         with self._lock:
@@ -189,8 +198,9 @@ class Informer:
 
     def _relist(self) -> str:
         listing = self.client.list(self.res, self.namespace, label_selector=self.label_selector,
-                                   field_selector=self.field_selector)
-        fresh = {object_key(obj): self.transform(obj) for obj in listing.get("items") or []}
+                                   field_selector=self.field_selector,
+                                   each=lambda obj: (object_key(obj), self.transform(obj)), on_page=self._paged)
+        fresh: dict[str, dict[str, Any]] = dict(listing.get("items") or [])
         self.last_error = ""
         with self._lock:
             old, self._store = self._store, dict(fresh)

@@ -108,11 +108,23 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = 500,
+        each: Callable[[dict[str, Any]], Any] | None = None,
+        on_page: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """All pages, followed through `continue`; an expired continue token restarts as one unpaged list."""
+        """All pages, followed through `continue`; an expired continue token restarts as one unpaged list.
+
+        ``each`` maps every item as its page arrives (the result's items are what it returns), so a large list
+        is held whole only in that form: 20,000 Nodes as a kubelet writes them are hundreds of MB parsed.
+        ``on_page`` is called after each page (progress, for a caller waiting on a long list)."""
+        def mapped(page: dict[str, Any]) -> list[Any]:
+            items = page.get("items") or []
+            if on_page is not None:
+                on_page()
+            return [each(item) for item in items] if each is not None else list(items)
+
         page = self.list_page(res, namespace, label_selector=label_selector, field_selector=field_selector,
                               limit=limit)
-        items = list(page.get("items") or [])
+        items = mapped(page)
         result = {k: v for k, v in page.items() if k != "items"}
         token = (page.get("metadata") or {}).get("continue")
         while token:
@@ -121,8 +133,9 @@ class KubeClient:
                                       field_selector=field_selector, limit=limit, continue_=token)
             except errors.Gone:
                 log.info("continue token for %s expired; listing again without paging", res.plural)
-                return self.list_page(res, namespace, label_selector=label_selector, field_selector=field_selector)
-            items.extend(page.get("items") or [])
+                page = self.list_page(res, namespace, label_selector=label_selector, field_selector=field_selector)
+                return {**{k: v for k, v in page.items() if k != "items"}, "items": mapped(page)}
+            items.extend(mapped(page))
             token = (page.get("metadata") or {}).get("continue")
         result["metadata"] = {k: v for k, v in (result.get("metadata") or {}).items()
                               if k not in ("continue", "remainingItemCount")}
