@@ -141,8 +141,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-query-timeout", default="",
                    help="how long one Prometheus query may take (default: 10s + 4ms per GPU node, counted by the "
                         "Node informer from the first read on: 30s at 5,000 nodes)")
-    p.add_argument("--prometheus-max-bytes", type=int, default=64 * 1024 * 1024,
-                   help="the largest Prometheus answer read, after gzip (default 64 MiB)")
+    p.add_argument("--prometheus-max-bytes", type=int, default=0,
+                   help="the largest Prometheus answer read, after gzip (default: 64 MiB plus 8 KiB per GPU node, "
+                        "counted as for the query timeout: 103 MiB at 5,000 nodes; a fixed 64 MiB read nothing past "
+                        "about 25,000)")
     p.add_argument("--prometheus-fault-poll", default="1s",
                    help="how often new faults are asked for between reads (default 1s; one small query, never two "
                         "at once; a slow answer spaces the next by 20 times its length, a failure doubles the "

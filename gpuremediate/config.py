@@ -64,7 +64,7 @@ class Settings:
     prometheus_ca_file: str = ""
     prometheus_node_label: str = "Hostname"
     prometheus_query_timeout_s: float = 0.0  # 0: scales with the fleet (the source's own default)
-    prometheus_max_bytes: int = 64 * 1024 * 1024
+    prometheus_max_bytes: int = 0  # 0: scales with the fleet (the source's own default)
     prometheus_fault_poll_s: float = 1.0  # the fault fast path between reads; 0: off
     scrape_interval_s: float = 15.0  # --scrape-interval; without it PROMETHEUS_READ_INTERVAL_S for that source
     resync_s: float = 10.0
@@ -130,7 +130,7 @@ class Settings:
         ]
 
     def _validate_prometheus(self) -> None:
-        if not 1024 <= self.prometheus_max_bytes <= 4 * 1024**3:
+        if self.prometheus_max_bytes and not 1024 <= self.prometheus_max_bytes <= 4 * 1024**3:
             raise SettingsError(f"--prometheus-max-bytes: expected 1024 to 4 GiB, got {self.prometheus_max_bytes}")
         url = urlsplit(self.prometheus_url)
         if url.scheme not in ("http", "https") or not url.hostname:

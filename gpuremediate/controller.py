@@ -102,7 +102,7 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
         return PrometheusSource(
             settings.prometheus_url, token=token, ca_file=settings.prometheus_ca_file or None,
             node_label=settings.prometheus_node_label, timeout_s=settings.prometheus_query_timeout_s or None,
-            max_bytes=settings.prometheus_max_bytes, expected_nodes=expected,
+            max_bytes=settings.prometheus_max_bytes or None, expected_nodes=expected,
             fault_poll_s=settings.prometheus_fault_poll_s, clock=clock,
             fleet_size=lambda: len(view.gpu_nodes()),  # every replica asks for the whole fleet (--shards too)
         )

@@ -510,6 +510,10 @@ FAULT_METRICS = tuple(m for m in POLICY_METRICS if m not in DENSE_METRICS)
 FAULT_POLL_S = 1.0  # how often the fault fast path asks between full reads
 QUERY_TIMEOUT_BASE_S = 10.0  # the default query timeout: this, plus QUERY_TIMEOUT_PER_NODE_S per GPU node
 QUERY_TIMEOUT_PER_NODE_S = 0.004  # (30 s at 5,000 nodes)
+# The default cap on one answer: this plus ANSWER_PER_NODE_BYTES per GPU node (the identity answer, the largest,
+# is about 2.6 KB a node of 8 GPUs: a fixed 64 MiB refused it from about 25,000 nodes on)
+ANSWER_BASE_BYTES = 64 * MIB
+ANSWER_PER_NODE_BYTES = 8 * 1024
 FAULT_QUERY_TIMEOUT_S = 10.0  # the fast path's query waits no longer (or the query timeout, if shorter)
 FLEET_SIZE_EVERY_S = 30.0  # the fleet's size (for the query timeout) is counted at most this often
 
@@ -649,7 +653,8 @@ class PrometheusSource:
     Prometheus as the query's ``timeout`` and bounds the HTTP exchange. The node count is the larger of
     the last read's and ``fleet_size()`` (the Node informer's GPU nodes): the first read, before any node
     was seen, is sized for the fleet too (at 5,000 nodes a first read sized for none timed out for ever).
-    ``max_bytes`` caps the (gzip-decompressed) answer. A node whose newest sample is older than
+    ``max_bytes`` (None: 64 MiB plus 8 KiB per node, counted as for the timeout) caps the (gzip-decompressed)
+    answer. A node whose newest sample is older than
     ``stale_after_s`` is unknown, as is an ``expected_nodes`` node that Prometheus has no series for (its
     target is down: Prometheus marks the series stale and drops them from instant queries).
     """
@@ -664,7 +669,7 @@ class PrometheusSource:
         node_label: str = "Hostname",
         timeout_s: float | None = None,
         stale_after_s: float = 120.0,
-        max_bytes: int = 64 * MIB,
+        max_bytes: int | None = None,
         clock: Callable[[], float] = time.time,
         expected_nodes: Callable[[], Iterable[str]] | None = None,
         identity_every: int = 8,
@@ -675,7 +680,8 @@ class PrometheusSource:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"Prometheus URL must be http(s)://host[:port][/prefix], got {url!r}")
-        if (timeout_s is not None and not timeout_s > 0) or max_bytes < 1 or not stale_after_s > 0:
+        if (timeout_s is not None and not timeout_s > 0) or (max_bytes is not None and max_bytes < 1) \
+                or not stale_after_s > 0:
             raise ValueError(f"timeout_s ({timeout_s}), max_bytes ({max_bytes}), stale_after_s ({stale_after_s}) "
                              "must be > 0")
         self.url = url.rstrip("/")
@@ -717,6 +723,13 @@ class PrometheusSource:
         if self.query_timeout_s is not None:
             return self.query_timeout_s
         return QUERY_TIMEOUT_BASE_S + QUERY_TIMEOUT_PER_NODE_S * self.nodes_known()
+
+    @property
+    def answer_cap(self) -> int:
+        """The most bytes one answer may have once decompressed."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return ANSWER_BASE_BYTES + ANSWER_PER_NODE_BYTES * self.nodes_known()
 
     def nodes_known(self) -> int:
         """The GPU nodes a query answers for: the last full read's, or the fleet's before it (the informer's),
@@ -975,7 +988,7 @@ class PrometheusSource:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
-            body, _ = fetch(url, timeout + 2.0, self.max_bytes, headers, self.context)
+            body, _ = fetch(url, timeout + 2.0, self.answer_cap, headers, self.context)
         except FetchError as e:
             raise PrometheusError(f"Prometheus {what} query to {self.url} failed: {e}") from None
         return parse_query_response(body, self.clock())

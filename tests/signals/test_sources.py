@@ -404,6 +404,20 @@ def test_prometheus_response_size_cap(prom: tuple[str, type[PromHandler]]) -> No
     assert PrometheusSource(url, max_bytes=20_000).read()
 
 
+def test_prometheus_answer_cap_scales_with_the_fleet(prom: tuple[str, type[PromHandler]],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed 64 MiB refused the identity answer (about 2.6 KB a node) from about 25,000 nodes on: by default
+    the cap grows with the fleet, as the query timeout does; --prometheus-max-bytes fixes it."""
+    url, _ = prom
+    assert PrometheusSource(url, fleet_size=lambda: 5000).answer_cap == 64 * 1024 * 1024 + 5000 * 8 * 1024
+    assert PrometheusSource(url, max_bytes=4096, fleet_size=lambda: 5000).answer_cap == 4096
+    monkeypatch.setattr(sources, "ANSWER_BASE_BYTES", 1000)
+    monkeypatch.setattr(sources, "ANSWER_PER_NODE_BYTES", 1000)
+    with pytest.raises(PrometheusError, match="exceeds the 1000 byte limit once decompressed"):
+        PrometheusSource(url, fleet_size=lambda: 0).read()
+    assert PrometheusSource(url, fleet_size=lambda: 20).read()  # 21,000 bytes: readings.json fits
+
+
 def test_prometheus_unreachable_and_bad_url() -> None:
     with pytest.raises(PrometheusError, match="failed: cannot connect"):
         PrometheusSource("http://127.0.0.1:1", timeout_s=1).read()
