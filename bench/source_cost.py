@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/source_cost.py 5000            # read time, split; memory held between reads
     .venv/bin/python bench/source_cost.py 5000 --profile  # cProfile of the reads, top functions
+    .venv/bin/python bench/source_cost.py 20000 --shards 4  # one replica of 4: the fleet's answers, shard 0 kept
 
 A stand-in Prometheus in a separate process answers the source's three queries (readings, freshness,
 identity) with what a real one answers for a healthy fleet (the shapes of bench/scale.py's fleet,
@@ -31,6 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpuremediate.kube.shards import shard_of  # noqa: E402
 from gpuremediate.signals import sources  # noqa: E402
 from gpuremediate.signals.model import NodeReadings  # noqa: E402
 
@@ -111,19 +113,24 @@ def main() -> int:
     p.add_argument("--reads", type=int, default=9, help="reads (one in identity_every=8 is a full identity read)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--trace", action="store_true", help="tracemalloc: what is held after the reads, by line")
+    p.add_argument("--shards", type=int, default=1, help="read as the replica holding shard 0 of this many")
     args = p.parse_args()
     queue: Any = multiprocessing.Queue()
     server = multiprocessing.Process(target=serve, args=(args.nodes, queue), daemon=True)
     server.start()
     port, sizes = queue.get(timeout=600)
-    all_nodes = names(args.nodes)
+    def owns(node: str) -> bool:
+        return shard_of(node, args.shards) == 0
+
+    mine = [node for node in names(args.nodes) if owns(node)]
     source = sources.PrometheusSource(f"http://127.0.0.1:{port}", clock=lambda: EVAL_TIME,
-                                      expected_nodes=lambda: all_nodes)
+                                      expected_nodes=lambda: mine, keep=owns if args.shards > 1 else None)
     if args.trace:
         tracemalloc.start()
     held: dict[str, NodeReadings] = {}  # what the detect loop keeps (ctx.readings)
     times = []
     profiler = cProfile.Profile() if args.profile else None
+    cpu_started = time.process_time()
     for _ in range(args.reads):
         started = time.perf_counter()
         if profiler:
@@ -137,7 +144,9 @@ def main() -> int:
     gc.collect()
     rss, hwm = rss_mb()
     ok = sum(1 for r in held.values() if r.status == "ok")
-    print(json.dumps({"nodes": args.nodes, "reads": args.reads, "ok_nodes": ok, "answer_gzip_bytes": sizes,
+    cpu = time.process_time() - cpu_started
+    print(json.dumps({"nodes": args.nodes, "shards": args.shards, "reads": args.reads, "ok_nodes": ok,
+                      "cpu_s_per_read": round(cpu / args.reads, 3), "answer_gzip_bytes": sizes,
                       "read_s_first": round(times[0], 3), "read_s_median": round(statistics.median(times[1:]), 3),
                       "read_s_max": round(max(times[1:]), 3), "rss_mb_after": round(rss, 1),
                       "rss_mb_peak": round(hwm, 1)}))

@@ -105,6 +105,7 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
             max_bytes=settings.prometheus_max_bytes or None, expected_nodes=expected,
             fault_poll_s=settings.prometheus_fault_poll_s, clock=clock,
             fleet_size=lambda: len(view.gpu_nodes()),  # every replica asks for the whole fleet (--shards too)
+            keep=owns if settings.sharded else None,
         )
     sharded: dict[str, Any] = {"owns": owns} if settings.sharded else {}
     return (ShardExporterSource if settings.sharded else ExporterSource)(

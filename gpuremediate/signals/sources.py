@@ -657,6 +657,10 @@ class PrometheusSource:
     answer. A node whose newest sample is older than
     ``stale_after_s`` is unknown, as is an ``expected_nodes`` node that Prometheus has no series for (its
     target is down: Prometheus marks the series stale and drops them from instant queries).
+
+    ``keep`` (a sharded replica's ``owns``) narrows what is made of each answer to its nodes: the queries are
+    the fleet's (no PromQL selects by our shard hash), but readings, identity and the faults remembered are
+    made and kept for the replica's own nodes only, so their cost is the shard's, not the fleet's.
     """
 
     name = "prometheus"
@@ -676,6 +680,7 @@ class PrometheusSource:
         fault_poll_s: float = FAULT_POLL_S,
         fleet_size: Callable[[], int] | None = None,
         recording_rules: bool = True,
+        keep: Callable[[str], bool] | None = None,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -692,6 +697,7 @@ class PrometheusSource:
         self.clock = clock
         self.expected_nodes = expected_nodes
         self.fleet_size = fleet_size
+        self.keep = keep  # None: every node; else (--shards) only these nodes' readings, identity and faults are made
         self._fleet_known, self._fleet_counted_at = 0, -math.inf  # fleet_size()'s last answer, and when
         self.nodes_seen = 0
         self.reads = 0
@@ -803,17 +809,18 @@ class PrometheusSource:
                                             "readings")
             stamps, _ = asked.result()
             extra = degraded.result() if degraded is not None else []
+        mine = self._keeper()
         raw: dict[str, list[Sample]] = {}
         for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
-            if node := self._node_of(sample.label):
+            if (node := self._node_of(sample.label)) and mine(node):
                 raw.setdefault(node, []).append(sample)
         self._remember_faults(raw, whole=not nodes)
         self._refresh_identity({node for node, got in raw.items() if any(s.name not in DENSE_METRICS for s in got)},
-                               fleet=not nodes)
+                               fleet=not nodes, mine=mine)
         for sample in extra:  # per-GPU degradation fields: values, not faults (remembered or not, above)
             if (node := self._node_of(sample.label)) and node in raw:
                 raw[node].append(sample)
-        newest = self._newest(stamps)
+        newest = self._newest(stamps, mine)
         found = sorted(set(raw) | set(newest))
         readings = []
         for node in found:
@@ -867,6 +874,22 @@ class PrometheusSource:
             samples += _drain_samples(result)
         return samples
 
+    def _keeper(self) -> Callable[[str], bool]:
+        """``keep``, asked once per node for one answer (a shard's hash per series would cost more than the
+        series)."""
+        keep = self.keep
+        if keep is None:
+            return lambda _node: True
+        kept: dict[str, bool] = {}
+
+        def mine(node: str) -> bool:
+            answer = kept.get(node)
+            if answer is None:
+                answer = kept[node] = keep(node)
+            return answer
+
+        return mine
+
     def changed_nodes(self) -> set[str]:
         """The fault fast path: nodes whose non-zero fault series differ from what the last read saw (a new
         XID, a DBE count that grew, a row-remap failure). One small query; ``read(nodes)`` follows for them.
@@ -886,8 +909,9 @@ class PrometheusSource:
         self.fault_error = ""
         now: dict[str, set[_Fault]] = {}
         named_by: dict[str, str] = {}
+        mine = self._keeper()
         for sample in _drain_samples(values):
-            if named := self._naming_label(sample.label):
+            if (named := self._naming_label(sample.label)) and mine(named[1]):
                 now.setdefault(named[1], set()).add((sample.name, sample.labels, sample.value))
                 named_by[named[1]] = named[0]
         watched = polled_metrics(self.recorded)
@@ -906,7 +930,8 @@ class PrometheusSource:
             else:
                 self._faults_seen.update(seen)
 
-    def _refresh_identity(self, faulty: set[str], fleet: bool = True) -> None:
+    def _refresh_identity(self, faulty: set[str], fleet: bool = True,
+                          mine: Callable[[str], bool] = lambda _node: True) -> None:
         """Every ``identity_every`` fleet reads for the fleet; at once for nodes showing a fault (their pods
         are what a drain reads next). A failed identity query keeps what was known: values still count."""
         full = fleet and self.reads % self.identity_every == 0
@@ -923,7 +948,7 @@ class PrometheusSource:
         for item in result:
             point = _point(item)
             labels = dict(point[0]) if point is not None else {}
-            if node := self._node_of(labels.get):
+            if (node := self._node_of(labels.get)) and mine(node):
                 key = (node, labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
                 pairs = _workload_labels({k: labels[k] for k in IDENTITY_LABELS if labels.get(k)})
                 fresh[key] = (*fresh.get(key, ()), tuple(shared.setdefault(pair, pair) for pair in pairs))
@@ -960,7 +985,7 @@ class PrometheusSource:
                   "is not scraped, or its target is down and the series went stale")
         return [unknown(n, self.name, reason, eval_time) for n in sorted(set(self.expected_nodes()) - covered)]
 
-    def _newest(self, stamps: Sequence[Any]) -> dict[str, float]:
+    def _newest(self, stamps: Sequence[Any], mine: Callable[[str], bool]) -> dict[str, float]:
         newest: dict[str, float] = {}
         for item in stamps:
             point = _point(item)
@@ -968,7 +993,7 @@ class PrometheusSource:
                 continue
             labels, stamp = point
             node = self._node_of(dict(labels).get)
-            if node:
+            if node and mine(node):
                 newest[node] = max(stamp, newest.get(node, stamp))
         return newest
 

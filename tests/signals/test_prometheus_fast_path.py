@@ -170,3 +170,25 @@ def test_no_fault_is_news_before_the_first_full_read(prom: tuple[FakePrometheus,
     src.read()
     fake.xid["gpu-2"] = 48
     assert src.changed_nodes() == {"gpu-2"}
+
+
+def test_a_sharded_replica_makes_readings_and_fault_memory_for_its_own_nodes_only(
+        prom: tuple[FakePrometheus, str]) -> None:
+    """The queries are the fleet's; what is made of the answers is the shard's (``keep``): readings, the faults
+    remembered for the fast path, the GPU identities, each asked of ``keep`` once per node and answer."""
+    fake, url = prom
+    asked: list[str] = []
+
+    def keep(node: str) -> bool:
+        asked.append(node)
+        return node != "gpu-2"
+
+    src = PrometheusSource(url, clock=lambda: NOW, keep=keep)
+    assert {r.node for r in src.read()} == {"gpu-1", "gpu-3"}
+    assert sorted(asked).count("gpu-2") <= 3  # once per answer (readings, freshness, identity), not per series
+    assert {key[0] for key in src._identity} <= {"gpu-1", "gpu-3"}
+    fake.xid["gpu-2"] = 79  # another shard's node
+    fake.xid["gpu-3"] = 48
+    assert src.changed_nodes() == {"gpu-3"}
+    src.read(nodes=["gpu-3"])
+    assert src.changed_nodes() == set() and "gpu-2" not in src._faults_seen
