@@ -772,7 +772,7 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
     fleet.inject_many(nodes, 3, 79)
     injected = time.monotonic()
     seen: dict[str, float] = {}
-    pending = set(nodes)
+    pending, wanted = set(nodes), frozenset(nodes)
     query = urllib.parse.urlencode({"query": f"count by (Hostname) ({XID_FAMILY} != 0)"})
     while time.monotonic() - injected < timeout_s:
         if len(seen) < len(nodes):
@@ -780,7 +780,8 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
                     urllib.request.urlopen(f"{prom_url}/api/v1/query?{query}", timeout=30) as resp:
                 now = time.monotonic()
                 for r in json.loads(resp.read())["data"]["result"]:
-                    seen.setdefault(r["metric"].get("Hostname", ""), now)
+                    if r["metric"].get("Hostname", "") in wanted:  # not the faults before the burst
+                        seen.setdefault(r["metric"]["Hostname"], now)
         pending = {n for n in pending if n not in watch.cordons}
         if not pending and len(seen) >= len(nodes):
             break
@@ -811,6 +812,38 @@ def http_ok(url: str) -> bool:
             return bool(resp.status == 200)
     except (OSError, ValueError):
         return False
+
+
+REPLICA_METRICS = ("gpuremediate_shards_held", "gpuremediate_api_errors_total", "gpuremediate_fenced_writes_total",
+                   "gpuremediate_nodes_unknown", "gpuremediate_scrape_errors_total",
+                   "gpuremediate_scrape_seconds_count", "gpuremediate_fleet_health_unknown")
+
+
+def replica_gauges(port: int) -> dict[str, float]:
+    """A replica's own view at the end: shards held, API errors, fenced writes, unknown nodes, reads."""
+    try:
+        values = controller_metrics(port)
+    except OSError as exc:
+        return {"unreachable": 1.0, "error": float(bool(exc))}
+    out = {key.removeprefix("gpuremediate_"): v for key, v in values.items() if key in REPLICA_METRICS}
+    out.update({key: v for key, v in values.items() if key.startswith("gpuremediate_prometheus_mode{") and v})
+    return out
+
+
+def sharded_table(result: dict[str, Any]) -> str:
+    """The per-replica table and the phases' CPU split, for people (stderr; the JSON line is on stdout)."""
+    lines = [f"N={result['nodes']} shards={result['shards']} replicas={result['replicas']}",
+             "replica          shards  reads read_s errors cpu_s/min rss_steady rss_peak lease/min other/min"]
+    for r in result.get("steady", []):
+        lines.append(f"{r['replica']:<16} {','.join(map(str, r['shards'])):<7} {r['reads']:>5} {r['read_s']:>6} "
+                     f"{r['read_errors']:>6} {r['cpu_s_per_min']:>9} {r['rss_steady_mb']:>10} {r['rss_peak_mb']:>8} "
+                     f"{r['api_per_min_lease']:>9} {r['api_per_min_other']:>9}")
+    for phase, v in result.get("phases", {}).items():
+        lines.append(f"{phase:<24} {v['seconds']:>6} s  CPU s/min " + ", ".join(
+            f"{who} {cpu} ({v['cpu_share'].get(who, 0) * 100:.0f} %)" for who, cpu in v["cpu_s_per_min"].items()) +
+            f"; Prometheus RSS median {v['rss_mb_median'].get('prometheus')} MB, max "
+            f"{v['rss_mb_max'].get('prometheus')} MB")
+    return "\n".join(lines)
 
 
 def replica_up(srv: KubeAPIServer, proc: subprocess.Popen[bytes], identity: str, port: int,
@@ -848,7 +881,7 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
         f"{time.monotonic() - started:.0f} s")
     LOGS.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"nodes": n, "gpus": n * 8, "series": n * 8 * len(families()), "endpoints": endpoints,
-                              "shards": shards, "replicas": replicas, "faults": faults, "burst": burst,
+                              "shards": shards, "replicas": replicas, "fault_count": faults, "burst_size": burst,
                               "controller_flags": CONTROLLER_FLAGS or "defaults", "logs": str(LOGS)}
     procs: list[subprocess.Popen[bytes]] = []
     ports = [promlab.free_port() for _ in range(replicas)]
@@ -958,6 +991,7 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
             result["holders_changed"] = final != holders
             result["read_errors_total"] = {identities[i]: int(scrape_stats(port)[2]) for i, port in enumerate(ports)}
             result["alive"] = {identities[i]: proc.poll() is None for i, proc in enumerate(procs)}
+            result["replica_metrics_at_end"] = {identities[i]: replica_gauges(port) for i, port in enumerate(ports)}
             cpu.end()
             result["phases"] = cpu.phases
     finally:
@@ -1149,8 +1183,10 @@ def main() -> int:
             for workers in args.workers:
                 print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
         elif args.shards > 1:
-            print(json.dumps(run_sharded(n, args.shards, args.replicas or args.shards, args.steady, args.faults,
-                                         args.burst, args.endpoints)), flush=True)
+            sharded = run_sharded(n, args.shards, args.replicas or args.shards, args.steady, args.faults,
+                                  args.burst, args.endpoints)
+            print(json.dumps(sharded), flush=True)
+            print(sharded_table(sharded), file=sys.stderr, flush=True)
         else:
             print(json.dumps(run_prometheus(n, args.steady, args.faults, args.endpoints, args.modes)), flush=True)
     return 0
