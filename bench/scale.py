@@ -846,6 +846,28 @@ def sharded_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def stop_replicas(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def log_warnings(path: Path) -> dict[str, int]:
+    """A replica's WARNING/ERROR lines counted by message (the fields after it left out), most first."""
+    counts: Counter[str] = Counter()
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) == 3 and parts[1] in ("WARNING", "ERROR", "CRITICAL"):
+                counts[f"{parts[1]} {parts[2].split('  ', 1)[0][:160]}"] += 1
+    return dict(counts.most_common(12))
+
+
 def replica_up(srv: KubeAPIServer, proc: subprocess.Popen[bytes], identity: str, port: int,
                shards: int) -> tuple[float, float]:
     """Wait as a rollout does: the replica ready (/readyz), then holding a shard; (seconds to each)."""
@@ -994,14 +1016,11 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
             result["replica_metrics_at_end"] = {identities[i]: replica_gauges(port) for i, port in enumerate(ports)}
             cpu.end()
             result["phases"] = cpu.phases
+            stop_replicas(procs)  # before Prometheus stops: their last reads would fail and be logged
+            result["log_warnings"] = {identities[i]: log_warnings(LOGS / f"controller-{i}.log")
+                                      for i in range(len(procs))}
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_replicas(procs)
         fleet.stop()
         srv.stop()
     return result
