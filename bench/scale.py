@@ -438,16 +438,21 @@ def degradation_cost(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
                                                 on["prometheus_cpu_s_per_min_caused"]]}
 
 
+def load_recording_rules(prom: promlab.PromServer, timeout_s: float = 300) -> float:
+    """gpuremediate's recording rules loaded into Prometheus; seconds until their first evaluation."""
+    rules = prom.workdir / "gpuremediate-recording.rules.yml"
+    rules.write_text(recording.rules_file())
+    prom.rule_files = [rules]
+    prom.reload()
+    return wait(lambda: query_result(prom.url, sources.RULES_INFO), timeout_s, "the recording rules' first evaluation")
+
+
 def run_mode(run: str, prom: promlab.PromServer, srv: KubeAPIServer, client: KubeClient, fleet: Fleet,
              live: list[str], steady_s: float, slow: str | None = None) -> dict[str, Any]:
     mode = run.removesuffix(DEGRADATION_RUN)
     recorded = mode == "recorded"
     if recorded:
-        rules = prom.workdir / "gpuremediate-recording.rules.yml"
-        rules.write_text(recording.rules_file())
-        prom.rule_files = [rules]
-        prom.reload()
-        wait(lambda: query_result(prom.url, sources.RULES_INFO), 300, "the recording rules' first evaluation")
+        load_recording_rules(prom)
     log(f"{run}: Prometheus alone for {steady_s:g} s")
     idle_cpu = prometheus_cpu_per_min(prom, steady_s)
     kubeconfig = LOGS / "kubeconfig"
@@ -882,7 +887,7 @@ def replica_up(srv: KubeAPIServer, proc: subprocess.Popen[bytes], identity: str,
 
 
 def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int, burst: int,
-                endpoints: int) -> dict[str, Any]:
+                endpoints: int, mode: str = "raw") -> dict[str, Any]:
     """``replicas`` controllers with ``--shards S`` (each its own identity, token, metrics port and log) on one
     Prometheus and one emulator, started one after another as a rollout does; then a steady window, ``faults``
     XIDs one after the other and ``burst`` at once, each cordon checked against its shard's owner."""
@@ -904,6 +909,7 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
     LOGS.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"nodes": n, "gpus": n * 8, "series": n * 8 * len(families()), "endpoints": endpoints,
                               "shards": shards, "replicas": replicas, "fault_count": faults, "burst_size": burst,
+                              "mode": mode,
                               "controller_flags": CONTROLLER_FLAGS or "defaults", "logs": str(LOGS)}
     procs: list[subprocess.Popen[bytes]] = []
     ports = [promlab.free_port() for _ in range(replicas)]
@@ -915,107 +921,17 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
             cpu.begin("prometheus_first_scrape")
             took = wait(lambda: prom_has_nodes(prom.url) >= n, 1800, "Prometheus to scrape the fleet")
             log(f"Prometheus has the fleet after {took:.0f} s")
+            if mode == "recorded":
+                took = load_recording_rules(prom, 900)
+                log(f"recording rules evaluated after {took:.0f} s")
             cpu.begin("prometheus_alone")
             time.sleep(min(steady_s, 60.0))
-            rollout: list[dict[str, Any]] = []
-            cpu.begin("rollout")
-            rollout_started = time.monotonic()
-            for i, identity in enumerate(identities):
-                kubeconfig = LOGS / f"kubeconfig-{i}"
-                srv.write_kubeconfig(kubeconfig, token=replica_token(i))
-                t_start = time.monotonic()
-                proc = controller_process(kubeconfig, prom.url, ports[i],
-                                          ("--shards", str(shards), "--identity", identity),
-                                          log_name=f"controller-{i}.log")
-                procs.append(proc)
-                cpu.add(identity, proc.pid)
-                ready_s, owns_s = replica_up(srv, proc, identity, ports[i], shards)
-                holders = shard_holders(srv, shards)
-                rollout.append({"replica": identity, "ready_after_s": round(ready_s, 1),
-                                "holds_a_shard_after_s": round(time.monotonic() - t_start, 1),
-                                "holders_then": dict(Counter(holders.values()))})
-                log(f"{identity}: ready after {ready_s:.0f} s, holds a shard after {owns_s + ready_s:.0f} s; "
-                    f"holders {dict(Counter(holders.values()))}")
-            fair_s = wait(lambda: fair(shard_holders(srv, shards), shards, identities), 1800, "a fair split")
-            holders = shard_holders(srv, shards)
-            log(f"fair split {dict(Counter(holders.values()))} {fair_s:.0f} s after the last start")
-            result["rollout"] = {"replicas": rollout, "fair_after_last_start_s": round(fair_s, 1),
-                                 "from_first_start_s": round(time.monotonic() - rollout_started, 1),
-                                 "shards_by_holder": dict(Counter(holders.values())),
-                                 "holders": {str(k): v for k, v in sorted(holders.items())}}
-            first_reads = wait(lambda: all(good_reads(port) >= 1 for port in ports), 1800,
-                               "every replica's first good read")
-            log(f"every replica has read (+{first_reads:.0f} s); steady for {steady_s:g} s")
-            # steady window
-            cpu.begin("steady")
-            before = len(srv.requests)
-            stats0 = [scrape_stats(port) for port in ports]
-            cpu0 = [cpu_seconds(proc.pid) for proc in procs]
-            t0 = time.monotonic()
-            time.sleep(steady_s)
-            t1 = time.monotonic()
-            stats1 = [scrape_stats(port) for port in ports]
-            cpu1 = [cpu_seconds(proc.pid) for proc in procs]
-            requests = list(srv.requests)[before:]
-            cpu.end()
-            per_replica: list[dict[str, Any]] = []
-            for i, identity in enumerate(identities):
-                mine = [r for r in requests if r[0] == replica_user(i)]
-                lease = sum(1 for r in mine if r[3] == "leases")
-                others = Counter(" ".join(filter(None, (r[1], r[3], r[4]))) for r in mine if r[3] != "leases")
-                (c0, s0, e0), (c1, s1, e1) = stats0[i], stats1[i]
-                per_replica.append({
-                    "replica": identity, "shards": sorted(k for k, v in holders.items() if v == identity),
-                    "reads": int(c1 - c0), "read_s": round((s1 - s0) / max(1.0, c1 - c0), 2),
-                    "read_errors": int(e1 - e0), "read_errors_total": int(e1),
-                    "cpu_s_per_min": round((cpu1[i] - cpu0[i]) * 60.0 / (t1 - t0), 1),
-                    "rss_steady_mb": round(cpu.rss[identity].median_mb(t0, t1), 1),
-                    "rss_peak_mb": round(cpu.rss[identity].peak_mb(), 1),
-                    "api_per_min_lease": round(lease * 60.0 / (t1 - t0), 1),
-                    "api_per_min_other": round(sum(others.values()) * 60.0 / (t1 - t0), 1),
-                    "api_other_by_verb_per_min": {k: round(v * 60.0 / (t1 - t0), 1)
-                                                  for k, v in sorted(others.items())}})
-            result["steady"] = per_replica
-
-            def owner_of(node: str) -> str:
-                return holders.get(shard_of(node, shards), "?")
-
-            # faults one after the other
-            cpu.begin("faults")
-            since = len(srv.requests)
-            timed = []
-            for node in fault_nodes:
-                timed.append(fault_to_cordon(fleet, prom.url, client, node))
-                log(f"{node} (shard {shard_of(node, shards)}, {owner_of(node)}): cordoned {timed[-1][0]:.1f} s "
-                    f"after the fault, {timed[-1][0] - timed[-1][1]:.2f} s after Prometheus had it")
-            time.sleep(5)  # a second cordon or a stray write would show
-            cpu.end()
-            if timed:
-                prom_to = [c - p for c, p in timed]
-                result["faults"] = {
-                    "prometheus_has_it_to_cordon_s": [round(v, 2) for v in prom_to],
-                    "fault_to_cordon_s": [round(c, 1) for c, _ in timed],
-                    "owners": {node: owner_of(node) for node in fault_nodes},
-                    "check": check_cordons(srv, watch, fault_nodes, owner_of, users, since)}
-            # the burst
-            if burst_nodes:
-                cpu.begin("burst")
-                since = len(srv.requests)
-                log(f"burst: {len(burst_nodes)} nodes at once, per shard "
-                    f"{dict(sorted(Counter(shard_of(n, shards) for n in burst_nodes).items()))}")
-                result["burst"] = burst_to_cordon(fleet, prom.url, watch, burst_nodes, 900)
-                time.sleep(10)
-                cpu.end()
-                result["burst"]["check"] = check_cordons(srv, watch, burst_nodes, owner_of, users, since)
-                result["burst"]["per_shard"] = dict(sorted(Counter(shard_of(n, shards)
-                                                                   for n in burst_nodes).items()))
-            final = shard_holders(srv, shards)
-            result["holders_changed"] = final != holders
-            result["read_errors_total"] = {identities[i]: int(scrape_stats(port)[2]) for i, port in enumerate(ports)}
-            result["alive"] = {identities[i]: proc.poll() is None for i, proc in enumerate(procs)}
-            result["replica_metrics_at_end"] = {identities[i]: replica_gauges(port) for i, port in enumerate(ports)}
+            sharded_phases(result, shards, steady_s, srv, client, fleet, prom, cpu, procs, ports, identities,
+                           users, watch, fault_nodes, burst_nodes)
             cpu.end()
             result["phases"] = cpu.phases
+            result["replica_metrics_at_end"] = {identities[i]: replica_gauges(port) for i, port in enumerate(ports)}
+            result["alive"] = {identities[i]: proc.poll() is None for i, proc in enumerate(procs)}
             stop_replicas(procs)  # before Prometheus stops: their last reads would fail and be logged
             result["log_warnings"] = {identities[i]: log_warnings(LOGS / f"controller-{i}.log")
                                       for i in range(len(procs))}
@@ -1024,6 +940,114 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
         fleet.stop()
         srv.stop()
     return result
+
+
+def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: KubeAPIServer,
+                   client: KubeClient, fleet: FleetProcess, prom: promlab.PromServer, cpu: ProcessCpu,
+                   procs: list[subprocess.Popen[bytes]], ports: list[int], identities: list[str],
+                   users: dict[str, str], watch: CordonWatch, fault_nodes: list[str], burst_nodes: list[str]) -> None:
+    """The rollout, the steady window, the faults and the burst, each phase's figures put in ``result`` as it
+    ends: a phase that cannot finish (a wait timed out, ^C) leaves the ones before it, and says why."""
+    try:
+        rollout: list[dict[str, Any]] = []
+        cpu.begin("rollout")
+        rollout_started = time.monotonic()
+        for i, identity in enumerate(identities):
+            kubeconfig = LOGS / f"kubeconfig-{i}"
+            srv.write_kubeconfig(kubeconfig, token=replica_token(i))
+            t_start = time.monotonic()
+            proc = controller_process(kubeconfig, prom.url, ports[i],
+                                      ("--shards", str(shards), "--identity", identity),
+                                      log_name=f"controller-{i}.log")
+            procs.append(proc)
+            cpu.add(identity, proc.pid)
+            ready_s, owns_s = replica_up(srv, proc, identity, ports[i], shards)
+            holders = shard_holders(srv, shards)
+            rollout.append({"replica": identity, "ready_after_s": round(ready_s, 1),
+                            "holds_a_shard_after_s": round(time.monotonic() - t_start, 1),
+                            "holders_then": dict(Counter(holders.values()))})
+            log(f"{identity}: ready after {ready_s:.0f} s, holds a shard after {owns_s + ready_s:.0f} s; "
+                f"holders {dict(Counter(holders.values()))}")
+        fair_s = wait(lambda: fair(shard_holders(srv, shards), shards, identities), 1800, "a fair split")
+        holders = shard_holders(srv, shards)
+        log(f"fair split {dict(Counter(holders.values()))} {fair_s:.0f} s after the last start")
+        result["rollout"] = {"replicas": rollout, "fair_after_last_start_s": round(fair_s, 1),
+                             "from_first_start_s": round(time.monotonic() - rollout_started, 1),
+                             "shards_by_holder": dict(Counter(holders.values())),
+                             "holders": {str(k): v for k, v in sorted(holders.items())}}
+        first_reads = wait(lambda: all(scrape_stats(port)[0] >= 1 for port in ports), 1800,
+                           "every replica's first read")
+        result["good_reads_before_steady"] = {identities[i]: good_reads(port) for i, port in enumerate(ports)}
+        log(f"every replica has read (+{first_reads:.0f} s; good reads {result['good_reads_before_steady']}); "
+            f"steady for {steady_s:g} s")
+        # steady window
+        cpu.begin("steady")
+        before = len(srv.requests)
+        stats0 = [scrape_stats(port) for port in ports]
+        cpu0 = [cpu_seconds(proc.pid) for proc in procs]
+        t0 = time.monotonic()
+        time.sleep(steady_s)
+        t1 = time.monotonic()
+        stats1 = [scrape_stats(port) for port in ports]
+        cpu1 = [cpu_seconds(proc.pid) for proc in procs]
+        requests = list(srv.requests)[before:]
+        cpu.end()
+        per_replica: list[dict[str, Any]] = []
+        for i, identity in enumerate(identities):
+            mine = [r for r in requests if r[0] == replica_user(i)]
+            lease = sum(1 for r in mine if r[3] == "leases")
+            others = Counter(" ".join(filter(None, (r[1], r[3], r[4]))) for r in mine if r[3] != "leases")
+            (c0, s0, e0), (c1, s1, e1) = stats0[i], stats1[i]
+            per_replica.append({
+                "replica": identity, "shards": sorted(k for k, v in holders.items() if v == identity),
+                "reads": int(c1 - c0), "read_s": round((s1 - s0) / max(1.0, c1 - c0), 2),
+                "read_errors": int(e1 - e0), "read_errors_total": int(e1),
+                "cpu_s_per_min": round((cpu1[i] - cpu0[i]) * 60.0 / (t1 - t0), 1),
+                "rss_steady_mb": round(cpu.rss[identity].median_mb(t0, t1), 1),
+                "rss_peak_mb": round(cpu.rss[identity].peak_mb(), 1),
+                "api_per_min_lease": round(lease * 60.0 / (t1 - t0), 1),
+                "api_per_min_other": round(sum(others.values()) * 60.0 / (t1 - t0), 1),
+                "api_other_by_verb_per_min": {k: round(v * 60.0 / (t1 - t0), 1)
+                                              for k, v in sorted(others.items())}})
+        result["steady"] = per_replica
+
+        def owner_of(node: str) -> str:
+            return holders.get(shard_of(node, shards), "?")
+
+        # faults one after the other
+        cpu.begin("faults")
+        since = len(srv.requests)
+        timed = []
+        for node in fault_nodes:
+            timed.append(fault_to_cordon(fleet, prom.url, client, node))
+            log(f"{node} (shard {shard_of(node, shards)}, {owner_of(node)}): cordoned {timed[-1][0]:.1f} s "
+                f"after the fault, {timed[-1][0] - timed[-1][1]:.2f} s after Prometheus had it")
+        time.sleep(5)  # a second cordon or a stray write would show
+        cpu.end()
+        if timed:
+            prom_to = [c - p for c, p in timed]
+            result["faults"] = {
+                "prometheus_has_it_to_cordon_s": [round(v, 2) for v in prom_to],
+                "fault_to_cordon_s": [round(c, 1) for c, _ in timed],
+                "owners": {node: owner_of(node) for node in fault_nodes},
+                "check": check_cordons(srv, watch, fault_nodes, owner_of, users, since)}
+        # the burst
+        if burst_nodes:
+            cpu.begin("burst")
+            since = len(srv.requests)
+            log(f"burst: {len(burst_nodes)} nodes at once, per shard "
+                f"{dict(sorted(Counter(shard_of(n, shards) for n in burst_nodes).items()))}")
+            result["burst"] = burst_to_cordon(fleet, prom.url, watch, burst_nodes, 900)
+            time.sleep(10)
+            cpu.end()
+            result["burst"]["check"] = check_cordons(srv, watch, burst_nodes, owner_of, users, since)
+            result["burst"]["per_shard"] = dict(sorted(Counter(shard_of(n, shards)
+                                                               for n in burst_nodes).items()))
+        final = shard_holders(srv, shards)
+        result["holders_changed"] = final != holders
+    except (SystemExit, KeyboardInterrupt) as exc:
+        log(f"stopped: {exc!r}")
+        result["aborted"] = str(exc) or type(exc).__name__
 
 
 # ---------------------------------------------------------------- direct mode
@@ -1166,7 +1190,8 @@ def main() -> int:
                    help="each window (Prometheus alone, with the controller), seconds")
     p.add_argument("--endpoints", type=int, default=10, help="Prometheus mode: scrape targets serving the fleet")
     p.add_argument("--modes", nargs="+", default=["raw", "recorded"], choices=["raw", "recorded"],
-                   help="Prometheus mode: without, with gpuremediate's recording rules (each its own controller)")
+                   help="Prometheus mode: without, with gpuremediate's recording rules (each its own controller); "
+                        "--shards: one of them (default raw)")
     p.add_argument("--controller-flag", action="append", default=[],
                    help="Prometheus mode: a flag for the controller beyond the defaults (repeat)")
     p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
@@ -1203,7 +1228,7 @@ def main() -> int:
                 print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
         elif args.shards > 1:
             sharded = run_sharded(n, args.shards, args.replicas or args.shards, args.steady, args.faults,
-                                  args.burst, args.endpoints)
+                                  args.burst, args.endpoints, args.modes[0] if len(args.modes) == 1 else "raw")
             print(json.dumps(sharded), flush=True)
             print(sharded_table(sharded), file=sys.stderr, flush=True)
         else:
