@@ -867,9 +867,10 @@ def log_warnings(path: Path) -> dict[str, int]:
     counts: Counter[str] = Counter()
     with contextlib.suppress(OSError):
         for line in path.read_text(errors="replace").splitlines():
-            parts = line.split(" ", 2)
+            parts = line.split(" ", 2)  # "HH:MM:SS LEVEL   message  field=value ..."
             if len(parts) == 3 and parts[1] in ("WARNING", "ERROR", "CRITICAL"):
-                counts[f"{parts[1]} {parts[2].split('  ', 1)[0][:160]}"] += 1
+                message = parts[2].lstrip().split("  ", 1)[0]
+                counts[f"{parts[1]} {''.join('N' if c.isdigit() else c for c in message)[:160]}"] += 1
     return dict(counts.most_common(12))
 
 
