@@ -27,6 +27,7 @@ figures are the controller's, not the exporters'. The parse cost of one 8-GPU sc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -56,6 +57,7 @@ from bench import promlab  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
+from gpuremediate.kube.shards import shard_of  # noqa: E402
 from gpuremediate.policy.degradation import DegradationPolicy  # noqa: E402
 from gpuremediate.signals import (  # noqa: E402
     dcgm,
@@ -66,6 +68,7 @@ from gpuremediate.signals import (  # noqa: E402
     sources,
     trends,
 )
+from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, record_from_node  # noqa: E402
 from sim.gpusim import new_node, render  # noqa: E402
 from sim.kubeapi import KubeAPIServer  # noqa: E402
 
@@ -198,7 +201,12 @@ class FleetEndpoint:
         return ("\n".join(out) + "\n").encode()
 
     def inject_xid(self, node: str, gpu: int, code: int) -> None:
-        self.xid[node] = (gpu, code)
+        self.inject_many([node], gpu, code)
+
+    def inject_many(self, nodes: list[str], gpu: int, code: int) -> None:
+        """XIDs on several of the endpoint's live nodes at once (one re-render, one new body)."""
+        for node in nodes:
+            self.xid[node] = (gpu, code)
         body = self.static + self._render(self.live)
         with self.lock:
             self.body = body
@@ -227,17 +235,25 @@ class Fleet:
     def inject_xid(self, node: str, gpu: int, code: int) -> None:
         self.by_node[node].inject_xid(node, gpu, code)
 
+    def inject_many(self, nodes: list[str], gpu: int, code: int) -> None:
+        """XIDs on many live nodes at once: each endpoint's body changes once (a burst Prometheus scrapes whole)."""
+        for ep in self.endpoints:
+            mine = [node for node in nodes if self.by_node[node] is ep]
+            if mine:
+                ep.inject_many(mine, gpu, code)
+
     def stop(self) -> None:
         for ep in self.endpoints:
             ep.stop()
 
 
 @contextmanager
-def prometheus_with_fleet(fleet: Fleet, scrape_interval_s: int, workdir: Path) -> Iterator[promlab.PromServer]:
+def prometheus_with_fleet(addresses: list[str], scrape_interval_s: int,
+                          workdir: Path) -> Iterator[promlab.PromServer]:
     found = promlab.binaries()
     if found is None:
         raise SystemExit("prometheus/promtool not installed: apt-get install -y prometheus")
-    targets = [promlab.Target(ep.address) for ep in fleet.endpoints]
+    targets = [promlab.Target(address) for address in addresses]
     with promlab.PromServer(workdir, found[0], targets=targets, scrape_interval=f"{scrape_interval_s}s",
                             honor_labels=True) as server:
         yield server
@@ -249,7 +265,7 @@ CONTROLLER_LOG_LEVEL = "warning"  # --log-level: info adds the fast path's split
 
 
 def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int,
-                       flags: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+                       flags: tuple[str, ...] = (), log_name: str = "controller.log") -> subprocess.Popen[bytes]:
     entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
     if PROFILE:  # bench/sampled_controller.py: where the CPU goes, per run
         entry = [str(ROOT / "bench" / "sampled_controller.py")]
@@ -258,7 +274,7 @@ def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int,
         [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
          "--prometheus-url", prom_url, "--metrics-addr", f"127.0.0.1:{metrics_port}",
          "--log-level", CONTROLLER_LOG_LEVEL, *CONTROLLER_FLAGS, *flags],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / "controller.log", "ab"))
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / log_name, "ab"))
 
 
 class RssSampler:
@@ -292,6 +308,9 @@ class RssSampler:
     def median_mb(self, since: float, until: float) -> float:
         window = [mb for t, mb in self.samples if since <= t <= until]
         return statistics.median(window) if window else 0.0
+
+    def max_mb(self, since: float, until: float) -> float:
+        return max((mb for t, mb in self.samples if since <= t <= until), default=0.0)
 
 
 def controller_metrics(metrics_port: int) -> dict[str, float]:
@@ -389,7 +408,8 @@ def run_prometheus(n: int, steady_s: float, faults: int, endpoints: int, modes: 
                               "controller_flags": CONTROLLER_FLAGS or "defaults"}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, \
-                prometheus_with_fleet(fleet, PROM_SCRAPE_S, Path(tmp)) as prom:
+                prometheus_with_fleet([ep.address for ep in fleet.endpoints], PROM_SCRAPE_S,
+                                      Path(tmp)) as prom:
             wait(lambda: prom_has_nodes(prom.url) >= n, 900, "Prometheus to scrape the fleet")
             for run in runs:
                 result[run] = run_mode(run, prom, srv, client, fleet, live_by_run[run], steady_s,
@@ -418,16 +438,21 @@ def degradation_cost(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
                                                 on["prometheus_cpu_s_per_min_caused"]]}
 
 
+def load_recording_rules(prom: promlab.PromServer, timeout_s: float = 300) -> float:
+    """gpuremediate's recording rules loaded into Prometheus; seconds until their first evaluation."""
+    rules = prom.workdir / "gpuremediate-recording.rules.yml"
+    rules.write_text(recording.rules_file())
+    prom.rule_files = [rules]
+    prom.reload()
+    return wait(lambda: query_result(prom.url, sources.RULES_INFO), timeout_s, "the recording rules' first evaluation")
+
+
 def run_mode(run: str, prom: promlab.PromServer, srv: KubeAPIServer, client: KubeClient, fleet: Fleet,
              live: list[str], steady_s: float, slow: str | None = None) -> dict[str, Any]:
     mode = run.removesuffix(DEGRADATION_RUN)
     recorded = mode == "recorded"
     if recorded:
-        rules = prom.workdir / "gpuremediate-recording.rules.yml"
-        rules.write_text(recording.rules_file())
-        prom.rule_files = [rules]
-        prom.reload()
-        wait(lambda: query_result(prom.url, sources.RULES_INFO), 300, "the recording rules' first evaluation")
+        load_recording_rules(prom)
     log(f"{run}: Prometheus alone for {steady_s:g} s")
     idle_cpu = prometheus_cpu_per_min(prom, steady_s)
     kubeconfig = LOGS / "kubeconfig"
@@ -517,7 +542,8 @@ def query_seconds(url: str, query: str, times: int = 5) -> float:
     return statistics.median(took)
 
 
-def fault_to_cordon(endpoint: Fleet, prom_url: str, client: KubeClient, node: str) -> tuple[float, float]:
+def fault_to_cordon(endpoint: Fleet | FleetProcess, prom_url: str, client: KubeClient,
+                    node: str) -> tuple[float, float]:
     """An XID 79 on ``node``: (seconds to its cordon, seconds until Prometheus had it)."""
     endpoint.inject_xid(node, 3, 79)
     injected = time.monotonic()
@@ -548,6 +574,481 @@ def prom_has_nodes(url: str) -> int:
     with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=30) as resp:
         result = json.loads(resp.read())["data"]["result"]
     return int(float(result[0]["value"][1])) if result else 0
+
+
+# ---------------------------------------------------------------- sharded Prometheus mode
+
+
+SHARD_NAMESPACE = "gpuremediate-system"
+
+
+def replica_user(i: int) -> str:
+    return f"{CONTROLLER_USER}-r{i}"
+
+
+def replica_token(i: int) -> str:
+    return f"{CONTROLLER_TOKEN}-r{i}"
+
+
+def serve_fleet(names: list[str], live: list[str], endpoints: int, conn: Any) -> None:
+    """The Fleet in a process of its own (--shards): the emulator's process then holds the emulator alone, so
+    its CPU is the emulator's. Answers inject commands ``(nodes, gpu, code)`` until None."""
+    fleet = Fleet(names, live, endpoints)
+    conn.send(([ep.address for ep in fleet.endpoints], fleet.body_bytes))
+    while (msg := conn.recv()) is not None:
+        nodes, gpu, code = msg
+        fleet.inject_many(nodes, gpu, code)
+        conn.send(True)
+    fleet.stop()
+
+
+class FleetProcess:
+    """``Fleet``'s interface (inject_xid, inject_many, stop) served by a spawned process (serve_fleet)."""
+
+    def __init__(self, names: list[str], live: list[str], endpoints: int) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.conn, child = spawn.Pipe()
+        self.proc = spawn.Process(target=serve_fleet, args=(names, live, endpoints, child), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(1800):
+            raise SystemExit("the fleet's process did not start")
+        self.addresses, self.body_bytes = self.conn.recv()
+        self.lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid or 0)
+
+    def inject_many(self, nodes: list[str], gpu: int, code: int) -> None:
+        with self.lock:
+            self.conn.send((nodes, gpu, code))
+            self.conn.recv()
+
+    def inject_xid(self, node: str, gpu: int, code: int) -> None:
+        self.inject_many([node], gpu, code)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+class CordonWatch:
+    """Every Node's cordons as the emulator's store makes them (a listener: no API request): per node, when
+    spec.unschedulable went false -> true, how often, and whether that write carried the record."""
+
+    def __init__(self, srv: KubeAPIServer) -> None:
+        self.key = srv.type_for("", "nodes").key
+        self.cordons: dict[str, list[tuple[float, bool]]] = {}
+        srv.store.listeners.append(self._event)
+
+    def _event(self, event: Any) -> None:
+        if event.key != self.key or event.type != "MODIFIED" or event.prev is None:
+            return
+        if (event.obj.get("spec") or {}).get("unschedulable") and not (event.prev.get("spec") or {}).get(
+                "unschedulable"):
+            annotations = event.obj["metadata"].get("annotations") or {}
+            self.cordons.setdefault(event.obj["metadata"]["name"], []).append(
+                (time.monotonic(), RECORD_ANNOTATION in annotations))
+
+
+def shard_holders(srv: KubeAPIServer, shards: int) -> dict[int, str]:
+    """Shard -> the holder of its Lease (read from the store: no API request counted)."""
+    leases = srv.store.list_all(srv.type_for("coordination.k8s.io", "leases").key, SHARD_NAMESPACE)
+    held: dict[int, str] = {}
+    for lease in leases:
+        name = lease["metadata"]["name"]
+        holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+        if name.startswith("gpuremediate-shard-") and holder:
+            with contextlib.suppress(ValueError):
+                index = int(name.removeprefix("gpuremediate-shard-"))
+                if index < shards:
+                    held[index] = holder
+    return held
+
+
+def fair(holders: dict[int, str], shards: int, replicas: list[str]) -> bool:
+    counts = Counter(holders.values())
+    per = [counts.get(r, 0) for r in replicas]
+    return len(holders) == shards and max(per) - min(per) <= 1 and min(per) >= 1
+
+
+class ProcessCpu:
+    """CPU seconds of named processes between marks (phases), and their RSS sampled all along."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        self.rss = {who: RssSampler(pid) for who, pid in self.pids.items()}
+        self.phases: dict[str, dict[str, Any]] = {}
+        self._open: tuple[str, float, dict[str, float]] | None = None
+
+    def add(self, who: str, pid: int) -> None:
+        self.pids[who] = pid
+        self.rss[who] = RssSampler(pid)
+
+    def _cpu(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for who, pid in self.pids.items():
+            with contextlib.suppress(OSError):
+                out[who] = cpu_seconds(pid)
+        return out
+
+    def begin(self, phase: str) -> None:
+        self.end()
+        self._open = (phase, time.monotonic(), self._cpu())
+
+    def end(self) -> None:
+        if self._open is None:
+            return
+        phase, t0, cpu0 = self._open
+        self._open = None
+        t1, cpu1 = time.monotonic(), self._cpu()
+        minutes = max(1e-9, (t1 - t0) / 60.0)
+        used = {who: (cpu1[who] - cpu0.get(who, 0.0)) / minutes for who in cpu1}
+        total = sum(used.values())
+        self.phases[phase] = {
+            "seconds": round(t1 - t0, 1), "cpu_s_per_min": {who: round(v, 1) for who, v in used.items()},
+            "cpu_share": {who: round(v / total, 3) for who, v in used.items()} if total else {},
+            "rss_mb_median": {who: round(s.median_mb(t0, t1)) for who, s in self.rss.items()},
+            "rss_mb_max": {who: round(s.max_mb(t0, t1)) for who, s in self.rss.items()}}
+        log(f"phase {phase}: {t1 - t0:.0f} s, CPU s/min " + ", ".join(f"{w} {v:.1f}" for w, v in used.items()))
+
+
+def pick_nodes(prefix: str, count: int, shards: int, start: int = 0) -> list[str]:
+    """``count`` node names spread evenly over the shards (round robin on shard_of)."""
+    by_shard: dict[int, list[str]] = {s: [] for s in range(shards)}
+    i = start
+    while sum(len(v) for v in by_shard.values()) < count:
+        name = f"{prefix}-{i:05d}"
+        i += 1
+        s = shard_of(name, shards)
+        if len(by_shard[s]) < -(-count // shards):
+            by_shard[s].append(name)
+    picked = [n for group in zip(*by_shard.values(), strict=False) for n in group]
+    rest = [n for group in by_shard.values() for n in group if n not in set(picked)]
+    return (picked + rest)[:count]
+
+
+def node_writers(srv: KubeAPIServer, users: dict[str, str], since: int) -> dict[str, Counter[str]]:
+    """Node name -> {replica: writes (patch/update of nodes/<name>, not /status)} from the audit."""
+    out: dict[str, Counter[str]] = {}
+    for user, verb, _group, resource, sub, _ns, name in list(srv.requests)[since:]:
+        if resource == "nodes" and not sub and verb in ("patch", "update") and name and user in users:
+            out.setdefault(name, Counter())[users[user]] += 1
+    return out
+
+
+def check_cordons(srv: KubeAPIServer, watch: CordonWatch, nodes: list[str], owner_of: Callable[[str], str],
+                  users: dict[str, str], since: int) -> dict[str, Any]:
+    """Each node cordoned exactly once, written by its shard's owner only, its record on it."""
+    writers = node_writers(srv, users, since)
+    key = srv.type_for("", "nodes").key
+    problems: list[str] = []
+    ok = 0
+    for node in nodes:
+        cordons = watch.cordons.get(node, [])
+        by = writers.get(node, Counter())
+        obj = srv.store.get(key, "", node) or {}
+        record = record_from_node(obj)
+        fine = True
+        if len(cordons) != 1:
+            problems.append(f"{node}: cordoned {len(cordons)} times")
+            fine = False
+        if set(by) != {owner_of(node)}:
+            problems.append(f"{node}: written by {dict(by)}, owner {owner_of(node)}")
+            fine = False
+        if cordons and not cordons[0][1]:
+            problems.append(f"{node}: the cordon carried no record")
+            fine = False
+        if not isinstance(record, NodeRecord) or not record.cordoned_by_us:
+            problems.append(f"{node}: record {record!r:.120}")
+            fine = False
+        ok += fine
+    return {"nodes": len(nodes), "ok": ok, "problems": problems[:20], "problem_count": len(problems),
+            "node_writes_by_replica": dict(sum((writers.get(n, Counter()) for n in nodes), Counter()))}
+
+
+def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, nodes: list[str],
+                    timeout_s: float) -> dict[str, Any]:
+    """``nodes`` fault at once (one XID 79 each, every endpoint's body changed once): per node the seconds from
+    Prometheus answering with it to its cordon (one query for all of them, every half second)."""
+    fleet.inject_many(nodes, 3, 79)
+    injected = time.monotonic()
+    seen: dict[str, float] = {}
+    pending, wanted = set(nodes), frozenset(nodes)
+    query = urllib.parse.urlencode({"query": f"count by (Hostname) ({XID_FAMILY} != 0)"})
+    while time.monotonic() - injected < timeout_s:
+        if len(seen) < len(nodes):
+            with contextlib.suppress(OSError, ValueError, KeyError), \
+                    urllib.request.urlopen(f"{prom_url}/api/v1/query?{query}", timeout=30) as resp:
+                now = time.monotonic()
+                for r in json.loads(resp.read())["data"]["result"]:
+                    if r["metric"].get("Hostname", "") in wanted:  # not the faults before the burst
+                        seen.setdefault(r["metric"]["Hostname"], now)
+        pending = {n for n in pending if n not in watch.cordons}
+        if not pending and len(seen) >= len(nodes):
+            break
+        time.sleep(0.5)
+    cordoned = {n: watch.cordons[n][0][0] for n in nodes if n in watch.cordons}
+    prom_to = [cordoned[n] - seen.get(n, injected) for n in cordoned]
+    fault_to = [t - injected for t in cordoned.values()]
+    result: dict[str, Any] = {"nodes": len(nodes), "cordoned": len(cordoned), "seen_by_prometheus": len(seen),
+                              "not_cordoned": sorted(set(nodes) - set(cordoned))[:10]}
+    if cordoned:
+        first, last = min(cordoned.values()), max(cordoned.values())
+        result.update({
+            "prometheus_has_it_to_cordon_s": {"p50": round(percentile(prom_to, 0.5), 2),
+                                              "p90": round(percentile(prom_to, 0.9), 2),
+                                              "max": round(max(prom_to), 2)},
+            "fault_to_cordon_s": {"p50": round(percentile(fault_to, 0.5), 2),
+                                  "p90": round(percentile(fault_to, 0.9), 2), "max": round(max(fault_to), 2)},
+            "prometheus_had_all_after_s": round(max(seen.values()) - injected, 1) if seen else None,
+            "cordons_per_s_first_to_last": round(len(cordoned) / max(1e-3, last - first), 1),
+            "cordons_per_s_since_prometheus_had_first": round(
+                len(cordoned) / max(1e-3, last - min(seen.values(), default=injected)), 1)})
+    return result
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+REPLICA_METRICS = ("gpuremediate_shards_held", "gpuremediate_api_errors_total", "gpuremediate_fenced_writes_total",
+                   "gpuremediate_nodes_unknown", "gpuremediate_scrape_errors_total",
+                   "gpuremediate_scrape_seconds_count", "gpuremediate_fleet_health_unknown")
+
+
+def replica_gauges(port: int) -> dict[str, float]:
+    """A replica's own view at the end: shards held, API errors, fenced writes, unknown nodes, reads."""
+    try:
+        values = controller_metrics(port)
+    except OSError as exc:
+        return {"unreachable": 1.0, "error": float(bool(exc))}
+    out = {key.removeprefix("gpuremediate_"): v for key, v in values.items() if key in REPLICA_METRICS}
+    out.update({key: v for key, v in values.items() if key.startswith("gpuremediate_prometheus_mode{") and v})
+    return out
+
+
+def sharded_table(result: dict[str, Any]) -> str:
+    """The per-replica table and the phases' CPU split, for people (stderr; the JSON line is on stdout)."""
+    lines = [f"N={result['nodes']} shards={result['shards']} replicas={result['replicas']}",
+             "replica          shards  reads read_s errors cpu_s/min rss_steady rss_peak lease/min other/min"]
+    for r in result.get("steady", []):
+        lines.append(f"{r['replica']:<16} {','.join(map(str, r['shards'])):<7} {r['reads']:>5} {r['read_s']:>6} "
+                     f"{r['read_errors']:>6} {r['cpu_s_per_min']:>9} {r['rss_steady_mb']:>10} {r['rss_peak_mb']:>8} "
+                     f"{r['api_per_min_lease']:>9} {r['api_per_min_other']:>9}")
+    for phase, v in result.get("phases", {}).items():
+        lines.append(f"{phase:<24} {v['seconds']:>6} s  CPU s/min " + ", ".join(
+            f"{who} {cpu} ({v['cpu_share'].get(who, 0) * 100:.0f} %)" for who, cpu in v["cpu_s_per_min"].items()) +
+            f"; Prometheus RSS median {v['rss_mb_median'].get('prometheus')} MB, max "
+            f"{v['rss_mb_max'].get('prometheus')} MB")
+    return "\n".join(lines)
+
+
+def stop_replicas(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def log_warnings(path: Path) -> dict[str, int]:
+    """A replica's WARNING/ERROR lines counted by message (the fields after it left out), most first."""
+    counts: Counter[str] = Counter()
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 2)  # "HH:MM:SS LEVEL   message  field=value ..."
+            if len(parts) == 3 and parts[1] in ("WARNING", "ERROR", "CRITICAL"):
+                message = parts[2].lstrip().split("  ", 1)[0]
+                counts[f"{parts[1]} {''.join('N' if c.isdigit() else c for c in message)[:160]}"] += 1
+    return dict(counts.most_common(12))
+
+
+def replica_up(srv: KubeAPIServer, proc: subprocess.Popen[bytes], identity: str, port: int,
+               shards: int) -> tuple[float, float]:
+    """Wait as a rollout does: the replica ready (/readyz), then holding a shard; (seconds to each)."""
+    def gone() -> bool:
+        if proc.poll() is not None:
+            raise SystemExit(f"{identity} exited {proc.returncode}: see its log in {LOGS}")
+        return False
+    ready_s = wait(lambda: gone() or http_ok(f"http://127.0.0.1:{port}/readyz"), 1800, f"{identity} ready")
+    owns_s = wait(lambda: gone() or identity in shard_holders(srv, shards).values(), 1800,
+                  f"{identity} to hold a shard")
+    return ready_s, owns_s
+
+
+def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int, burst: int,
+                endpoints: int, mode: str = "raw") -> dict[str, Any]:
+    """``replicas`` controllers with ``--shards S`` (each its own identity, token, metrics port and log) on one
+    Prometheus and one emulator, started one after another as a rollout does; then a steady window, ``faults``
+    XIDs one after the other and ``burst`` at once, each cordon checked against its shard's owner."""
+    fault_nodes = pick_nodes("gpu-fault", faults, shards)
+    burst_nodes = pick_nodes("gpu-burst", burst, shards)
+    live = fault_nodes + burst_nodes
+    names = [f"gpu-{i:05d}" for i in range(n - len(live))] + live
+    log(f"N={n}: emulator with {n} Nodes")
+    srv, client = emulator_with_nodes(names)
+    identities = [f"gpuremediate-{i}" for i in range(replicas)]
+    users = {replica_user(i): identities[i] for i in range(replicas)}
+    for i in range(replicas):
+        srv.add_token(replica_token(i), replica_user(i))
+    watch = CordonWatch(srv)
+    started = time.monotonic()
+    fleet = FleetProcess(names, live, endpoints)
+    log(f"N={n}: {endpoints} endpoints (pid {fleet.pid}), {fleet.body_bytes / 1e6:.0f} MB a scrape, rendered in "
+        f"{time.monotonic() - started:.0f} s")
+    LOGS.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"nodes": n, "gpus": n * 8, "series": n * 8 * len(families()), "endpoints": endpoints,
+                              "shards": shards, "replicas": replicas, "fault_count": faults, "burst_size": burst,
+                              "mode": mode,
+                              "controller_flags": CONTROLLER_FLAGS or "defaults", "logs": str(LOGS)}
+    procs: list[subprocess.Popen[bytes]] = []
+    ports = [promlab.free_port() for _ in range(replicas)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, \
+                prometheus_with_fleet(fleet.addresses, PROM_SCRAPE_S, Path(tmp)) as prom:
+            cpu = ProcessCpu({"emulator": os.getpid(), "fleet": fleet.pid,
+                              "prometheus": prom.proc.pid if prom.proc else 0})
+            cpu.begin("prometheus_first_scrape")
+            took = wait(lambda: prom_has_nodes(prom.url) >= n, 1800, "Prometheus to scrape the fleet")
+            log(f"Prometheus has the fleet after {took:.0f} s")
+            if mode == "recorded":
+                took = load_recording_rules(prom, 900)
+                log(f"recording rules evaluated after {took:.0f} s")
+            cpu.begin("prometheus_alone")
+            time.sleep(min(steady_s, 60.0))
+            sharded_phases(result, shards, steady_s, srv, client, fleet, prom, cpu, procs, ports, identities,
+                           users, watch, fault_nodes, burst_nodes)
+            cpu.end()
+            result["phases"] = cpu.phases
+            result["replica_metrics_at_end"] = {identities[i]: replica_gauges(port) for i, port in enumerate(ports)}
+            result["alive"] = {identities[i]: proc.poll() is None for i, proc in enumerate(procs)}
+            stop_replicas(procs)  # before Prometheus stops: their last reads would fail and be logged
+            result["log_warnings"] = {identities[i]: log_warnings(LOGS / f"controller-{i}.log")
+                                      for i in range(len(procs))}
+    finally:
+        stop_replicas(procs)
+        fleet.stop()
+        srv.stop()
+    return result
+
+
+def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: KubeAPIServer,
+                   client: KubeClient, fleet: FleetProcess, prom: promlab.PromServer, cpu: ProcessCpu,
+                   procs: list[subprocess.Popen[bytes]], ports: list[int], identities: list[str],
+                   users: dict[str, str], watch: CordonWatch, fault_nodes: list[str], burst_nodes: list[str]) -> None:
+    """The rollout, the steady window, the faults and the burst, each phase's figures put in ``result`` as it
+    ends: a phase that cannot finish (a wait timed out, ^C) leaves the ones before it, and says why."""
+    try:
+        rollout: list[dict[str, Any]] = []
+        cpu.begin("rollout")
+        rollout_started = time.monotonic()
+        for i, identity in enumerate(identities):
+            kubeconfig = LOGS / f"kubeconfig-{i}"
+            srv.write_kubeconfig(kubeconfig, token=replica_token(i))
+            t_start = time.monotonic()
+            proc = controller_process(kubeconfig, prom.url, ports[i],
+                                      ("--shards", str(shards), "--identity", identity),
+                                      log_name=f"controller-{i}.log")
+            procs.append(proc)
+            cpu.add(identity, proc.pid)
+            ready_s, owns_s = replica_up(srv, proc, identity, ports[i], shards)
+            holders = shard_holders(srv, shards)
+            rollout.append({"replica": identity, "ready_after_s": round(ready_s, 1),
+                            "holds_a_shard_after_s": round(time.monotonic() - t_start, 1),
+                            "holders_then": dict(Counter(holders.values()))})
+            log(f"{identity}: ready after {ready_s:.0f} s, holds a shard after {owns_s + ready_s:.0f} s; "
+                f"holders {dict(Counter(holders.values()))}")
+        fair_s = wait(lambda: fair(shard_holders(srv, shards), shards, identities), 1800, "a fair split")
+        holders = shard_holders(srv, shards)
+        log(f"fair split {dict(Counter(holders.values()))} {fair_s:.0f} s after the last start")
+        result["rollout"] = {"replicas": rollout, "fair_after_last_start_s": round(fair_s, 1),
+                             "from_first_start_s": round(time.monotonic() - rollout_started, 1),
+                             "shards_by_holder": dict(Counter(holders.values())),
+                             "holders": {str(k): v for k, v in sorted(holders.items())}}
+        first_reads = wait(lambda: all(scrape_stats(port)[0] >= 1 for port in ports), 1800,
+                           "every replica's first read")
+        result["good_reads_before_steady"] = {identities[i]: good_reads(port) for i, port in enumerate(ports)}
+        log(f"every replica has read (+{first_reads:.0f} s; good reads {result['good_reads_before_steady']}); "
+            f"steady for {steady_s:g} s")
+        # steady window
+        cpu.begin("steady")
+        before = len(srv.requests)
+        stats0 = [scrape_stats(port) for port in ports]
+        cpu0 = [cpu_seconds(proc.pid) for proc in procs]
+        t0 = time.monotonic()
+        time.sleep(steady_s)
+        t1 = time.monotonic()
+        stats1 = [scrape_stats(port) for port in ports]
+        cpu1 = [cpu_seconds(proc.pid) for proc in procs]
+        requests = list(srv.requests)[before:]
+        cpu.end()
+        per_replica: list[dict[str, Any]] = []
+        for i, identity in enumerate(identities):
+            mine = [r for r in requests if r[0] == replica_user(i)]
+            lease = sum(1 for r in mine if r[3] == "leases")
+            others = Counter(" ".join(filter(None, (r[1], r[3], r[4]))) for r in mine if r[3] != "leases")
+            (c0, s0, e0), (c1, s1, e1) = stats0[i], stats1[i]
+            per_replica.append({
+                "replica": identity, "shards": sorted(k for k, v in holders.items() if v == identity),
+                "reads": int(c1 - c0), "read_s": round((s1 - s0) / max(1.0, c1 - c0), 2),
+                "read_errors": int(e1 - e0), "read_errors_total": int(e1),
+                "cpu_s_per_min": round((cpu1[i] - cpu0[i]) * 60.0 / (t1 - t0), 1),
+                "rss_steady_mb": round(cpu.rss[identity].median_mb(t0, t1), 1),
+                "rss_peak_mb": round(cpu.rss[identity].peak_mb(), 1),
+                "api_per_min_lease": round(lease * 60.0 / (t1 - t0), 1),
+                "api_per_min_other": round(sum(others.values()) * 60.0 / (t1 - t0), 1),
+                "api_other_by_verb_per_min": {k: round(v * 60.0 / (t1 - t0), 1)
+                                              for k, v in sorted(others.items())}})
+        result["steady"] = per_replica
+
+        def owner_of(node: str) -> str:
+            return holders.get(shard_of(node, shards), "?")
+
+        # faults one after the other
+        cpu.begin("faults")
+        since = len(srv.requests)
+        timed = []
+        for node in fault_nodes:
+            timed.append(fault_to_cordon(fleet, prom.url, client, node))
+            log(f"{node} (shard {shard_of(node, shards)}, {owner_of(node)}): cordoned {timed[-1][0]:.1f} s "
+                f"after the fault, {timed[-1][0] - timed[-1][1]:.2f} s after Prometheus had it")
+        time.sleep(5)  # a second cordon or a stray write would show
+        cpu.end()
+        if timed:
+            prom_to = [c - p for c, p in timed]
+            result["faults"] = {
+                "prometheus_has_it_to_cordon_s": [round(v, 2) for v in prom_to],
+                "fault_to_cordon_s": [round(c, 1) for c, _ in timed],
+                "owners": {node: owner_of(node) for node in fault_nodes},
+                "check": check_cordons(srv, watch, fault_nodes, owner_of, users, since)}
+        # the burst
+        if burst_nodes:
+            cpu.begin("burst")
+            since = len(srv.requests)
+            log(f"burst: {len(burst_nodes)} nodes at once, per shard "
+                f"{dict(sorted(Counter(shard_of(n, shards) for n in burst_nodes).items()))}")
+            result["burst"] = burst_to_cordon(fleet, prom.url, watch, burst_nodes, 900)
+            time.sleep(10)
+            cpu.end()
+            result["burst"]["check"] = check_cordons(srv, watch, burst_nodes, owner_of, users, since)
+            result["burst"]["per_shard"] = dict(sorted(Counter(shard_of(n, shards)
+                                                               for n in burst_nodes).items()))
+        final = shard_holders(srv, shards)
+        result["holders_changed"] = final != holders
+    except (SystemExit, KeyboardInterrupt) as exc:
+        log(f"stopped: {exc!r}")
+        result["aborted"] = str(exc) or type(exc).__name__
 
 
 # ---------------------------------------------------------------- direct mode
@@ -690,13 +1191,19 @@ def main() -> int:
                    help="each window (Prometheus alone, with the controller), seconds")
     p.add_argument("--endpoints", type=int, default=10, help="Prometheus mode: scrape targets serving the fleet")
     p.add_argument("--modes", nargs="+", default=["raw", "recorded"], choices=["raw", "recorded"],
-                   help="Prometheus mode: without, with gpuremediate's recording rules (each its own controller)")
+                   help="Prometheus mode: without, with gpuremediate's recording rules (each its own controller); "
+                        "--shards: one of them (default raw)")
     p.add_argument("--controller-flag", action="append", default=[],
                    help="Prometheus mode: a flag for the controller beyond the defaults (repeat)")
     p.add_argument("--cycles", type=int, default=5, help="direct mode: reads to time")
     p.add_argument("--workers", type=int, nargs="+", default=[16],
                    help="direct mode: scrape concurrency (several: a sweep)")
-    p.add_argument("--shards", type=int, default=1, help="direct mode: controller processes, each reading its shard")
+    p.add_argument("--shards", type=int, default=1,
+                   help="direct mode: controller processes, each reading its shard; Prometheus mode (>1): "
+                        "--replicas controllers with --shards S, started one by one (sharded run)")
+    p.add_argument("--replicas", type=int, default=0, help="sharded Prometheus mode: controllers (default: S)")
+    p.add_argument("--burst", type=int, default=0,
+                   help="sharded Prometheus mode: nodes faulting at once after --faults (spread over the shards)")
     p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
     p.add_argument("--faults", type=int, default=10,
                    help="XIDs injected one after the other per mode, each on a node of its own (P50/P90 of them)")
@@ -720,6 +1227,11 @@ def main() -> int:
         if args.direct:
             for workers in args.workers:
                 print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
+        elif args.shards > 1:
+            sharded = run_sharded(n, args.shards, args.replicas or args.shards, args.steady, args.faults,
+                                  args.burst, args.endpoints, args.modes[0] if len(args.modes) == 1 else "raw")
+            print(json.dumps(sharded), flush=True)
+            print(sharded_table(sharded), file=sys.stderr, flush=True)
         else:
             print(json.dumps(run_prometheus(n, args.steady, args.faults, args.endpoints, args.modes)), flush=True)
     return 0
