@@ -852,9 +852,11 @@ class DetectLoop:
         return f"the {self.ctx.settings.source} source returned nothing for this node"
 
     def _report_unknown(self, name: str, reason: str) -> None:
-        """One Event per transition into unknown (rate-limited), none while the whole fleet is unknown."""
+        """One Event and one log line per transition into unknown (the Event rate-limited), neither while the
+        whole fleet is unknown: the fleet's line says it (10,000 lines per failed read at 20,000 nodes in 4 shards)."""
         if name not in self.unknown:
-            log.warning("GPU health unknown", extra={"node": name, "reason": reason})
+            (log.debug if self.fleet_unknown else log.warning)("GPU health unknown",
+                                                               extra={"node": name, "reason": reason})
             if not self.fleet_unknown and self.events.node_event(
                     name, "GPUHealthUnknown", f"GPU health unknown: {reason}", WARNING, limited=True):
                 self.evented_unknown.add(name)

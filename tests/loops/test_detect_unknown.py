@@ -108,12 +108,16 @@ def test_one_event_per_transition_into_unknown_not_per_reason(
 
 
 def test_source_failure_is_one_controller_event_not_one_per_node(
-        world: tuple[KubeAPIServer, Controller, ScriptedSource]) -> None:
+        world: tuple[KubeAPIServer, Controller, ScriptedSource], caplog: pytest.LogCaptureFixture) -> None:
     srv, controller, src = world
     cycle(controller)
     src.fail = "Prometheus query to http://prom:9090 failed: timed out after 10 s"
-    for _ in range(3):
-        cycle(controller)
+    with caplog.at_level(logging.WARNING, logger="gpuremediate.loops.detect"):
+        for _ in range(3):
+            cycle(controller)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "GPU health unknown" not in said  # no line per node: the fleet's one line says it
+    assert sum(1 for line in said if line.startswith("GPU health unknown on")) == 1, said
     events = controller.client.list(EVENTS, None)["items"]
     ours = [e for e in events if e.get("reportingComponent") == "gpuremediate"]
     assert [e["reason"] for e in ours if e["involvedObject"]["kind"] == "Node"] == []
