@@ -110,7 +110,8 @@ class ControllerMetrics:
             "raw: dcgm-exporter's series, aggregated at every query).", ["mode"],
         )
         self.events_dropped = Counter(
-            PREFIX + "events_dropped_total", "Events not written (queue full or rate-limited).", ["reason"]
+            PREFIX + "events_dropped_total",
+            "Events and conditions not written (reason: queue-full, rate-limited, stopped).", ["reason"]
         )
         self.fenced_writes = Counter(
             PREFIX + "fenced_writes_total",

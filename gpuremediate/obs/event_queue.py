@@ -76,6 +76,7 @@ class EventQueue:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._latest: dict[str, Write] = {}  # submit_latest: key -> the write queued for it, not yet run
+        self._abandoned = False  # stop() ran out of time: what is left is dropped, not sent
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal", uid: str = "",
                    *, limited: bool = False) -> bool:
@@ -124,14 +125,20 @@ class EventQueue:
         return done.wait(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Write what is queued within ``timeout``; past it the rest is dropped (counted, said in one line): the
+        controller's write fence refuses it once the leases are released, one warning a write, 1,000 of them
+        after a burst."""
         thread = self._thread
         if thread is None:
             return
-        try:
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            return
-        thread.join(timeout)
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            self._abandoned = True
+            log.warning("stopping: reports still queued are not written", extra={"queue": self.name,
+                                                                                  "queued": self._queue.qsize()})
 
     def _ensure_worker(self) -> None:
         with self._lock:
@@ -144,6 +151,9 @@ class EventQueue:
     def _work(self) -> None:
         with self.priority():
             while (write := self._queue.get()) is not None:
+                if self._abandoned:
+                    self._drop("stopped")
+                    continue
                 try:
                     write()
                 except Exception:  # the recorder logs API errors itself; anything else must not kill the writer

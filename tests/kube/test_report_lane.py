@@ -12,6 +12,7 @@ from typing import Any
 from gpuremediate.actions.nodes import NodeView
 from gpuremediate.kube.transport import RateLimiter
 from gpuremediate.obs.event_queue import EventQueue
+from sim.waiting import wait_for
 
 
 def test_a_background_request_waits_while_a_foreground_one_waits() -> None:
@@ -119,3 +120,24 @@ def test_the_view_takes_a_status_patch_over_a_node_it_had_from_the_informer() ->
     view.replace_written("5", _node("6"))
     got = view.get("n1")
     assert got is not None and got["metadata"]["resourceVersion"] == "6"
+
+
+def test_reports_left_when_the_stop_bound_runs_out_are_dropped_and_counted_not_sent() -> None:
+    """Past its stop bound the lane sends nothing more: the leases are released next, and each write the fence
+    then refused was a warning of its own (about 1,100 at a sharded replica's SIGTERM after a burst)."""
+    drops: list[str] = []
+
+    class Counter:
+        def inc(self, amount: float = 1.0, **labels: str) -> None:
+            drops.append(labels["reason"])
+
+    lane = EventQueue(None, Counter(), name="test-lane")
+    sent: list[int] = []
+    release = threading.Event()
+    lane.submit(lambda: release.wait(5))  # a write in flight, slower than the bound
+    for index in range(50):
+        lane.submit(lambda index=index: sent.append(index))  # type: ignore[misc]
+    lane.stop(timeout=0.2)
+    release.set()
+    wait_for(lambda: len(drops) == 50, 5, "the queued reports to be dropped")
+    assert sent == [] and set(drops) == {"stopped"}
