@@ -5,6 +5,7 @@ answers for the whole fleet)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,13 +45,15 @@ def kube() -> Iterator[tuple[KubeAPIServer, KubeClient]]:
     srv.stop()
 
 
-def test_only_the_held_shard_s_nodes_are_decided(kube: tuple[KubeAPIServer, KubeClient]) -> None:
-    _srv, client = kube
+def _one_cycle_holding_shard_0(client: KubeClient, policy_text: str, source: object = None,
+                               source_for: Any = None) -> Controller:
+    """A controller of --shards 2 holding shard 0 (another replica holds 1) after one detect cycle, stopped."""
     mine = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 0)
     theirs = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 1)
-    policy = loads_policy('[budget]\nmax_unavailable = "100%"\n[breaker]\nenabled = false\n')
-    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=mine), policy, client=client,
-                            source=EveryNodeFaulty())  # type: ignore[arg-type]
+    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=mine), loads_policy(policy_text),
+                            client=client, source=source)  # type: ignore[arg-type]
+    if source_for is not None:
+        controller.detect.source = source_for(controller)
     other = ShardSet(client, NAMESPACE, theirs, 2)
     assert controller.shards is not None
     for _ in range(3):
@@ -62,6 +65,13 @@ def test_only_the_held_shard_s_nodes_are_decided(kube: tuple[KubeAPIServer, Kube
         controller.detect.cycle()
     finally:
         controller.stop()
+    return controller
+
+
+def test_only_the_held_shard_s_nodes_are_decided(kube: tuple[KubeAPIServer, KubeClient]) -> None:
+    _srv, client = kube
+    controller = _one_cycle_holding_shard_0(client, '[budget]\nmax_unavailable = "100%"\n[breaker]\nenabled = false\n',
+                                            source=EveryNodeFaulty())
     acted = {n for n in NAMES if record_from_node(client.get(NODES, n)) is not None}
     assert acted == {n for n in NAMES if shard_of(n, 2) == 0} and acted
     assert controller.metrics.shard_nodes.value(shard="0") == len(acted)
@@ -82,21 +92,7 @@ class HandsTheShardAwayDuringTheRead:
 
 def test_a_shard_given_up_during_the_read_is_not_called_unknown(kube: tuple[KubeAPIServer, KubeClient]) -> None:
     _srv, client = kube
-    mine = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 0)
-    theirs = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 1)
-    policy = loads_policy('[breaker]\nenabled = false\n')
-    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=mine), policy, client=client)
-    controller.detect.source = HandsTheShardAwayDuringTheRead(controller)  # type: ignore[assignment]
-    other = ShardSet(client, NAMESPACE, theirs, 2)
-    assert controller.shards is not None
-    for _ in range(3):
-        controller.shards.round()
-        other.round()
-    assert controller.shards.owned() == frozenset({0})
-    assert controller.start_caches(timeout=20)
-    try:
-        controller.detect.cycle()
-    finally:
-        controller.stop()
+    controller = _one_cycle_holding_shard_0(client, "[breaker]\nenabled = false\n",
+                                            source_for=HandsTheShardAwayDuringTheRead)
     assert controller.detect.unknown == {}  # before: every node of shard 0, "the source returned nothing"
     assert controller.metrics.fleet_unknown.value() == 0
