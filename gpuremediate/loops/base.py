@@ -81,7 +81,10 @@ class LoopContext:
 
     def owned_gpu_nodes(self) -> list[Node]:
         """The GPU nodes this replica acts on now (every one when unsharded)."""
-        nodes = self.nodes.gpu_nodes()
+        return self.owned_of(self.nodes.gpu_nodes())
+
+    def owned_of(self, nodes: list[Node]) -> list[Node]:
+        """Those of ``nodes`` this replica acts on now (the shards held are read once, not per node)."""
         if self.shards is None:
             return nodes
         owned = self.shards.owned()

@@ -304,13 +304,13 @@ class DetectLoop:
             self.source.degradation_plan = plan_for(p.degradation for p in self._policies())
         seen: dict[str, NodeReadings] = {}
         for wave in self._read_waves():
-            nodes = self._still_owned(nodes)
+            nodes = self.ctx.owned_of(nodes)  # less a shard given up while the read ran: its new holder's to decide
             by_node = {r.node: r for r in wave}
             if not seen:  # the first wave: nodes with no readings yet count as unknown for the fleet's state
                 self._fleet_state(nodes, by_node)
             seen.update(by_node)
             self._check_batch([n for n in nodes if name_of(n) in by_node], by_node, fleet, nodes)
-        nodes = self._still_owned(nodes)
+        nodes = self.ctx.owned_of(nodes)
         if not seen:
             self._fleet_state(nodes, seen)
         self._check_batch([n for n in nodes if name_of(n) not in seen], {}, fleet, nodes)  # no readings at all
@@ -394,16 +394,6 @@ class DetectLoop:
             log.warning("detect: node step failed; next cycle retries it",
                         extra={"node": name_of(node), "error": str(exc)})
             return None
-
-    def _still_owned(self, nodes: list[Node]) -> list[Node]:
-        """The cycle's nodes less those of a shard given up while the read ran (a full read of 20,000 nodes takes
-        30-40 s): their new holder decides them, and here they would be called unknown for want of readings
-        the source no longer makes for them. A shard taken meanwhile waits for the next cycle's read."""
-        shards = self.ctx.shards
-        if shards is None:
-            return nodes
-        owned = shards.owned()
-        return [n for n in nodes if shards.shard_index(name_of(n)) in owned]
 
     def _forget_others(self, owned: Sequence[Node]) -> None:
         """Nodes of shards no longer held: their holder reports and remembers them (the record keeps the policy
