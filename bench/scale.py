@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from bench import promlab  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
+from gpuremediate.kube.handover import shard_index_of  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
 from gpuremediate.kube.shards import shard_of  # noqa: E402
 from gpuremediate.policy.degradation import DegradationPolicy  # noqa: E402
@@ -553,6 +554,12 @@ def fault_to_cordon(endpoint: Fleet | FleetProcess, prom_url: str, client: KubeC
     return cordon_s, (in_prom.seen_at or injected) - injected
 
 
+def evaluated_at(point: list[Any]) -> float:
+    """The monotonic moment Prometheus evaluated an instant query's answer (``value[0]``, wall-clock seconds):
+    under load the answer arrives seconds later, and stamping its arrival counted that delay as Prometheus'."""
+    return float(point[0]) - time.time() + time.monotonic()
+
+
 class FaultInProm:
     """When Prometheus first answers with the injected XID (its own scrape delay, not the controller's)."""
 
@@ -564,8 +571,8 @@ class FaultInProm:
         if self.seen_at is None:
             query = urllib.parse.urlencode({"query": f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{self.node}"}} != 0'})
             with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=10) as resp:
-                if json.loads(resp.read())["data"]["result"]:
-                    self.seen_at = time.monotonic()
+                if result := json.loads(resp.read())["data"]["result"]:
+                    self.seen_at = evaluated_at(result[0]["value"])
         return True
 
 
@@ -659,13 +666,10 @@ def shard_holders(srv: KubeAPIServer, shards: int) -> dict[int, str]:
     leases = srv.store.list_all(srv.type_for("coordination.k8s.io", "leases").key, SHARD_NAMESPACE)
     held: dict[int, str] = {}
     for lease in leases:
-        name = lease["metadata"]["name"]
+        index = shard_index_of(lease["metadata"]["name"])
         holder = (lease.get("spec") or {}).get("holderIdentity") or ""
-        if name.startswith("gpuremediate-shard-") and holder:
-            with contextlib.suppress(ValueError):
-                index = int(name.removeprefix("gpuremediate-shard-"))
-                if index < shards:
-                    held[index] = holder
+        if index is not None and index < shards and holder:
+            held[index] = holder
     return held
 
 
@@ -783,10 +787,9 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
         if len(seen) < len(nodes):
             with contextlib.suppress(OSError, ValueError, KeyError), \
                     urllib.request.urlopen(f"{prom_url}/api/v1/query?{query}", timeout=30) as resp:
-                now = time.monotonic()
                 for r in json.loads(resp.read())["data"]["result"]:
                     if r["metric"].get("Hostname", "") in wanted:  # not the faults before the burst
-                        seen.setdefault(r["metric"]["Hostname"], now)
+                        seen.setdefault(r["metric"]["Hostname"], evaluated_at(r["value"]))
         pending = {n for n in pending if n not in watch.cordons}
         if not pending and len(seen) >= len(nodes):
             break
