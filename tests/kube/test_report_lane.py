@@ -133,8 +133,9 @@ def test_reports_left_when_the_stop_bound_runs_out_are_dropped_and_counted_not_s
 
     lane = EventQueue(None, Counter(), name="test-lane")
     sent: list[int] = []
-    release = threading.Event()
-    lane.submit(lambda: release.wait(5))  # a write in flight, slower than the bound
+    release, started = threading.Event(), threading.Event()
+    lane.submit(lambda: started.set() or release.wait(5))  # a write in flight, slower than the bound
+    assert started.wait(5)  # taken by the worker before the stop (a loaded machine may start it late)
     for index in range(50):
         lane.submit(lambda index=index: sent.append(index))  # type: ignore[misc]
     lane.stop(timeout=0.2)
