@@ -930,7 +930,8 @@ class PrometheusSource:
             else:
                 self._faults_seen.update(seen)
 
-    def _refresh_identity(self, faulty: set[str], fleet: bool, mine: Callable[[str], bool]) -> None:
+    def _refresh_identity(self, faulty: set[str], fleet: bool = True,
+                          mine: Callable[[str], bool] = lambda _node: True) -> None:
         """Every ``identity_every`` fleet reads for the fleet; at once for nodes showing a fault (their pods
         are what a drain reads next). A failed identity query keeps what was known: values still count."""
         full = fleet and self.reads % self.identity_every == 0
