@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuremediate.signals import fabric
-from gpuremediate.signals.exposition import Sample
+from gpuremediate.signals.exposition import Labels, Sample
 from gpuremediate.signals.model import (
     GpuReading,
     NodeReadings,
@@ -111,29 +111,45 @@ def readings_from_samples(
     drivers: dict[str, str] = {}
     problems: dict[str, list[str]] = {}
     labels_to_try = (node_label,) if node_label else NODE_LABEL_CANDIDATES
+    series: dict[int, _Series] = {}  # id(labels) -> what they say (a GPU's label set is in many families)
     for sample in samples:
-        if not sample.name.startswith("DCGM_"):
+        name = sample.name
+        if not name.startswith("DCGM_"):
             continue
-        labels = dict(sample.labels)
-        gpu = labels.get("gpu")
-        owner = node if node is not None else _node_of(labels, labels_to_try)
-        if not gpu or not owner:
+        known = series.get(id(sample.labels))
+        if known is None:
+            known = series[id(sample.labels)] = _Series(sample.labels, node, labels_to_try)
+        if known.key is None:
             continue
-        problem = _label_problem(sample.name, labels)
-        if problem:
-            problems.setdefault(owner, []).append(problem)
+        if known.malformed or (name == XID_COUNT_SERIES and _label_problem(name, known.labels)):
+            problems.setdefault(known.key[0], []).append(_label_problem(name, known.labels))
             continue
-        mig = labels.get("GPU_I_ID") or None
-        builder = gpus.get((owner, gpu, mig))
+        builder = known.builder
         if builder is None:
-            builder = gpus[(owner, gpu, mig)] = _GpuBuilder(owner, gpu, mig)
-        _add_identity(builder, labels)
-        _add_value(builder, sample.name, labels, sample.value)
-        if labels.get(DRIVER_VERSION_LABEL):
-            drivers.setdefault(owner, labels[DRIVER_VERSION_LABEL])
+            builder = known.builder = gpus.get(known.key) or gpus.setdefault(known.key, _GpuBuilder(*known.key))
+            _add_identity(builder, known.labels)
+            if known.labels.get(DRIVER_VERSION_LABEL):
+                drivers.setdefault(known.key[0], known.labels[DRIVER_VERSION_LABEL])
+        _add_value(builder, name, known.labels, sample.value)
     nodes = sorted({key[0] for key in gpus} | set(problems) | ({node} if node is not None else set()))
     return [_node_readings(name, gpus, drivers, source, observed_at, malformed_lines, problems.get(name, []))
             for name in nodes]
+
+
+class _Series:
+    """One label set of the samples, read once: its GPU (``key``: node, gpu, MIG instance; None when it names
+    no GPU or no node, and is left out), whether its gpu / GPU_I_ID labels are malformed, and its builder
+    once a sample of it was taken. ``raw`` keeps the labels alive, so their id stays theirs for the call."""
+
+    __slots__ = ("builder", "key", "labels", "malformed", "raw")
+
+    def __init__(self, raw: Labels, node: str | None, labels_to_try: tuple[str | None, ...]) -> None:
+        self.raw, self.labels = raw, dict(raw)
+        gpu = self.labels.get("gpu")
+        owner = node if node is not None else _node_of(self.labels, labels_to_try)
+        self.key = (owner, gpu, self.labels.get("GPU_I_ID") or None) if gpu and owner else None
+        self.malformed = bool(self.key and _label_problem("", self.labels))
+        self.builder: _GpuBuilder | None = None
 
 
 def _label_problem(name: str, labels: Mapping[str, str]) -> str:

@@ -207,3 +207,27 @@ def test_a_label_set_missing_a_comma_invents_no_gpu() -> None:
     [node] = readings(text)
     assert [(g.gpu, g.uuid, g.gpu_temp) for g in node.gpus] == [("1", "GPU-b", 40.0)]
     assert node.malformed_lines == 1
+
+
+def unshared(samples: list[Sample]) -> list[Sample]:
+    """The same samples, each with a label tuple of its own (the parser shares one per label text)."""
+    return [Sample(s.name, tuple(tuple(pair) for pair in s.labels), s.value, s.timestamp) for s in samples]
+
+
+@pytest.mark.parametrize("name", ["scrape-A100-vgpu-xid-labels.prom", "scrape-L4-default.prom"])
+def test_shared_label_sets_read_as_copies_do(name: str) -> None:
+    samples = parse(scrape(name), strict=False).samples
+    shared = {id(s.labels) for s in samples}
+    assert len(shared) < len(samples)  # the parser does share them: what is read once per label set
+    for node in (None, "the-node"):
+        assert readings_from_samples(samples, node=node, source="exporter", observed_at=1.0) == \
+            readings_from_samples(unshared(samples), node=node, source="exporter", observed_at=1.0)
+
+
+def test_each_series_of_a_malformed_label_set_counts() -> None:
+    text = "".join(series(name, "1", gpu="x1") for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP",
+                                                            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"))
+    [node] = readings(text + series("DCGM_FI_DEV_GPU_TEMP", "40", gpu="1"))
+    assert [g.gpu for g in node.gpus] == ["1"] and node.malformed_lines == 3
+    assert [p.split(":")[0] for p in node.problems] == ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP",
+                                                        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]
