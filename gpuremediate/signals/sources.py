@@ -7,12 +7,14 @@ down, slow, oversized, pod not running or missing, series stale) is reported wit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import io
 import json
 import logging
 import math
+import queue
 import re
 import socket
 import ssl
@@ -21,7 +23,7 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -377,17 +379,22 @@ class ExporterSource:
 
     def _collect(self, pending: dict[Future[NodeReadings], ExporterTarget], results: list[NodeReadings],
                  stragglers: int) -> Iterator[list[NodeReadings]]:
+        """Each scrape's reading as it ends (a queue its future puts itself on: waiting on thousands of futures at
+        once costs each wait all of them), a scrape past its deadline reported unknown and left running."""
+        ended: queue.SimpleQueue[Future[NodeReadings]] = queue.SimpleQueue()
+        by_node = {target.node: future for future, target in pending.items()}
+        for future in list(pending):
+            future.add_done_callback(ended.put)
         handed_on_at: float | None = None  # when only ``stragglers`` were left: the first wave goes then
         while pending:
-            done, _ = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
-            for future in done:
-                results.append(self._outcome(future, pending.pop(future)))
+            with contextlib.suppress(queue.Empty):
+                done = ended.get(timeout=0.05)
+                while True:  # every scrape ended by now
+                    if (target := pending.pop(done, None)) is not None:  # else: reported as overrun already
+                        results.append(self._outcome(done, target))
+                    done = ended.get_nowait()
             now = time.monotonic()
-            for future, target in list(pending.items()):
-                started = self._in_flight.get(target.node)
-                if started is not None and now - started > self.timeout_s + OVERRUN_GRACE_S:
-                    del pending[future]
-                    results.append(self._still_running(target))
+            results.extend(self._overruns(pending, by_node, now))
             if handed_on_at is None and 0 < len(pending) <= stragglers:
                 handed_on_at = now + STRAGGLER_WAIT_S
             if pending and handed_on_at is not None and now >= handed_on_at and results:
@@ -395,6 +402,17 @@ class ExporterSource:
                 results = []
         if results:
             yield results
+
+    def _overruns(self, pending: dict[Future[NodeReadings], ExporterTarget],
+                  by_node: Mapping[str, Future[NodeReadings]], now: float) -> list[NodeReadings]:
+        """The scrapes running past their deadline (only those in flight can be: a few, not every pending one),
+        taken out of ``pending`` and reported unknown."""
+        late = []
+        for node, started in list(self._in_flight.items()):
+            future = by_node.get(node)
+            if future is not None and future in pending and now - started > self.timeout_s + OVERRUN_GRACE_S:
+                late.append(self._still_running(pending.pop(future)))
+        return late
 
     def _outcome(self, future: Future[NodeReadings], target: ExporterTarget) -> NodeReadings:
         try:
