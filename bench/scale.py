@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -265,16 +266,20 @@ CONTROLLER_FLAGS: list[str] = []  # --controller-flag: beyond the defaults (none
 CONTROLLER_LOG_LEVEL = "warning"  # --log-level: info adds the fast path's split (controller.log)
 
 
-def controller_process(kubeconfig: Path, prom_url: str, metrics_port: int,
+def prometheus_source(url: str) -> tuple[str, ...]:
+    return ("--source", "prometheus", "--prometheus-url", url)
+
+
+def controller_process(kubeconfig: Path, source: tuple[str, ...], metrics_port: int,
                        flags: tuple[str, ...] = (), log_name: str = "controller.log") -> subprocess.Popen[bytes]:
+    """``gpuremediate run`` in a process of its own, reading GPU health with ``source``'s flags."""
     entry = [str(ROOT / "bench" / "traced_controller.py")] if TRACE_MEMORY else ["-m", "gpuremediate"]
     if PROFILE:  # bench/sampled_controller.py: where the CPU goes, per run
         entry = [str(ROOT / "bench" / "sampled_controller.py")]
         os.environ["BENCH_PROFILE_OUT"] = str(kubeconfig.parent / f"profile-{metrics_port}.txt")
     return subprocess.Popen(
-        [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), "--source", "prometheus",
-         "--prometheus-url", prom_url, "--metrics-addr", f"127.0.0.1:{metrics_port}",
-         "--log-level", CONTROLLER_LOG_LEVEL, *CONTROLLER_FLAGS, *flags],
+        [sys.executable, *entry, "run", "--kubeconfig", str(kubeconfig), *source,
+         "--metrics-addr", f"127.0.0.1:{metrics_port}", "--log-level", CONTROLLER_LOG_LEVEL, *CONTROLLER_FLAGS, *flags],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(kubeconfig.parent / log_name, "ab"))
 
 
@@ -465,7 +470,7 @@ def run_mode(run: str, prom: promlab.PromServer, srv: KubeAPIServer, client: Kub
         policy.write_text(DEGRADATION_POLICY)
         flags = ("--policy", str(policy))
     started = time.monotonic()
-    proc = controller_process(kubeconfig, prom.url, metrics_port, flags)
+    proc = controller_process(kubeconfig, prometheus_source(prom.url), metrics_port, flags)
     try:
         rss = RssSampler(proc.pid)
         first_read_s = wait(lambda: good_reads(metrics_port) >= 1, 900, "the controller's first good read")
@@ -661,12 +666,17 @@ class CordonWatch:
                 (time.monotonic(), RECORD_ANNOTATION in annotations))
 
 
+LEADER_LEASE = "gpuremediate"  # --lease-name's default: the one "shard" of an unsharded replica (--leader-elect)
+
+
 def shard_holders(srv: KubeAPIServer, shards: int) -> dict[int, str]:
-    """Shard -> the holder of its Lease (read from the store: no API request counted)."""
+    """Shard -> the holder of its Lease (read from the store: no API request counted); unsharded (``shards``
+    1, the replicas with ``--leader-elect``), shard 0 is the leader Lease's."""
     leases = srv.store.list_all(srv.type_for("coordination.k8s.io", "leases").key, SHARD_NAMESPACE)
     held: dict[int, str] = {}
     for lease in leases:
-        index = shard_index_of(lease["metadata"]["name"])
+        name = lease["metadata"]["name"]
+        index = (0 if name == LEADER_LEASE else None) if shards == 1 else shard_index_of(name)
         holder = (lease.get("spec") or {}).get("holderIdentity") or ""
         if index is not None and index < shards and holder:
             held[index] = holder
@@ -674,6 +684,8 @@ def shard_holders(srv: KubeAPIServer, shards: int) -> dict[int, str]:
 
 
 def fair(holders: dict[int, str], shards: int, replicas: list[str]) -> bool:
+    if shards == 1:  # one leader; the other replicas stand by
+        return len(holders) == 1
     counts = Counter(holders.values())
     per = [counts.get(r, 0) for r in replicas]
     return len(holders) == shards and max(per) - min(per) <= 1 and min(per) >= 1
@@ -774,6 +786,22 @@ def check_cordons(srv: KubeAPIServer, watch: CordonWatch, nodes: list[str], owne
             "node_writes_by_replica": dict(sum((writers.get(n, Counter()) for n in nodes), Counter()))}
 
 
+def peak_rate(moments: list[float], window_s: float = 2.0) -> float:
+    """The most events a second within any ``window_s`` (what the controller reaches while faults wait for it;
+    first-to-last is bounded by how fast the source hands them over)."""
+    ordered, most, lo = sorted(moments), 0, 0
+    for hi, t in enumerate(ordered):
+        while t - ordered[lo] > window_s:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return round(most / window_s, 1)
+
+
+def spread_of(seconds: list[float]) -> dict[str, float]:
+    return {"p50": round(percentile(seconds, 0.5), 2), "p90": round(percentile(seconds, 0.9), 2),
+            "max": round(max(seconds), 2)}
+
+
 def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, nodes: list[str],
                     timeout_s: float) -> dict[str, Any]:
     """``nodes`` fault at once (one XID 79 each, every endpoint's body changed once): per node the seconds from
@@ -802,13 +830,10 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
     if cordoned:
         first, last = min(cordoned.values()), max(cordoned.values())
         result.update({
-            "prometheus_has_it_to_cordon_s": {"p50": round(percentile(prom_to, 0.5), 2),
-                                              "p90": round(percentile(prom_to, 0.9), 2),
-                                              "max": round(max(prom_to), 2)},
-            "fault_to_cordon_s": {"p50": round(percentile(fault_to, 0.5), 2),
-                                  "p90": round(percentile(fault_to, 0.9), 2), "max": round(max(fault_to), 2)},
+            "prometheus_has_it_to_cordon_s": spread_of(prom_to), "fault_to_cordon_s": spread_of(fault_to),
             "prometheus_had_all_after_s": round(max(seen.values()) - injected, 1) if seen else None,
             "cordons_per_s_first_to_last": round(len(cordoned) / max(1e-3, last - first), 1),
+            "cordons_per_s_peak_2s": peak_rate(list(cordoned.values())),
             "cordons_per_s_since_prometheus_had_first": round(
                 len(cordoned) / max(1e-3, last - min(seen.values(), default=injected)), 1)})
     return result
@@ -946,6 +971,53 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
     return result
 
 
+def roll_out(result: dict[str, Any], srv: KubeAPIServer, source: tuple[str, ...], shards: int, cpu: ProcessCpu,
+             procs: list[subprocess.Popen[bytes]], ports: list[int], identities: list[str]) -> dict[int, str]:
+    """Start the replicas one after another as a rollout does (each ready and holding a shard before the next),
+    then wait for a fair split; ``result["rollout"]`` says how long each took. Returns shard -> holder."""
+    rollout: list[dict[str, Any]] = []
+    rollout_started = time.monotonic()
+    for i, identity in enumerate(identities):
+        kubeconfig = LOGS / f"kubeconfig-{i}"
+        srv.write_kubeconfig(kubeconfig, token=replica_token(i))
+        t_start = time.monotonic()
+        mode_flags = ("--shards", str(shards)) if shards > 1 else ("--leader-elect",)
+        proc = controller_process(kubeconfig, source, ports[i], (*mode_flags, "--identity", identity),
+                                  log_name=f"controller-{i}.log")
+        procs.append(proc)
+        cpu.add(identity, proc.pid)
+        ready_s, owns_s = replica_up(srv, proc, identity, ports[i], shards)
+        holders = shard_holders(srv, shards)
+        rollout.append({"replica": identity, "ready_after_s": round(ready_s, 1),
+                        "holds_a_shard_after_s": round(time.monotonic() - t_start, 1),
+                        "holders_then": dict(Counter(holders.values()))})
+        log(f"{identity}: ready after {ready_s:.0f} s, holds a shard after {owns_s + ready_s:.0f} s; "
+            f"holders {dict(Counter(holders.values()))}")
+    fair_s = wait(lambda: fair(shard_holders(srv, shards), shards, identities), 1800, "a fair split")
+    holders = shard_holders(srv, shards)
+    log(f"fair split {dict(Counter(holders.values()))} {fair_s:.0f} s after the last start")
+    result["rollout"] = {"replicas": rollout, "fair_after_last_start_s": round(fair_s, 1),
+                         "from_first_start_s": round(time.monotonic() - rollout_started, 1),
+                         "shards_by_holder": dict(Counter(holders.values())),
+                         "holders": {str(k): v for k, v in sorted(holders.items())}}
+    return holders
+
+
+def replica_steady(cpu: ProcessCpu, identity: str, requests: list[Any], i: int, cpu_s: float, t0: float,
+                   t1: float) -> dict[str, Any]:
+    """Replica ``i``'s CPU, RSS and API requests (Lease, others by verb) a minute over a steady window."""
+    mine = [r for r in requests if r[0] == replica_user(i)]
+    lease = sum(1 for r in mine if r[3] == "leases")
+    others = Counter(" ".join(filter(None, (r[1], r[3], r[4]))) for r in mine if r[3] != "leases")
+    per_min = 60.0 / (t1 - t0)
+    return {"cpu_s_per_min": round(cpu_s * per_min, 1),
+            "rss_steady_mb": round(cpu.rss[identity].median_mb(t0, t1), 1),
+            "rss_peak_mb": round(cpu.rss[identity].peak_mb(), 1),
+            "api_per_min_lease": round(lease * per_min, 1),
+            "api_per_min_other": round(sum(others.values()) * per_min, 1),
+            "api_other_by_verb_per_min": {k: round(v * per_min, 1) for k, v in sorted(others.items())}}
+
+
 def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: KubeAPIServer,
                    client: KubeClient, fleet: FleetProcess, prom: promlab.PromServer, cpu: ProcessCpu,
                    procs: list[subprocess.Popen[bytes]], ports: list[int], identities: list[str],
@@ -953,32 +1025,8 @@ def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: Ku
     """The rollout, the steady window, the faults and the burst, each phase's figures put in ``result`` as it
     ends: a phase that cannot finish (a wait timed out, ^C) leaves the ones before it, and says why."""
     try:
-        rollout: list[dict[str, Any]] = []
         cpu.begin("rollout")
-        rollout_started = time.monotonic()
-        for i, identity in enumerate(identities):
-            kubeconfig = LOGS / f"kubeconfig-{i}"
-            srv.write_kubeconfig(kubeconfig, token=replica_token(i))
-            t_start = time.monotonic()
-            proc = controller_process(kubeconfig, prom.url, ports[i],
-                                      ("--shards", str(shards), "--identity", identity),
-                                      log_name=f"controller-{i}.log")
-            procs.append(proc)
-            cpu.add(identity, proc.pid)
-            ready_s, owns_s = replica_up(srv, proc, identity, ports[i], shards)
-            holders = shard_holders(srv, shards)
-            rollout.append({"replica": identity, "ready_after_s": round(ready_s, 1),
-                            "holds_a_shard_after_s": round(time.monotonic() - t_start, 1),
-                            "holders_then": dict(Counter(holders.values()))})
-            log(f"{identity}: ready after {ready_s:.0f} s, holds a shard after {owns_s + ready_s:.0f} s; "
-                f"holders {dict(Counter(holders.values()))}")
-        fair_s = wait(lambda: fair(shard_holders(srv, shards), shards, identities), 1800, "a fair split")
-        holders = shard_holders(srv, shards)
-        log(f"fair split {dict(Counter(holders.values()))} {fair_s:.0f} s after the last start")
-        result["rollout"] = {"replicas": rollout, "fair_after_last_start_s": round(fair_s, 1),
-                             "from_first_start_s": round(time.monotonic() - rollout_started, 1),
-                             "shards_by_holder": dict(Counter(holders.values())),
-                             "holders": {str(k): v for k, v in sorted(holders.items())}}
+        holders = roll_out(result, srv, prometheus_source(prom.url), shards, cpu, procs, ports, identities)
         first_reads = wait(lambda: all(scrape_stats(port)[0] >= 1 for port in ports), 1800,
                            "every replica's first read")
         result["good_reads_before_steady"] = {identities[i]: good_reads(port) for i, port in enumerate(ports)}
@@ -998,21 +1046,12 @@ def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: Ku
         cpu.end()
         per_replica: list[dict[str, Any]] = []
         for i, identity in enumerate(identities):
-            mine = [r for r in requests if r[0] == replica_user(i)]
-            lease = sum(1 for r in mine if r[3] == "leases")
-            others = Counter(" ".join(filter(None, (r[1], r[3], r[4]))) for r in mine if r[3] != "leases")
             (c0, s0, e0), (c1, s1, e1) = stats0[i], stats1[i]
             per_replica.append({
                 "replica": identity, "shards": sorted(k for k, v in holders.items() if v == identity),
                 "reads": int(c1 - c0), "read_s": round((s1 - s0) / max(1.0, c1 - c0), 2),
                 "read_errors": int(e1 - e0), "read_errors_total": int(e1),
-                "cpu_s_per_min": round((cpu1[i] - cpu0[i]) * 60.0 / (t1 - t0), 1),
-                "rss_steady_mb": round(cpu.rss[identity].median_mb(t0, t1), 1),
-                "rss_peak_mb": round(cpu.rss[identity].peak_mb(), 1),
-                "api_per_min_lease": round(lease * 60.0 / (t1 - t0), 1),
-                "api_per_min_other": round(sum(others.values()) * 60.0 / (t1 - t0), 1),
-                "api_other_by_verb_per_min": {k: round(v * 60.0 / (t1 - t0), 1)
-                                              for k, v in sorted(others.items())}})
+                **replica_steady(cpu, identity, requests, i, cpu1[i] - cpu0[i], t0, t1)})
         result["steady"] = per_replica
 
         def owner_of(node: str) -> str:
@@ -1064,15 +1103,39 @@ def node_ip(i: int) -> str:
     return f"127.1.{i // 250}.{i % 250 + 1}"
 
 
-def serve_exporters(port: int, nodes_by_ip: dict[str, str], template: str, ready: Any) -> None:
+@dataclass(frozen=True)
+class ServedBurst:
+    """A burst the exporter processes serve: a burst node's body carries XID 79 on GPU 3 from ``start`` (wall
+    clock, shared by the processes; 0 until the bench sets it) plus the node's offset on."""
+
+    template: str
+    offsets: dict[str, float]  # node IP -> seconds after start
+    start: Any  # multiprocessing Value("d")
+
+    def faulty(self, ip: str) -> bool:
+        offset, start = self.offsets.get(ip), self.start.value
+        return offset is not None and start > 0 and time.time() >= start + offset
+
+
+def faulty_template() -> str:
+    state = new_node(NODE_PLACEHOLDER, 8, "127.0.0.1")
+    state.gpu(3).xid = 79
+    return render(state)
+
+
+def serve_exporters(port: int, nodes_by_ip: dict[str, str], template: str, ready: Any,
+                    burst: ServedBurst | None = None) -> None:
     """One exporter process: every node whose IP it is given, on one listening socket (0.0.0.0 with
     SO_REUSEPORT: the kernel spreads the connections over the processes; the node is the address the
-    scraper connected to). Each answer is gpu-sim's 8-GPU body with the node's name put in."""
+    scraper connected to). Each answer is gpu-sim's 8-GPU body with the node's name put in (``burst``'s
+    faulty one for a burst node once its fault is due)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            node = nodes_by_ip.get(self.connection.getsockname()[0], "unknown")
-            body = template.replace(NODE_PLACEHOLDER, node).encode()
+            ip = self.connection.getsockname()[0]
+            node = nodes_by_ip.get(ip, "unknown")
+            served = burst.template if burst is not None and burst.faulty(ip) else template
+            body = served.replace(NODE_PLACEHOLDER, node).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -1130,6 +1193,35 @@ def collect(results: Any, readers: list[Any]) -> list[dict[str, Any]]:
     return got
 
 
+def start_exporters(names: list[str], port: int, servers: int,
+                    burst: ServedBurst | None = None) -> list[multiprocessing.process.BaseProcess]:
+    """``servers`` processes serving the exporters of ``names`` (node i at node_ip(i)), started and listening."""
+    spawn = multiprocessing.get_context("spawn")
+    template = render(new_node(NODE_PLACEHOLDER, 8, "127.0.0.1"))
+    by_ip = {node_ip(i): name for i, name in enumerate(names)}
+    ready = spawn.Queue()
+    exporters = [spawn.Process(target=serve_exporters, args=(port, by_ip, template, ready, burst), daemon=True)
+                 for _ in range(servers)]
+    for proc in exporters:
+        proc.start()
+    for _ in exporters:
+        ready.get(timeout=60)
+    return exporters
+
+
+def exporter_pods(client: KubeClient, names: list[str]) -> None:
+    """A Running dcgm-exporter pod on each node, its IP the node's exporter address (node_ip)."""
+    def pod(i: int) -> None:
+        pod_name = f"dcgm-{names[i]}"
+        client.create(PODS, {"metadata": {"name": pod_name, "labels": {"app": "nvidia-dcgm-exporter"}},
+                             "spec": {"nodeName": names[i], "containers": [{"name": "e", "image": "x"}]}},
+                      "gpu-operator")
+        client.patch(PODS, pod_name, {"status": {"phase": "Running", "podIP": node_ip(i)}},
+                     "gpu-operator", subresource="status")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(pod, range(len(names))))
+
+
 def run_direct(n: int, cycles: int, workers: int, shards: int, servers: int) -> dict[str, Any]:
     """N exporters served by ``servers`` processes, read by ``shards`` controller processes at once."""
     names = [f"gpu-{i:05d}" for i in range(n)]
@@ -1137,26 +1229,11 @@ def run_direct(n: int, cycles: int, workers: int, shards: int, servers: int) -> 
     spawn = multiprocessing.get_context("spawn")
     port = promlab.free_port()
     template = render(new_node(NODE_PLACEHOLDER, 8, "127.0.0.1"))
-    by_ip = {node_ip(i): name for i, name in enumerate(names)}
-    ready = spawn.Queue()
-    exporters = [spawn.Process(target=serve_exporters, args=(port, by_ip, template, ready), daemon=True)
-                 for _ in range(servers)]
+    exporters: list[Any] = []
     readers: list[Any] = []
     try:
-        for proc in exporters:
-            proc.start()
-        for _ in exporters:
-            ready.get(timeout=60)
-
-        def pod(i: int) -> None:
-            pod_name = f"dcgm-{names[i]}"
-            client.create(PODS, {"metadata": {"name": pod_name, "labels": {"app": "nvidia-dcgm-exporter"}},
-                                 "spec": {"nodeName": names[i], "containers": [{"name": "e", "image": "x"}]}},
-                          "gpu-operator")
-            client.patch(PODS, pod_name, {"status": {"phase": "Running", "podIP": node_ip(i)}},
-                         "gpu-operator", subresource="status")
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(pod, range(n)))
+        exporters = start_exporters(names, port, servers)
+        exporter_pods(client, names)
         results = spawn.Queue()
         readers = [spawn.Process(target=read_fleet, args=(srv.url, srv.admin_token, port, workers, cycles, shard,
                                                           shards, results), daemon=True) for shard in range(shards)]
@@ -1177,6 +1254,106 @@ def run_direct(n: int, cycles: int, workers: int, shards: int, servers: int) -> 
             proc.terminate()
             proc.join(10)
         srv.stop()
+
+
+def exporter_scrapes(port: int) -> tuple[float, float]:
+    """(scrapes, failed scrapes) a replica has made of exporter pods so far (its own /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        samples = exposition.parse(resp.read().decode(), strict=False).samples
+    mine = [s for s in samples if s.label("source") == "exporter"]
+    return (sum(s.value for s in mine if s.name == "gpuremediate_scrape_seconds_count"),
+            sum(s.value for s in mine if s.name == "gpuremediate_scrape_errors_total"))
+
+
+def run_direct_burst(n: int, burst: int, spread_s: float, shards: int, servers: int,
+                     steady_s: float) -> dict[str, Any]:
+    """The cordon burst through direct scraping, the controller's default source: ``shards`` replicas with
+    default flags (``--shards S``, or ``--leader-elect`` for one, as a Deployment runs them) read N exporters
+    served by ``servers`` processes; after a steady window, ``burst`` of the exporters serve XID 79, one after
+    the other over ``spread_s`` seconds. "The source has it" is the moment a node's exporter serves its fault.
+    Every burst node must be cordoned once, by its shard's owner, with its record."""
+    burst_nodes = pick_nodes("gpu-burst", burst, shards)
+    names = [f"gpu-{i:05d}" for i in range(n - burst)] + burst_nodes
+    log(f"direct N={n}: emulator with {n} Nodes")
+    srv, client = emulator_with_nodes(names)
+    identities = [f"gpuremediate-{i}" for i in range(shards)]
+    users = {replica_user(i): identities[i] for i in range(shards)}
+    for i in range(shards):
+        srv.add_token(replica_token(i), replica_user(i))
+    watch = CordonWatch(srv)
+    due = {node: spread_s * k / max(1, burst - 1) for k, node in enumerate(burst_nodes)}  # seconds after the start
+    ip_of = {name: node_ip(i) for i, name in enumerate(names)}
+    start = multiprocessing.get_context("spawn").Value("d", 0.0)
+    port, ports = promlab.free_port(), [promlab.free_port() for _ in identities]
+    result: dict[str, Any] = {"mode": "direct", "nodes": n, "gpus": n * 8, "shards": shards,
+                              "exporter_processes": servers, "burst_size": burst, "spread_s": spread_s,
+                              "controller_flags": CONTROLLER_FLAGS or "defaults", "logs": str(LOGS)}
+    LOGS.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    exporters: list[Any] = []
+    try:
+        exporters = start_exporters(names, port, servers,
+                                    ServedBurst(faulty_template(), {ip_of[b]: due[b] for b in burst_nodes}, start))
+        exporter_pods(client, names)
+        cpu = ProcessCpu({"emulator": os.getpid(), **{f"exporters-{i}": p.pid for i, p in enumerate(exporters)}})
+        cpu.begin("rollout")
+        holders = roll_out(result, srv, ("--source", "exporter", "--exporter-port", str(port)), shards, cpu, procs,
+                           ports, identities)
+        took = wait(lambda: all(exporter_scrapes(p)[0] >= 2 * n / shards for p in ports), 1800,
+                    "every replica's second read")
+        log(f"every replica has read its nodes twice (+{took:.0f} s); steady for {steady_s:g} s")
+        cpu.begin("steady")
+        before, t0 = len(srv.requests), time.monotonic()
+        scrapes0, cpu0 = [exporter_scrapes(p) for p in ports], [cpu_seconds(p.pid) for p in procs]
+        time.sleep(steady_s)
+        t1 = time.monotonic()
+        scrapes1, cpu1 = [exporter_scrapes(p) for p in ports], [cpu_seconds(p.pid) for p in procs]
+        requests = list(srv.requests)[before:]
+        cpu.end()
+        result["steady"] = [{
+            "replica": identity, "shards": sorted(k for k, v in holders.items() if v == identity),
+            "scrapes_per_min": round((scrapes1[i][0] - scrapes0[i][0]) * 60.0 / (t1 - t0)),
+            "scrape_errors": int(scrapes1[i][1] - scrapes0[i][1]),
+            **replica_steady(cpu, identity, requests, i, cpu1[i] - cpu0[i], t0, t1)}
+            for i, identity in enumerate(identities)]
+        cpu.begin("burst")
+        since = len(srv.requests)
+        log(f"burst: {burst} exporters serve XID 79 over {spread_s:g} s")
+        start.value, began = time.time(), time.monotonic()
+        with contextlib.suppress(SystemExit):
+            wait(lambda: all(b in watch.cordons for b in burst_nodes), 600, "every burst node's cordon")
+        time.sleep(10)  # a second cordon or a stray write would show
+        cpu.end()
+        result["burst"] = served_burst_figures(watch, {b: began + due[b] for b in burst_nodes})
+        result["burst"]["check"] = check_cordons(srv, watch, burst_nodes,
+                                                 lambda node: holders.get(shard_of(node, shards), "?"), users, since)
+        result["phases"] = cpu.phases
+    except (SystemExit, KeyboardInterrupt) as exc:
+        log(f"stopped: {exc!r}")
+        result["aborted"] = str(exc) or type(exc).__name__
+    finally:
+        stop_replicas(procs)
+        result["log_warnings"] = {identities[i]: log_warnings(LOGS / f"controller-{i}.log") for i in range(len(procs))}
+        for proc in exporters:
+            proc.terminate()
+            proc.join(10)
+        srv.stop()
+    return result
+
+
+def served_burst_figures(watch: CordonWatch, has_it: dict[str, float]) -> dict[str, Any]:
+    """From the moment each node's source had its fault to its cordon: P50/P90/max, cordons a second."""
+    cordoned = {n: watch.cordons[n][0][0] for n in has_it if n in watch.cordons}
+    result: dict[str, Any] = {"nodes": len(has_it), "cordoned": len(cordoned),
+                              "not_cordoned": sorted(set(has_it) - set(cordoned))[:10]}
+    if cordoned:
+        first, last = min(cordoned.values()), max(cordoned.values())
+        result.update({"source_has_it_to_cordon_s": spread_of([t - has_it[n] for n, t in cordoned.items()]),
+                       "cordons_per_s_first_to_last": round(len(cordoned) / max(1e-3, last - first), 1),
+                       "cordons_per_s_peak_2s": peak_rate(list(cordoned.values())),
+                       "cordons_per_s_from_first_fault": round(len(cordoned) / max(1e-3, last - min(has_it.values())),
+                                                               1)})
+    return result
 
 
 def peak_rss_mb() -> float:
@@ -1206,7 +1383,10 @@ def main() -> int:
                         "--replicas controllers with --shards S, started one by one (sharded run)")
     p.add_argument("--replicas", type=int, default=0, help="sharded Prometheus mode: controllers (default: S)")
     p.add_argument("--burst", type=int, default=0,
-                   help="sharded Prometheus mode: nodes faulting at once after --faults (spread over the shards)")
+                   help="Prometheus mode: nodes faulting at once after --faults (spread over the shards; one "
+                        "replica with --leader-elect unless --shards); direct mode: the cordon burst (--spread)")
+    p.add_argument("--spread", type=float, default=10.0,
+                   help="direct mode --burst: seconds over which the burst's exporters start serving their fault")
     p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
     p.add_argument("--faults", type=int, default=10,
                    help="XIDs injected one after the other per mode, each on a node of its own (P50/P90 of them)")
@@ -1227,10 +1407,13 @@ def main() -> int:
     DEGRADATION, DEGRADATION_FIRST, PROFILE = args.degradation, args.degradation_first, args.profile
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
-        if args.direct:
+        if args.direct and args.burst:
+            print(json.dumps(run_direct_burst(n, args.burst, args.spread, args.shards, args.servers, args.steady)),
+                  flush=True)
+        elif args.direct:
             for workers in args.workers:
                 print(json.dumps(run_direct(n, args.cycles, workers, args.shards, args.servers)), flush=True)
-        elif args.shards > 1:
+        elif args.shards > 1 or args.burst:
             sharded = run_sharded(n, args.shards, args.replicas or args.shards, args.steady, args.faults,
                                   args.burst, args.endpoints, args.modes[0] if len(args.modes) == 1 else "raw")
             print(json.dumps(sharded), flush=True)
