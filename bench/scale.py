@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import promlab  # noqa: E402
+from gpuremediate.actions.breaker import BREAKER_CONFIGMAP  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.handover import shard_index_of  # noqa: E402
@@ -649,14 +650,22 @@ class FleetProcess:
 
 class CordonWatch:
     """Every Node's cordons as the emulator's store makes them (a listener: no API request): per node, when
-    spec.unschedulable went false -> true, how often, and whether that write carried the record."""
+    spec.unschedulable went false -> true, how often, and whether that write carried the record; and when the
+    first Event about it was written (the report a person reads, which follows the cordon)."""
 
     def __init__(self, srv: KubeAPIServer) -> None:
         self.key = srv.type_for("", "nodes").key
+        self.events_key = srv.type_for("", "events").key
         self.cordons: dict[str, list[tuple[float, bool]]] = {}
+        self.first_event: dict[str, float] = {}
         srv.store.listeners.append(self._event)
 
     def _event(self, event: Any) -> None:
+        if event.key == self.events_key and event.type == "ADDED":
+            involved = event.obj.get("involvedObject") or {}
+            if involved.get("kind") == "Node":
+                self.first_event.setdefault(involved.get("name", ""), time.monotonic())
+            return
         if event.key != self.key or event.type != "MODIFIED" or event.prev is None:
             return
         if (event.obj.get("spec") or {}).get("unschedulable") and not (event.prev.get("spec") or {}).get(
@@ -797,15 +806,38 @@ def peak_rate(moments: list[float], window_s: float = 2.0) -> float:
     return round(most / window_s, 1)
 
 
+def reports_written(watch: CordonWatch, nodes: list[str], timeout_s: float = 180.0) -> None:
+    """Wait (at most ``timeout_s``) for an Event about each cordoned node: stopping a replica drops what is queued."""
+    with contextlib.suppress(SystemExit):
+        wait(lambda: all(n in watch.first_event for n in nodes if n in watch.cordons), timeout_s,
+             "the burst's Events")
+
+
+def report_lag(watch: CordonWatch, nodes: list[str]) -> dict[str, Any]:
+    """How long after its cordon each node's first Event was written (the reports follow the actions)."""
+    lags = [watch.first_event[n] - watch.cordons[n][0][0] for n in nodes
+            if n in watch.cordons and n in watch.first_event]
+    return {"nodes_with_an_event": len(lags), "cordon_to_event_s": spread_of(lags) if lags else None}
+
+
 def spread_of(seconds: list[float]) -> dict[str, float]:
     return {"p50": round(percentile(seconds, 0.5), 2), "p90": round(percentile(seconds, 0.9), 2),
             "max": round(max(seconds), 2)}
 
 
+def breaker_held(srv: KubeAPIServer, watch: CordonWatch, quiet_s: float = 30.0) -> Callable[[], bool]:
+    """True once the breaker is open and no cordon has landed for ``quiet_s``: the rest of a burst never will."""
+    def held() -> bool:
+        last = max((c[0][0] for c in watch.cordons.values()), default=0.0)
+        return time.monotonic() - last > quiet_s and breaker_state(srv)["open"]
+    return held
+
+
 def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, nodes: list[str],
-                    timeout_s: float) -> dict[str, Any]:
+                    timeout_s: float, held: Callable[[], bool]) -> dict[str, Any]:
     """``nodes`` fault at once (one XID 79 each, every endpoint's body changed once): per node the seconds from
-    Prometheus answering with it to its cordon (one query for all of them, every half second)."""
+    Prometheus answering with it to its cordon (one query for all of them, every half second); until every
+    node is cordoned, or ``held`` (the breaker stopped the rest)."""
     fleet.inject_many(nodes, 3, 79)
     injected = time.monotonic()
     seen: dict[str, float] = {}
@@ -819,7 +851,7 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
                     if r["metric"].get("Hostname", "") in wanted:  # not the faults before the burst
                         seen.setdefault(r["metric"]["Hostname"], evaluated_at(r["value"]))
         pending = {n for n in pending if n not in watch.cordons}
-        if not pending and len(seen) >= len(nodes):
+        if (not pending and len(seen) >= len(nodes)) or (len(seen) >= len(nodes) and held()):
             break
         time.sleep(0.5)
     cordoned = {n: watch.cordons[n][0][0] for n in nodes if n in watch.cordons}
@@ -837,6 +869,15 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
             "cordons_per_s_since_prometheus_had_first": round(
                 len(cordoned) / max(1e-3, last - min(seen.values(), default=injected)), 1)})
     return result
+
+
+def breaker_state(srv: KubeAPIServer) -> dict[str, Any]:
+    """The breaker as the replicas left it in its ConfigMap (read from the store): open or not, why, when, and
+    the faults it counted; with the cordons a burst made before and after it opened."""
+    cm = srv.store.get(srv.type_for("", "configmaps").key, SHARD_NAMESPACE, BREAKER_CONFIGMAP) or {}
+    state = json.loads((cm.get("data") or {}).get("state") or "{}")
+    return {"open": bool(state.get("open")), "reason": state.get("reason", ""),
+            "faults_counted": len(state.get("faults") or []), "opened_at": state.get("opened_at")}
 
 
 def http_ok(url: str) -> bool:
@@ -1080,10 +1121,13 @@ def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: Ku
             since = len(srv.requests)
             log(f"burst: {len(burst_nodes)} nodes at once, per shard "
                 f"{dict(sorted(Counter(shard_of(n, shards) for n in burst_nodes).items()))}")
-            result["burst"] = burst_to_cordon(fleet, prom.url, watch, burst_nodes, 900)
+            result["burst"] = burst_to_cordon(fleet, prom.url, watch, burst_nodes, 900, breaker_held(srv, watch))
+            reports_written(watch, burst_nodes)
             time.sleep(10)
             cpu.end()
             result["burst"]["check"] = check_cordons(srv, watch, burst_nodes, owner_of, users, since)
+            result["burst"]["breaker"] = breaker_state(srv)
+            result["burst"]["reports"] = report_lag(watch, burst_nodes)
             result["burst"]["per_shard"] = dict(sorted(Counter(shard_of(n, shards)
                                                                for n in burst_nodes).items()))
         final = shard_holders(srv, shards)
@@ -1320,13 +1364,17 @@ def run_direct_burst(n: int, burst: int, spread_s: float, shards: int, servers: 
         since = len(srv.requests)
         log(f"burst: {burst} exporters serve XID 79 over {spread_s:g} s")
         start.value, began = time.time(), time.monotonic()
+        held = breaker_held(srv, watch)
         with contextlib.suppress(SystemExit):
-            wait(lambda: all(b in watch.cordons for b in burst_nodes), 600, "every burst node's cordon")
+            wait(lambda: all(b in watch.cordons for b in burst_nodes) or held(), 600, "every burst node's cordon")
+        reports_written(watch, burst_nodes)
         time.sleep(10)  # a second cordon or a stray write would show
         cpu.end()
         result["burst"] = served_burst_figures(watch, {b: began + due[b] for b in burst_nodes})
         result["burst"]["check"] = check_cordons(srv, watch, burst_nodes,
                                                  lambda node: holders.get(shard_of(node, shards), "?"), users, since)
+        result["burst"]["breaker"] = breaker_state(srv)
+        result["burst"]["reports"] = report_lag(watch, burst_nodes)
         result["phases"] = cpu.phases
     except (SystemExit, KeyboardInterrupt) as exc:
         log(f"stopped: {exc!r}")
