@@ -657,14 +657,19 @@ class CordonWatch:
         self.key = srv.type_for("", "nodes").key
         self.events_key = srv.type_for("", "events").key
         self.cordons: dict[str, list[tuple[float, bool]]] = {}
-        self.first_event: dict[str, float] = {}
+        self.events: dict[str, list[tuple[float, str]]] = {}  # node -> (when, reason) of each Event about it
         srv.store.listeners.append(self._event)
+
+    def reported_since_cordon(self, node: str) -> bool:
+        cordoned = self.cordons[node][0][0]
+        return any(at >= cordoned for at, _ in self.events.get(node, []))
 
     def _event(self, event: Any) -> None:
         if event.key == self.events_key and event.type == "ADDED":
             involved = event.obj.get("involvedObject") or {}
             if involved.get("kind") == "Node":
-                self.first_event.setdefault(involved.get("name", ""), time.monotonic())
+                self.events.setdefault(involved.get("name", ""), []).append(
+                    (time.monotonic(), event.obj.get("reason", "")))
             return
         if event.key != self.key or event.type != "MODIFIED" or event.prev is None:
             return
@@ -809,15 +814,23 @@ def peak_rate(moments: list[float], window_s: float = 2.0) -> float:
 def reports_written(watch: CordonWatch, nodes: list[str], timeout_s: float = 180.0) -> None:
     """Wait (at most ``timeout_s``) for an Event about each cordoned node: stopping a replica drops what is queued."""
     with contextlib.suppress(SystemExit):
-        wait(lambda: all(n in watch.first_event for n in nodes if n in watch.cordons), timeout_s,
+        wait(lambda: all(watch.reported_since_cordon(n) for n in nodes if n in watch.cordons), timeout_s,
              "the burst's Events")
 
 
 def report_lag(watch: CordonWatch, nodes: list[str]) -> dict[str, Any]:
-    """How long after its cordon each node's first Event was written (the reports follow the actions)."""
-    lags = [watch.first_event[n] - watch.cordons[n][0][0] for n in nodes
-            if n in watch.cordons and n in watch.first_event]
-    return {"nodes_with_an_event": len(lags), "cordon_to_event_s": spread_of(lags) if lags else None}
+    """How long after its cordon each node's first Event since was written (the reports follow the actions), and
+    the reasons of the Events about the nodes before their cordon."""
+    lags, before = [], Counter[str]()
+    for node in nodes:
+        if node not in watch.cordons:
+            continue
+        cordoned = watch.cordons[node][0][0]
+        before.update(reason for at, reason in watch.events.get(node, []) if at < cordoned)
+        if after := [at for at, _ in watch.events.get(node, []) if at >= cordoned]:
+            lags.append(after[0] - cordoned)
+    return {"nodes_with_an_event": len(lags), "cordon_to_event_s": spread_of(lags) if lags else None,
+            "events_before_the_cordon": dict(before)}
 
 
 def spread_of(seconds: list[float]) -> dict[str, float]:
@@ -1021,6 +1034,7 @@ def roll_out(result: dict[str, Any], srv: KubeAPIServer, source: tuple[str, ...]
     for i, identity in enumerate(identities):
         kubeconfig = LOGS / f"kubeconfig-{i}"
         srv.write_kubeconfig(kubeconfig, token=replica_token(i))
+        (LOGS / f"controller-{i}.log").unlink(missing_ok=True)  # this run's lines only (log_warnings counts them)
         t_start = time.monotonic()
         mode_flags = ("--shards", str(shards)) if shards > 1 else ("--leader-elect",)
         proc = controller_process(kubeconfig, source, ports[i], (*mode_flags, "--identity", identity),
