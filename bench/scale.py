@@ -22,6 +22,16 @@ Direct mode (``--direct N [--workers 8 16 32 64] [--shards 2] [--servers 3]``): 
 holds their exporter pods, and each of ``--shards`` controller processes reads its shard ``--cycles`` times
 at once: printed are the read per cycle (the slowest shard) and each one's CPU seconds per cycle, so the
 figures are the controller's, not the exporters'. The parse cost of one 8-GPU scrape is timed alone.
+
+The cordon burst through the real sources (issue 27; ``make bench-burst-sources``):
+
+    .venv/bin/python bench/scale.py 5000 --burst 750 --faults 3 --modes raw   # a real Prometheus, one replica
+    .venv/bin/python bench/scale.py --direct 5000 --burst 750 [--spread 10] [--shards 2]
+
+Each burst node must be cordoned once, by its shard's owner, with its record; printed are P50 / P90 / max from
+the source having the fault (Prometheus' evaluation time of its first answer holding it; the moment the exporter
+serves it) to the cordon, cordons a second first to last and at their peak, the breaker's state (a burst past
+its threshold: ``bench/scale.py 1500 --burst 750``), and how long each node's Event trailed its cordon.
 """
 
 from __future__ import annotations
