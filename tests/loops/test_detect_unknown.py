@@ -235,6 +235,7 @@ def test_a_blocked_event_write_never_delays_detection(
         assert controller.client.get(NODES, "gpu-5")["spec"].get("unschedulable") is True
     finally:
         release.set()
+        controller.detect.events.flush(10)  # the held writes end in this test (they log: not after its capture)
         EventRecorder.node_event = original  # type: ignore[method-assign]
 
 
