@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
-import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -36,10 +34,6 @@ log = logging.getLogger(__name__)
 BUDGET_CONFIGMAP = "gpuremediate-budget"
 ADMITTED_KEY = "admitted"
 CLAIM_ATTEMPTS = 5  # one write and four re-reads after a 409
-# After the k-th 409 a claim waits a random 50-100 % of this times 2**k before it reads again (10-20 ms, then up to
-# 80-160 ms; client-go's RetryOnConflict backs off too): replicas admitting a burst at once wrote back to back,
-# and one of them met five conflicts in a row several times a 3,000-node burst.
-CONFLICT_BACKOFF_S = 0.02
 
 
 class ClaimError(RuntimeError):
@@ -75,13 +69,12 @@ class BudgetClaims:
     """The admitted set in ConfigMap ``gpuremediate-budget`` (namespace: the controller's)."""
 
     def __init__(self, client: KubeClient, namespace: str, looks_done: Callable[[str], bool],
-                 clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float]) -> None:
         """``looks_done``: whether the informer shows a node done (then a fresh read decides)."""
         self.client = client
         self.namespace = namespace
         self.looks_done = looks_done
         self.clock = clock
-        self.sleep = sleep
         self.requests = 0  # API calls made (the cost the docs quote)
 
     def claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
@@ -95,9 +88,7 @@ class BudgetClaims:
             return f"budget claim failed: {exc}"
 
     def _claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
-        for attempt in range(CLAIM_ATTEMPTS):
-            if attempt:  # the last write met a 409: another replica wrote; let it finish before reading again
-                self.sleep(random.uniform(0.5, 1.0) * CONFLICT_BACKOFF_S * 2 ** (attempt - 1))
+        for _ in range(CLAIM_ATTEMPTS):
             current = self._read()
             admitted = self._pruned(_admitted_of(current))
             if candidate in admitted and admitted == _admitted_of(current):

@@ -11,7 +11,6 @@ from typing import Any
 
 from gpuremediate.actions.budget_claims import (
     ADMITTED_KEY,
-    CONFLICT_BACKOFF_S,
     BUDGET_CONFIGMAP,
     BudgetClaims,
     budget_refusal,
@@ -128,22 +127,3 @@ def _reset_configmap(target: KubeTarget, create: bool = False) -> None:
     if not create:
         client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": BUDGET_CONFIGMAP},
                                    "data": {ADMITTED_KEY: "{}"}}, target.namespace)
-
-
-def test_a_claim_backs_off_after_each_conflict_and_then_lands(kube_target: KubeTarget) -> None:
-    _reset_configmap(kube_target)
-    waits: list[float] = []
-    mine = BudgetClaims(kube_target.client(), kube_target.namespace, lambda _n: False, clock=lambda: 1000.0,
-                        sleep=waits.append)
-    other = _claims(kube_target)
-
-    def refusal(claimed: frozenset[str]) -> str:
-        if len(waits) < 3 and len(claimed) == len(waits):  # another replica writes between our read and write
-            assert other.claim(f"gpu-{len(waits) + 4}", lambda _c: "") == ""
-        return ""
-
-    assert mine.claim("gpu-0", refusal) == ""
-    assert len(waits) == 3  # one pause before each read after a 409, none before the first
-    for k, waited in enumerate(waits):
-        assert 0.5 * CONFLICT_BACKOFF_S * 2 ** k <= waited <= CONFLICT_BACKOFF_S * 2 ** k
-    assert set(mine.admitted()) == {"gpu-0", "gpu-4", "gpu-5", "gpu-6"}
