@@ -40,6 +40,12 @@ class ClaimError(RuntimeError):
     """The admitted set could not be read or written; the drain waits and asks again."""
 
 
+class Contended(ClaimError):
+    """Every attempt met another replica's write of the set (a burst admitted on several shards at once): no
+    failure, the drain asks again at once. Counted as a failure it was a warning and a node left waiting a resync
+    (3-8 of them in each 750-node burst on 2 shards)."""
+
+
 def is_done(view: safety.NodeView) -> bool:
     """Back in service and in no active state: its admission holds no slot any more."""
     return not view.out_of_service and view.state not in states.ACTIVE_STATES
@@ -80,9 +86,12 @@ class BudgetClaims:
     def claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
         """Put ``candidate`` in the admitted set when ``refusal(the others admitted)`` is ""; else that reason.
         A candidate already in the set holds its slot (a claim whose node write failed). The set unreadable or
-        unwritable: the reason says why (the drain waits, blocked on the budget, and asks again)."""
+        unwritable: the reason says why (the drain waits, blocked on the budget, and asks again). Raises
+        ``Contended`` when every attempt met another replica's write."""
         try:
             return self._claim(candidate, refusal)
+        except Contended:
+            raise
         except ClaimError as exc:
             log.warning("budget claim failed; the drain waits", extra={"node": candidate, "error": str(exc)})
             return f"budget claim failed: {exc}"
@@ -98,8 +107,8 @@ class BudgetClaims:
                 admitted.setdefault(candidate, self.clock())
             if self._write(current, admitted):
                 return why
-        raise ClaimError(f"ConfigMap {self.namespace}/{BUDGET_CONFIGMAP}: {CLAIM_ATTEMPTS} conflicting writes "
-                         f"in a row; admission waits")
+        raise Contended(f"ConfigMap {self.namespace}/{BUDGET_CONFIGMAP}: {CLAIM_ATTEMPTS} conflicting writes in a "
+                        f"row")
 
     def admitted(self) -> dict[str, float]:
         return _admitted_of(self._read())

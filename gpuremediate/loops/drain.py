@@ -206,11 +206,19 @@ class DrainLoop(NodeLoop):
         if pods:
             return self._wait(node, block(record, BLOCK_GATE, pods, now))
         if self.ctx.claims is not None:  # --shards: the API server decides who takes the last slot
-            refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
-                views, name, waiting, budget, domains, claimed))
+            try:
+                refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
+                    views, name, waiting, budget, domains, claimed))
+            except budget_claims.Contended:
+                return self._claim_contended(name)
             if refused:
                 return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
         return self._start(node, record, policy, now)
+
+    def _claim_contended(self, name: str) -> float:
+        """Other replicas kept writing the admitted set: asked again as after any conflict, nothing recorded."""
+        log.info("budget claim contended; asking again", extra={"node": name})
+        return self.retry_after_conflict()
 
     def _start(self, node: Node, record: NodeRecord, policy: DrainPolicy, now: float) -> float | None:
         scope = drain_scope(self.ctx.policy_for(node), node, record)
@@ -236,7 +244,10 @@ class DrainLoop(NodeLoop):
             if not result.allowed:
                 return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
         if self.ctx.claims is not None:  # --shards: in the admitted set, so the other replicas count the tray
-            refused = self.ctx.claims.claim(name, lambda claimed: "")
+            try:
+                refused = self.ctx.claims.claim(name, lambda claimed: "")
+            except budget_claims.Contended:
+                return self._claim_contended(name)
             if refused:
                 return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
         requeue = self._start(node, record, policy, now)

@@ -6,13 +6,17 @@ conflicts with the other's, so the claim goes through one ConfigMap written with
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from typing import Any
+
+import pytest
 
 from gpuremediate.actions.budget_claims import (
     ADMITTED_KEY,
     BUDGET_CONFIGMAP,
     BudgetClaims,
+    Contended,
     budget_refusal,
 )
 from gpuremediate.kube import errors
@@ -127,3 +131,22 @@ def _reset_configmap(target: KubeTarget, create: bool = False) -> None:
     if not create:
         client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": BUDGET_CONFIGMAP},
                                    "data": {ADMITTED_KEY: "{}"}}, target.namespace)
+
+
+def test_a_claim_every_write_of_which_meets_another_replica_s_is_contended_not_refused(
+        kube_target: KubeTarget, caplog: pytest.LogCaptureFixture) -> None:
+    """Another replica writes the set between each of our reads and writes (a burst admitted on two shards):
+    ``Contended`` (the drain asks again at once), no refusal to record and no warning."""
+    _reset_configmap(kube_target)
+    mine, other = _claims(kube_target), _claims(kube_target)
+    asked: list[frozenset[str]] = []
+
+    def refusal(claimed: frozenset[str]) -> str:
+        asked.append(claimed)
+        assert other.claim(f"other-{len(asked)}", lambda _c: "") == ""
+        return ""
+
+    with caplog.at_level(logging.WARNING), pytest.raises(Contended, match="5 conflicting writes in a row"):
+        mine.claim("gpu-0", refusal)
+    assert len(asked) == 5 and not caplog.records
+    assert set(mine.admitted()) == {f"other-{i}" for i in range(1, 6)}

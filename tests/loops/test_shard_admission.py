@@ -16,7 +16,7 @@ from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP
+from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP, Contended
 from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from gpuremediate.kube.shards import preferred_shard, shard_of
 from gpuremediate.loops.drain import DrainLoop
@@ -192,3 +192,25 @@ def test_without_a_claim_the_younger_fault_still_waits_for_the_older(server: Kub
     held = records[node_0]
     assert isinstance(held, NodeRecord) and held.blocked is not None
     assert held.blocked.detail.startswith("older faults go first"), held.blocked
+
+
+def test_a_contended_claim_is_asked_again_at_once_and_leaves_no_block(server: KubeAPIServer,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write of the admitted set met another replica's: no 'budget claim failed' recorded on the node (it
+    was, and the node then waited a resync), the drain asked again as after any conflict."""
+    admin, node_0, node_1 = _older_on_shard_1(server)
+    stored = [_as_settled(admin, n) for n in (node_0, node_1)]
+    _, second = _replicas(server, {0: stored, 1: stored})
+    before = admin.get(NODES, node_1)
+
+    def contended(*_: Any) -> str:
+        raise Contended("ConfigMap gpuremediate-system/gpuremediate-budget: 5 conflicting writes in a row")
+
+    assert second.ctx.claims is not None
+    monkeypatch.setattr(second.ctx.claims, "claim", contended)
+    assert second.reconcile_name(node_1) == second.retry_after_conflict()
+    after = admin.get(NODES, node_1)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # nothing written
+    monkeypatch.undo()
+    second.reconcile_name(node_1)
+    assert _started(admin, node_1)[0] == [node_1]
