@@ -979,6 +979,18 @@ def replica_up(srv: KubeAPIServer, proc: subprocess.Popen[bytes], identity: str,
     return ready_s, owns_s
 
 
+def replica_cluster(names: list[str], replicas: int) -> tuple[KubeAPIServer, KubeClient, list[str], dict[str, str],
+                                                               CordonWatch]:
+    """The emulator with ``names``, a token of its own for each replica: (server, admin client, the replicas'
+    identities, user -> identity, the cordons' watch)."""
+    srv, client = emulator_with_nodes(names)
+    identities = [f"gpuremediate-{i}" for i in range(replicas)]
+    users = {replica_user(i): identities[i] for i in range(replicas)}
+    for i in range(replicas):
+        srv.add_token(replica_token(i), replica_user(i))
+    return srv, client, identities, users, CordonWatch(srv)
+
+
 def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int, burst: int,
                 endpoints: int, mode: str = "raw") -> dict[str, Any]:
     """``replicas`` controllers with ``--shards S`` (each its own identity, token, metrics port and log) on one
@@ -989,12 +1001,7 @@ def run_sharded(n: int, shards: int, replicas: int, steady_s: float, faults: int
     live = fault_nodes + burst_nodes
     names = [f"gpu-{i:05d}" for i in range(n - len(live))] + live
     log(f"N={n}: emulator with {n} Nodes")
-    srv, client = emulator_with_nodes(names)
-    identities = [f"gpuremediate-{i}" for i in range(replicas)]
-    users = {replica_user(i): identities[i] for i in range(replicas)}
-    for i in range(replicas):
-        srv.add_token(replica_token(i), replica_user(i))
-    watch = CordonWatch(srv)
+    srv, client, identities, users, watch = replica_cluster(names, replicas)
     started = time.monotonic()
     fleet = FleetProcess(names, live, endpoints)
     log(f"N={n}: {endpoints} endpoints (pid {fleet.pid}), {fleet.body_bytes / 1e6:.0f} MB a scrape, rendered in "
@@ -1343,12 +1350,7 @@ def run_direct_burst(n: int, burst: int, spread_s: float, shards: int, servers: 
     burst_nodes = pick_nodes("gpu-burst", burst, shards)
     names = [f"gpu-{i:05d}" for i in range(n - burst)] + burst_nodes
     log(f"direct N={n}: emulator with {n} Nodes")
-    srv, client = emulator_with_nodes(names)
-    identities = [f"gpuremediate-{i}" for i in range(shards)]
-    users = {replica_user(i): identities[i] for i in range(shards)}
-    for i in range(shards):
-        srv.add_token(replica_token(i), replica_user(i))
-    watch = CordonWatch(srv)
+    srv, client, identities, users, watch = replica_cluster(names, shards)
     due = {node: spread_s * k / max(1, burst - 1) for k, node in enumerate(burst_nodes)}  # seconds after the start
     ip_of = {name: node_ip(i) for i, name in enumerate(names)}
     start = multiprocessing.get_context("spawn").Value("d", 0.0)
