@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import promlab  # noqa: E402
 from gpuremediate.actions.breaker import BREAKER_CONFIGMAP  # noqa: E402
+from gpuremediate.config import Settings  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.handover import shard_index_of  # noqa: E402
@@ -690,7 +691,7 @@ class CordonWatch:
                 (time.monotonic(), RECORD_ANNOTATION in annotations))
 
 
-LEADER_LEASE = "gpuremediate"  # --lease-name's default: the one "shard" of an unsharded replica (--leader-elect)
+LEADER_LEASE = Settings.lease_name  # --lease-name's default: the one "shard" of an unsharded replica (--leader-elect)
 
 
 def shard_holders(srv: KubeAPIServer, shards: int) -> dict[int, str]:
@@ -877,21 +878,41 @@ def burst_to_cordon(fleet: FleetProcess, prom_url: str, watch: CordonWatch, node
         if (not pending and len(seen) >= len(nodes)) or (len(seen) >= len(nodes) and held()):
             break
         time.sleep(0.5)
-    cordoned = {n: watch.cordons[n][0][0] for n in nodes if n in watch.cordons}
-    prom_to = [cordoned[n] - seen.get(n, injected) for n in cordoned]
-    fault_to = [t - injected for t in cordoned.values()]
-    result: dict[str, Any] = {"nodes": len(nodes), "cordoned": len(cordoned), "seen_by_prometheus": len(seen),
-                              "not_cordoned": sorted(set(nodes) - set(cordoned))[:10]}
+    result = cordon_figures(watch, {n: seen.get(n, injected) for n in nodes}, "prometheus_has_it")
+    cordoned = [watch.cordons[n][0][0] for n in nodes if n in watch.cordons]
+    result["seen_by_prometheus"] = len(seen)
+    if cordoned:
+        result.update({"fault_to_cordon_s": spread_of([t - injected for t in cordoned]),
+                       "prometheus_had_all_after_s": round(max(seen.values()) - injected, 1) if seen else None})
+    return result
+
+
+def cordon_figures(watch: CordonWatch, has_it: dict[str, float], source: str) -> dict[str, Any]:
+    """From the moment the source had each node's fault (``has_it``) to its cordon: P50/P90/max as
+    ``<source>_to_cordon_s``, cordons a second first to last and at their peak, and from the first fault."""
+    cordoned = {n: watch.cordons[n][0][0] for n in has_it if n in watch.cordons}
+    result: dict[str, Any] = {"nodes": len(has_it), "cordoned": len(cordoned),
+                              "not_cordoned": sorted(set(has_it) - set(cordoned))[:10]}
     if cordoned:
         first, last = min(cordoned.values()), max(cordoned.values())
-        result.update({
-            "prometheus_has_it_to_cordon_s": spread_of(prom_to), "fault_to_cordon_s": spread_of(fault_to),
-            "prometheus_had_all_after_s": round(max(seen.values()) - injected, 1) if seen else None,
-            "cordons_per_s_first_to_last": round(len(cordoned) / max(1e-3, last - first), 1),
-            "cordons_per_s_peak_2s": peak_rate(list(cordoned.values())),
-            "cordons_per_s_since_prometheus_had_first": round(
-                len(cordoned) / max(1e-3, last - min(seen.values(), default=injected)), 1)})
+        result.update({f"{source}_to_cordon_s": spread_of([t - has_it[n] for n, t in cordoned.items()]),
+                       "cordons_per_s_first_to_last": round(len(cordoned) / max(1e-3, last - first), 1),
+                       "cordons_per_s_peak_2s": peak_rate(list(cordoned.values())),
+                       "cordons_per_s_from_first_fault": round(len(cordoned) / max(1e-3, last - min(has_it.values())),
+                                                               1)})
     return result
+
+
+def burst_settled(result: dict[str, Any], srv: KubeAPIServer, watch: CordonWatch, nodes: list[str],
+                  owner_of: Callable[[str], str], users: dict[str, str], since: int, cpu: ProcessCpu) -> None:
+    """The burst's end: its Events written (or 180 s), 10 s more for a second cordon or a stray write to show,
+    then each node checked (cordoned once, by its owner, with its record), the breaker's state and the Events'
+    lag put in ``result``."""
+    reports_written(watch, nodes)
+    time.sleep(10)
+    cpu.end()
+    result.update({"check": check_cordons(srv, watch, nodes, owner_of, users, since),
+                   "breaker": breaker_state(srv), "reports": report_lag(watch, nodes)})
 
 
 def breaker_state(srv: KubeAPIServer) -> dict[str, Any]:
@@ -1153,12 +1174,7 @@ def sharded_phases(result: dict[str, Any], shards: int, steady_s: float, srv: Ku
             log(f"burst: {len(burst_nodes)} nodes at once, per shard "
                 f"{dict(sorted(Counter(shard_of(n, shards) for n in burst_nodes).items()))}")
             result["burst"] = burst_to_cordon(fleet, prom.url, watch, burst_nodes, 900, breaker_held(srv, watch))
-            reports_written(watch, burst_nodes)
-            time.sleep(10)
-            cpu.end()
-            result["burst"]["check"] = check_cordons(srv, watch, burst_nodes, owner_of, users, since)
-            result["burst"]["breaker"] = breaker_state(srv)
-            result["burst"]["reports"] = report_lag(watch, burst_nodes)
+            burst_settled(result["burst"], srv, watch, burst_nodes, owner_of, users, since, cpu)
             result["burst"]["per_shard"] = dict(sorted(Counter(shard_of(n, shards)
                                                                for n in burst_nodes).items()))
         final = shard_holders(srv, shards)
@@ -1393,14 +1409,9 @@ def run_direct_burst(n: int, burst: int, spread_s: float, shards: int, servers: 
         held = breaker_held(srv, watch)
         with contextlib.suppress(SystemExit):
             wait(lambda: all(b in watch.cordons for b in burst_nodes) or held(), 600, "every burst node's cordon")
-        reports_written(watch, burst_nodes)
-        time.sleep(10)  # a second cordon or a stray write would show
-        cpu.end()
-        result["burst"] = served_burst_figures(watch, {b: began + due[b] for b in burst_nodes})
-        result["burst"]["check"] = check_cordons(srv, watch, burst_nodes,
-                                                 lambda node: holders.get(shard_of(node, shards), "?"), users, since)
-        result["burst"]["breaker"] = breaker_state(srv)
-        result["burst"]["reports"] = report_lag(watch, burst_nodes)
+        result["burst"] = cordon_figures(watch, {b: began + due[b] for b in burst_nodes}, "source_has_it")
+        burst_settled(result["burst"], srv, watch, burst_nodes, lambda node: holders.get(shard_of(node, shards), "?"),
+                      users, since, cpu)
         result["phases"] = cpu.phases
     except (SystemExit, KeyboardInterrupt) as exc:
         log(f"stopped: {exc!r}")
@@ -1412,21 +1423,6 @@ def run_direct_burst(n: int, burst: int, spread_s: float, shards: int, servers: 
             proc.terminate()
             proc.join(10)
         srv.stop()
-    return result
-
-
-def served_burst_figures(watch: CordonWatch, has_it: dict[str, float]) -> dict[str, Any]:
-    """From the moment each node's source had its fault to its cordon: P50/P90/max, cordons a second."""
-    cordoned = {n: watch.cordons[n][0][0] for n in has_it if n in watch.cordons}
-    result: dict[str, Any] = {"nodes": len(has_it), "cordoned": len(cordoned),
-                              "not_cordoned": sorted(set(has_it) - set(cordoned))[:10]}
-    if cordoned:
-        first, last = min(cordoned.values()), max(cordoned.values())
-        result.update({"source_has_it_to_cordon_s": spread_of([t - has_it[n] for n, t in cordoned.items()]),
-                       "cordons_per_s_first_to_last": round(len(cordoned) / max(1e-3, last - first), 1),
-                       "cordons_per_s_peak_2s": peak_rate(list(cordoned.values())),
-                       "cordons_per_s_from_first_fault": round(len(cordoned) / max(1e-3, last - min(has_it.values())),
-                                                               1)})
     return result
 
 
