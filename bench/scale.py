@@ -141,6 +141,7 @@ DEGRADATION = False  # --degradation
 DEGRADATION_RUN = "+degradation"
 DEGRADATION_FIRST = False  # --degradation-first
 PROFILE = False  # --profile
+EXPORTER_DELAY_S = 0.0  # --exporter-delay-ms: how long each exporter takes to answer (direct mode)
 SLOW_CLOCK_MHZ = 1300.0
 DEGRADATION_POLICY = """[degradation]
 enabled = true
@@ -1215,7 +1216,7 @@ def faulty_template() -> str:
 
 
 def serve_exporters(port: int, nodes_by_ip: dict[str, str], template: str, ready: Any,
-                    burst: ServedBurst | None = None) -> None:
+                    burst: ServedBurst | None = None, delay_s: float = 0.0) -> None:
     """One exporter process: every node whose IP it is given, on one listening socket (0.0.0.0 with
     SO_REUSEPORT: the kernel spreads the connections over the processes; the node is the address the
     scraper connected to). Each answer is gpu-sim's 8-GPU body with the node's name put in (``burst``'s
@@ -1223,6 +1224,8 @@ def serve_exporters(port: int, nodes_by_ip: dict[str, str], template: str, ready
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if delay_s:
+                time.sleep(delay_s)  # a real exporter's answer: the network, its own rendering
             ip = self.connection.getsockname()[0]
             node = nodes_by_ip.get(ip, "unknown")
             served = burst.template if burst is not None and burst.faulty(ip) else template
@@ -1291,7 +1294,8 @@ def start_exporters(names: list[str], port: int, servers: int,
     template = render(new_node(NODE_PLACEHOLDER, 8, "127.0.0.1"))
     by_ip = {node_ip(i): name for i, name in enumerate(names)}
     ready = spawn.Queue()
-    exporters = [spawn.Process(target=serve_exporters, args=(port, by_ip, template, ready, burst), daemon=True)
+    exporters = [spawn.Process(target=serve_exporters, args=(port, by_ip, template, ready, burst, EXPORTER_DELAY_S),
+                               daemon=True)
                  for _ in range(servers)]
     for proc in exporters:
         proc.start()
@@ -1458,6 +1462,9 @@ def main() -> int:
     p.add_argument("--spread", type=float, default=10.0,
                    help="direct mode --burst: seconds over which the burst's exporters start serving their fault")
     p.add_argument("--servers", type=int, default=3, help="direct mode: processes serving the exporters")
+    p.add_argument("--exporter-delay-ms", type=float, default=0.0,
+                   help="direct mode: each exporter answers after this long (a fleet's network and dcgm-exporter's "
+                        "own rendering; loopback answers in about 1 ms)")
     p.add_argument("--faults", type=int, default=10,
                    help="XIDs injected one after the other per mode, each on a node of its own (P50/P90 of them)")
     p.add_argument("--log-level", default="warning",
@@ -1475,6 +1482,8 @@ def main() -> int:
     global TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL, DEGRADATION, DEGRADATION_FIRST, PROFILE
     TRACE_MEMORY, CONTROLLER_FLAGS, CONTROLLER_LOG_LEVEL = args.trace_memory, args.controller_flag, args.log_level
     DEGRADATION, DEGRADATION_FIRST, PROFILE = args.degradation, args.degradation_first, args.profile
+    global EXPORTER_DELAY_S
+    EXPORTER_DELAY_S = args.exporter_delay_ms / 1000.0
     sizes = args.sizes or ([int(os.environ["N"])] if os.environ.get("N") else [1000, 2500, 5000])
     for n in sizes:
         if args.direct and args.burst:
