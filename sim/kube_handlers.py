@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuremediate.kube import miniyaml
 from sim import kube_admission as adm
-from sim import kube_dra, kube_schema
+from sim import kube_dra, kube_protobuf, kube_schema
 from sim import kube_errors as errs
 from sim import kube_patch as kp
 from sim.kube_http import Handler, Request
@@ -181,6 +181,14 @@ class Verbs:
 
     # --- writes ------------------------------------------------------------------------------------
     def decode(self, req: Request, rt: ResourceType) -> Obj:
+        if req.content_type == kube_protobuf.MEDIA_TYPE and not rt.custom:  # Helm's release Secrets (kube_protobuf)
+            try:
+                obj = kube_protobuf.decode(req.body)
+            except (kube_protobuf.ProtobufError, UnicodeDecodeError) as exc:
+                raise errs.bad_request(f"the object provided is unrecognized (must be of type {rt.kind}): {exc}") \
+                    from None
+            self._check_kind(obj, rt)
+            return obj
         if req.content_type not in ("application/json", "application/yaml", ""):
             raise errs.unsupported_body(CORE_MEDIA if not rt.custom else "application/json, application/yaml")
         text = req.body.decode("utf-8", errors="replace")
@@ -427,7 +435,8 @@ class Verbs:
         opts: dict[str, Any] = {}
         if req.body:
             try:
-                opts = json.loads(req.body.decode("utf-8")) or {}
+                opts = kube_protobuf.decode(req.body) if req.content_type == kube_protobuf.MEDIA_TYPE else \
+                    json.loads(req.body.decode("utf-8")) or {}
             except ValueError:
                 raise errs.bad_request("invalid DeleteOptions body") from None
         if "gracePeriodSeconds" in req.query:
