@@ -98,8 +98,12 @@ class Controllers:
         if pod.get("status", {}).get("phase") in TERMINAL:
             return
         for ref in pod["metadata"].get("ownerReferences") or []:
-            if ref.get("kind") == "Job":
+            if ref.get("kind") == "Job" and not self._ignored_failure(pod, ref["name"]):
                 self.failed_deleted[ref["uid"]] = self.failed_deleted.get(ref["uid"], 0) + 1
+
+    def _ignored_failure(self, pod: Obj, job_name: str) -> bool:
+        job = self.store.get(self.rt("batch", "jobs").key, pod["metadata"].get("namespace", ""), job_name)
+        return job is not None and pod_failure_action(job, pod) == "Ignore"
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -330,8 +334,8 @@ class Controllers:
         if _finished(status):
             return status
         succeeded = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
-        failed = sum(1 for p in pods if p["status"].get("phase") == "Failed") \
-            + self.failed_deleted.get(job["metadata"]["uid"], 0)
+        failed = sum(1 for p in pods if p["status"].get("phase") == "Failed"
+                     and pod_failure_action(job, p) != "Ignore") + self.failed_deleted.get(job["metadata"]["uid"], 0)
         active = [p for p in pods if p["status"].get("phase") not in TERMINAL
                   and not p["metadata"].get("deletionTimestamp")]
         terminating = sum(1 for p in pods if p["status"].get("phase") not in TERMINAL
@@ -351,7 +355,7 @@ class Controllers:
             if terminating == 0:
                 self._finish(status, target)
             active = []
-        else:
+        elif not (terminating and replaces_only_failed(job)):
             self._create_missing(job, status, active, succeeded)
         status["terminating"] = terminating
         return _job_counts(status, len(active), succeeded, failed, sum(1 for p in active if is_ready(p)))
@@ -466,9 +470,23 @@ class Controllers:
             if not (pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") in TERMINAL):
                 self._check_budget(pod, dry)
             if not dry:
+                pod = self._mark_evicted(pods_rt, pod)
                 self.store.delete(pods_rt, t.namespace, t.name, grace=grace,
                                   preconditions=options.get("preconditions"))
         h.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+    def _mark_evicted(self, pods_rt: ResourceType, pod: Obj) -> Obj:
+        """As kube-apiserver's eviction (``addConditionAndDeletePod``): a pod not yet terminal gets the condition
+        DisruptionTarget (EvictionByEvictionAPI) before its deletion, which a Job's podFailurePolicy reads."""
+        if pod["status"].get("phase") in TERMINAL or pod["metadata"].get("deletionTimestamp"):
+            return pod
+        updated = copy.deepcopy(pod)
+        status = updated.setdefault("status", {})
+        kept = [c for c in status.get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+        status["conditions"] = [*kept, {"type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
+                                        "lastTransitionTime": now_time(), "reason": "EvictionByEvictionAPI",
+                                        "message": "Eviction API: evicting"}]
+        return self.store.update(pods_rt, updated, pod)
 
     def _check_budget(self, pod: Obj, dry: bool) -> None:
         pdbs_rt = self.rt("policy", "poddisruptionbudgets")
@@ -496,6 +514,25 @@ class Controllers:
         disrupted[pod["metadata"]["name"]] = now_time()
         updated["status"] = _with_disrupted(updated["status"], disrupted)
         self.store.update(pdbs_rt, updated, pdb)
+
+
+def pod_failure_action(job: Obj, pod: Obj) -> str:
+    """The action of the first ``spec.podFailurePolicy`` rule matching the pod's conditions (``onPodConditions``;
+    ``onExitCodes`` is not modelled), "Count" when none does, as the Job controller's ``matchPodFailurePolicy``."""
+    conditions = {(c.get("type"), c.get("status")) for c in (pod.get("status") or {}).get("conditions") or []}
+    for rule in (job["spec"].get("podFailurePolicy") or {}).get("rules") or []:
+        wanted = rule.get("onPodConditions") or []
+        if any((w.get("type"), w.get("status", "True")) in conditions for w in wanted):
+            return str(rule.get("action", "Count"))
+    return "Count"
+
+
+def replaces_only_failed(job: Obj) -> bool:
+    """``podReplacementPolicy: Failed`` (the default with a podFailurePolicy): a terminating pod is replaced only
+    once it is gone or terminal."""
+    spec = job["spec"]
+    return spec.get("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed") \
+        == "Failed"
 
 
 def _interim(status: dict[str, Any]) -> dict[str, Any] | None:
