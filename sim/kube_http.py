@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import socket
+import ssl
 import struct
+import sys
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from sim.kube_errors import ApiError, encode
+
+log = logging.getLogger(__name__)
 
 GO_BUFFER = 2048  # Go switches to chunked encoding once a body passes its write buffer
 BASE_HEADERS = {"Cache-Control": "no-cache, private", "Content-Type": "application/json",
@@ -43,6 +48,28 @@ class RequestSink(Protocol):
     def handle(self, h: Handler, req: Request) -> None: ...
 
 
+# What a client that goes away mid-request raises here: a reset, a closed pipe, or over TLS an EOF without
+# close_notify (SSLEOFError) and the write OpenSSL refuses after it (BAD_LENGTH). Not the server's error.
+HANG_UPS: tuple[type[BaseException], ...] = (ConnectionError, ssl.SSLError, TimeoutError)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Server(ThreadingHTTPServer):
+    """The threaded server, saying a client's hang-up in one debug line instead of socketserver's traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, HANG_UPS):
+            log.debug("client %s:%s hung up: %s", *tuple(client_address)[:2], _short(exc))
+            return
+        super().handle_error(request, client_address)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # small responses on a kept-alive connection: no 40 ms delayed-ACK stalls
@@ -66,8 +93,9 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         try:
             self.api.handle(self, self._request())
-        except (BrokenPipeError, ConnectionResetError):
+        except HANG_UPS as exc:
             self.close_connection = True
+            log.debug("client %s:%s hung up: %s", *self.client_address[:2], _short(exc))
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch
 

@@ -30,7 +30,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from sim import kube_errors as errs
 from sim.kube_controllers import Controllers
 from sim.kube_dra_eviction import STATUS_PERIOD_S
 from sim.kube_handlers import Target, Verbs
-from sim.kube_http import Handler, Request
+from sim.kube_http import HANG_UPS, Handler, Request, Server
 from sim.kube_nodes import DEFAULT_GRACE_S
 from sim.kube_resources import ResourceType, builtin_types, dra_types, from_crd
 from sim.kube_store import Obj, Store
@@ -100,7 +99,7 @@ class KubeAPIServer:
         self.recorded_events: dict[tuple[str, ...], str] = {}
         self._cr_storage_ready: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: Server | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         for rt in builtin_types() + (dra_types(taint_rule_versions=device_taint_rule_versions) if dra else []):
             self.types[(rt.group, rt.version, rt.resource)] = rt
@@ -116,8 +115,7 @@ class KubeAPIServer:
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> KubeAPIServer:
         handler = type("BoundHandler", (Handler,), {"api": self})
-        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = Server((self.host, self.port), handler)
         if self.tls:
             self._wrap_tls(self._httpd)
         self.port = self._httpd.server_address[1]
@@ -136,7 +134,7 @@ class KubeAPIServer:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def _wrap_tls(self, httpd: ThreadingHTTPServer) -> None:
+    def _wrap_tls(self, httpd: Server) -> None:
         openssl = shutil.which("openssl")
         if openssl is None:
             raise RuntimeError("tls=True needs the openssl command to make a self-signed certificate")
@@ -147,7 +145,9 @@ class KubeAPIServer:
                         "-addext", f"subjectAltName=IP:{self.host}"], check=True, capture_output=True)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(cert), str(key))
-        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        # The handshake runs in the connection's thread (on its first read), not in accept(): a client that connects
+        # and never speaks TLS holds up only itself, and its failure is a hang-up (one debug line), not the server's.
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.ca_file = str(cert)
 
     @property
@@ -225,8 +225,8 @@ class KubeAPIServer:
                         else None)
         except errs.ApiError as err:
             h.send_error_status(err)
-        except (BrokenPipeError, ConnectionResetError):
-            raise
+        except HANG_UPS:
+            raise  # the client went away (Handler._dispatch says so in one debug line): nobody to answer
         except Exception as exc:  # a bug in the emulator must still answer like a server would
             h.send_error_status(errs.internal(f"Internal error occurred: {type(exc).__name__}: {exc}"))
 
