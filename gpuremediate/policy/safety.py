@@ -240,7 +240,8 @@ def budget_check(
         names = "; ".join(v.describe() for v in others) if others else "none"
         held = " ([budget].count_held = false lets repairs pass nodes that only wait)" if any(
             v.held for v in others) else ""
-        reason = f"budget full: {_shown(used)} of {limit} out of service ({names}){held}"
+        over = _over_why(others, used, limit)
+        reason = f"budget full: {_shown(used)} of {limit} out of service ({names}){held}{over}"
         return BudgetResult(False, in_use, limit, reason)
     for domain in domains:
         full = _domain_full(gpu_nodes, by_name[candidate], domain,
@@ -310,6 +311,20 @@ def _domain_full(gpu_nodes: Sequence[NodeView], candidate: NodeView, domain: Dom
         return ""
     names = ", ".join(v.name for v in others) if others else "none"
     return f"domain budget full: {domain.label}={value}: {_shown(_slots(others))} of {limit} out of service ({names})"
+
+
+def _over_why(others: Sequence[NodeView], used: Fraction, limit: int) -> str:
+    """Why more than the limit can be out (\"3 of 2\" reads as a contradiction): drains are admitted within it, but
+    every node out of service counts, and some are taken out without asking the budget."""
+    if used <= limit:
+        return ""
+    outside = [v.name for v in others if not v.ready or v.state == states.HEALTHY]
+    held = [v.name for v in others if v.ready and v.state in (states.QUARANTINED, states.CORDONED)]
+    causes = ([f"NotReady or cordoned by someone else ({', '.join(outside)})"] if outside else []) + \
+        ([f"quarantined or cordoned while hot, which never waits for the budget ({', '.join(held)})"] if held else [])
+    because = " and ".join(causes) or \
+        "admitted while the limit allowed them (a smaller fleet or a new policy lowered it)"
+    return f"; over {limit} because every node out of service counts, not only gpuremediate's drains: {because}"
 
 
 def _slots(views: Iterable[NodeView]) -> Fraction:
@@ -421,7 +436,8 @@ class CircuitBreaker:
         faulted = len({node for node, _ in recent})
         if faulted < max(1, min_nodes) or faulted * 100 <= threshold_pct * total_gpu_nodes:
             return pruned
-        reason = f"{faulted} of {total_gpu_nodes} GPU nodes faulted within {window_s:g}s (more than {threshold_pct:g}%)"
+        reason = (f"{faulted} of {total_gpu_nodes} GPU nodes faulted within {window_s:g}s "
+                  f"(more than {threshold_pct:g}%: the policy's [breaker] threshold_percent)")
         return dataclasses.replace(pruned, open=True, opened_at=now, reason=reason)
 
     def evaluate_share(

@@ -23,6 +23,9 @@ def test_opens_when_more_than_threshold_of_nodes_fault_in_window() -> None:
     breaker = faulted(("a", 100.0), ("b", 110.0), ("c", 120.0))
     tripped = breaker.evaluate(10, 130.0, threshold_pct=20, window_s=WINDOW, min_nodes=2)
     assert tripped.is_open and tripped.opened_at == 130.0 and "3 of 10" in tripped.reason
+    # the threshold says where it comes from (the sandbox's 90 % is its policy's, the docs' 30 % the default)
+    assert tripped.reason == ("3 of 10 GPU nodes faulted within 600s (more than 20%: the policy's [breaker] "
+                              "threshold_percent)"), tripped.reason
 
 
 def test_exactly_threshold_does_not_open() -> None:

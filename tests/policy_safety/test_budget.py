@@ -87,6 +87,27 @@ def test_a_budget_wait_says_since_when_each_holder_holds_it_from_its_record() ->
             "gpu-q: quarantined since 2026-11-01T12:00:00Z, needs a person)") in reason, reason
 
 
+def test_a_budget_over_its_limit_says_how_it_came_to_be_over() -> None:
+    """``budget full: 3 of 2`` read as a contradiction (issue 50): the wait says which holders were never the budget's
+    to admit: a person's cordon, a NotReady node, a quarantine or a thermal cordon (those never wait for it)."""
+    quarantined = r.NodeRecord(state=s.QUARANTINED, since=1_793_534_400.0, cordoned_by_us=True)
+    node = {"metadata": {"name": "gpu-q", "annotations": {r.RECORD_ANNOTATION: r.encode(quarantined)}},
+            "spec": {"unschedulable": True}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    fleet = [node_view(node), NodeView("gpu-p", unschedulable=True), NodeView("gpu-n", ready=False),
+             NodeView("cand", state=s.DRAINING, unschedulable=True, waiting=True), NodeView("h")]
+    reason = budget_check(fleet, "cand", Budget(2)).reason
+    assert reason.startswith("budget full: 3 of 2 out of service (gpu-n: not Ready; gpu-p: unschedulable; "), reason
+    assert reason.endswith("; over 2 because every node out of service counts, not only gpuremediate's drains: "
+                           "NotReady or cordoned by someone else (gpu-n, gpu-p) and quarantined or cordoned while "
+                           "hot, which never waits for the budget (gpu-q)"), reason
+    at_limit = budget_check(fleet, "cand", Budget(3)).reason
+    assert at_limit.startswith("budget full: 3 of 3 out of service") and "over 3" not in at_limit, at_limit
+    ours = [NodeView(n, state=s.REPAIRING, unschedulable=True) for n in ("a", "b")] + [NodeView("cand")]
+    assert budget_check(ours, "cand", Budget(1)).reason.endswith(
+        "over 1 because every node out of service counts, not only gpuremediate's drains: admitted while the limit "
+        "allowed them (a smaller fleet or a new policy lowered it)")
+
+
 def test_waiting_nodes_do_not_block_each_other() -> None:
     # three fatal faults at once, each cordoned at once, limit 1: one of them must still get through
     fleet = [NodeView(n, unschedulable=True, state=s.DRAINING, waiting=True) for n in "xyz"] + [NodeView("h")]
