@@ -33,8 +33,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     met = config.stash.get(CONFLICTS, {})
     if met:
         hit = sorted((n, test) for test, n in met.items() if n)
-        terminalreporter.write_line(f"409 Conflicts met by the controller: {sum(met.values())} in {len(met)} "
-                                    f"scenarios ({len(hit)} with at least one; most: {hit[-3:][::-1]})")
+        most = ", ".join(f"{test.rsplit('::', 1)[-1]} {n}" for n, test in hit[-3:][::-1]) or "none"
+        terminalreporter.write_line(
+            f"busy cluster (GPUREMEDIATE_SIM_BUSY): the controller's Node writes met {sum(met.values())} 409 Conflicts "
+            f"(another writer changed the Node first; it read the Node again and decided again: expected, not a "
+            f"failure) in {len(hit)} of {len(met)} scenarios; most: {most}")
 
 
 @pytest.fixture(scope="session", autouse=True)
