@@ -11,7 +11,7 @@ help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
 	@echo "make sandbox   the demo, then its cluster and controller keep running over TLS with a kubeconfig (Ctrl-C ends it)"
 	@echo "make test      the whole test suite (unit, property, e2e against the emulator)"
-	@echo "make lint      ruff + mypy on gpuremediate/"
+	@echo "make lint      ruff + mypy on gpuremediate/, shellcheck on e2e/kind/ when installed (INSTALL_SHELLCHECK=1: apt-get it)"
 	@echo "make bench     benchmarks (bench/)"
 	@echo "make bench-scale  the controller at 1,000 / 2,500 / 5,000 GPU nodes on a real Prometheus (N=... for one size)"
 	@echo "make bench-burst  750 of 5,000 nodes faulting within 10 s: time to cordon (issue 27)"
@@ -25,7 +25,8 @@ $(PY):
 
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@# PYTHONWARNINGS: setuptools' "Editable installation ... folders with the same name" banner says nothing here
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 test: $(STAMP)
@@ -46,13 +47,19 @@ lint: $(LINTSTAMP) shellcheck
 	$(VENV)/bin/ruff check gpuremediate sim
 	$(VENV)/bin/mypy gpuremediate
 
-# shellcheck comes from Debian's packages when it is missing (root, or sudo, needed for that once).
+# shellcheck checks e2e/kind/*.sh when it is installed; when it is not, make says so and installs nothing unless
+# asked: INSTALL_SHELLCHECK=1 runs Debian's apt-get (as root, or through sudo) and says that it does.
 shellcheck:
-	@command -v shellcheck >/dev/null 2>&1 || { \
-	  echo "installing shellcheck (apt-get)"; \
+	@if command -v shellcheck >/dev/null 2>&1; then \
+	  shellcheck e2e/kind/*.sh; \
+	elif [ -n "$(INSTALL_SHELLCHECK)" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq shellcheck >/dev/null; }
-	shellcheck e2e/kind/*.sh
+	  echo "make: installing shellcheck: $${SUDO:+sudo }apt-get install -y shellcheck (Debian's package)"; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq shellcheck >/dev/null && shellcheck e2e/kind/*.sh; \
+	else \
+	  echo "make: shellcheck is not installed: e2e/kind/*.sh were not checked. Install it (Debian: apt-get install -y" \
+	    "shellcheck, as root) or run make $(MAKECMDGOALS) INSTALL_SHELLCHECK=1 to have make run apt-get." >&2; \
+	fi
 
 bench: $(STAMP)
 	$(PY) -m pip install -q prometheus_client
