@@ -101,11 +101,19 @@ e2e: $(STAMP)
 e2e-kind: shellcheck
 	bash e2e/kind/run.sh
 
+# The images: gpuremediate (controller + node agent) and gpu-sim, tagged :dev and :<version>. BASE_IMAGE is the
+# base both build on: by default the local Debian bookworm + python3 base .ci/base-image.sh makes (debootstrap, as
+# root; no registry needed); BASE_IMAGE= builds on the Dockerfiles' release default (python:3.11-slim by digest).
+BASE_IMAGE ?= gpuremediate-base:bookworm
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' gpuremediate/__init__.py)
+
 image:
-	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
-	  docker build -t gpuremediate:dev -f Dockerfile . && \
-	  docker build -t gpu-sim:dev -f sim/Dockerfile . ; \
-	else echo "make image: no Docker engine here; nothing built" >&2; exit 1; fi
+	@if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then \
+	  echo "make image: no Docker engine here; nothing built" >&2; exit 1; fi
+	$(if $(filter gpuremediate-base:%,$(BASE_IMAGE)),.ci/base-image.sh $(BASE_IMAGE))
+	docker build $(if $(BASE_IMAGE),--build-arg BASE=$(BASE_IMAGE)) --build-arg VERSION=$(VERSION) \
+	  -t gpuremediate:$(VERSION) -t gpuremediate:dev -f Dockerfile .
+	docker build $(if $(BASE_IMAGE),--build-arg BASE=$(BASE_IMAGE)) -t gpu-sim:$(VERSION) -t gpu-sim:dev -f sim/Dockerfile .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
