@@ -110,7 +110,7 @@ def test_controller_deployment_matches_the_contract() -> None:
     assert pod["securityContext"]["runAsUser"] == 65532
     assert pod["topologySpreadConstraints"] and pod["affinity"]["podAntiAffinity"]
     (container,) = pod["containers"]
-    assert container["image"] == "gpuremediate:dev"
+    assert container["image"] == "gpuremediate"  # the released tag: manifests/components/release
     args = cli.build_parser().parse_args(container["args"])  # the real flags of `gpuremediate run`
     settings = cli.settings_from_args(args)
     assert args.command == "run" and settings.leader_elect and settings.log_format == "json"
