@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
+import re
 import sys
 import tempfile
 import threading
@@ -19,16 +21,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.fleet import StatusRow, explain_node, render_status, status_rows
+from gpuremediate.kube import errors
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import EVENTS
+from gpuremediate.kube.watch import WatchStream
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.shutdown import Shutdown
 from gpuremediate.state import states
-from gpuremediate.state.record import RecordError, record_from_node
 from sim.cluster import SimCluster
 
 SANDBOX_KUBECONFIG = str(Path(tempfile.gettempdir()) / "gpuremediate-sandbox.kubeconfig")
@@ -52,6 +57,116 @@ COLORS = {
     states.HEALTHY: "32", states.CORDONED: "33", states.DRAINING: "35", states.REPAIRING: "36",
     states.VALIDATING: "34", states.QUARANTINED: "31", states.MAINTENANCE: "37",
 }
+
+
+# The Event the controller writes for each transition (gpuremediate.actions.nodes): its reason names the state it
+# moved to, its message says "<from> → <to> (<reason>): <message>[; cordoned]".
+STATE_OF_REASON = {
+    "GPUNodeHealthy": states.HEALTHY, "GPUNodeCordoned": states.CORDONED, "GPUNodeDraining": states.DRAINING,
+    "GPUNodeRepairing": states.REPAIRING, "GPUNodeValidating": states.VALIDATING,
+    "GPUNodeQuarantined": states.QUARANTINED, "GPUNodeMaintenance": states.MAINTENANCE,
+}
+BLOCKED_REASON = "GPURemediationBlocked"  # message "waiting (<blocked reason>: <detail>)"
+_TRANSITION = re.compile(r"[a-z]+ → [a-z]+ \((?P<reason>[^)]*)\)(?:: (?P<message>.*))?", re.S)
+
+
+@dataclass(frozen=True)
+class Told:
+    """One line of the story: a transition (``state`` is where the node went) or a wait (``waiting``)."""
+
+    node: str
+    state: str
+    detail: str
+    waiting: bool = False
+
+
+class StoryEvents:
+    """Every transition the controller made, in the order it made them, from its Events on the Nodes.
+
+    Sampling the nodes' state missed a step that lasted less than one look (`draining` between two reads, issue 50);
+    an Event is written for each transition, and a repeat of the same one bumps its ``count``. A watch on them hands
+    each write over in order: each new Event and each count that grew is one more step."""
+
+    SELECTOR = "source=gpuremediate,involvedObject.kind=Node"
+
+    def __init__(self, client: KubeClient, namespace: str = "default") -> None:
+        self.client = client
+        self.namespace = namespace
+        self.counts: dict[str, int] = {}  # Event name -> the count already told
+        self._written: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._stopped = threading.Event()
+        self._stream: WatchStream | None = None
+        self._rv = ""
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StoryEvents:
+        self._relist()
+        self._thread = threading.Thread(target=self._watch, name="demo-story", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._stream is not None:
+            self._stream.close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _relist(self) -> None:
+        """Everything there now (in name order: only after a watch gap; the diff of counts finds what is new)."""
+        listed = self.client.list(EVENTS, self.namespace, field_selector=self.SELECTOR)
+        for event in listed.get("items") or []:
+            self._written.put(event)
+        self._rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._stream = self.client.watch(EVENTS, self.namespace, resource_version=self._rv,
+                                                 field_selector=self.SELECTOR, timeout_seconds=300)
+                for change in self._stream:
+                    if change.type in ("ADDED", "MODIFIED"):
+                        self._written.put(change.object)
+                    self._rv = change.resource_version or self._rv
+            except errors.Gone:
+                self._relist()
+            except errors.KubeError:
+                self._stopped.wait(0.5)
+
+    def new(self) -> list[Told]:
+        """The steps written since the last call, oldest first."""
+        fresh: list[Told] = []
+        while True:
+            try:
+                event = self._written.get_nowait()
+            except queue.Empty:
+                return fresh
+            name, count = str((event.get("metadata") or {}).get("name", "")), int(event.get("count") or 1)
+            told = _told(event)
+            if told is not None and count > self.counts.get(name, 0):
+                fresh += [told] * (count - self.counts.get(name, 0))
+                self.counts[name] = count
+
+
+def _told(event: dict[str, Any]) -> Told | None:
+    involved = event.get("involvedObject")
+    node = str(involved.get("name", "")) if isinstance(involved, dict) else ""
+    reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
+    if reason == BLOCKED_REASON:
+        waiting = message.removeprefix("waiting (").removesuffix(")")
+        return Told(node, "", waiting, waiting=True)
+    state = STATE_OF_REASON.get(reason)
+    if state is None:
+        return None
+    match = _TRANSITION.fullmatch(message)
+    if match is None:
+        return Told(node, state, _cut(message))
+    detail = f"({match['reason']})" + (f" {_cut(match['message'])}" if match["message"] else "")
+    return Told(node, state, detail)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= 100 else text[:99].rstrip() + "…"
 
 
 @dataclass
@@ -94,7 +209,8 @@ class Demo:
         self.keep, self.kubeconfig_out = keep, kubeconfig_out
         self.stop = stop or Shutdown()
         self.cluster = SimCluster(nodes=max(4, nodes), agents=True, tls=keep)
-        self.seen: dict[str, tuple[str, str]] = {}
+        self.told: dict[str, str] = {}  # node -> the state its last transition took it to
+        self.story: StoryEvents | None = None
         self.started = 0.0
         self.repeat_faults = 1
 
@@ -108,22 +224,29 @@ class Demo:
         print("Starting a simulated cluster: Kubernetes API emulator, gpu-sim exporters, node simulator...",
               file=self.out, flush=True)
         with self.cluster as cluster:
-            self._workloads(cluster)
-            settings = Settings(kubeconfig=cluster.kubeconfig, exporter_port=cluster.exporter_port,
-                                scrape_interval_s=0.5 / self.speed, resync_s=0.5 / self.speed, metrics_port=0)
-            controller = Controller(settings, loads_policy(DEMO_POLICY, "<demo policy>"), client=cluster.kube)
-            if not controller.start_caches(30):
-                print("the node cache did not sync", file=sys.stderr)
-                return 1
-            controller.start_loops()
+            self.story = StoryEvents(cluster.kube).start()
             try:
-                self._play(cluster)
-                if self.keep:
-                    self._results(cluster, controller)
-                    return self._sandbox(cluster)
+                return self._run_in(cluster)
             finally:
-                controller.stop()
-            self._results(cluster, controller)
+                self.story.stop()
+
+    def _run_in(self, cluster: SimCluster) -> int:
+        self._workloads(cluster)
+        settings = Settings(kubeconfig=cluster.kubeconfig, exporter_port=cluster.exporter_port,
+                            scrape_interval_s=0.5 / self.speed, resync_s=0.5 / self.speed, metrics_port=0)
+        controller = Controller(settings, loads_policy(DEMO_POLICY, "<demo policy>"), client=cluster.kube)
+        if not controller.start_caches(30):
+            print("the node cache did not sync", file=sys.stderr)
+            return 1
+        controller.start_loops()
+        try:
+            self._play(cluster)
+            if self.keep:
+                self._results(cluster, controller)
+                return self._sandbox(cluster)
+        finally:
+            controller.stop()
+        self._results(cluster, controller)
         return 0
 
     def _results(self, cluster: SimCluster, controller: Controller) -> None:
@@ -159,7 +282,7 @@ kubeconfig (its CA and an admin token): {path}
 """, file=self.out, flush=True)
         try:
             while not self.stop.wait(0.5):
-                self._report(cluster, status_rows(cluster.kube))
+                self._report(cluster)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)  # the cluster it names is gone
@@ -182,44 +305,28 @@ kubeconfig (its CA and an admin token): {path}
                 step = steps.pop(0)
                 self.say(f"⚡ {step.what}")
                 step.act(cluster)
-            rows = status_rows(cluster.kube)
-            self._report(cluster, rows)
-            if not steps and self._settled(rows):
+            self._report(cluster)
+            if not steps and self._settled(status_rows(cluster.kube)):
+                self._report(cluster)
                 return
             time.sleep(0.1)
         self.say("demo timeline over")
 
-    def _report(self, cluster: SimCluster, rows: list[StatusRow]) -> None:
-        for row in rows:
-            key = (row.state, row.blocked)
-            before = self.seen.get(row.node)
-            if before == key:
+    def _report(self, cluster: SimCluster) -> None:
+        """Say every transition (and wait) the controller recorded since the last look, in its order."""
+        assert self.story is not None
+        for told in self.story.new():
+            if told.waiting:
+                state = self.told.get(told.node, states.HEALTHY)
+                self.say(f"  {told.node:<11} {self.paint(state):<11} waiting: {told.detail}")
                 continue
-            self.seen[row.node] = key
-            if before is None and row.state == states.HEALTHY:
-                continue
-            detail = self._why(cluster, row.node)
-            if before is not None and before[0] == row.state:
-                if row.blocked != "-":
-                    self.say(f"  {row.node:<11} {self.paint(row.state):<11} waiting: {row.blocked}")
-                continue
-            self.say(f"  {row.node:<11} {self.paint(row.state):<11} {detail}")
-            self._repeat_offender(cluster, row)
+            self.told[told.node] = told.state
+            self.say(f"  {told.node:<11} {self.paint(told.state):<11} {told.detail}")
+            self._repeat_offender(cluster, told)
 
-    def _why(self, cluster: SimCluster, node: str) -> str:
-        from gpuremediate.kube.resources import NODES
-
-        record = record_from_node(cluster.kube.get(NODES, node))
-        if record is None or isinstance(record, RecordError):
-            return ""
-        text = f"({record.reason})"
-        if record.message:
-            text += " " + (record.message if len(record.message) <= 100 else record.message[:99].rstrip() + "…")
-        return text
-
-    def _repeat_offender(self, cluster: SimCluster, row: StatusRow) -> None:
+    def _repeat_offender(self, cluster: SimCluster, told: Told) -> None:
         """gpu-node-4 keeps failing: a new XID 48 each time it comes back, until it is quarantined."""
-        if row.node == "gpu-node-4" and row.state == states.HEALTHY and self.repeat_faults < 4:
+        if told.node == "gpu-node-4" and told.state == states.HEALTHY and self.repeat_faults < 4:
             self.repeat_faults += 1
             threading.Timer(1.0 / self.speed, self._refault, args=(cluster,)).start()
 
@@ -228,9 +335,12 @@ kubeconfig (its CA and an admin token): {path}
         cluster.gpusim.inject_xid("gpu-node-4", 2, 48)
 
     def _settled(self, rows: list[StatusRow]) -> bool:
+        """Every node at its end, on the Nodes and in the story told (the last Events written and said)."""
         done = {r.node: r.state for r in rows}
         return (self.repeat_faults >= 4 and done.get("gpu-node-4") == states.QUARANTINED
-                and all(s == states.HEALTHY for n, s in done.items() if n != "gpu-node-4"))
+                and self.told.get("gpu-node-4") == states.QUARANTINED
+                and all(s == states.HEALTHY for n, s in done.items() if n != "gpu-node-4")
+                and all(s == states.HEALTHY for n, s in self.told.items() if n != "gpu-node-4"))
 
     def _summary(self, controller: Controller) -> None:
         m = controller.metrics
