@@ -8,6 +8,7 @@
 # the recipe below: a later run imports it (seconds) instead of running debootstrap again (minutes); a missing
 # or partial tarball is made again. An image already in Docker with this recipe's label is left as it is.
 # debootstrap needs root (and Debian's debootstrap package); the mirror is the one apt uses here.
+# GPUREMEDIATE_BASE_CACHED_ONLY=1: import from the cache only; exit 3 where that would need debootstrap (the tests).
 set -euo pipefail
 
 IMAGE=${1:-${GPUREMEDIATE_BASE_IMAGE:-gpuremediate-base:bookworm}}
@@ -43,6 +44,7 @@ if [ "$(docker image inspect -f "{{ index .Config.Labels \"$LABEL\" }}" "$IMAGE"
 fi
 
 if [ ! -s "$TARBALL" ]; then
+    if [ "${GPUREMEDIATE_BASE_CACHED_ONLY:-}" = 1 ]; then say "$IMAGE absent and $TARBALL not cached"; exit 3; fi
     command -v debootstrap >/dev/null || { say "debootstrap is not installed (apt-get install -y debootstrap)" >&2; exit 2; }
     [ "$(id -u)" = 0 ] || { say "debootstrap needs root" >&2; exit 2; }
     mkdir -p "$CACHE_DIR"
