@@ -13,6 +13,8 @@ from gpuremediate.kube.miniyaml import load
 from gpuremediate.policy import helm
 from gpuremediate.policy.config import parse_policy
 
+REGENERATE = "regenerate: python -m gpuremediate.policy.helm --write charts/gpuremediate"
+
 
 def leaves(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -32,13 +34,12 @@ def chart_values() -> dict[str, Any]:
 
 def test_values_yaml_holds_the_generated_policy_block() -> None:
     text = (CHART / "values.yaml").read_text(encoding="utf-8")
-    assert helm.replace_block(text) == text, "regenerate: python -m gpuremediate.policy.helm --write charts/gpuremediate"
+    assert helm.replace_block(text) == text, REGENERATE
 
 
 def test_values_schema_holds_the_generated_policy_schema() -> None:
     text = (CHART / "values.schema.json").read_text(encoding="utf-8")
-    assert helm.schema_text(json.loads(text)) == text, \
-        "regenerate: python -m gpuremediate.policy.helm --write charts/gpuremediate"
+    assert helm.schema_text(json.loads(text)) == text, REGENERATE
 
 
 def test_every_key_of_policy_toml_is_a_value_at_its_default() -> None:
