@@ -91,11 +91,20 @@ def build_images() -> Images:
     engine_or_skip()
     base = base_image_or_skip()
     version = package_version()
+    before = {tag: image_id(tag) for tag in (CONTROLLER_IMAGE, GPUSIM_IMAGE)}
     docker("build", "-q", "--build-arg", f"BASE={base}", "--build-arg", f"VERSION={version}",
            "-t", CONTROLLER_IMAGE, "-f", str(ROOT / "Dockerfile"), str(ROOT), timeout=600)
     docker("build", "-q", "--build-arg", f"BASE={base}", "-t", GPUSIM_IMAGE, "-f", str(ROOT / "sim" / "Dockerfile"),
            str(ROOT), timeout=600)
+    for tag, old in before.items():
+        if old and old != image_id(tag):  # the previous run's build, now untagged: not left to pile up
+            docker("rmi", old, check=False)
     return Images(base, CONTROLLER_IMAGE, GPUSIM_IMAGE, version)
+
+
+def image_id(tag: str) -> str:
+    done = docker("image", "inspect", "-f", "{{.Id}}", tag, check=False)
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def free_port() -> int:

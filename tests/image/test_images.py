@@ -85,8 +85,11 @@ def test_the_image_says_its_version_as_its_label_does(images: Images) -> None:
 
 
 def test_a_build_whose_version_argument_disagrees_with_the_package_stops(images: Images) -> None:
-    done = docker("build", "-q", "--build-arg", f"BASE={images.base}", "--build-arg", "VERSION=0.0.0-wrong",
+    wrong = "0.0.0-wrong"
+    done = docker("build", "-q", "--force-rm", "--build-arg", f"BASE={images.base}", "--build-arg", f"VERSION={wrong}",
                   "-f", str(MANIFESTS.parent / "Dockerfile"), str(MANIFESTS.parent), check=False, timeout=600)
+    # The steps before the check leave untagged layers labelled with the wrong version: not left to pile up.
+    docker("image", "prune", "-f", "--filter", f"label={VERSION_LABEL}={wrong}", check=False)
     assert done.returncode != 0
     assert f"gpuremediate.__version__ is '{images.version}'" in done.stdout + done.stderr
 
