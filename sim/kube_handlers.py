@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuremediate.kube import miniyaml
 from sim import kube_admission as adm
-from sim import kube_dra, kube_protobuf, kube_schema
+from sim import kube_dra, kube_protobuf, kube_schema, kube_tables
 from sim import kube_errors as errs
 from sim import kube_patch as kp
 from sim.kube_http import Handler, Request
@@ -61,8 +61,11 @@ class Verbs:
 
     # --- reads -------------------------------------------------------------------------------------
     def get(self, h: Handler, req: Request, t: Target) -> None:
-        obj = self._existing(t)
-        h.send_json(200, self.render(t.rt, obj))
+        view, version = kube_tables.negotiate(req.headers.get("accept", ""))
+        obj = self.render(t.rt, self._existing(t))
+        if view != kube_tables.PLAIN:
+            obj = kube_tables.view_of_one(t.rt, obj, view, version, req.query.get("includeObject", ""))
+        h.send_json(200, obj)
 
     def _existing(self, t: Target) -> Obj:
         obj = self.store.get(t.rt.key, t.namespace, t.name)
@@ -84,7 +87,11 @@ class Verbs:
         return labels_match(labels, meta.get("labels")) and fields_match(fields, view, t.rt.resource)
 
     def list_(self, h: Handler, req: Request, t: Target) -> None:
-        h.send_json(200, self.list_object(req, t))
+        view, version = kube_tables.negotiate(req.headers.get("accept", ""))
+        listed = self.list_object(req, t)
+        if view != kube_tables.PLAIN:
+            listed = kube_tables.view_of_list(t.rt, listed, view, version, req.query.get("includeObject", ""))
+        h.send_json(200, listed)
 
     def list_object(self, req: Request, t: Target) -> Obj:
         labels, fields = self._selectors(req, t.rt)

@@ -27,6 +27,7 @@ class ResourceType:
     schema: dict[str, Any] | None = None
     default_propagation: str = "Background"
     crd_categories: tuple[str, ...] = field(default_factory=tuple)
+    printer_columns: tuple[dict[str, Any], ...] = ()  # a CRD version's additionalPrinterColumns (sim.kube_tables)
 
     @property
     def group_version(self) -> str:
@@ -160,7 +161,8 @@ def from_crd(crd: dict[str, Any]) -> list[ResourceType]:
             spec["group"], version["name"], names["plural"], names["kind"], spec.get("scope") == "Namespaced",
             singular=names.get("singular", names["kind"].lower()), short_names=tuple(names.get("shortNames", ())),
             subresources=subresources, generation=True, create_status="drop" if subresources else "keep",
-            custom=True, schema=schema, crd_categories=tuple(names.get("categories", ()))))
+            custom=True, schema=schema, crd_categories=tuple(names.get("categories", ())),
+            printer_columns=tuple(version.get("additionalPrinterColumns") or ())))
     return out
 
 

@@ -13,7 +13,8 @@ from the real server is listed in sim.kube_dra, sim.kube_dra_eviction and docs/d
 
 Behaviour follows v1.28 (shared/data/kube-apiserver) where v1.36 (shared/data/kube-apiserver-1.36) does
 not differ, and v1.36 where it does (Job conditions, CEL message text, the mux's plain-text 404).
-Not implemented: Table output; protobuf; admission webhooks; CEL beyond the subset in sim.kube_cel.
+Tables (``kubectl get``'s columns) and PartialObjectMetadata for get and list: sim.kube_tables.
+Not implemented: protobuf answers; admission webhooks; CEL beyond the subset in sim.kube_cel.
 """
 
 from __future__ import annotations
