@@ -32,6 +32,7 @@ from gpuremediate.kube.resources import EVENTS
 from gpuremediate.kube.watch import WatchStream
 from gpuremediate.obs.log import setup_logging
 from gpuremediate.policy.config import loads_policy
+from gpuremediate.policy.workflow import BreakerPolicy
 from gpuremediate.shutdown import Shutdown
 from gpuremediate.state import states
 from sim.cluster import SimCluster
@@ -47,7 +48,7 @@ clear_hold_s = 3.0  # seconds cool before it clears (production default: 300)
 max_unavailable = "2"
 
 [breaker]
-threshold_percent = 90.0  # five of six nodes fault within minutes in this demo; the default is 30
+threshold_percent = 90.0  # five of six nodes fault within seconds in this demo; the default is 30 (the sandbox says so)
 
 [repeat_offender]
 count = 3           # the 4th fault needing repair within the window quarantines the node
@@ -264,6 +265,10 @@ class Demo:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         cluster.api.write_kubeconfig(path, embed_ca=True)
         exporter = cluster.gpusim.url_for(cluster.node_names[0]).rsplit("/", 1)[0]
+        policy = loads_policy(DEMO_POLICY, "<demo policy>").cluster
+        threshold, window, budget = policy.breaker.threshold_percent, policy.breaker.window_s, \
+            policy.budget.max_unavailable
+        default = BreakerPolicy().threshold_percent
         nodes = " ".join(name.rsplit("-", 1)[-1] for name in cluster.node_names)
         print(f"""
 Sandbox: the simulated cluster and the controller keep running ({cluster.api.url}, TLS), until Ctrl-C.
@@ -277,8 +282,11 @@ kubeconfig (its CA and an admin token): {path}
   gpuremediate pause --reason "trying it"      # new faults wait (BLOCKED paused); then: gpuremediate resume
   gpu-sim inject --url {exporter} --node gpu-node-2 --gpu 0 --fault xid --value 79   # a new fault
   for n in {nodes}; do gpu-sim inject --url {exporter} --node gpu-node-$n --gpu 1 --fault xid --value 79; done
-  gpuremediate breaker status                  # after most nodes faulted at once: open
+  gpuremediate breaker status                  # open once more than {threshold:g}% of the nodes fault in {window:g}s
   gpuremediate breaker reset
+
+The sandbox's policy is the demo's (gpuremediate/demo.py DEMO_POLICY): [budget] max_unavailable = "{budget}",
+[breaker] threshold_percent = {threshold:g} (the default is {default:g}: five of the demo's six nodes fault at once).
 """, file=self.out, flush=True)
         try:
             while not self.stop.wait(0.5):
