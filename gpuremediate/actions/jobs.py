@@ -25,6 +25,9 @@ from gpuremediate.kube.resources import JOBS
 JOB_LABEL = "gpuremediate.io/job"  # value: the job kind (reset-gpu, reboot, validate)
 NODE_LABEL = "gpuremediate.io/node"
 FAULT_ANNOTATION = "gpuremediate.io/fault"
+# A reboot Job's node bootID before it: the Job alone says when its reboot happened (a node deleted and registered
+# again lost the record that held it).
+BOOT_ID_ANNOTATION = "gpuremediate.io/boot-id"
 
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -69,9 +72,11 @@ def build_job(
     namespace: str,
     gpus: int | Mapping[str, int] = 0,
     gpu_ids: Sequence[str] = (),
+    boot_id: str = "",
 ) -> dict[str, Any]:
-    """The Job; with ``spec.request_all_gpus`` its container asks for ``gpus``: GPU resource → count (a plain
-    number is that many ``nvidia.com/gpu``), as limits and requests alike (an extended resource's must match)."""
+    """The Job (``boot_id``: the node's before a reboot, kept on the Job); with ``spec.request_all_gpus`` its
+    container asks for ``gpus``: GPU resource → count (a plain number is that many ``nvidia.com/gpu``), as limits
+    and requests alike (an extended resource's must match)."""
     name = job_name(kind, node, fingerprint, attempt)
     labels = {JOB_LABEL: kind, NODE_LABEL: label_value(node)}  # node names may exceed a label value's 63 chars
     env = [
@@ -105,15 +110,31 @@ def build_job(
             "name": name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": {FAULT_ANNOTATION: fingerprint},
+            "annotations": {FAULT_ANNOTATION: fingerprint, **({BOOT_ID_ANNOTATION: boot_id} if boot_id else {})},
         },
         "spec": {
             "backoffLimit": 0,
+            **_disruption_policy(kind),
             "activeDeadlineSeconds": spec.timeout_s,
             "ttlSecondsAfterFinished": 24 * 3600,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+# A reboot's pod is ended by the reboot itself: the kubelet's graceful node shutdown marks it DisruptionTarget too, so
+# a reboot Job never ignores a disruption (its pod would run again once the node is back: a second reboot).
+REPEATABLE_KINDS = frozenset({"validate", "reset-gpu"})
+
+
+def _disruption_policy(kind: str) -> dict[str, Any]:
+    """A pod of a repeatable Job that was evicted or preempted (a person's ``kubectl drain``, an autoscaler) did not
+    fail: the Job controller ignores it and starts another (within ``activeDeadlineSeconds``) rather than failing the
+    Job at ``backoffLimit`` 0 (a repaired node quarantined as "validation failed")."""
+    if kind not in REPEATABLE_KINDS:
+        return {}
+    return {"podFailurePolicy": {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}}
 
 
 def _placement(node: str, spec: JobSpec) -> dict[str, Any]:
@@ -184,6 +205,10 @@ def deadline_exceeded(job: Mapping[str, Any] | None) -> bool:
     return False
 
 
+def finished(job: Mapping[str, Any]) -> bool:
+    return job_outcome(job) in (SUCCEEDED, FAILED)
+
+
 def read_job(client: KubeClient, name: str, namespace: str) -> dict[str, Any] | None:
     try:
         job: dict[str, Any] = client.get(JOBS, name, namespace)
@@ -217,6 +242,17 @@ class ActionJobs:
                 return cached
         return read_job(self.client, name, self.namespace)
 
+    def on_node(self, node: str) -> list[dict[str, Any]]:
+        """Every Job of ours on ``node`` (its label), whatever record the Node carries now: from the watch once it
+        has listed, else a LIST by label (asked only before an attempt starts)."""
+        value = label_value(node)
+        informer = self._watch()
+        if informer is not None and informer.has_synced():
+            return [job for job in informer.list()
+                    if ((job.get("metadata") or {}).get("labels") or {}).get(NODE_LABEL) == value]
+        listed = self.client.list(JOBS, self.namespace, label_selector=f"{JOB_LABEL},{NODE_LABEL}={value}")
+        return list(listed.get("items") or [])
+
     def stop(self) -> None:
         with self._lock:
             informer, self._informer, self._stopped = self._informer, None, True
@@ -232,6 +268,10 @@ class ActionJobs:
             return self._informer
 
 
-def delete_job(client: KubeClient, name: str, namespace: str, *, dry_run: bool = False) -> None:
+def delete_job(client: KubeClient, name: str, namespace: str, *, dry_run: bool = False,
+               with_pods: bool = False) -> None:
+    """``with_pods``: foreground deletion, the Job stays (deleting) until its pods are gone, so "the Job is gone"
+    means nothing of it can still run."""
     with contextlib.suppress(errors.NotFound):
-        client.delete(JOBS, name, namespace, propagation_policy="Background", dry_run=dry_run)
+        client.delete(JOBS, name, namespace, propagation_policy="Foreground" if with_pods else "Background",
+                      dry_run=dry_run)

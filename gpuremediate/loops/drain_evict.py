@@ -22,11 +22,13 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 from gpuremediate.actions import evict as eviction
-from gpuremediate.actions.nodes import Node, name_of
+from gpuremediate.actions.events import WARNING
+from gpuremediate.actions.nodes import Node, is_ready, name_of
 from gpuremediate.actions.pods import is_terminating, pod_key
 from gpuremediate.actions.workload_notice import WorkloadNotice, why_of
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.config import ConfigError, parse_rfc3339
 from gpuremediate.kube.resources import PODS
 from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
@@ -55,6 +57,7 @@ class EvictionDrain:
         # node -> its evictions sent and not yet recorded: pod uid -> the answer to come
         self._sent: dict[str, dict[str, Future[eviction.EvictionOutcome | BaseException]]] = {}
         self.notice = WorkloadNotice()
+        self._waiting: dict[str, int] = {}  # node -> the pod count its last "waiting" line gave
 
     def close(self) -> None:
         """No eviction is sent after this; those in flight end on their own (their answers are not recorded)."""
@@ -96,7 +99,32 @@ class EvictionDrain:
         if left:
             names = ", ".join("/".join(pod_key(p)) for p in left[:5])
             return Failed(f"drain timed out with {len(left)} pod(s) left ({names})", at=now)
+        stuck = [p for p in pods if stuck_terminating(p, now, policy.stuck_s)]
+        if stuck:
+            return self._end_stuck(ctx, node, stuck, now)
         return self._note_waiting(node, pods, policy)
+
+    def _end_stuck(self, ctx: DrainContext, node: Node, stuck: Sequence[Mapping[str, Any]], now: float) -> StepResult:
+        """Pods deleted at the timeout that stay Terminating past their grace and ``stuck_s``. On a NotReady node
+        (its kubelet cannot confirm anything) they are force-deleted once, as the pod garbage collector does for an
+        out-of-service node; what remains (a finalizer, a D-state process a reboot ends) no longer holds the drain:
+        it is done, the repair follows, and an Event names the pods."""
+        name = name_of(node)
+        force = [p for p in stuck if not is_ready(node) and not _forced(p)]
+        if force:
+            log.warning("force-deleting pods stuck terminating on a NotReady node",
+                        extra={"node": name, "pods": len(force)})
+            for pod in force:
+                namespace, pod_name = pod_key(pod)
+                with contextlib.suppress(errors.NotFound):
+                    ctx.client.delete(PODS, pod_name, namespace, grace_period_seconds=0, dry_run=ctx.writer.dry_run)
+            return InProgress(1.0)
+        names = ", ".join("/".join(pod_key(p)) for p in stuck[:5])
+        message = (f"drain timed out; {len(stuck)} pod(s) stuck terminating past their grace period ({names}): "
+                   f"going on to the repair")
+        log.warning("drain ends with pods stuck terminating", extra={"node": name, "pods": names})
+        self._waiting.pop(name, None)
+        return Done(at=now, then=lambda: ctx.events.node_event(name, "GPUDrainTimedOut", message, WARNING))
 
     def _evict(self, ctx: DrainContext, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]],
                now: float, policy: DrainPolicy) -> StepResult:
@@ -184,6 +212,8 @@ class EvictionDrain:
         with self._lock:
             for name in set(self._sent) - nodes:
                 del self._sent[name]
+            for name in set(self._waiting) - nodes:
+                del self._waiting[name]
 
     def _attempt_due(self, pod: Mapping[str, Any], retry_s: float) -> bool:
         """One eviction attempt per pod per ``retry_s``, however often the node is reconciled
@@ -197,9 +227,13 @@ class EvictionDrain:
             self._next_attempt[uid] = now + retry_s
         return True
 
-    @staticmethod
-    def _note_waiting(node: Node, pods: Sequence[Mapping[str, Any]], policy: DrainPolicy) -> StepResult:
-        log.info("drain waiting for pods to finish", extra={"node": name_of(node), "pods": len(pods)})
+    def _note_waiting(self, node: Node, pods: Sequence[Mapping[str, Any]], policy: DrainPolicy) -> StepResult:
+        """Waiting for pods to go: one line when the count changes, not one per step."""
+        name = name_of(node)
+        with self._lock:
+            told, self._waiting[name] = self._waiting.get(name), len(pods)
+        if told != len(pods):
+            log.info("drain waiting for pods to finish", extra={"node": name, "pods": len(pods)})
         return InProgress(policy.retry_s)
 
     @staticmethod
@@ -211,6 +245,22 @@ class EvictionDrain:
             namespace, name = pod_key(pod)
             with contextlib.suppress(errors.NotFound):
                 ctx.client.delete(PODS, name, namespace, grace_period_seconds=grace, dry_run=ctx.writer.dry_run)
+
+
+def stuck_terminating(pod: Mapping[str, Any], now: float, stuck_s: float) -> bool:
+    """Deleted, and still there ``stuck_s`` after its ``deletionTimestamp`` (the end of its grace period)."""
+    text = (pod.get("metadata") or {}).get("deletionTimestamp")
+    if not text:
+        return False
+    try:
+        due = parse_rfc3339(str(text))
+    except ConfigError:
+        return False
+    return now >= due + stuck_s
+
+
+def _forced(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("metadata") or {}).get("deletionGracePeriodSeconds") == 0
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:

@@ -15,9 +15,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuremediate.actions.custom import created_at
-from gpuremediate.actions.events import NORMAL
+from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import (
+    BOOT_ID_ANNOTATION,
     FAILED,
+    FAULT_ANNOTATION,
+    JOB_LABEL,
     MISSING,
     RUNNING,
     SUCCEEDED,
@@ -26,6 +29,7 @@ from gpuremediate.actions.jobs import (
     create_job_once,
     deadline_exceeded,
     delete_job,
+    finished,
     job_name,
     job_outcome,
 )
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 
 TIMED_OUT = "timed-out"
 DELETED = "deleted"  # created, then deleted by someone else before it finished
+EARLIER_JOB_POLL_S = 2.0  # how often an attempt waiting for an earlier flow's Job on its node looks again
 
 
 def job_spec(policy: JobPolicy, *, request_all_gpus: bool = False, device_claim: str = "") -> JobSpec:
@@ -83,23 +88,81 @@ class JobLoop(NodeLoop):
         self, node: Node, record: NodeRecord, kind: str, attempt: int, policy: JobPolicy, *,
         timeout_s: float, request_all_gpus: bool = False, detail: str = "",
     ) -> float | None:
-        """Write the attempt into the record, then create its Job."""
+        """Write the attempt into the record, then create its Job; unless a Job of ours is still in flight on the
+        node outside this record (``_earlier_in_flight``): then it is followed or waited for, never doubled."""
         name = job_name(kind, name_of(node), self.fingerprint(record), attempt)
+        earlier = self._earlier_in_flight(node, record, kind, name, attempt, timeout_s)
+        if earlier is not None:
+            return earlier
         started = start_action(record, kind, name, attempt, self.ctx.clock(), timeout_s, detail)
         written = self.ctx.writer.write(node, started)
         if written is None:
             return self.retry_after_conflict()
-        job = self.create_job(written, started, kind, name, attempt, policy, request_all_gpus)
+        job = self.create_job(written, started, kind, name, attempt, policy, request_all_gpus, boot_id=detail)
         if job is not None:
             self.note_created(written, started, job)
         return 1.0
 
+    def _earlier_in_flight(
+        self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, timeout_s: float,
+    ) -> float | None:
+        """A Job of ours still running on the node that this record does not name: an earlier flow's (the Node was
+        deleted and registered again, its record lost with it) or one being deleted. A Job of the same kind from
+        another occurrence is taken over as this attempt: its outcome is this attempt's (a reboot is never run
+        twice for one fault); any other is waited for. None: nothing in flight, start as usual."""
+        if self.ctx.writer.dry_run:
+            return None
+        others = [job for job in self.ctx.jobs.on_node(name_of(node))
+                  if not finished(job) and job["metadata"]["name"] != name]
+        if not others:
+            return None
+        fingerprint = self.fingerprint(record)
+        same = [job for job in others if not job["metadata"].get("deletionTimestamp")
+                and (job["metadata"].get("labels") or {}).get(JOB_LABEL) == kind
+                and (job["metadata"].get("annotations") or {}).get(FAULT_ANNOTATION) != fingerprint]
+        if len(others) == 1 and same:
+            return self._take_over(node, record, same[0], kind, attempt, timeout_s)
+        names = ", ".join(sorted(job["metadata"]["name"] for job in others))
+        if self._waiting_for.get(name_of(node)) != names:
+            self._waiting_for[name_of(node)] = names
+            log.info("attempt waits for an earlier Job on the node", extra={"node": name_of(node), "kind": kind,
+                                                                          "jobs": names})
+            self.ctx.events.node_event(name_of(node), "GPURemediationWaiting",
+                                       f"{kind} waits for Job(s) {names} of ours still running on the node", NORMAL)
+        return EARLIER_JOB_POLL_S
+
+    def _take_over(self, node: Node, record: NodeRecord, job: Mapping[str, Any], kind: str, attempt: int,
+                   timeout_s: float) -> float | None:
+        """Record ``job`` as this attempt, created (its pod may be running): followed like a Job of our own."""
+        meta = job["metadata"]
+        boot_id = str((meta.get("annotations") or {}).get(BOOT_ID_ANNOTATION) or "")
+        now = self.ctx.clock()
+        started = start_action(record, kind, str(meta["name"]), attempt, now, timeout_s, boot_id)
+        if self.ctx.writer.write(node, mark_created(started, created_at(job, now))) is None:
+            return self.retry_after_conflict()
+        self._waiting_for.pop(name_of(node), None)
+        log.warning("following an earlier flow's Job", extra={"node": name_of(node), "job": meta["name"],
+                                                               "kind": kind})
+        self.ctx.events.node_event(name_of(node), "GPURemediationJob",
+                                   f"{kind} Job {meta['name']} of an earlier record of this node (deleted and "
+                                   f"registered again?) is still running: this attempt follows it instead of starting "
+                                   f"another",
+                                   WARNING)
+        return 1.0
+
+    @property
+    def _waiting_for(self) -> dict[str, str]:
+        """node -> the earlier Jobs its attempt was last told to wait for (one Event per change, not per look)."""
+        waiting: dict[str, str] = self.__dict__.setdefault("_earlier_jobs_told", {})
+        return waiting
+
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool, env: Mapping[str, str] | None = None,
-        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "",
+        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "", boot_id: str = "",
     ) -> Mapping[str, Any] | None:
-        """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run). With
+        """Create the attempt's Job unless it exists; the Job as it exists now (None in dry-run). ``boot_id``: a
+        reboot's node bootID before it, kept on the Job. With
         ``request_all_gpus`` it asks for the capacity of every GPU resource of the node (every MIG slice);
         ``env`` is added to the Job's own variables (NODE_NAME, GPU_IDS, GPU_UUIDS); ``targets`` (indexes, UUIDs)
         replaces the faulty GPUs in GPU_IDS / GPU_UUIDS; ``device_claim`` names the ResourceClaim its pod takes its
@@ -109,7 +172,7 @@ class JobLoop(NodeLoop):
         spec = job_spec(policy, request_all_gpus=request_all_gpus, device_claim=device_claim)
         spec = JobSpec(**{**spec.__dict__, "env": {**(env or {}), "GPU_UUIDS": ",".join(uuids)}})
         job = build_job(kind, name_of(node), self.fingerprint(record), attempt, spec,
-                        namespace=self.ctx.settings.jobs_namespace, gpus=gpus, gpu_ids=indexes)
+                        namespace=self.ctx.settings.jobs_namespace, gpus=gpus, gpu_ids=indexes, boot_id=boot_id)
         assert job["metadata"]["name"] == name
         if self.ctx.writer.dry_run:
             self.ctx.events.node_event(name_of(node), "GPURemediationJob", f"would create Job {name} ({kind})", NORMAL)
@@ -149,13 +212,16 @@ class JobLoop(NodeLoop):
             note_created(job)
         return RUNNING
 
+    def read(self, name: str) -> Mapping[str, Any] | None:
+        return self.ctx.jobs.read(name)
+
     def note_created(self, node: Node, record: NodeRecord, job: Mapping[str, Any]) -> None:
         at = created_at(job, self.ctx.clock())
         self.ctx.writer.write(node, mark_created(record, at))  # a 409 is simply noted again on the next step
 
-    def cancel(self, kind: str, name: str) -> None:
+    def cancel(self, kind: str, name: str, *, with_pods: bool = False) -> None:
         if name and not self.ctx.writer.dry_run:
-            delete_job(self.ctx.client, name, self.ctx.settings.jobs_namespace)
+            delete_job(self.ctx.client, name, self.ctx.settings.jobs_namespace, with_pods=with_pods)
 
 
 def names(items: Sequence[str]) -> str:

@@ -40,7 +40,7 @@ class JobActions(Protocol):
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool, env: Mapping[str, str] | None = None,
-        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "",
+        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "", boot_id: str = "",
     ) -> Mapping[str, Any] | None: ...
 
     def attempt_outcome(
@@ -50,7 +50,10 @@ class JobActions(Protocol):
 
     def note_created(self, node: Node, record: NodeRecord, job: Mapping[str, Any]) -> None: ...
 
-    def cancel(self, kind: str, name: str) -> None: ...
+    def read(self, name: str) -> Mapping[str, Any] | None:
+        """The attempt's Job as the cache (or the server) holds it."""
+
+    def cancel(self, kind: str, name: str, *, with_pods: bool = False) -> None: ...
 
 
 class WritesNodes(Protocol):

@@ -11,9 +11,10 @@ A failed, deleted or timed-out Job is a failed attempt; the remediate loop decid
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 
-from gpuremediate.actions.jobs import FAILED, SUCCEEDED
+from gpuremediate.actions.jobs import FAILED, RUNNING, SUCCEEDED
 from gpuremediate.actions.nodes import Node, boot_id, is_ready
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.loops.repair import RepairContext, RepairRequest
@@ -24,6 +25,8 @@ from gpuremediate.policy.workflow import JobPolicy
 from gpuremediate.state.record import ActionInProgress, NodeRecord
 
 POLL_S = 1.0
+
+log = logging.getLogger(__name__)
 
 
 def kind_is(kind: str) -> Callable[[Policy, Node, NodeRecord, str], bool]:
@@ -62,6 +65,8 @@ class JobRepair:
         rebooted = bool(action.detail) and boot_id(node) != action.detail
         if by_boot_id:
             done = rebooted and is_ready(node)
+        if done and outcome == RUNNING:  # the node rebooted on its own while the Job waits to run: end it first
+            return self._end_unneeded(ctx, action)
         if done:
             return Done(f"{kind} done ({action.name})")
         # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is back,
@@ -77,6 +82,18 @@ class JobRepair:
             return Failed(f"{kind} Job {action.name} failed")
         if outcome == TIMED_OUT:  # written first; the Job is deleted only once the record says so
             return Failed(f"{kind} attempt {action.attempt} timed out", cancel=action)
+        return InProgress(POLL_S)
+
+    @staticmethod
+    def _end_unneeded(ctx: RepairContext, action: ActionInProgress) -> StepResult:
+        """The node has the new boot the attempt waits for, but its Job has not finished (a watchdog, a person or the
+        BMC rebooted the machine; the Job's pod still pending, pulling its image, or about to run): the attempt is
+        over only once its Job and pods are gone, else that pod reboots the node back in service. Foreground
+        deletion: the Job goes after its pods."""
+        job = ctx.jobs.read(action.name) if action.name else None
+        if job is not None and not (job.get("metadata") or {}).get("deletionTimestamp"):
+            log.info("node rebooted before its reboot Job ran; deleting the Job", extra={"job": action.name})
+            ctx.jobs.cancel(ACTION_REBOOT, action.name, with_pods=True)
         return InProgress(POLL_S)
 
     @staticmethod

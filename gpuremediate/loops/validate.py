@@ -208,13 +208,13 @@ class ValidateLoop(JobLoop):
     def create_job(
         self, node: Node, record: NodeRecord, kind: str, name: str, attempt: int, policy: JobPolicy,
         request_all_gpus: bool, env: Mapping[str, str] | None = None,
-        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "",
+        targets: tuple[list[str], list[str]] | None = None, device_claim: str = "", boot_id: str = "",
     ) -> Mapping[str, Any] | None:
         """The validation Job of an isolated GPU takes it through its claim (named as the Job), made after the Job
         so that it can be owned by it."""
         claim = device_claim or (name if kind == VALIDATE and self._claimed_gpu(node, record) else "")
         job = super().create_job(node, record, kind, name, attempt, policy, request_all_gpus, env, targets,
-                                 device_claim=claim)
+                                 device_claim=claim, boot_id=boot_id)
         if job is not None and claim:
             self._make_claim(node, record, job, claim)
         return job

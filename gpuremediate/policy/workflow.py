@@ -119,6 +119,11 @@ class DrainPolicy:
     )
     grace_period_s: int = setting(-1, "eviction/delete grace seconds (-1: each pod's own)",
                                   check=between(-1, MAX_GRACE_S))
+    stuck_s: float = setting(
+        60.0, "past the timeout, seconds a pod may stay Terminating beyond its grace period (a finalizer, a D-state "
+        "process, a dead kubelet) before the drain ends anyway: with timeout_action delete it is force-deleted where "
+        "the node is NotReady and the drain goes on to the repair; with quarantine the node is quarantined",
+        check=duration(1))
     retry_s: float = setting(5.0, "seconds between drain steps (a PDB refusal is retried after this)",
                              check=duration(0.1))
     namespace_modes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), metadata={

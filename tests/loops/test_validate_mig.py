@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuremediate.actions.jobs import ActionJobs
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import JOBS, NAMESPACES, PODS
@@ -70,6 +71,7 @@ def loop_for(kube: KubeClient, writes: Writes, clock: Clock, policy: PolicyFile 
     chosen = policy or PolicyFile()
     loop.ctx = SimpleNamespace(  # type: ignore[assignment]
         client=kube, writer=writes, events=writes, clock=clock, policy=chosen, readings={},
+        jobs=ActionJobs(kube, JOBS_NS),
         policy_for=lambda node: chosen.for_node(node["metadata"].get("labels") or {}),
         settings=SimpleNamespace(resync_s=10.0, jobs_namespace=JOBS_NS),
         breakers=SimpleNamespace(holds_in_flight=lambda in_flight: ""))
