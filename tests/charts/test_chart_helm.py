@@ -4,8 +4,12 @@ values before anything is created, and an upgrade keeps the policy and the contr
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,7 @@ from chart_support import (
     CHART,
     MANIFESTS,
     NAMESPACE,
+    ROOT,
     Cluster,
     by_key,
     docs,
@@ -185,11 +190,14 @@ def test_the_schema_refuses_a_bad_value_naming_it(cluster: Cluster, values: dict
 
 
 def test_upgrade_keeps_the_policy_and_the_records(cluster: Cluster, tmp_path: Path) -> None:
-    """Version N installed with a changed policy; the controller's state written beside it (a node's record and
-    state label, its breaker ConfigMap, a MaintenanceRequest); then `helm upgrade --reuse-values` to version N+1
-    with one more value: the policy keeps the first change and takes the second, and every record is untouched.
-    `helm uninstall` then removes the release's objects and still leaves the records and the CRD's requests."""
-    cluster.install({"policy": {"thermal": {"hold_s": 120}}})
+    """The previous release's chart (the newest v* tag below this version, from git; without one, this chart as
+    version N and a copy as N+1) installed with a changed policy; the controller's state written beside it (a node's
+    record and state label, its breaker ConfigMap, a MaintenanceRequest); then `helm upgrade --reuse-values` to the
+    next with one more value: the policy keeps the first change and takes the second, the image is the new version,
+    and every record is untouched. `helm uninstall` then removes the release's objects and still leaves the records
+    and the CRD's requests."""
+    first, following, upgraded = _previous_and_next(tmp_path)
+    cluster.install({"policy": {"thermal": {"hold_s": 120}}}, chart=first)
     rec = record.NodeRecord(state="quarantined", since=1_700_000_000.0, reason="repeat-offender", node="gpu-node-1")
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {
         "name": "gpu-node-1", "labels": {record.STATE_LABEL: rec.state},
@@ -203,13 +211,6 @@ def test_upgrade_keeps_the_policy_and_the_records(cluster: Cluster, tmp_path: Pa
                                       "spec": {"healthEvent": {"nodeName": "gpu-node-1", "isHealthy": False}}})
     before = cluster.kube.get(NODES, "gpu-node-1")["metadata"]
 
-    upgraded = tmp_path / "gpuremediate"  # version N+1: the same chart, the next version and image
-    shutil.copytree(CHART, upgraded)
-    chart_yaml = (upgraded / "Chart.yaml").read_text(encoding="utf-8")
-    version = gpuremediate.__version__
-    major, minor, patch = (int(p) for p in version.split("."))
-    following = f"{major}.{minor}.{patch + 1}"
-    (upgraded / "Chart.yaml").write_text(chart_yaml.replace(version, following), encoding="utf-8")
     result = cluster.upgrade({"policy": {"drain": {"mode": "AllowCompletion"}}}, chart=upgraded, reuse_values=True)
     assert result["version"] == 2 and result["info"]["status"] == "deployed"
 
@@ -231,6 +232,33 @@ def test_upgrade_keeps_the_policy_and_the_records(cluster: Cluster, tmp_path: Pa
     assert cluster.kube.get(CONFIGMAPS, "gpuremediate-breaker", namespace=NAMESPACE)
     assert cluster.kube.get(MAINTENANCE, "rack-7")  # crds/ are never deleted by Helm: nor their objects
     assert cluster.kube.get(NAMESPACES, NAMESPACE)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+def _previous_and_next(tmp: Path) -> tuple[Path, str, Path]:
+    """(the chart to install first, the version upgraded to, the chart to upgrade to)."""
+    version = gpuremediate.__version__
+    tags = subprocess.run(["git", "-C", str(ROOT), "tag", "--list", "v[0-9]*.[0-9]*.[0-9]*"], capture_output=True,
+                          text=True, timeout=30, check=False).stdout.split()
+    older = sorted((t for t in tags if re.fullmatch(r"v\d+\.\d+\.\d+", t) and _version(t[1:]) < _version(version)),
+                   key=lambda t: _version(t[1:]))
+    for tag in reversed(older):
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", tag, "charts/gpuremediate"],
+                                 capture_output=True, timeout=60, check=False)
+        if archive.returncode == 0:
+            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+                tar.extractall(tmp / "previous", filter="data")
+            return tmp / "previous" / "charts" / "gpuremediate", version, CHART
+    upgraded = tmp / "gpuremediate"  # no earlier release: this chart as N, a copy as N+1 (next version and image)
+    shutil.copytree(CHART, upgraded)
+    major, minor, patch = _version(version)
+    following = f"{major}.{minor}.{patch + 1}"
+    chart_yaml = (upgraded / "Chart.yaml").read_text(encoding="utf-8")
+    (upgraded / "Chart.yaml").write_text(chart_yaml.replace(version, following), encoding="utf-8")
+    return CHART, following, upgraded
 
 
 def test_chart_copies_are_the_manifests() -> None:
