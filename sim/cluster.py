@@ -70,7 +70,19 @@ EXPORTER_LABEL = {"app": "nvidia-dcgm-exporter"}
 EXPORTER_DAEMONSET = "nvidia-dcgm-exporter"
 NAMESPACES_NEEDED = ("gpuremediate-system", "gpuremediate-jobs", EXPORTER_NAMESPACE, "workloads", "default")
 JOB_LABEL = "gpuremediate.io/job"
-SERVICEACCOUNTS_FILE = Path(__file__).resolve().parent.parent / "manifests" / "base" / "serviceaccounts.yaml"
+# manifests/base/serviceaccounts.yaml: in a checkout, the repository's; installed, the wheel's copy of it (setup.py
+# copies it into the package at build time, so `gpuremediate demo` runs from anywhere).
+SERVICEACCOUNTS_MANIFEST = Path("manifests") / "base" / "serviceaccounts.yaml"
+
+
+def packaged_manifest(relative: Path) -> Path:
+    """A file of manifests/ the simulated cluster reads: the package's copy where installed, else the repository's."""
+    here = Path(__file__).resolve().parent
+    packaged = here / relative
+    return packaged if packaged.is_file() else here.parent / relative
+
+
+SERVICEACCOUNTS_FILE = packaged_manifest(SERVICEACCOUNTS_MANIFEST)
 NODESIM_USER = "system:node-sim"
 BUSY_USER = "system:busy-writer"
 AGENT_USER = "system:serviceaccount:gpuremediate-agent:gpuremediate-agent"
