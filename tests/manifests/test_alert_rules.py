@@ -1,12 +1,13 @@
 """The alerts people get (manifests/monitoring/prometheusrule.yaml): every one links its runbook, an absolute URL
-into the project's docs whose anchor exists in docs/troubleshooting.md; node-level ones name their nodes; the
-promtool unit tests shipped beside them (manifests/monitoring/tests/*.yaml) cover every alert and pass, run with
-`promtool` where it is installed (Debian's prometheus package; .ci/run installs it)."""
+into the project's docs whose anchor exists in docs/troubleshooting.md; node-level ones name their nodes; they ship
+as a plain rules file too (manifests/monitoring/rules/gpuremediate-alerts.rules.yml, generated from the
+PrometheusRule: the same rules); the promtool unit tests shipped beside them (manifests/monitoring/tests/*.yaml)
+cover every alert, and `promtool check rules` / `promtool test rules` pass on the shipped files, where promtool is
+installed (Debian's prometheus package; .ci/run installs it)."""
 
 from __future__ import annotations
 
 import configparser
-import json
 import re
 import shutil
 import subprocess
@@ -18,9 +19,12 @@ import pytest
 from manifests_support import MANIFESTS, PROMTOOL_TESTS, ROOT, known_series, named, series_in
 
 from gpuremediate.kube.miniyaml import load
+from gpuremediate.obs import alert_rules
 
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
-RULES_FILE = "gpuremediate-alerts.yaml"  # what the test files' rule_files name: the PrometheusRule's spec
+PROMETHEUS_RULE = MANIFESTS / "monitoring" / "prometheusrule.yaml"
+RULES_FILE = MANIFESTS / "monitoring" / "rules" / "gpuremediate-alerts.rules.yml"  # the PrometheusRule's spec
+PROMTOOL = shutil.which("promtool")
 # Alerts about nodes: their text names the nodes (from gpuremediate_node_state / _node_health_unknown).
 NODE_ALERTS = ("GpuremediateNodeQuarantined", "GpuremediateNodeStuckDraining", "GpuremediateNodeStuckRepairing",
                "GpuremediateNodeStuckValidating", "GpuremediateGpuHealthUnknown", "GpuremediateBudgetExhausted")
@@ -97,7 +101,8 @@ def test_the_promtool_tests_cover_every_alert() -> None:
     tested: set[str] = set()
     for path in _test_files():
         spec = load(path.read_text(encoding="utf-8"))
-        assert spec["rule_files"] == [RULES_FILE], path
+        assert spec["rule_files"] == ["../rules/gpuremediate-alerts.rules.yml"], path  # the shipped file
+        assert (path.parent / spec["rule_files"][0]).resolve() == RULES_FILE
         for case in spec["tests"]:
             tested |= {t["alertname"] for t in case.get("alert_rule_test", [])
                        if t.get("exp_alerts")}  # a case where it fires, not only where it stays quiet
@@ -105,22 +110,46 @@ def test_the_promtool_tests_cover_every_alert() -> None:
     assert not missing, f"no promtool test sees these alerts fire: {sorted(missing)}"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None,
+def test_the_plain_rules_file_is_the_prometheus_rules_spec() -> None:
+    """One source: the shipped rules file is the generator's output from the PrometheusRule, the same rules."""
+    regenerate = f"python -m gpuremediate.obs.alert_rules {PROMETHEUS_RULE.relative_to(ROOT)} > " \
+                 f"{RULES_FILE.relative_to(ROOT)}"
+    generated = alert_rules.rules_file(PROMETHEUS_RULE.read_text(encoding="utf-8"))
+    assert RULES_FILE.read_text(encoding="utf-8") == generated, f"regenerate: {regenerate}"
+    assert load(RULES_FILE.read_text(encoding="utf-8")) == named("PrometheusRule", "gpuremediate")["spec"]
+
+
+def test_the_generator_refuses_what_is_not_a_prometheus_rule() -> None:
+    with pytest.raises(ValueError, match="one top-level `spec:`"):
+        alert_rules.rules_file("apiVersion: v1\nkind: ConfigMap\ndata: {}\n")
+    with pytest.raises(ValueError, match="last key"):
+        alert_rules.rules_file("kind: PrometheusRule\nspec:\n  groups: []\nmetadata:\n  name: x\n")
+
+
+@pytest.mark.skipif(PROMTOOL is None,
                     reason="promtool not installed (Debian's prometheus package: apt-get install -y prometheus)")
-def test_promtool_checks_the_rules_and_passes_their_unit_tests(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    assert promtool is not None
-    rule = named("PrometheusRule", "gpuremediate")
-    (tmp_path / RULES_FILE).write_text(json.dumps(rule["spec"], indent=1), encoding="utf-8")  # JSON is YAML
-    for path in _test_files():
-        shutil.copy(path, tmp_path / path.name)
-    checked = subprocess.run([promtool, "check", "rules", RULES_FILE], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=120, check=False)
+def test_promtool_checks_the_shipped_rules_and_passes_their_unit_tests() -> None:
+    """On the files as shipped, from the repository's root: promtool resolves each test file's rule_files from
+    that file's folder."""
+    assert PROMTOOL is not None
+    checked = subprocess.run([PROMTOOL, "check", "rules", str(RULES_FILE.relative_to(ROOT))], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    tested = subprocess.run([promtool, "test", "rules", *(p.name for p in _test_files())], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300, check=False)
+    assert f"SUCCESS: {len(_alerts())} rules found" in checked.stdout, checked.stdout
+    tests = [str(p.relative_to(ROOT)) for p in _test_files()]
+    tested = subprocess.run([PROMTOOL, "test", "rules", *tests], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, check=False)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert tested.stdout.count("SUCCESS") == len(_test_files()), tested.stdout
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install -y prometheus)")
+def test_promtool_refuses_the_prometheus_rule_itself() -> None:
+    """Why the plain file ships: promtool (and a Prometheus configured by file) cannot read the Operator's CR."""
+    assert PROMTOOL is not None
+    done = subprocess.run([PROMTOOL, "check", "rules", str(PROMETHEUS_RULE)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode != 0
 
 
 def test_the_rule_file_is_what_the_kustomization_ships() -> None:
