@@ -116,6 +116,15 @@ def test_dry_run_is_the_dry_run_overlay(cluster: Cluster) -> None:
     assert "--dry-run" in overlay[0]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_shards_are_the_sharded_overlay(cluster: Cluster) -> None:
+    chart = cluster.rendered({"controller": {"shards": 4}})
+    overlay = kustomize("overlays/sharded")
+    kinds = ("Deployment", "Role", "RoleBinding")
+    assert_same_objects([o for o in chart if o["kind"] in kinds], [o for o in overlay if o["kind"] in kinds])
+    args = by_key(overlay)["Deployment", NAMESPACE, "gpuremediate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--shards=4" in args
+
+
 def test_monitoring_and_the_drain_window_plugin_are_their_kustomizations(cluster: Cluster) -> None:
     _stub_crds(cluster)
     values = {"monitoring": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
