@@ -37,7 +37,7 @@ from manifests_support import (
     CONTROLLER_USER,
     MANIFESTS,
     controller_grants,
-    named,
+    of_kind,
     rules_by_scope,
 )
 
@@ -56,8 +56,15 @@ def images() -> Images:
     return build_images()
 
 
+def _manifest(kind: str, name: str, under: str) -> dict[str, Any]:
+    """The object as manifests/<under> ships it (an overlay or component may carry another of that name)."""
+    (found,) = [obj for obj in of_kind(kind, under=under) if obj["metadata"]["name"] == name]
+    return found
+
+
 def _container_spec(kind: str, name: str) -> dict[str, Any]:
-    (spec,) = named(kind, name)["spec"]["template"]["spec"]["containers"]
+    under = "agent" if kind == "DaemonSet" else "base"
+    (spec,) = _manifest(kind, name, under)["spec"]["template"]["spec"]["containers"]
     return dict(spec)
 
 
@@ -190,7 +197,7 @@ def test_the_agent_container_publishes_a_kernel_xid_as_a_node_condition(
     assert api is not None
     node = "gpu-node-1"
     token = new_token(api, AGENT_USER, AGENT_NS)
-    api.enforce_rbac(AGENT_USER, named("ClusterRole", "gpuremediate-agent")["rules"])  # manifests/agent's
+    api.enforce_rbac(AGENT_USER, _manifest("ClusterRole", "gpuremediate-agent", "agent")["rules"])
     sa = service_account_dir(tmp_path / "sa", token, api.ca_file, AGENT_NS)
     state = tmp_path / "state"  # the hostPath /var/lib/gpuremediate-agent
     state.mkdir(mode=0o777)
