@@ -77,6 +77,20 @@ def _with(args: list[str], **flags: str) -> list[str]:
     return out
 
 
+def test_the_release_base_is_one_image_pinned_by_digest() -> None:
+    """Both Dockerfiles take their base as the BASE argument (CI passes its local base), whose release default is
+    the same python:3.11 image pinned by digest (a multi-arch index digest: the release builds amd64 and arm64)."""
+    root = MANIFESTS.parent
+    defaults = set()
+    for dockerfile in (root / "Dockerfile", root / "sim" / "Dockerfile"):
+        text = dockerfile.read_text(encoding="utf-8")
+        (default,) = re.findall(r"^ARG BASE=(\S+)$", text, re.MULTILINE)
+        assert re.fullmatch(r"python:3\.11[\w.-]*@sha256:[0-9a-f]{64}", default), default
+        assert re.search(r"^FROM \$\{BASE\}$", text, re.MULTILINE), dockerfile
+        defaults.add(default)
+    assert len(defaults) == 1, defaults
+
+
 def test_the_image_says_its_version_as_its_label_does(images: Images) -> None:
     labels = json.loads(docker("image", "inspect", "-f", "{{json .Config.Labels}}", images.controller).stdout)
     assert labels[VERSION_LABEL] == images.version
