@@ -3,11 +3,13 @@ no registry is reachable here), then the controller container in the cluster's w
 CA and namespace mounted at /var/run/secrets/kubernetes.io/serviceaccount, KUBERNETES_SERVICE_HOST/PORT pointing
 at the API emulator over TLS, a read-only root, user 65532, the base Deployment's args and RBAC — reads the
 simulated fleet, cordons a faulted node and walks it back, and serves /metrics and /readyz; the agent (the same
-image, the DaemonSet's command) publishes a kernel-log XID as a NodeCondition; gpu-sim serves dcgm-exporter's
-series and takes the repair Jobs' commands. Skipped, saying why, where no Docker engine is reachable."""
+image, the DaemonSet's command) publishes a kernel-log XID as a NodeCondition; the drain-window plugin (the same
+image) drains a DrainRequest; gpu-sim serves dcgm-exporter's series and takes the repair Jobs' commands. Skipped,
+saying why, where no Docker engine is reachable."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -276,3 +278,61 @@ def test_the_gpusim_container_serves_the_exporter_and_takes_the_jobs_commands(im
         assert xids("127.0.0.11") == []
         docker(*job, "validate", f"--url={url}", "--node=gpu-node-1")
         assert box.stop() == 0
+
+
+def test_the_drain_window_plugin_container_drains_a_drain_request(images: Images, tmp_path: Path) -> None:
+    """manifests/plugins/drain-window's Deployment (the same image, `plugin drain-window`) in the cluster's way:
+    under its ClusterRole, it evicts the pods a DrainRequest lists and marks it DrainComplete."""
+    from e2e.plugins.remediation import drain_request_crd, install_crd
+    from gpuremediate.actions.custom import condition
+    from gpuremediate.kube import errors
+    from gpuremediate.kube.client import KubeClient
+    from gpuremediate.kube.config import load_config
+    from gpuremediate.kube.resources import NAMESPACES, PODS
+    from sim.kubeapi import KubeAPIServer
+
+    api = KubeAPIServer(tls=True).start()
+    client = KubeClient(load_config(api.write_kubeconfig(str(tmp_path / "admin.kubeconfig"))), qps=100, burst=100)
+    try:
+        for ns in ("gpuremediate-system", "work"):
+            client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        drain_requests = install_crd(client, drain_request_crd(), "nvsentinel.nvidia.com/v1alpha1", "DrainRequest")
+        for name in ("a", "b", "stays"):
+            client.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "work"},
+                                 "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}}, "work")
+        user = "system:serviceaccount:gpuremediate-system:gpuremediate-drain-window"
+        token = new_token(api, user, "gpuremediate-system")
+        api.enforce_rbac(user, _manifest("ClusterRole", "gpuremediate-drain-window", "plugins")["rules"])
+        sa = service_account_dir(tmp_path / "sa", token, api.ca_file, "gpuremediate-system")
+        (spec,) = _manifest("Deployment", "gpuremediate-drain-window", "plugins")["spec"]["template"]["spec"][
+            "containers"]
+        # Open every day, all day (the shipped window is Mon-Fri: the test must not depend on the weekday).
+        args = _with(list(spec["args"]), days="Mon-Sun", hours="00:00-24:00", retry="0.5s", resync="2s")
+        env = {"POD_NAME": "drain-window-image-test", "POD_NAMESPACE": "gpuremediate-system",
+               **in_cluster_env(api.url)}
+        env |= {e["name"]: e["value"] for e in spec["env"] if "value" in e}
+        with container(images.controller, args, options=pod_options(env=env, mounts=[(sa, SA_DIR, True)])) as box:
+            client.create(drain_requests, {
+                "apiVersion": drain_requests.api_version, "kind": "DrainRequest",
+                "metadata": {"name": "drain-n1", "namespace": "gpuremediate-system"},
+                "spec": {"nodeName": "n1", "podsToDrain": {"work": ["a", "b"]}}}, "gpuremediate-system")
+
+            def complete() -> bool:
+                for pod in client.list(PODS, "work")["items"]:  # the kubelet: an evicted pod goes
+                    if pod["metadata"].get("deletionTimestamp"):
+                        with contextlib.suppress(errors.NotFound):
+                            client.delete(PODS, pod["metadata"]["name"], "work", grace_period_seconds=0)
+                done = condition(client.get(drain_requests, "drain-n1", "gpuremediate-system"), "DrainComplete")
+                return done is not None and done["status"] == "True"
+
+            wait_for("DrainComplete=True on the DrainRequest", complete, 60, box)
+            assert {p["metadata"]["name"] for p in client.list(PODS, "work")["items"]} == {"stays"}
+            assert any(u == user and resource == "pods" and sub == "eviction"
+                       for u, _, _, resource, sub, _, _ in list(api.requests))
+            code = box.stop()
+            logs = box.logs()
+        assert code == 0, logs[-3000:]
+        assert "Traceback" not in logs, logs[-3000:]
+    finally:
+        client.close()
+        api.stop()
