@@ -100,6 +100,11 @@ def test_xid48_on_gpu3_moves_only_its_pod_resets_validates_and_returns_it(dra: E
         explained = c.cli("explain", node).stdout
         assert record.isolation.rule in explained and gpu_uuid(node, 3) in explained, explained
         c.wait_metric("gpuremediate_isolated_gpus", 1)
+        # What the claim shows while the validation runs: kube-controller-manager deallocates it once the Job's
+        # pod is done (sim.kube_dra_claims), so it is read now, not after.
+        running = c.wait(lambda: _validation_claim_in_use(c, node), 20, "the validation claim allocated and reserved",
+                         seen=lambda: c.summary(node))
+        assert running is not None
         c.wait_state(node, "healthy", timeout=30)
     assert c.evicted() == {"workloads/w3"}, "only the pod on GPU 3 moved"
     assert all(c.pod_exists(f"w{gpu}") for gpu in range(GPUS) if gpu != 3)
@@ -110,26 +115,46 @@ def test_xid48_on_gpu3_moves_only_its_pod_resets_validates_and_returns_it(dra: E
     assert [gpu_ids(j) for j in resets] == ["3"], "GPU 3 alone is reset"
     [validation] = c.jobs(node, "validate")
     assert gpu_ids(validation) == "3", "GPU 3 alone is validated"
-    assert_took_gpu3_through_its_claim(c, validation)
+    assert_took_gpu3_through_its_claim(c, validation, running)
     assert rules(c) == [], "the rule is removed once GPU 3 is validated"
     assert "GPUIsolated" in c.event_reasons(node) and "GPUReturned" in c.event_reasons(node)
     c.stop_controller()
     assert c.log_problems() == []
 
 
-def assert_took_gpu3_through_its_claim(c: EmulatorCluster, job: dict[str, Any]) -> None:
+def _validation_claim_in_use(c: EmulatorCluster, node: str) -> dict[str, Any] | None:
+    """The validation Job's claim while it is allocated and reserved for the Job's pod, else None."""
+    job = next(iter(c.jobs(node, "validate")), None)
+    claim = None if job is None else _claim(c, job["metadata"]["name"])
+    status = (claim or {}).get("status") or {}
+    return claim if status.get("allocation") and status.get("reservedFor") else None
+
+
+def assert_took_gpu3_through_its_claim(c: EmulatorCluster, job: dict[str, Any], running: dict[str, Any]) -> None:
     """``[isolation] validation = "claim"``: the Job's pod was placed by the scheduler (no nodeName) and took GPU 3
-    through a claim tolerating our taint, owned by the Job."""
+    through a claim tolerating our taint, owned by the Job (``running``: the claim as read while the pod ran). Once
+    the pod is done, kube-controller-manager's resourceclaim controller deallocates the claim and drops the
+    scheduler's finalizer (sim.kube_dra_claims: the real rule)."""
+    name = job["metadata"]["name"]
     pod_spec = job["spec"]["template"]["spec"]
-    assert "nodeName" not in pod_spec and pod_spec["resourceClaims"][0]["resourceClaimName"] == job["metadata"]["name"]
-    claim = c.kube.get(RESOURCE_CLAIMS, job["metadata"]["name"], JOBS_NS)
-    assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["gpu-3"]
-    assert {t["effect"] for t in claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"]} == \
+    assert "nodeName" not in pod_spec and pod_spec["resourceClaims"][0]["resourceClaimName"] == name
+    assert running["metadata"]["name"] == name
+    assert [r["device"] for r in running["status"]["allocation"]["devices"]["results"]] == ["gpu-3"]
+    assert running["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"], "the scheduler's"
+    assert {t["effect"] for t in running["spec"]["devices"]["requests"][0]["exactly"]["tolerations"]} == \
         {"NoSchedule", "NoExecute"}
-    assert claim["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert running["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     [pod] = [p for p in c.kube.list(PODS, JOBS_NS, label_selector=JOB_LABEL)["items"]
-             if p["metadata"]["name"].startswith(job["metadata"]["name"])]
+             if p["metadata"]["name"].startswith(name)]
     assert pod["spec"]["nodeName"] == c.nodes[0] and pod["status"]["phase"] == "Succeeded"
+    assert [r["uid"] for r in running["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+
+    def released() -> bool:
+        claim = _claim(c, name)
+        return claim is None or (not (claim.get("status") or {}).get("allocation")
+                                 and not claim["metadata"].get("finalizers"))
+    c.wait(released, 10, f"the claim {name} deallocated once the Job's pod is done",
+           seen=lambda: (_claim(c, name) or {}).get("status"))
 
 
 def test_a_second_gpu_failing_while_one_is_isolated_goes_node_level(dra: EmulatorCluster) -> None:

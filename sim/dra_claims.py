@@ -1,11 +1,15 @@
 """DRA workloads for tests and scenarios, against any API server (through KubeClient): a DeviceClass for NVIDIA's
 driver, a ResourceClaim for one GPU, a pod bound to a node using it, and the allocation kube-scheduler writes.
 
-``allocate`` writes ``status.allocation`` and ``status.reservedFor`` the way kube-scheduler's DRA plugin does
-(v1.36: the result names request, driver, pool, device and carries a copy of the request's tolerations; the
-allocation's node selector is the node's ``metadata.name``; the pod is reserved by resource, name and uid). The
-emulator has no scheduler-side allocation: a scenario that needs a claim allocated calls this (on a real
-cluster with a scheduler, a pod left unbound gets its claim allocated by the scheduler instead).
+``allocate`` writes what kube-scheduler's DRA plugin writes (v1.36, ``bindClaim`` in
+pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go): first the finalizer
+``resource.kubernetes.io/delete-protection`` in a normal update, then ``status.allocation`` and ``status.reservedFor``
+in one status update (the result names request, driver, pool, device and carries a copy of the request's
+tolerations; the allocation's node selector is the node's ``metadata.name``; the pod is reserved by resource, name
+and uid). The finalizer is what lets kube-controller-manager's resourceclaim controller deallocate the claim once its
+last consumer is gone (sim.kube_dra_claims): written without it, the claim keeps its device for good on a real
+server (issue 43). The emulator places only pods pinned to one node (sim.kube_scheduler): a scenario whose pod is
+bound already (``spec.nodeName``) calls this, as a scheduler would have.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS
+from sim.kube_dra_claims import FINALIZER
 from sim.nodesim_dra import DRIVER
 
 DEVICE_CLASS = "gpu.nvidia.com"  # the class NVIDIA's Helm chart installs
@@ -60,7 +65,11 @@ def allocate(client: KubeClient, claim: dict[str, Any], pod: dict[str, Any], *, 
         results.append(result)
     selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
                                                         "values": [node]}]}]}
-    body = {**claim, "status": {
+    if FINALIZER not in (meta.get("finalizers") or []):  # a write of its own: a status write ignores metadata
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                              "finalizers": [*(meta.get("finalizers") or []), FINALIZER]}}
+        meta = client.patch(RESOURCE_CLAIMS, meta["name"], patch, meta["namespace"])["metadata"]
+    body = {**claim, "metadata": meta, "status": {
         "allocation": {"devices": {"results": results}, "nodeSelector": selector},
         "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]}}
     return client.replace(RESOURCE_CLAIMS, meta["name"], body, meta["namespace"], subresource="status")

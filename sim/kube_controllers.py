@@ -1,6 +1,7 @@
 """What kube-controller-manager would run against the emulator: the Job controller, the owner-reference
 garbage collector, the disruption (PDB status) controller, namespace cleanup, the ClusterRole aggregation
-controller, node lifecycle (sim.kube_nodes) and device-taint eviction (sim.kube_dra_eviction); kube-scheduler's
+controller, node lifecycle (sim.kube_nodes), device-taint eviction (sim.kube_dra_eviction) and the resourceclaim
+controller's deallocation (sim.kube_dra_claims); kube-scheduler's
 placement of pods pinned to one node that wait for ResourceClaims (sim.kube_scheduler); plus the eviction
 subresource, which reads and writes PDB status the way the real registry does.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim import kube_admission as adm
 from sim import kube_errors as errs
+from sim.kube_dra_claims import ClaimController
 from sim.kube_dra_eviction import DeviceTaintEviction
 from sim.kube_events import record_event
 from sim.kube_nodes import NodeLifecycle
@@ -64,6 +66,7 @@ class Controllers:
         self.nodes = NodeLifecycle(store, api)
         self.device_taints = DeviceTaintEviction(store, api)
         self.scheduler = PinnedScheduler(store, api)
+        self.claims = ClaimController(store, api)
         self.store.listeners.append(self._on_event)
 
     def start(self) -> None:
@@ -119,6 +122,7 @@ class Controllers:
                 self.nodes.tick()
                 self.device_taints.tick()
                 self.scheduler.tick()
+                self.claims.tick()
             except errs.ApiError:
                 continue  # a conflict with a concurrent writer: the next event or tick retries
             except Exception:  # a bug in one controller must not stop the others (a real one restarts)
@@ -130,6 +134,7 @@ class Controllers:
         self.nodes.react(event)
         self.device_taints.react(event)
         self.scheduler.react(event)
+        self.claims.react(event)
         if event.key == "/pods":
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Job":

@@ -5,12 +5,14 @@ takes one GPU through a ResourceClaim), bound once their ResourceClaims are allo
 For each such pod (no ``spec.nodeName``, not terminating) every claim it names (``resourceClaimName``) must exist;
 an unallocated one is allocated as the DRA plugin of a GA scheduler would: per request (``exactly``, ExactCount 1)
 a device of that node's ResourceSlices (each pool's newest generation) that the request's CEL selectors accept
-(``device.driver``, ``device.attributes["<domain>"].<name>``), that no other claim holds (one reserved only for
-pods that are gone holds nothing: the claim controller would deallocate it), and whose taints —
-DeviceTaintRules with effect NoSchedule or NoExecute and the slice's own — the request tolerates; the request's
-tolerations are copied into the result (the eviction controller reads them there). Then the claim is reserved for
-the pod and the pod bound (``spec.nodeName``). A pod that cannot be placed stays Pending and is looked at again
-at the next change.
+(``device.driver``, ``device.attributes["<domain>"].<name>``), that no other claim's allocation names (an allocated
+claim holds its devices until ``status.allocation`` is cleared, by the resourceclaim controller once its last
+consumer is gone: sim.kube_dra_claims), and whose taints — DeviceTaintRules with effect NoSchedule or NoExecute and
+the slice's own — the request tolerates; the request's tolerations are copied into the result (the eviction
+controller reads them there). As the DRA plugin's ``bindClaim`` does, the claim first gets the finalizer
+``resource.kubernetes.io/delete-protection`` (a normal update), then its allocation; then it is reserved for the pod
+and the pod bound (``spec.nodeName``). A pod that cannot be placed stays Pending and is looked at again at the next
+change.
 
 Not modelled: every other pod (the emulator binds nothing else: tests and NodeSim set ``spec.nodeName``), DeviceClass
 selectors, allocation modes other than one device, admin access, prioritized lists, node resources and taints.
@@ -22,6 +24,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from sim import kube_cel as cel
+from sim.kube_dra_claims import FINALIZER
 from sim.kube_dra_eviction import rule_matches, tolerates
 from sim.kube_resources import DRA_GROUP
 from sim.kube_store import Obj, WatchEvent
@@ -88,9 +91,8 @@ class PinnedScheduler:
             self.bound += 1
 
     def _allocate(self, claim: Obj, node: str) -> bool:
-        live = {p["metadata"]["uid"] for p in self.store.select("/pods", "")}
         taken = {(r.get("driver"), r.get("pool"), r.get("device")) for c in self._list("resourceclaims")
-                 if _holds(c, live) for r in _results(c)}
+                 for r in _results(c)}
         rules = [r for r in self._list("devicetaintrules")
                  if ((r.get("spec") or {}).get("taint") or {}).get("effect") in BLOCKING_EFFECTS]
         results = []
@@ -109,8 +111,18 @@ class PinnedScheduler:
             results.append(result)
         selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
                                                             "values": [node]}]}]}
+        self._protect(claim)
         self._write_status(claim, {"allocation": {"devices": {"results": results}, "nodeSelector": selector}})
         return True
+
+    def _protect(self, claim: Obj) -> None:
+        """The builtin finalizer, added in a normal update before the allocation is written (``bindClaim``)."""
+        current = self.store.get(self._key("resourceclaims"), _ns(claim), claim["metadata"]["name"])
+        if current is None or FINALIZER in (current["metadata"].get("finalizers") or []):
+            return
+        updated = copy.deepcopy(current)
+        updated["metadata"]["finalizers"] = [*(current["metadata"].get("finalizers") or []), FINALIZER]
+        self.store.update(self.api.type_for(DRA_GROUP, "resourceclaims"), updated, current)
 
     def _reserve(self, name: str, namespace: str, pod: Obj) -> None:
         claim = self.store.get(self._key("resourceclaims"), namespace, name)
@@ -150,13 +162,6 @@ class PinnedScheduler:
             return self.api.type_for(DRA_GROUP, resource).key
         except KeyError:
             return f"{DRA_GROUP}/{resource}"
-
-
-def _holds(claim: Obj, live: set[str]) -> bool:
-    """An allocated claim holds its devices while reserved for a pod that exists, or not reserved yet (the
-    emulator runs no claim controller: a claim whose pods are all gone counts as deallocated, as it would be)."""
-    reserved = (claim.get("status") or {}).get("reservedFor") or []
-    return not reserved or any(r.get("uid") in live for r in reserved)
 
 
 def _pending_pinned(pod: Obj) -> bool:

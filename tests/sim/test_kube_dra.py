@@ -15,7 +15,7 @@ import pytest
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.kube.resources import NAMESPACES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource
+from gpuremediate.kube.resources import NAMESPACES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource
 from sim.kubeapi import KubeAPIServer
 
 RULES = Resource("resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", False)
@@ -266,7 +266,10 @@ def test_a_claim_is_defaulted_as_v136_does(client: KubeClient) -> None:
 
 def test_a_claims_status_follows_the_real_rules(client: KubeClient) -> None:
     created = client.create(RESOURCE_CLAIMS, claim())
-    pod_ref = {"resource": "pods", "name": "p", "uid": "6a0b1f1e-0000-4000-8000-000000000001"}
+    # A pod that exists and may run: the resourceclaim controller drops a reservation for a pod that is gone.
+    pod = client.create(PODS, {"metadata": {"name": "p", "namespace": "dra"},
+                               "spec": {"containers": [{"name": "c", "image": "x"}]}}, "dra")
+    pod_ref = {"resource": "pods", "name": "p", "uid": pod["metadata"]["uid"]}
     reserved_only = {**created, "status": {"reservedFor": [pod_ref]}}
     assert refusal(lambda: client.replace(RESOURCE_CLAIMS, "c", reserved_only, "dra", subresource="status")) == (
         'ResourceClaim.resource.k8s.io "c" is invalid: status.reservedFor: Forbidden: may not be specified when '
