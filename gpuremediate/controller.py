@@ -45,6 +45,8 @@ from gpuremediate.policy.selector import parse_selector
 from gpuremediate.shutdown import Shutdown
 from gpuremediate.signals.alerts import AlertsError, AlertsReader
 from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Source
+from gpuremediate.state import states
+from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, record_from_node
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +178,10 @@ class Controller:
         clock = clock or SteadyClock(on_offset=self.metrics.clock_offset.set)
         self.metrics.dry_run.set(1.0 if settings.dry_run else 0.0)
         self.metrics.shards.set(float(settings.shards))
+        if policy.empty and settings.policy_path:
+            log.warning("the policy file sets nothing (empty or only comments): the built-in defaults apply",
+                        extra={"policy": policy.source})
+        self.metrics.policy_empty.set(1.0 if policy.empty and settings.policy_path else 0.0)
         self.client = client or KubeClient(load_config(settings.kubeconfig, settings.context),
                                            qps=settings.qps, burst=settings.burst)
         self.informer = Informer(self.client, NODES)
@@ -214,6 +220,7 @@ class Controller:
         self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new))
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
         self.acting = False
+        self._left_mid_flow: set[str] = set()  # nodes told to be out of the selector while in a flow
         self.lost_lease = False
         self.elector: LeaderElector | None = None  # set by run() with --leader-elect
         self._shard_thread: threading.Thread | None = None  # run() with --shards: renews the shard Leases
@@ -221,11 +228,33 @@ class Controller:
         self._shutdown = Shutdown()
 
     def _on_node(self, node: dict[str, Any]) -> None:
-        if self.acting and self.ctx.nodes.node_filter(node):
-            for loop in self.node_loops:
-                loop.on_node(node)
-            if self.maintenance is not None:
-                self.maintenance.on_node(node)
+        if not self.acting:
+            return
+        if not self.ctx.nodes.node_filter(node):
+            self._note_left_mid_flow(node)
+            return
+        self._left_mid_flow.discard(name_of(node))
+        for loop in self.node_loops:
+            loop.on_node(node)
+        if self.maintenance is not None:
+            self.maintenance.on_node(node)
+
+    def _note_left_mid_flow(self, node: Mapping[str, Any]) -> None:
+        """A node relabelled out of --gpu-node-selector while its record says it is in a flow is no longer acted
+        on (it stays as it is: cordoned, draining...): said once, by a warning and an Event, not left silent."""
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        name = name_of(node)
+        if RECORD_ANNOTATION not in annotations or name in self._left_mid_flow or not self.ctx.owns(name):
+            return
+        record = record_from_node(node)
+        if not isinstance(record, NodeRecord) or record.state == states.HEALTHY:
+            return
+        self._left_mid_flow.add(name)
+        message = (f"no longer matches --gpu-node-selector ({self.settings.gpu_node_selector or 'a GPU resource'}) "
+                   f"while {record.state}: gpuremediate leaves it as it is until it matches again or a person "
+                   f"releases it (gpuremediate release {name})")
+        log.warning("node left the GPU node selector mid-flow", extra={"node": name, "state": record.state})
+        self.ctx.events.node_event(name, "GPUNodeNotSelected", message, WARNING)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 

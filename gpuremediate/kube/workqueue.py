@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -130,9 +131,40 @@ class WorkQueue:
 
 Reconcile = Callable[[str], "float | None"]
 
+REPEAT_WINDOW_S = 60.0  # a failure with the same cause is logged once per this window, with how often it came
+
+
+class FailureLog:
+    """Reconcile failures said once per cause (worker and error text), not once per retry: a Jobs namespace deleted
+    under the controller fails every node's step with the same 404 until it is back (36 lines in 15 s for one
+    node before). A cause repeated past ``REPEAT_WINDOW_S`` is said again with its count and keys meanwhile."""
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], tuple[float, int, set[str]]] = {}  # cause -> (told at, count, keys)
+
+    def failed(self, what: str, key: str, error: str) -> None:
+        cause, now = (what, error), self.clock()
+        with self._lock:
+            told, count, keys = self._seen.get(cause, (-math.inf, 0, set()))
+            if now - told < self.window_s:
+                keys.add(key)
+                self._seen[cause] = (told, count + 1, keys)
+                return
+            self._seen = {c: v for c, v in self._seen.items() if now - v[0] < self.window_s}
+            self._seen[cause] = (now, 0, set())
+        extra: dict[str, object] = {"worker": what, "key": key, "error": error}
+        if count:
+            extra.update(repeated=count, keys=len(keys))
+        log.warning("reconcile failed; retrying", extra=extra)
+
+
 
 def process_next(queue: WorkQueue, key: Hashable, reconcile: Reconcile, *, what: str,
-                 on_api_error: Callable[[errors.KubeError], None] | None = None) -> None:
+                 on_api_error: Callable[[errors.KubeError], None] | None = None,
+                 failures: FailureLog | None = None) -> None:
     """Run ``reconcile(key)`` the controller way: on success forget the key's backoff and requeue it after
     the seconds returned (None: not at all); on an API or transport error (or a crash) log it and requeue
     with per-key backoff. Nothing a reconcile raises stops the worker."""
@@ -141,7 +173,7 @@ def process_next(queue: WorkQueue, key: Hashable, reconcile: Reconcile, *, what:
     except (errors.ApiError, errors.TransportError) as exc:
         if on_api_error is not None:
             on_api_error(exc)
-        log.warning("reconcile failed; retrying", extra={"worker": what, "key": str(key), "error": str(exc)})
+        (failures or FailureLog()).failed(what, str(key), str(exc))
         queue.add_rate_limited(key)
     except Exception:
         log.exception("reconcile crashed; retrying", extra={"worker": what, "key": str(key)})
@@ -167,6 +199,7 @@ def run_worker(
     """A worker thread's loop: every ``resync_s`` call ``resync`` (which re-queues what may need a step;
     its errors are logged), hand each queued key to ``process_next``; until ``stop`` or queue shutdown."""
     next_resync = 0.0
+    failures = FailureLog()  # this worker's: said once per cause
     while not stop.is_set():
         if resync is not None and time.monotonic() >= next_resync:
             try:
@@ -180,4 +213,4 @@ def run_worker(
             if queue.shutting_down:
                 return
             continue
-        process_next(queue, key, reconcile, what=what, on_api_error=on_api_error)
+        process_next(queue, key, reconcile, what=what, on_api_error=on_api_error, failures=failures)

@@ -50,6 +50,10 @@ class ControllerMetrics:
             PREFIX + "degradation_gpus", "GPUs the [degradation] detector finds now, by finding kind.", ["kind"]
         )
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
+        self.policy_empty = Gauge(
+            PREFIX + "policy_file_empty", "1 when the policy file (--policy) sets nothing (empty or only comments): "
+            "the built-in defaults apply."
+        )
         self.paused = Gauge(PREFIX + "paused", "1 while new work is paused (`gpuremediate pause` or the annotation).")
         self.domains_tripped = Gauge(
             PREFIX + "domain_breaker_open", "Failure domains (label values) whose breaker is open: no new work there."
@@ -151,6 +155,7 @@ class ControllerMetrics:
             self.trend_requests,
             self.circuit_breaker_open,
             self.paused,
+            self.policy_empty,
             self.domains_tripped,
             self.domain_nodes_out,
             self.domain_action_trays,

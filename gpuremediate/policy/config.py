@@ -271,6 +271,9 @@ class PolicyFile:
     groups: tuple[NodeGroup, ...] = ()
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     source: str = "<defaults>"
+    # The file set nothing (empty, or only comments): every value is the built-in default. Said at start, since a
+    # file that rendered empty (a values typo, a ConfigMap key emptied) reads the same as a deliberate one.
+    empty: bool = False
 
     def group_for(self, labels: Mapping[str, str]) -> NodeGroup | None:
         return next((group for group in self.groups if group.selector.matches(labels)), None)
@@ -291,7 +294,8 @@ class PolicyFile:
         """Hook: raise naming the first key path whose custom action is not in ``known``."""
         for path, name in self.custom_action_refs():
             if name not in known:
-                raise PolicyError(f"{path}: custom action {_show(name)} is not defined (no [actions.{name}])")
+                raise PolicyError(f"{path}: custom action {_show(name)} is not defined (no [actions.<that name>] "
+                                  f"table)")
 
 
 # --- the generic walker ----------------------------------------------------------------------------
@@ -341,14 +345,14 @@ def parse_policy(data: Mapping[str, Any], source: str = "<data>") -> PolicyFile:
     for key in data:
         if key not in policy_keys | cluster_keys | {"groups"}:
             known = ", ".join(sorted(policy_keys | cluster_keys | {"groups"}))
-            raise PolicyError(f"{key}: unknown key (known: {known})")
+            raise PolicyError(f"{_join('', key)}: unknown key (known: {known})")
     defaults = merge_section(Policy(), {k: v for k, v in data.items() if k in policy_keys}, "")
     cluster = merge_section(ClusterSettings(), {k: v for k, v in data.items() if k in cluster_keys}, "")
     raw_groups = data.get("groups", [])
     if not isinstance(raw_groups, list):
         raise PolicyError(f"groups: expected an array of tables ([[groups]]), got {_show(raw_groups)}")
     groups = tuple(_parse_group(index, raw, defaults) for index, raw in enumerate(raw_groups))
-    return PolicyFile(defaults=defaults, groups=groups, cluster=cluster, source=source)
+    return PolicyFile(defaults=defaults, groups=groups, cluster=cluster, source=source, empty=not data)
 
 
 def loads_policy(text: str, source: str = "<string>") -> PolicyFile:

@@ -94,7 +94,7 @@ def parse_namespace_modes(raw: Any, path: str, current: Mapping[str, str]) -> Ma
         raise PolicyError(f"{path}: expected a table of namespace = mode, got {_show(raw)}")
     merged = dict(current)
     for namespace, mode in raw.items():
-        sub = f"{path}.{namespace}"
+        sub = _join(path, namespace)
         dns_label(namespace, sub)
         if not isinstance(mode, str):
             raise PolicyError(f"{sub}: expected a drain mode string, got {_show(mode)}")

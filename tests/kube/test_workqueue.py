@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gpuremediate.kube.workqueue import WorkQueue
+from gpuremediate.kube.workqueue import FailureLog, WorkQueue
 
 
 def test_duplicate_keys_are_queued_once() -> None:
@@ -141,3 +141,22 @@ def test_run_worker_resyncs_processes_and_survives_a_failing_resync() -> None:
     assert not worker.is_alive(), "the worker did not stop"
     assert len(resyncs) >= 3, "resync is called again after it failed"
     assert "k" in done
+
+
+def test_a_failure_is_said_once_per_cause_and_again_with_its_count(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 41: a Jobs namespace deleted under the controller failed each retry with the same 404, one warning
+    line each (36 in 15 s for one node). One line per cause and window; the next window's line says how often and on
+    how many keys it came meanwhile; another cause is said at once."""
+    now = [0.0]
+    failures = FailureLog(window_s=60.0, clock=lambda: now[0])
+    gone = '404 NotFound: namespaces "gpuremediate-jobs" not found'
+    with caplog.at_level("WARNING", logger="gpuremediate.kube.workqueue"):
+        for second in range(30):
+            now[0] = float(second)
+            failures.failed("remediate", f"gpu-node-{second % 3}", gone)
+        failures.failed("remediate", "gpu-node-1", "500 InternalError: etcd leader changed")
+        now[0] = 61.0
+        failures.failed("remediate", "gpu-node-1", gone)
+    lines = [r for r in caplog.records if r.getMessage() == "reconcile failed; retrying"]
+    assert [r.error for r in lines] == [gone, "500 InternalError: etcd leader changed", gone]  # type: ignore[attr-defined]
+    assert lines[2].repeated == 29 and lines[2].keys == 3  # type: ignore[attr-defined]

@@ -5,10 +5,11 @@ keys whose values have parsers of their own."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from gpuremediate.policy.config import PolicyError, loads_policy
+from gpuremediate.policy.config import PolicyError, load_policy, loads_policy
 from gpuremediate.policy.schema import EXCERPT_CHARS
 from tests.policy.test_policy_fuzz import LEAVES, _document
 
@@ -84,3 +85,25 @@ def test_a_long_unknown_key_is_named_by_a_cut_excerpt() -> None:
     message = _error(f"[thermal]\n{key} = 1\n")
     assert message is not None and len(message) <= MAX_MESSAGE and message.startswith("thermal.kkk"), message[:200]
     assert "unknown key" in message and f"({BIG} bytes)" in message
+
+
+@pytest.mark.parametrize(("document", "start"), [
+    ("{k} = 1\n", "kkk"),  # a top-level key (issue 41: the earlier fix cut only keys inside a section)
+    ('[drain.namespace_modes]\n{k} = "Immediate"\n', "drain.namespace_modes.kkk"),  # a namespace of the file's own
+])
+def test_a_long_key_of_the_file_is_named_by_a_cut_excerpt(document: str, start: str) -> None:
+    message = _error(document.replace("{k}", "k" * BIG))
+    assert message is not None and len(message) <= MAX_MESSAGE and message.startswith(start), message[:200]
+    assert f"({BIG} bytes)" in message
+
+
+def test_an_undefined_custom_action_is_named_by_a_cut_excerpt(tmp_path: Path) -> None:
+    """The check that every custom action named is defined (``load_policy``) named it twice, once in full."""
+    name = "a" * BIG
+    path = tmp_path / "policy.toml"
+    path.write_text(f'[xid.overrides]\n"79" = "{name}"\n', encoding="utf-8")
+    with pytest.raises(PolicyError) as raised:
+        load_policy(path)
+    message = str(raised.value)
+    assert len(message) <= MAX_MESSAGE and message.startswith("xid.overrides.79"), message[:200]
+    assert "is not defined" in message and f"({BIG} bytes)" in message
