@@ -115,6 +115,15 @@ def test_a_build_whose_version_argument_disagrees_with_the_package_stops(images:
     docker("image", "prune", "-f", "--filter", f"label={VERSION_LABEL}={wrong}", check=False)
     assert done.returncode != 0
     assert f"gpuremediate.__version__ is '{images.version}'" in done.stdout + done.stderr
+    # Left out (e2e/kind/run.sh's plain `docker build`), the image builds and claims no version.
+    root = MANIFESTS.parent
+    unversioned = docker("build", "-q", "--build-arg", f"BASE={images.base}", "-f", str(root / "Dockerfile"),
+                         str(root), timeout=600).stdout.strip().splitlines()[-1]
+    try:
+        label = docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{VERSION_LABEL}"}}}}', unversioned)
+        assert label.stdout.strip() == ""
+    finally:
+        docker("rmi", unversioned, check=False)
 
 
 @pytest.fixture
