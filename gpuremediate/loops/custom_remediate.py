@@ -130,12 +130,25 @@ class CustomRemediation:
 
     def step(self, node: Node, record: NodeRecord, name: str) -> StepResult:
         action = self._for_rung(self.actions.get(name))
-        if action is None:
-            return Failed(f"no [actions.{name}] is configured", max_attempts=1)
         current = record.action
+        if action is None:
+            return self._removed(name, current)
         if current is None or not current.name:
             return self._start(node, record, name, action, current.attempt if current else 1)
         return self._progress(node, record, name, action, current)
+
+    def _removed(self, name: str, current: ActionInProgress | None) -> StepResult:
+        """The action is not in the policy (never was, or a new policy dropped it mid-flow). An attempt of it in
+        flight is ended: its resource of ours is deleted (nothing follows it any more, and left behind its plugin
+        could still act on a node that moved on), then the attempt fails like any other."""
+        ref = Ref.decode(current.detail) if current is not None and current.name else None
+        if current is None or ref is None or self.api.dry_run:
+            return Failed(f"no [actions.{name}] is configured", max_attempts=1)
+        self.api.delete(ref, current.name)
+        log.warning("custom action removed from the policy mid-flow; its resource deleted",
+                    extra={"action": name, "resource": f"{ref.kind} {current.name}"})
+        return Failed(f"[actions.{name}] was removed from the policy while {ref.kind} {current.name} was in flight: "
+                      f"that resource was deleted", max_attempts=1)
 
     def _for_rung(self, action: CustomAction | None) -> CustomAction | None:
         """The action with the rung's attempts and timeout where the rung sets them."""

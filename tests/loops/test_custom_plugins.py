@@ -306,3 +306,23 @@ def test_a_person_deleting_the_drain_request_ends_that_drain_it_is_not_created_a
     time.sleep(0.5)
     creates = [r for r in world.srv.requests if r[1] == "create" and r[3] == "drainrequests"]
     assert len(creates) == 1 and _requests(kube, res) == [], "the person's delete was undone"
+
+
+def test_a_new_policy_without_the_custom_action_in_flight_ends_its_resource(world: World) -> None:
+    """Issue 41: restarted with a valid policy that no longer has [actions.rma] while an rma resource was in
+    flight, the controller quarantined the node and left the resource behind for its plugin to act on. The attempt
+    is ended: its resource deleted, the failure said."""
+    kube = world.kube
+    res = install_crd(kube, remediation_crd(), API_VERSION, KIND)
+    world.start(REMEDIATION_POLICY, xid=48)
+    wait_for(lambda: (a := _action(kube)) is not None and a.kind == "rma" and a.created, 20,
+             f"the rma resource created and recorded (state {_state(kube)})")
+    first = _action(kube)
+    assert first is not None
+    world.controllers.pop().stop()
+    world.start(BASE_POLICY, xid=48)  # valid on its own: XID 48 back to its built-in action, no [actions.rma]
+    wait_for(lambda: first.name not in {r["metadata"]["name"] for r in _requests(kube, res)}, 10,
+             "the in-flight rma resource deleted")
+    wait_for(lambda: [e for e in _events(kube, "GPURemediationFailed")
+                      if "removed from the policy" in e["message"] and first.name in e["message"]], 10,
+             "a GPURemediationFailed Event saying why")
