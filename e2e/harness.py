@@ -85,7 +85,6 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
-from gpuremediate.kube.handover import SHARD_LEASE_PREFIX
 from gpuremediate.kube.resources import (
     CONFIGMAPS,
     CRDS,
@@ -109,6 +108,7 @@ from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
 from sim.waiting import wait_for
 
 if TYPE_CHECKING:
+    from e2e.ledger import Ledger, Made
     from e2e.proxy import RecordingProxy
 
 T = TypeVar("T")
@@ -787,6 +787,7 @@ GPUSIM_URL = f"http://gpu-sim.gpu-operator.svc:{GPUSIM_PORT}"
 RECORD_ANNOTATION = "gpuremediate.io/record"
 EXCLUDE_LABEL = "gpuremediate.io/exclude"
 CLUSTER_TAINT_PREFIXES = ("node.kubernetes.io/", "node-role.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+NODE_LEASE_NS = "kube-node-lease"  # the kubelets' (NodeSim's) Leases, one per node
 ADDED_NODE_LABEL = "e2e.gpuremediate.io/added"  # a node a scenario added (Cluster.add_node): deleted after it
 # What scenarios create that a real cluster keeps from one scenario to the next (CRDs may be absent).
 SCENARIO_RESOURCES = (
@@ -1022,40 +1023,44 @@ class KubeconfigCluster(Cluster):
 # ---- a bare control plane through a kubeconfig ---------------------------------------------------
 
 CRD_DIR = ROOT / "manifests" / "crds"
-LEADER_LEASE = "gpuremediate"  # --lease-name's default, in the controller's namespace
 
 
 def clean_world(kube: KubeClient, nodes: list[str]) -> None:
-    """What a scenario leaves on an API server that outlives it: workload pods, PDBs, Jobs and their pods
-    (pods deleted with grace 0: no kubelet may be there to finish a graceful deletion), scenario custom
-    resources (finalizers removed: no controller runs to remove them), the breaker's state, the shards'
-    budget claims, a webhook scenario's Secret, the controller's Events, a simulated GPU Operator's
-    DaemonSets and pods, the nodes a scenario added, and the records, state labels, exclusions, claims,
-    operand-label records, cordons and taints on the nodes (the node simulator's next registration of a
-    node resets its status and GPU labels: sim.nodesim.NodeSim.add_node)."""
+    """What a scenario or its controller leaves on an API server that outlives it, found by what marks it (not
+    by name): workload pods and PDBs (pods deleted with grace 0: no kubelet may be there to finish a graceful
+    deletion); the controller's Jobs and their pods (label ``gpuremediate.io/job``), its ResourceClaims,
+    DeviceTaintRules and custom resources (label ``app.kubernetes.io/managed-by=gpuremediate``; finalizers
+    removed: no controller runs to remove them), its Events in every namespace (its component), the Leases of its
+    namespace (leader, shards), the breaker's state and the shards' budget claims; every object of the scenario
+    kinds (MaintenanceRequests, DrainRequests...) and a webhook scenario's Secret; a simulated GPU Operator's
+    DaemonSets and pods; the nodes a scenario added (label); and the records, state labels, exclusions, claims,
+    operand-label records, cordons and taints on ``nodes`` (the node simulator's next registration of a node
+    resets its status and GPU labels: sim.nodesim.NodeSim.add_node). What the test process itself made is removed
+    by its record (ApiserverCluster, e2e/ledger.py) where there is one."""
     _delete_all(kube, PODS, WORKLOAD_NS, grace_period_seconds=0)
     _delete_all(kube, PDBS, WORKLOAD_NS)
-    _delete_all(kube, JOBS, JOBS_NS, propagation_policy="Background")
-    _delete_all(kube, PODS, JOBS_NS, grace_period_seconds=0)  # a Job pod holding GPUs blocks the next ones
+    for job in _listed(kube, JOBS, label_selector=JOB_LABEL):
+        _remove(kube, JOBS, job, propagation_policy="Background")
+    for pod in _listed(kube, PODS, label_selector=JOB_LABEL):  # a Job pod holding GPUs blocks the next ones
+        _remove(kube, PODS, pod, grace_period_seconds=0)
+    _delete_all(kube, PODS, JOBS_NS, grace_period_seconds=0)
     for configmap in (BREAKER_CONFIGMAP, BUDGET_CONFIGMAP):  # the breaker's state, the shards' budget claims
         with contextlib.suppress(errors.NotFound):
             kube.delete(CONFIGMAPS, configmap, SYSTEM_NS)
+    # The leader Lease (a SIGKILLed controller's: no 15 s wait to take over) and the shard Leases (a --shards 3
+    # replica's left unheld would count as a third shard in a --shards 2 scenario): every Lease of its namespace.
+    _delete_all(kube, LEASES, SYSTEM_NS)
     with contextlib.suppress(errors.NotFound):  # a webhook scenario's receiver URL
         kube.delete(SECRETS, NOTIFICATIONS_SECRET, SYSTEM_NS)
     for res in SCENARIO_RESOURCES:
         _delete_custom(kube, res)
-    for event in kube.list(EVENTS, "default")["items"]:
+    for event in _listed(kube, EVENTS):  # every namespace: pods and PyTorchJobs in workloads are told too
         if _from_controller(event):
-            with contextlib.suppress(errors.NotFound):
-                kube.delete(EVENTS, event["metadata"]["name"], "default")
+            _remove(kube, EVENTS, event)
     _clean_operands(kube)
     _clean_dra(kube, nodes)
     for added in kube.list(NODES, label_selector=ADDED_NODE_LABEL)["items"]:
-        with contextlib.suppress(errors.NotFound):
-            kube.delete(NODES, added["metadata"]["name"])
-    for extra in _simulated_nodes_beyond(kube, nodes):  # a wider scenario's (48 nodes): they would count as fleet
-        with contextlib.suppress(errors.NotFound):
-            kube.delete(NODES, extra)
+        _remove(kube, NODES, added)
     for node in nodes:
         with contextlib.suppress(errors.NotFound):  # not registered yet: the first scenario on this server
             kube.patch(NODES, node, {
@@ -1066,34 +1071,101 @@ def clean_world(kube: KubeClient, nodes: list[str]) -> None:
             _drop_scenario_taints(kube, node)
 
 
+def _listed(kube: KubeClient, res: Resource, namespace: str | None = None, **options: Any) -> list[dict[str, Any]]:
+    """Every object of ``res`` (in every namespace unless one is named); none where the kind is not served."""
+    try:
+        return list(kube.list(res, namespace, **options)["items"])
+    except errors.NotFound:
+        return []
+
+
+def _remove(kube: KubeClient, res: Resource, obj: Mapping[str, Any], **options: Any) -> None:
+    """Delete ``obj`` (that one: its uid a precondition), its finalizers removed if it has any."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace") if res.namespaced else None
+    with contextlib.suppress(errors.NotFound, errors.Conflict):
+        if meta.get("finalizers"):
+            kube.patch(res, meta["name"], {"metadata": {"finalizers": None}}, namespace)
+        kube.delete(res, meta["name"], namespace, preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
+                    **options)
+
+
 def _clean_dra(kube: KubeClient, nodes: list[str]) -> None:
-    """The workloads' ResourceClaims, the controller's DeviceTaintRules and the simulated nodes' ResourceSlices
-    (a scenario without ``dra=True`` has no DRA driver; one with it publishes them again): none where DRA is not
-    served."""
+    """The workloads' ResourceClaims and the controller's (label), its DeviceTaintRules, and the simulated nodes'
+    ResourceSlices (a scenario without ``dra=True`` has no DRA driver; one with it publishes them again): none
+    where DRA is not served. Claims lose the scheduler's finalizer first (``resource.kubernetes.io/
+    delete-protection``: the resourceclaim controller would drop it only once their pods are gone)."""
+    from gpuremediate.actions.custom import MANAGED_BY, MANAGED_BY_LABEL
     from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
     from gpuremediate.kube.resources import RESOURCE_CLAIMS, RESOURCE_SLICES
     from sim.nodesim_dra import DRIVER
 
-    with contextlib.suppress(errors.NotFound):
-        _delete_all(kube, RESOURCE_CLAIMS, WORKLOAD_NS)
-        for node in nodes:
-            selector = f"spec.nodeName={node},spec.driver={DRIVER}"
-            for item in kube.list(RESOURCE_SLICES, field_selector=selector)["items"]:
-                with contextlib.suppress(errors.NotFound):
-                    kube.delete(RESOURCE_SLICES, item["metadata"]["name"])
+    for claim in [*_listed(kube, RESOURCE_CLAIMS, WORKLOAD_NS),
+                  *_listed(kube, RESOURCE_CLAIMS, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}")]:
+        _remove(kube, RESOURCE_CLAIMS, claim)
+    for node in nodes:
+        for item in _listed(kube, RESOURCE_SLICES, field_selector=f"spec.nodeName={node},spec.driver={DRIVER}"):
+            _remove(kube, RESOURCE_SLICES, item)
     taints = DeviceTaints(kube)
     with contextlib.suppress(DeviceTaintsNotServed):
         for rule in taints.owned():
             taints.release_rule(rule.name)
 
 
-def _simulated_nodes_beyond(kube: KubeClient, nodes: list[str]) -> list[str]:
-    """The simulated cluster's nodes (``sim.cluster.node_name``'s names) a scenario of ``nodes`` does not have."""
-    from sim.cluster import node_name
+def remove_made(kube: KubeClient, ledger: Ledger, keep: Callable[[Made], bool]) -> list[str]:
+    """Delete what the ledger says the test process made, newest first, except what ``keep`` keeps (finalizers
+    removed, pods with grace 0, each guarded by its uid: an object made again since under that name stays); the
+    ledger forgets what it deleted. Then pods bound to a node that no longer exists go too (a DaemonSet
+    controller's on a deleted node). What could not be deleted, for the caller to report."""
+    gone: list[Made] = []
+    failed: list[str] = []
+    for made in reversed(ledger.made()):
+        if keep(made):
+            continue
+        res, namespace = made.resource, made.namespace or None
+        options: dict[str, Any] = {"grace_period_seconds": 0} if made.plural == "pods" else \
+            {"propagation_policy": "Background"}
+        try:
+            current = kube.get(res, made.name, namespace)
+            if (current.get("metadata") or {}).get("uid") == made.uid:
+                _remove(kube, res, current, **options)
+        except errors.NotFound:
+            pass
+        except errors.KubeError as exc:
+            failed.append(f"{made}: {exc}")
+            continue
+        gone.append(made)
+    ledger.forget(gone)
+    names = {str(n["metadata"]["name"]) for n in kube.list(NODES)["items"]}
+    for pod in _listed(kube, PODS):
+        if (pod.get("spec") or {}).get("nodeName") and pod["spec"]["nodeName"] not in names:
+            _remove(kube, PODS, pod, grace_period_seconds=0)
+    return failed
 
-    prefix, ours = node_name(0).removesuffix("0"), set(nodes)
-    names = [str(n["metadata"]["name"]) for n in kube.list(NODES)["items"]]
-    return [n for n in names if n not in ours and n.startswith(prefix) and n[len(prefix):].isdigit()]
+
+def world_fixture(nodes: list[str]) -> Callable[[Made], bool]:
+    """What the harness keeps on the server between scenarios (``remove_made``'s ``keep``): namespaces, CRDs,
+    ServiceAccounts and DeviceClasses; the exporters' DaemonSet; the nodes ``nodes`` with their Leases and
+    exporter pods (NodeSim registers a kept node again with this cluster's status and labels)."""
+    from sim.cluster import EXPORTER_DAEMONSET, EXPORTER_NAMESPACE
+
+    kept = set(nodes)
+    exporters = {f"{EXPORTER_DAEMONSET}-{node}" for node in nodes}
+
+    def keep(made: Made) -> bool:
+        if made.plural in ("namespaces", "customresourcedefinitions", "serviceaccounts", "deviceclasses"):
+            return True
+        if made.plural == "daemonsets":
+            return (made.namespace, made.name) == (EXPORTER_NAMESPACE, EXPORTER_DAEMONSET)
+        if made.plural == "nodes":
+            return made.name in kept
+        if made.plural == "leases" and made.namespace == NODE_LEASE_NS:
+            return made.name in kept
+        if made.plural == "pods" and made.namespace == EXPORTER_NAMESPACE:
+            return made.name in exporters
+        return False
+
+    return keep
 
 
 def _clean_operands(kube: KubeClient) -> None:
@@ -1177,14 +1249,6 @@ def crd_resource(crd: Mapping[str, Any]) -> Resource:
                     spec.get("scope") == "Namespaced")
 
 
-def _namespace_exists(kube: KubeClient, name: str) -> bool:
-    try:
-        kube.get(NAMESPACES, name)
-    except errors.NotFound:
-        return False
-    return True
-
-
 def _served(kube: KubeClient, res: Resource) -> bool:
     try:
         kube.list(res, limit=1)
@@ -1196,33 +1260,38 @@ def _served(kube: KubeClient, res: Resource) -> bool:
 class ApiserverCluster(EmulatorCluster):
     """GPUREMEDIATE_E2E_TARGET=apiserver: the emulator target's in-process world (NodeSim, gpu-sim, the
     busy writer without the condition taints that kube-controller-manager writes there) and controller
-    subprocess, against the API server at ``kubeconfig``. The server outlives each scenario: ``start``
-    cleans what an earlier one left, and installs the shipped CRDs and ServiceAccounts if absent."""
+    subprocess, against the API server at ``kubeconfig``. The server outlives each scenario, so the world the
+    next one starts from is made by removal: every object the test process creates there is noted in a ledger
+    (e2e/ledger.py; its file outlives a killed run) and ``stop`` deletes it all but the world's fixtures
+    (``world_fixture``: namespaces, CRDs, ServiceAccounts, the exporters' DaemonSet, the default cluster's nodes),
+    then sweeps what the controller made by its labels (``clean_world``), a failed scenario alike; ``start`` does
+    the same for what a killed run left and for the kept nodes this scenario does not have, waits for the
+    namespaces' default ServiceAccounts, and installs the shipped CRDs and ServiceAccounts if absent."""
 
     target = "apiserver"
     slow = 2.0  # a real control plane answers in milliseconds, but its first create after a CRD takes ~2 s
+    KEPT_NODES = 4  # the default cluster's nodes (EmulatorCluster's nodes=4) stay registered between scenarios
 
-    def __init__(self, tmp: Path, kubeconfig: str, **sim_options: Any) -> None:
-        super().__init__(tmp, kubeconfig=kubeconfig, **sim_options)
+    def __init__(self, tmp: Path, kubeconfig: str, *, ledger: Path | None = None, **sim_options: Any) -> None:
+        from e2e.ledger import Ledger, ledger_path
+
         self.kubeconfig = kubeconfig
+        self.ledger = Ledger(ledger or ledger_path(load_config(kubeconfig).server))
+        super().__init__(tmp, kubeconfig=kubeconfig, client_class=self.ledger.client_class(), **sim_options)
         self.proxy: RecordingProxy | None = None
         self.proxy_kubeconfig = ""
+        self.leftovers: list[str] = []  # what stop could not delete (an API error), for a failing test to show
+
+    def _admin(self) -> KubeClient:
+        return self.ledger.client_class()(load_config(self.kubeconfig), qps=100, burst=200)
 
     def start(self) -> ApiserverCluster:
         from e2e.proxy import RecordingProxy
         from sim.cluster import install_service_accounts
 
-        admin = KubeClient(load_config(self.kubeconfig), qps=100, burst=200)
+        admin = self._admin()
         try:
-            clean_world(admin, self.nodes)
-            # The leader Lease (a SIGKILLed controller's: no 15 s wait to take over) and the shard Leases (a
-            # --shards 3 replica's left unheld would count as a third shard in a --shards 2 scenario).
-            leases = admin.list(LEASES, SYSTEM_NS)["items"] if _namespace_exists(admin, SYSTEM_NS) else []
-            for lease in leases:
-                name = lease["metadata"]["name"]
-                if name == LEADER_LEASE or name.startswith(SHARD_LEASE_PREFIX):
-                    with contextlib.suppress(errors.NotFound):
-                        admin.delete(LEASES, name, SYSTEM_NS)
+            self._clean(admin, self.nodes)
             self._install_crds(admin)
             for ns in (SYSTEM_NS, JOBS_NS):
                 with contextlib.suppress(errors.AlreadyExists):
@@ -1230,11 +1299,16 @@ class ApiserverCluster(EmulatorCluster):
             install_service_accounts(admin)
         finally:
             admin.close()
-        super().start()
+        super().start()  # SimCluster waits for each namespace's default ServiceAccount before its first pod
         # The controller talks to the server through a recording proxy: the audit of its requests.
         self.proxy = RecordingProxy(load_config(self.kubeconfig)).start()
         self.proxy_kubeconfig = str(self.proxy.write_kubeconfig(self.tmp / "proxy.kubeconfig"))
         return self
+
+    def _clean(self, admin: KubeClient, nodes: list[str]) -> None:
+        """What the test process made (but the fixtures and ``nodes``), then what the controller made."""
+        self.leftovers = remove_made(admin, self.ledger, world_fixture(nodes))
+        clean_world(admin, nodes)
 
     def controller_args(self) -> list[str]:
         args = super().controller_args()
@@ -1254,15 +1328,19 @@ class ApiserverCluster(EmulatorCluster):
             self.wait(functools.partial(_served, admin, res), 10, f"the {res.kind} CRD served")
 
     def stop(self) -> None:
-        super().stop()
-        if self.proxy is not None:
-            self.proxy.stop()
-        if self.added_nodes:  # the server outlives the scenario: so would they, unrenewed
-            admin = KubeClient(load_config(self.kubeconfig))
+        """The scenario's world removed (passed or failed): all it made but the fixtures, and the default nodes
+        reset."""
+        from sim.cluster import node_name
+
+        try:
+            super().stop()
+        finally:
+            if self.proxy is not None:
+                self.proxy.stop()
+            kept = [node_name(i) for i in range(1, self.KEPT_NODES + 1)]
+            admin = self._admin()
             try:
-                for name in self.added_nodes:
-                    with contextlib.suppress(errors.NotFound):
-                        admin.delete(NODES, name)
+                self._clean(admin, [n for n in self.nodes if n in kept])
             finally:
                 admin.close()
 

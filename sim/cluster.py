@@ -181,13 +181,16 @@ class SimCluster:
         dra: bool = False,
         nvl72: tuple[int, ...] = (),
         device_plugin: str = "",
+        client_class: type[KubeClient] = KubeClient,
     ) -> None:
         """``tls``: the emulator serves https (a self-signed certificate; ``api.write_kubeconfig(path,
         embed_ca=True)`` writes a kubeconfig kubectl accepts with its bearer token). ``dra``: NodeSim publishes
         each node's ResourceSlice as NVIDIA's DRA driver does (sim.nodesim_dra) and the DeviceClass exists.
         ``device_plugin``: "" (allocatable stays as set), ``health`` (NVIDIA's device plugin takes a GPU with a
         critical XID out of allocatable nvidia.com/gpu until it is reset: sim.device_plugin) or ``blind`` (it
-        never does)."""
+        never does). ``client_class``: the client every part of the simulated cluster talks to the server with (the
+        e2e harness's notes each create: e2e/ledger.py)."""
+        self.client_class = client_class
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         # NVL72 racks (issue 28): trays per rack (18 a full one; 1 a single-tray domain), after the other nodes
         self.racks = {f"rack-{r}": [f"rack-{r}-tray-{t}" for t in range(1, trays + 1)]
@@ -226,12 +229,14 @@ class SimCluster:
         if self.api is not None:
             self.api.start()
             self.api.write_kubeconfig(self.kubeconfig)
-        self.client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
+        self.client = self.client_class(load_config(self.kubeconfig), qps=500, burst=1000)
         for i, name in enumerate(self.node_names):
             self._add_sim_node(name, f"127.0.0.{self.ip_base + i}")
         self.gpusim.start()
         for ns in NAMESPACES_NEEDED:
             self._ensure_namespace(ns)
+        for ns in NAMESPACES_NEEDED:
+            self._wait_for_default_service_account(ns)
         install_service_accounts(self.kube)  # as applied from manifests/base: Job pods need theirs
         # The exporter pods' owner exists: the garbage collector deletes pods whose owner does not.
         self._exporter_owner = self._exporter_daemonset()
@@ -319,13 +324,13 @@ class SimCluster:
         """A client authenticated as ``user`` (cluster-admin): a background component of its own. On
         someone else's API server, a client of the kubeconfig's own user."""
         if self.api is None:
-            client = KubeClient(load_config(self.kubeconfig), qps=500, burst=1000)
+            client = self.client_class(load_config(self.kubeconfig), qps=500, burst=1000)
             self._background_clients.append(client)
             return client
         token = secrets.token_hex(16)
         self.api.add_token(token, user, ("system:masters", "system:authenticated"))
         path = self.api.write_kubeconfig(Path(self._dir.name) / f"kubeconfig-{user.rsplit(':', 1)[-1]}", token)
-        client = KubeClient(load_config(path), qps=500, burst=1000)
+        client = self.client_class(load_config(path), qps=500, burst=1000)
         self._background_clients.append(client)
         return client
 
@@ -410,6 +415,21 @@ class SimCluster:
     def _ensure_namespace(self, name: str) -> None:
         with contextlib.suppress(errors.AlreadyExists):
             self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def _wait_for_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
+        """The namespace's ``default`` ServiceAccount exists: until kube-controller-manager's serviceaccount
+        controller makes it, the ServiceAccount admission plugin refuses every pod there ("403 ... serviceaccount
+        "default" not found"; it waits only ~1 s). A fresh control plane's first namespaces race it (issue 43)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.kube.get(SERVICEACCOUNTS, "default", namespace)
+                return
+            except errors.NotFound:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no ServiceAccount {namespace}/default after {timeout:.0f}s: is "
+                                       "kube-controller-manager running (its serviceaccount controller)?") from None
+                time.sleep(0.05)
 
     def _exporter_pod(self, node: str, served: set[str]) -> None:
         name = f"nvidia-dcgm-exporter-{node}"

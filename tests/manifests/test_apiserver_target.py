@@ -12,8 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness import CLAIM_ANNOTATION, EXCLUDE_LABEL, RECORD_ANNOTATION, STATE_LABEL, ApiserverCluster, make_cluster
+from e2e.harness import (
+    CLAIM_ANNOTATION,
+    EXCLUDE_LABEL,
+    JOB_LABEL,
+    RECORD_ANNOTATION,
+    STATE_LABEL,
+    ApiserverCluster,
+    EmulatorCluster,
+    make_cluster,
+)
+from e2e.ledger import LEDGER_ENV
 from e2e.proxy import RecordingProxy
+from gpuremediate.actions.custom import MANAGED_BY, MANAGED_BY_LABEL
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
@@ -27,11 +38,18 @@ from gpuremediate.kube.resources import (
     NODES,
     PDBS,
     PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
     SECRETS,
     SERVICEACCOUNTS,
+    Resource,
 )
+from gpuremediate.state.maintenance import FINALIZER as MAINTENANCE_FINALIZER
 from sim.cluster import DEPLOY_LABEL, STUCK_FINALIZER, daemonset
+from sim.dra_claims import claim_body
+from sim.kube_dra_claims import FINALIZER as CLAIM_FINALIZER
 from sim.kubeapi import KubeAPIServer
+from sim.nodesim_dra import DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,14 +87,14 @@ def _leftovers(kube: KubeClient, node: str) -> None:
 
 def test_a_second_start_on_the_same_server_begins_clean(server: tuple[KubeAPIServer, str], tmp_path: Path) -> None:
     _, kubeconfig = server
-    first = ApiserverCluster(tmp_path / "one", kubeconfig)
+    first = ApiserverCluster(tmp_path / "one", kubeconfig, ledger=tmp_path / "ledger")
     (tmp_path / "one").mkdir()
     first.start()
     node = first.nodes[0]
     _leftovers(first.kube, node)
     first.stop()
 
-    second = ApiserverCluster(tmp_path / "two", kubeconfig)
+    second = ApiserverCluster(tmp_path / "two", kubeconfig, ledger=tmp_path / "ledger")
     (tmp_path / "two").mkdir()
     second.start()
     try:
@@ -111,7 +129,7 @@ def test_a_second_start_resets_what_simulated_hardware_left(server: tuple[KubeAP
     and a node a scenario added: none outlives the scenario on a shared server."""
     _, kubeconfig = server
     (tmp_path / "one").mkdir()
-    first = ApiserverCluster(tmp_path / "one", kubeconfig).start()
+    first = ApiserverCluster(tmp_path / "one", kubeconfig, ledger=tmp_path / "ledger").start()
     node = first.nodes[0]
     kube = first.kube
     first.add_node("gpu-node-99")
@@ -131,7 +149,7 @@ def test_a_second_start_resets_what_simulated_hardware_left(server: tuple[KubeAP
         KubeClient(load_config(kubeconfig)).get(NODES, "gpu-node-99")
 
     (tmp_path / "two").mkdir()
-    second = ApiserverCluster(tmp_path / "two", kubeconfig).start()
+    second = ApiserverCluster(tmp_path / "two", kubeconfig, ledger=tmp_path / "ledger").start()
     try:
         got = second.kube.get(NODES, node)
         assert not [k for k in got["metadata"]["labels"] if k.startswith(DEPLOY_LABEL) or "mig" in k]
@@ -182,7 +200,7 @@ def test_the_recording_proxy_records_the_requests_as_the_emulator_audits_them(
 
 def test_only_the_controllers_events_are_read(server: tuple[KubeAPIServer, str], tmp_path: Path) -> None:
     _, kubeconfig = server
-    cluster = ApiserverCluster(tmp_path, kubeconfig).start()
+    cluster = ApiserverCluster(tmp_path, kubeconfig, ledger=tmp_path / "ledger").start()
     try:
         node = cluster.nodes[0]
         for reason, component in (("RegisteredNode", "node-controller"), ("GPUNodeDraining", "gpuremediate")):
@@ -202,12 +220,146 @@ def test_the_target_needs_a_kubeconfig(monkeypatch: pytest.MonkeyPatch, tmp_path
         make_cluster(tmp_path)
 
 
-def test_two_scenarios_in_a_row_pass_on_it(server: tuple[KubeAPIServer, str]) -> None:
+def test_two_scenarios_in_a_row_pass_on_it(server: tuple[KubeAPIServer, str], tmp_path: Path) -> None:
     _, kubeconfig = server
     env = {**os.environ, "GPUREMEDIATE_E2E_TARGET": "apiserver", "KUBECONFIG": kubeconfig,
-           "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1", LEDGER_ENV: str(tmp_path / "ledger")}
     scenarios = "test_xid79_reboot_validate_healthy or test_validation_failure_quarantined"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "e2e/test_pipeline.py",
                            "-k", scenarios], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout, done.stdout[-2000:]
+
+
+# ---- issue 43: the world a scenario made, of every kind, is gone before the next starts -------------------------
+
+MRS = Resource("gpuremediate.io", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False)
+RULES = Resource("resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", False)
+
+
+def _scenario_world(c: ApiserverCluster, controller: KubeClient) -> None:
+    """What a scenario makes through the harness (``c.kube``: noted in the ledger) and what its controller makes
+    through its own client (not noted: swept by its labels), one of each kind, in more than one namespace."""
+    node = c.nodes[0]
+    kube = c.kube
+    c.workload("w", node)
+    c.pdb("w", {"app": "w"})
+    c.dra_workload("held", node, 3)  # a claim with the scheduler's finalizer, reserved for a running pod
+    kube.create(MRS, {"apiVersion": MRS.api_version, "kind": MRS.kind,
+                      "metadata": {"name": "mr-left", "finalizers": [MAINTENANCE_FINALIZER]},
+                      "spec": {"healthEvent": {"nodeName": node, "recommendedAction": "NONE"}}})
+    kube.create(EVENTS, {"metadata": {"name": "w.scenario", "namespace": "workloads"},
+                         "involvedObject": {"kind": "Pod", "name": "w", "namespace": "workloads"},
+                         "reason": "Scenario", "message": "m", "type": "Normal"}, "workloads")
+    kube.create(SECRETS, {"metadata": {"name": "gpuremediate-notifications", "namespace": "gpuremediate-system"},
+                          "data": {"url": "aHR0cDovL3g="}}, "gpuremediate-system")
+    # The controller's, through a client the ledger does not see:
+    job = controller.create(JOBS, {"metadata": {"name": "gpur-validate-x", "namespace": "gpuremediate-jobs",
+                                                "labels": {JOB_LABEL: "validate"}},
+                                   "spec": {"template": {"metadata": {"labels": {JOB_LABEL: "validate"}}, "spec": {
+                                       "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}},
+                            "gpuremediate-jobs")
+    controller.create(PODS, {"metadata": {"name": "gpur-validate-x-abcde", "namespace": "gpuremediate-jobs",
+                                          "labels": {JOB_LABEL: "validate"}},
+                             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}},
+                      "gpuremediate-jobs")
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "gpur-validate-x", "uid": job["metadata"]["uid"]}
+    claim = claim_body("gpur-validate-x", "gpuremediate-jobs")
+    claim["metadata"] |= {"labels": {MANAGED_BY_LABEL: MANAGED_BY}, "ownerReferences": [owner],
+                          "finalizers": [CLAIM_FINALIZER]}
+    controller.create(RESOURCE_CLAIMS, claim, "gpuremediate-jobs")
+    controller.create(RULES, {"apiVersion": RULES.api_version, "kind": RULES.kind,
+                              "metadata": {"name": "gpuremediate-x", "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+                              "spec": {"deviceSelector": {"driver": DRIVER, "pool": node, "device": "gpu-3"},
+                                       "taint": {"key": "gpuremediate.io/unhealthy", "effect": "NoExecute"}}})
+    for namespace, kind, name in (("workloads", "Pod", "w"), ("default", "Node", node)):
+        controller.create(EVENTS, {"metadata": {"name": f"{name}.gpuremediate", "namespace": namespace},
+                                   "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
+                                   "reason": "GPUFault", "message": "m", "type": "Warning",
+                                   "source": {"component": "gpuremediate"}}, namespace)
+    for lease in ("gpuremediate", "gpuremediate-shard-1"):
+        controller.create(LEASES, {"metadata": {"name": lease, "namespace": "gpuremediate-system"},
+                                   "spec": {"holderIdentity": "killed", "leaseDurationSeconds": 15}},
+                          "gpuremediate-system")
+    controller.create(CONFIGMAPS, {"metadata": {"name": "gpuremediate-breaker", "namespace": "gpuremediate-system"},
+                                   "data": {"state": "open"}}, "gpuremediate-system")
+
+
+def _world_left(kube: KubeClient, trays: list[str]) -> list[str]:
+    """Whatever of ``_scenario_world`` (and the trays) is still on the server."""
+    left = [f"node {n}" for n in trays if kube.list(NODES, field_selector=f"metadata.name={n}")["items"]]
+    left += [f"lease {n}" for n in trays if kube.list(LEASES, "kube-node-lease",
+                                                      field_selector=f"metadata.name={n}")["items"]]
+    for res, namespace in ((PODS, "workloads"), (PDBS, "workloads"), (RESOURCE_CLAIMS, "workloads"),
+                           (JOBS, "gpuremediate-jobs"), (PODS, "gpuremediate-jobs"),
+                           (RESOURCE_CLAIMS, "gpuremediate-jobs"), (LEASES, "gpuremediate-system"),
+                           (MRS, None), (RULES, None)):
+        left += [f"{res.kind} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
+                 for o in kube.list(res, namespace)["items"]]
+    # The scenario's Events and the controller's (the cluster's own, RegisteredNode..., are not the scenario's)
+    left += [f"Event {e['metadata']['namespace']}/{e['metadata']['name']}" for e in kube.list(EVENTS)["items"]
+             if e.get("reason") == "Scenario" or (e.get("source") or {}).get("component") == "gpuremediate"]
+    for res, namespace, name in ((CONFIGMAPS, "gpuremediate-system", "gpuremediate-breaker"),
+                                 (SECRETS, "gpuremediate-system", "gpuremediate-notifications")):
+        left += [f"{res.kind} {name}" for o in kube.list(res, namespace)["items"] if o["metadata"]["name"] == name]
+    left += [f"ResourceSlice of {s['spec']['nodeName']}" for s in kube.list(RESOURCE_SLICES)["items"]]
+    left += [f"pod {p['metadata']['namespace']}/{p['metadata']['name']} on {p['spec']['nodeName']}"
+             for p in kube.list(PODS, "gpu-operator")["items"] if p["spec"].get("nodeName") in trays]
+    return left
+
+
+def test_what_a_scenario_made_of_each_kind_is_gone_when_it_ends_and_at_the_next_start(
+        server: tuple[KubeAPIServer, str], tmp_path: Path) -> None:
+    """An NVL72 scenario's tray nodes (names no pattern knows), its DRA workload's claim (with the scheduler's
+    finalizer), a PDB, a MaintenanceRequest with a finalizer, Events in workloads and default, a Secret, and what
+    its controller made (a Job and its pod, a claim, a DeviceTaintRule, Leases, the breaker): gone once the
+    scenario ends; the next scenario (the default four nodes) starts with its nodes registered and none of it."""
+    _, kubeconfig = server
+    controller = KubeClient(load_config(kubeconfig))
+    (tmp_path / "one").mkdir()
+    first = ApiserverCluster(tmp_path / "one", kubeconfig, ledger=tmp_path / "ledger", nodes=1, nvl72=(3,),
+                             dra=True).start()
+    trays = [n for n in first.nodes if n.startswith("rack-")]
+    assert trays == ["rack-1-tray-1", "rack-1-tray-2", "rack-1-tray-3"]
+    try:
+        _scenario_world(first, controller)
+        assert len(_world_left(controller, trays)) >= 20, _world_left(controller, trays)
+    finally:
+        first.stop()
+    assert first.leftovers == []
+    assert _world_left(controller, trays) == [], "gone when the scenario ended"
+
+    (tmp_path / "two").mkdir()
+    second = ApiserverCluster(tmp_path / "two", kubeconfig, ledger=tmp_path / "ledger").start()
+    try:
+        assert _world_left(second.kube, trays) == []
+        names = sorted(n["metadata"]["name"] for n in second.kube.list(NODES)["items"])
+        assert names == second.nodes == ["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"]
+    finally:
+        second.stop()
+        controller.close()
+
+
+def test_a_run_killed_mid_scenario_is_cleaned_at_the_next_start_from_its_ledger(
+        server: tuple[KubeAPIServer, str], tmp_path: Path) -> None:
+    """A run killed before its scenario's teardown: what it made is in the ledger's file, and the next start
+    (another process: a new ApiserverCluster reading that file) removes it."""
+    _, kubeconfig = server
+    controller = KubeClient(load_config(kubeconfig))
+    (tmp_path / "one").mkdir()
+    killed = ApiserverCluster(tmp_path / "one", kubeconfig, ledger=tmp_path / "ledger", nodes=1, nvl72=(2,),
+                              dra=True).start()
+    trays = [n for n in killed.nodes if n.startswith("rack-")]
+    _scenario_world(killed, controller)
+    EmulatorCluster.stop(killed)  # its threads end; nothing of ApiserverCluster.stop's cleaning runs
+    assert killed.proxy is not None
+    killed.proxy.stop()
+    assert len(_world_left(controller, trays)) >= 20
+
+    (tmp_path / "two").mkdir()
+    second = ApiserverCluster(tmp_path / "two", kubeconfig, ledger=tmp_path / "ledger").start()
+    try:
+        assert _world_left(second.kube, trays) == []
+    finally:
+        second.stop()
+        controller.close()
