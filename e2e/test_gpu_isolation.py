@@ -104,7 +104,6 @@ def test_xid48_on_gpu3_moves_only_its_pod_resets_validates_and_returns_it(dra: E
         # pod is done (sim.kube_dra_claims), so it is read now, not after.
         running = c.wait(lambda: _validation_claim_in_use(c, node), 20, "the validation claim allocated and reserved",
                          seen=lambda: c.summary(node))
-        assert running is not None
         c.wait_state(node, "healthy", timeout=30)
     assert c.evicted() == {"workloads/w3"}, "only the pod on GPU 3 moved"
     assert all(c.pod_exists(f"w{gpu}") for gpu in range(GPUS) if gpu != 3)
@@ -130,7 +129,8 @@ def _validation_claim_in_use(c: EmulatorCluster, node: str) -> dict[str, Any] | 
     return claim if status.get("allocation") and status.get("reservedFor") else None
 
 
-def assert_took_gpu3_through_its_claim(c: EmulatorCluster, job: dict[str, Any], running: dict[str, Any]) -> None:
+def assert_took_gpu3_through_its_claim(c: EmulatorCluster, job: dict[str, Any], running: dict[str, Any] | None
+                                       ) -> None:
     """``[isolation] validation = "claim"``: the Job's pod was placed by the scheduler (no nodeName) and took GPU 3
     through a claim tolerating our taint, owned by the Job (``running``: the claim as read while the pod ran). Once
     the pod is done, kube-controller-manager's resourceclaim controller deallocates the claim and drops the
@@ -138,7 +138,7 @@ def assert_took_gpu3_through_its_claim(c: EmulatorCluster, job: dict[str, Any], 
     name = job["metadata"]["name"]
     pod_spec = job["spec"]["template"]["spec"]
     assert "nodeName" not in pod_spec and pod_spec["resourceClaims"][0]["resourceClaimName"] == name
-    assert running["metadata"]["name"] == name
+    assert running is not None and running["metadata"]["name"] == name
     assert [r["device"] for r in running["status"]["allocation"]["devices"]["results"]] == ["gpu-3"]
     assert running["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"], "the scheduler's"
     assert {t["effect"] for t in running["spec"]["devices"]["requests"][0]["exactly"]["tolerations"]} == \
