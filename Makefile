@@ -50,17 +50,19 @@ lint: $(LINTSTAMP) shellcheck
 	$(VENV)/bin/ruff check gpuremediate sim
 	$(VENV)/bin/mypy gpuremediate
 
-# shellcheck checks e2e/kind/*.sh when it is installed; when it is not, make says so and installs nothing unless
+# shellcheck checks $(SHELL_SCRIPTS) (the kind scripts, CI's) when it is installed; when it is not, make says so and installs nothing unless
 # asked: INSTALL_SHELLCHECK=1 runs Debian's apt-get (as root, or through sudo) and says that it does.
+SHELL_SCRIPTS = e2e/kind/*.sh .ci/run .ci/*.sh
+
 shellcheck:
 	@if command -v shellcheck >/dev/null 2>&1; then \
-	  shellcheck e2e/kind/*.sh; \
+	  shellcheck $(SHELL_SCRIPTS); \
 	elif [ -n "$(INSTALL_SHELLCHECK)" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  echo "make: installing shellcheck: $${SUDO:+sudo }apt-get install -y shellcheck (Debian's package)"; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq shellcheck >/dev/null && shellcheck e2e/kind/*.sh; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq shellcheck >/dev/null && shellcheck $(SHELL_SCRIPTS); \
 	else \
-	  echo "make: shellcheck is not installed: e2e/kind/*.sh were not checked. Install it (Debian: apt-get install -y" \
+	  echo "make: shellcheck is not installed: $(SHELL_SCRIPTS) were not checked. Install it (Debian: apt-get install -y" \
 	    "shellcheck, as root) or run make $(MAKECMDGOALS) INSTALL_SHELLCHECK=1 to have make run apt-get." >&2; \
 	fi
 
