@@ -50,8 +50,9 @@ lint: $(LINTSTAMP) shellcheck
 	$(VENV)/bin/ruff check gpuremediate sim
 	$(VENV)/bin/mypy gpuremediate
 
-# shellcheck checks $(SHELL_SCRIPTS) (the kind scripts, CI's) when it is installed; when it is not, make says so and installs nothing unless
-# asked: INSTALL_SHELLCHECK=1 runs Debian's apt-get (as root, or through sudo) and says that it does.
+# shellcheck checks $(SHELL_SCRIPTS) (the kind scripts and CI's) when it is installed; when it is not, make says
+# so and installs nothing unless asked: INSTALL_SHELLCHECK=1 runs Debian's apt-get (as root, or through sudo) and
+# says that it does.
 SHELL_SCRIPTS = e2e/kind/*.sh .ci/run .ci/*.sh
 
 shellcheck:
