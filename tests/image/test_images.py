@@ -13,6 +13,7 @@ import contextlib
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,15 @@ def _with(args: list[str], **flags: str) -> list[str]:
         flag = "--" + key.replace("_", "-")
         out = [a for a in out if not a.startswith(flag + "=")] + [f"{flag}={value}"]
     return out
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
+def test_the_ci_scripts_pass_shellcheck() -> None:
+    root = MANIFESTS.parent
+    scripts = [str(root / ".ci" / "run"), *sorted(str(p) for p in (root / ".ci").glob("*.sh"))]
+    assert len(scripts) >= 2
+    done = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_release_base_is_one_image_pinned_by_digest() -> None:
