@@ -28,6 +28,21 @@ BY_DEVICE_PLUGIN: dict[str, dict[str, Any]] = {
     "isolation": {"scope": "gpu", "without_dra": "device-plugin", "device_plugin_wait_s": WAIT_S},
     "drain": {"retry_s": 0.3, "timeout_s": 30},
 }
+# A reset Job that runs until the scenario lets it end (``release_reset``): what the scenario looks at while the node
+# is repairing (two CLI subprocesses take seconds on a loaded machine) stays so, instead of racing a 2 s Job.
+HELD_S = 3600.0
+HELD_RESET: dict[str, dict[str, Any]] = {**BY_DEVICE_PLUGIN, "remediation.reset_gpu": {"timeout_s": 600}}
+
+
+def hold_reset(c: EmulatorCluster, node: str) -> None:
+    assert c.sim.nodesim is not None
+    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=HELD_S, kind="reset-gpu")
+
+
+def release_reset(c: EmulatorCluster, node: str) -> None:
+    """The running reset Job ends now (NodeSim reads a Job's outcome at each tick)."""
+    assert c.sim.nodesim is not None
+    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=0.2, kind="reset-gpu")
 
 
 def cluster_with(tmp_path: Path, device_plugin: str) -> Iterator[EmulatorCluster]:
@@ -82,8 +97,8 @@ def gpu_limits(job: dict[str, Any]) -> dict[str, str]:
 def test_xid48_on_gpu3_evicts_only_its_pod_resets_it_and_validates_node_level(plugin: EmulatorCluster) -> None:
     c, node = plugin, plugin.nodes[0]
     assert c.sim.nodesim is not None
-    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=2.0, kind="reset-gpu")  # time to look at it
-    c.start_controller(BY_DEVICE_PLUGIN)
+    hold_reset(c, node)  # repairing until the scenario has looked at it
+    c.start_controller(HELD_RESET)
     with c.invariant(lambda: cordoned_before_validation(c), "schedulable until its validation"):
         c.inject(node, 3, "xid", 48)
         c.wait(lambda: "workloads/w3" in c.evicted(), 20, "the pod on GPU 3 evicted")
@@ -101,6 +116,7 @@ def test_xid48_on_gpu3_evicts_only_its_pod_resets_it_and_validates_node_level(pl
         assert c.evicted() == {"workloads/w3"}, "only the pod on GPU 3 moved"
         assert all(c.pod_exists(f"w{gpu}") for gpu in range(GPUS) if gpu != 3), "the other pods keep running"
         c.workload("newcomer", node)  # the node still takes new pods (the kubelet admits it: 7 GPUs offered)
+        release_reset(c, node)
         c.wait(lambda: c.unschedulable(node), 20, "the node cordoned for its node-level validation")
     rec = c.wait(lambda: c.blocked_record(node, "gpu-pods"), 20, "the validation waiting for the other GPUs' pods",
                  seen=lambda: c.summary(node))
@@ -156,8 +172,8 @@ def test_allocatable_that_never_drops_goes_node_level_and_says_so(blind: Emulato
 def test_a_second_gpu_failing_while_one_is_isolated_goes_node_level(plugin: EmulatorCluster) -> None:
     c, node = plugin, plugin.nodes[0]
     assert c.sim.nodesim is not None
-    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=3.0, kind="reset-gpu")
-    c.start_controller(BY_DEVICE_PLUGIN)
+    hold_reset(c, node)  # GPU 3's reset still runs when GPU 5 fails
+    c.start_controller(HELD_RESET)
     c.inject(node, 3, "xid", 48)
     first = c.wait_state(node, "repairing", timeout=20)
     assert first.isolation is not None and first.isolation.by_device_plugin and first.isolation.at_gpu
@@ -168,7 +184,7 @@ def test_a_second_gpu_failing_while_one_is_isolated_goes_node_level(plugin: Emul
     assert record is not None and record.isolation is not None and record.isolation.scope == SCOPE_NODE
     assert record.fault is not None and set(record.fault.gpus) == {gpu_uuid(node, 3), gpu_uuid(node, 5)}
     c.wait_event(node, "GPUIsolationEscalated")
-    c.sim.nodesim.set_job_outcome(node, succeed=True, duration_s=0.2, kind="reset-gpu")
+    release_reset(c, node)
     c.wait_state(node, "healthy", timeout=40)
     assert not c.unschedulable(node), "uncordoned: the cordon was ours"
     assert "3,5" in [gpu_ids(j) for j in c.jobs(node, "reset-gpu")], "both GPUs reset node-level"
