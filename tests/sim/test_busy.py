@@ -201,7 +201,10 @@ def test_reactions_come_from_its_watch(env: tuple[KubeClient, NodeSim]) -> None:
     try:
         wait_for(lambda: busy._watch is not None and busy._watch.has_synced(), 5, "the busy writer's watch")
         client.patch(NODES, "gpu-1", {"metadata": {"labels": {"gpuremediate.io/state": "draining"}}})
-        wait_for(lambda: "sim.example.com/reacted" in client.get(NODES, "gpu-1")["metadata"]["annotations"],
-                 5, "the busy writer's reaction")
+        wait_for(lambda: "sim.example.com/reacted" in (client.get(NODES, "gpu-1")["metadata"].get("annotations")
+                                                        or {}),
+                 5, "the busy writer's reaction",
+                 seen=lambda: {"reactions": busy.reactions, "writes": busy.writes, "errors": busy.errors,
+                               "annotations": client.get(NODES, "gpu-1")["metadata"].get("annotations")})
     finally:
         busy.stop()
