@@ -33,21 +33,30 @@ def _week(cluster: Cluster) -> list[tuple[str, int, str, float]]:
 
 
 def _rows(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    """`gpuremediate status -o json`, by node."""
+    """`gpuremediate status -o json`'s nodes (docs/output.md), by node; each says whether a dry run ran
+    (``dryRunning``: the fleet's dryRun) beside its own entry."""
     shown = cluster.cli("status", "-o", "json", "--namespace", SYSTEM_NS)
     assert shown.returncode == 0, shown.stderr
-    return {row["node"]: row for row in json.loads(shown.stdout)}
+    status = json.loads(shown.stdout)
+    running = status["fleet"]["dryRun"] is not None
+    return {row["name"]: {**row, "dryRunning": running} for row in status["nodes"]}
+
+
+def _fault_shown(row: dict[str, Any]) -> str:
+    """The fault as the table's FAULT column says it (kind and code), from the row's structured fault."""
+    fault = row["fault"]
+    return f"{fault['kind']} {fault['code'] or ''}".strip() if fault is not None else "-"
 
 
 def _would(row: dict[str, Any]) -> str | None:
     """What a dry-run row says the controller would do about its fault; None while nothing is decided yet, or
     only the drain that comes before a repair (the repair it would then run is the decision)."""
-    state = row["state"]
+    state = row["stateText"]
     if state == "would be quarantined":
         return QUARANTINE
     if state == "would cordon":
         return CORDON
-    action = row["action"].split("#")[0]
+    action = row["action"]["kind"] if row["action"] is not None else "-"
     return action if state.startswith(f"would {action}") and action not in ("-", "drain") else None
 
 
@@ -85,8 +94,8 @@ def test_what_status_showed_in_a_dry_run_is_what_acting_then_does(cluster: Clust
         would = _would(row)
         if would is None:
             return None
-        assert row["dry_run"] is True, row
-        return node, row["fault"], would
+        assert row["dryRunning"] is True, row
+        return node, _fault_shown(row), would
 
     dry = _play(cluster, week, shown)
     n = cluster.nodes
@@ -140,23 +149,25 @@ def test_a_dry_run_shows_the_breaker_it_would_open_and_what_it_would_hold(cluste
     first, second, third, spare = cluster.nodes[:4]
     cluster.start_controller(BREAKER_POLICY, dry_run=True)
     cluster.inject(first, 0, "dbe", 1)
-    cluster.wait(lambda: _rows(cluster)[first]["state"] == "would reset-gpu", 30, f"{first}'s repair shown",
+    cluster.wait(lambda: _rows(cluster)[first]["stateText"] == "would reset-gpu", 30, f"{first}'s repair shown",
                  seen=lambda: _rows(cluster)[first])
     cluster.inject(second, 0, "dbe", 1)
-    cluster.wait(lambda: _rows(cluster)[second]["state"] == "would drain (waiting)", 30,
+    cluster.wait(lambda: _rows(cluster)[second]["stateText"] == "would drain (waiting)", 30,
                  f"{second}'s drain shown waiting for the budget", seen=lambda: _rows(cluster)[second])
     cluster.inject(third, 0, "dbe", 1)
-    cluster.wait(lambda: _rows(cluster)[third]["fault"].endswith("(held)"), 30, f"{third}'s fault shown held",
+    cluster.wait(lambda: (_rows(cluster)[third]["fault"] or {}).get("held") is True, 30, f"{third}'s fault shown held",
                  seen=lambda: _rows(cluster)[third])
 
     status = cluster.cli("status", "--namespace", SYSTEM_NS).stdout.splitlines()
     assert status[0].startswith("DRY RUN: the controller"), status
     assert status[1].startswith("CIRCUIT BREAKER WOULD BE OPEN: 3 of 4 GPU nodes faulted"), status
     rows = _rows(cluster)
-    assert all(row["dry_run"] is True for row in rows.values()), rows
-    assert (rows[second]["state"], rows[second]["holder"]) == ("would drain (waiting)", "circuit breaker"), rows
-    assert rows[second]["blocked"].startswith("breaker: circuit breaker open: 3 of 4"), rows[second]
-    assert (rows[third]["state"], rows[third]["holder"]) == ("would wait (healthy)", "circuit breaker"), rows
+    assert all(row["dryRunning"] is True for row in rows.values()), rows
+    assert all(rows[node]["dryRun"] is True for node in (first, second, third)), rows  # the journal's records
+    assert (rows[second]["stateText"], rows[second]["heldBy"]) == ("would drain (waiting)", "circuit breaker"), rows
+    assert rows[second]["blocked"]["reason"] == "breaker", rows[second]
+    assert rows[second]["blocked"]["detail"].startswith("circuit breaker open: 3 of 4"), rows[second]
+    assert (rows[third]["stateText"], rows[third]["heldBy"]) == ("would wait (healthy)", "circuit breaker"), rows
     assert rows[spare]["state"] == states.HEALTHY
     breaker = cluster.cli("breaker", "status", "--namespace", SYSTEM_NS).stdout
     assert breaker.startswith("circuit breaker (DRY RUN: what it would be): open (3 of 4 GPU nodes faulted"), breaker

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from gpuremediate import __version__, fleet
+from gpuremediate import __version__, fleet, structured
 from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, PAUSE_ANNOTATION, RESET_ANNOTATION, BreakerStore
 from gpuremediate.actions.dry_run_journal import Journal, read_journal
 from gpuremediate.config import (
@@ -33,7 +33,7 @@ from gpuremediate.kube import miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, load_config
 from gpuremediate.kube.errors import Forbidden, KubeError
-from gpuremediate.kube.shards import shard_status_lines
+from gpuremediate.kube.shards import list_shard_leases, shard_status_lines
 from gpuremediate.obs.log import add_log_flags, setup_logging
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.policy.safety import CircuitBreaker, Pause
@@ -97,11 +97,12 @@ def _add_namespace_flag(p: argparse.ArgumentParser) -> None:
                         "gpuremediate-system)")
 
 
-def _add_output_flags(p: argparse.ArgumentParser, what: str) -> None:
+def _add_output_flags(p: argparse.ArgumentParser, what: str, choices: Sequence[str] = OUTPUTS) -> None:
     """``-o table|wide|json|yaml`` and ``--json`` (the same as ``-o json``, kept for scripts)."""
-    p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
-                   help=f"{what}; wide adds the node's GPUs, the record's reason and who holds a wait; json and "
-                        "yaml carry the same fields")
+    wide = "; wide adds the node's GPUs, the record's reason and who holds a wait" if "wide" in choices else ""
+    p.add_argument("-o", "--output", choices=choices, default="table",
+                   help=f"{what}{wide}; json and yaml print one object ({structured.API_VERSION}, its kind and "
+                        "fields in docs/output.md)")
     p.add_argument("--json", dest="output", action="store_const", const="json", default=argparse.SUPPRESS,
                    help="the same as -o json (kept for scripts)")
 
@@ -264,6 +265,7 @@ def build_parser(prog: str = "gpuremediate") -> CliParser:
     _add_kube_flags(breaker)
     breaker.add_argument("action", choices=("status", "reset"),
                          help="status: open or closed, and why; reset: close it (new work starts again)")
+    _add_output_flags(breaker, "table: the breaker in words", choices=("table", "json", "yaml"))
     _add_namespace_flag(breaker)
 
     pause = sub.add_parser("pause", help="start no new work anywhere until `gpuremediate resume`")
@@ -421,7 +423,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
         journal = _dry_run(client, args.namespace)
         rows = fleet.status_rows(client, journal, args.domain_label)
         if args.output in ("json", "yaml"):
-            print(_structured([{**r.as_dict(), "dry_run": journal is not None} for r in rows], args.output), end="")
+            print(_structured(_status_object(client, args.namespace, journal, rows), args.output), end="")
         else:
             lines = ([fleet.dry_run_line(journal)] if journal is not None else []) + \
                 _safety_lines(client, args.namespace, journal)
@@ -483,24 +485,48 @@ def _dry_run(client: KubeClient, namespace: str) -> Journal | None:
 
 def _breaker(client: KubeClient, args: argparse.Namespace) -> int:
     journal = _dry_run(client, args.namespace) if args.action == "status" else None
+    output = getattr(args, "output", "table")
     if journal is not None:  # the dry run's own breaker: what it would have done
         breaker = CircuitBreaker.from_dict(journal.breaker) if journal.breaker else CircuitBreaker()
+        if output in ("json", "yaml"):
+            view = structured.breaker_view(breaker, dry_run=True)
+            print(_structured(structured.frame(structured.KIND_BREAKER_STATUS, {"breaker": view}), output), end="")
+            return 0
         state = "open" if breaker.is_open else "closed"
         print(f"circuit breaker (DRY RUN: what it would be): {state}" +
               (f" ({breaker.reason})" if breaker.is_open else ""))
         for trip in breaker.domains:
             print(f"domain breaker (DRY RUN) open for {trip.label}={trip.value}: {trip.reason}")
+        if breaker.look is not None:
+            print(f"storm look (DRY RUN): {breaker.look.describe(time.time())}")
+            _print_look_nodes(breaker)
         return 0
     store = BreakerStore(client, args.namespace, read_only=args.action == "status")  # status writes nothing
     breaker = store.reset() if args.action == "reset" else store.load()
+    if output in ("json", "yaml"):
+        view = structured.breaker_view(breaker, reset_requested=store.reset_requested)
+        print(_structured(structured.frame(structured.KIND_BREAKER_STATUS, {"breaker": view}), output), end="")
+        return 0
     state = "open" if breaker.is_open else "closed"
     detail = breaker.reason if breaker.is_open else (f"reset by {breaker.reset_by}" if breaker.reset_by else "")
     print(f"circuit breaker: {state}" + (f" ({detail})" if detail else ""))
     for trip in breaker.domains:
         print(f"domain breaker open for {trip.label}={trip.value}: {trip.reason}")
+    if breaker.look is not None:
+        print(f"storm look: {breaker.look.describe(time.time())}")
+        _print_look_nodes(breaker)
     if store.reset_requested is not None:
         print(f"reset requested (annotation {RESET_ANNOTATION}={store.reset_requested}): the controller applies it")
     return 0
+
+
+def _print_look_nodes(breaker: CircuitBreaker, shown: int = 20) -> None:
+    """The faults a look under way holds, by node (the first ``shown``)."""
+    look = breaker.looking
+    if look is None or not look.nodes:
+        return
+    more = f" and {len(look.nodes) - shown} more" if len(look.nodes) > shown else ""
+    print(f"  held: {', '.join(look.nodes[:shown])}{more}")
 
 
 def _pause(client: KubeClient, args: argparse.Namespace) -> int:
@@ -516,6 +542,41 @@ def _pause(client: KubeClient, args: argparse.Namespace) -> int:
     else:
         print("resumed: new work starts again")
     return 0
+
+
+def _status_object(client: KubeClient, namespace: str, journal: Journal | None,
+                   rows: Sequence[fleet.StatusRow]) -> dict[str, Any]:
+    """``status -o json|yaml``: the schema's FleetStatus (gpuremediate/structured.py). What the table's banner
+    says (a dry run, a pause, the breaker, the source, the shards) is in ``fleet``; what cannot be read is
+    null there and said in ``fleet.errors``."""
+    errors: list[str] = []
+    store = BreakerStore(client, namespace, read_only=True)
+    paused = breaker = source = None
+    try:
+        real = store.load()
+    except KubeError as exc:
+        errors.append(f"pause and breaker unknown: ConfigMap {namespace}/{BREAKER_CONFIGMAP} unreadable ({exc})")
+    else:
+        paused, source = structured.pause_view(store.latest_pause()), structured.source_view(store.latest_source())
+        if journal is not None and journal.breaker:
+            breaker = structured.breaker_view(CircuitBreaker.from_dict(journal.breaker), dry_run=True)
+        else:
+            breaker = structured.breaker_view(real, reset_requested=store.reset_requested)
+    shards: list[dict[str, Any]] = []
+    try:
+        leases = list_shard_leases(client, namespace)
+    except Forbidden:
+        leases = []  # as the table: whether the controller is sharded is not this reader's to see
+    except KubeError as exc:
+        leases = []
+        errors.append(f"shards unknown: Leases in {namespace} unreadable ({exc})")
+    now = time.time()
+    for lease in leases:
+        expired = lease.renewed_at is not None and now - lease.renewed_at > lease.duration_s
+        shards.append({"index": lease.index, "holder": lease.holder or None,
+                       "renewedAt": structured.rfc3339(lease.renewed_at), "expired": bool(lease.holder) and expired})
+    return structured.fleet_status([r.as_dict() for r in rows], dry_run=structured.dry_run_view(journal),
+                                   paused=paused, breaker=breaker, source=source, shards=shards, errors=errors)
 
 
 def _safety_lines(client: KubeClient, namespace: str, journal: Journal | None = None) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuremediate import structured
 from gpuremediate.actions.breaker import SOURCE_NEVER_READ, SourceProblem
 from gpuremediate.actions.dry_run_journal import Journal
 from gpuremediate.actions.nodes import (
@@ -53,6 +54,7 @@ from gpuremediate.state.record import (
     record_from_node,
     to_dict,
 )
+from gpuremediate.structured import or_none, rfc3339
 
 
 class FleetError(RuntimeError):
@@ -74,6 +76,8 @@ class StatusRow:
     holder: str = "-"  # who or what holds its wait (holder()): the pauser, the PDB, the nodes filling the budget
     isolated: tuple[str, ...] = ()  # the GPUs (UUIDs) a DeviceTaintRule of ours takes out alone
     domain: str = ""  # its NVLink domain (GPU Feature Discovery's nvidia.com/gpu.clique); "" in none
+    record: NodeRecord | RecordError | None = None  # what the row was said from (None: never acted on)
+    would: bool = False  # the record is the one a running dry run would have written
 
     @property
     def gpus_in_service(self) -> str:
@@ -81,7 +85,40 @@ class StatusRow:
         return f"{max(0, self.gpus - len(self.isolated))}/{self.gpus} GPUs" if self.isolated else ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "isolated": list(self.isolated), "gpus_in_service": self.gpus_in_service}
+        """The row as ``-o json|yaml`` print it: the schema's Node (gpuremediate/structured.py), said from the
+        record rather than from the table's cells (no ``-``, times RFC 3339, an absent value null)."""
+        record = self.record
+        known = record if isinstance(record, NodeRecord) else None
+        fault = None
+        if known is not None and (known.fault or known.held) is not None:
+            f = known.fault or known.held
+            assert f is not None
+            fault = {"kind": f.kind, "code": or_none(f.code), "gpus": list(f.gpus), "action": or_none(f.action),
+                     "message": or_none(f.message), "held": known.fault is None, "firstSeen": rfc3339(f.first_seen),
+                     "lastSeen": rfc3339(f.last_seen)}
+        action = None
+        if known is not None and known.action is not None:
+            a = known.action
+            action = {"kind": a.kind, "attempt": a.attempt, "rung": a.rung, "name": or_none(a.name),
+                      "started": rfc3339(a.started), "deadline": rfc3339(a.deadline), "step": or_none(a.step)}
+        blocked = None
+        if known is not None and known.blocked is not None:
+            b = known.blocked
+            blocked = {"reason": b.reason, "detail": or_none(b.detail), "since": rfc3339(b.since)}
+        watching = [{"gpu": gpu, "hotSince": rfc3339(hot), "cordonAt": rfc3339(known.thermal_hold_ends.get(gpu))}
+                    for gpu, hot in sorted(_hot_since(known).items())] if known is not None else []
+        held_by = holder(known.blocked) if known is not None else "-"
+        return {
+            "name": self.node,
+            "state": "unreadable" if isinstance(record, RecordError) else known.state if known else states.HEALTHY,
+            "stateText": self.state, "dryRun": self.would, "since": rfc3339(self.since),
+            "schedulable": self.schedulable, "excluded": self.excluded, "gpus": self.gpus,
+            "gpusInService": max(0, self.gpus - len(self.isolated)), "isolatedGPUs": list(self.isolated),
+            "domain": or_none(self.domain), "reason": or_none(known.reason) if known else None,
+            "message": or_none(known.message) if known else None, "fault": fault, "watching": watching,
+            "action": action, "blocked": blocked, "heldBy": None if held_by == "-" else held_by,
+            "error": str(record) if isinstance(record, RecordError) else None,
+        }
 
 
 def holder(blocked: Blocked | None) -> str:
@@ -157,14 +194,14 @@ def _row_for(node: Mapping[str, Any], dry_run: Journal | None = None, now: float
     if record is None:
         return StatusRow(name, states.HEALTHY, None, "-", "-", "-", schedulable, excluded, gpus)
     if isinstance(record, RecordError):
-        return StatusRow(name, "unreadable", None, str(record), "-", "-", schedulable, excluded, gpus)
+        return StatusRow(name, "unreadable", None, str(record), "-", "-", schedulable, excluded, gpus, record=record)
     action = "-"
     if record.action:
         a = record.action
         action = f"{a.kind}#{a.attempt}" + (f" {a.name}" if a.name else "")
     blocked = f"{record.blocked.reason}: {record.blocked.detail}" if record.blocked else "-"
     return StatusRow(name, _state_word(record), record.since, _fault_word(record, now), action, blocked, schedulable,
-                     excluded, gpus, record.reason, holder(record.blocked), isolated_gpus(record))
+                     excluded, gpus, record.reason, holder(record.blocked), isolated_gpus(record), record=record)
 
 
 def isolated_gpus(record: NodeRecord) -> tuple[str, ...]:
@@ -199,7 +236,7 @@ def _dry_row(real: StatusRow, record: NodeRecord, now: float) -> StatusRow:
     blocked = f"{record.blocked.reason}: {record.blocked.detail}" if record.blocked else "-"
     return dataclasses.replace(real, state=would(record), since=record.since, fault=_fault_word(record, now),
                                action=action, blocked=blocked, reason=record.reason, holder=holder(record.blocked),
-                               isolated=isolated_gpus(record))
+                               isolated=isolated_gpus(record), record=record, would=True)
 
 
 def status_rows(client: KubeClient, dry_run: Journal | None = None,
@@ -224,6 +261,9 @@ def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None
     if breaker.is_open:
         lines.append(f"CIRCUIT BREAKER OPEN: {breaker.reason} (`gpuremediate breaker reset`)")
     lines += [f"DOMAIN BREAKER OPEN for {t.label}={t.value}: {t.reason}" for t in breaker.domains]
+    look = breaker.looking
+    if look is not None and not breaker.is_open:
+        lines.append(f"STORM LOOK: {look.describe(now)} (`gpuremediate breaker status`)")
     return lines
 
 
@@ -513,6 +553,7 @@ class Explained:
     record: NodeRecord | RecordError | None
     gpus: int = 0
     dry_run: bool = False
+    row: StatusRow | None = None  # the node's line in ``status`` (its Node entry in -o json)
 
     @property
     def state(self) -> str:
@@ -525,11 +566,15 @@ class Explained:
         return holder(self.record.blocked) if isinstance(self.record, NodeRecord) else "-"
 
     def as_dict(self) -> dict[str, Any]:
-        record = self.record
-        return {"node": self.node, "state": self.state, "gpus": self.gpus, "dry_run": self.dry_run,
-                "held_by": self.holder, "record": to_dict(record) if isinstance(record, NodeRecord) else None,
-                "record_error": str(record) if isinstance(record, RecordError) else None,
-                "explanation": self.text.splitlines()}
+        """The schema's NodeExplanation (gpuremediate/structured.py): the node's status entry, its record in
+        full, the words."""
+        record, row = self.record, self.row
+        if row is None:
+            row = StatusRow(self.node, self.state, None, "-", "-", "-", True, False, self.gpus, record=record)
+        return structured.frame(structured.KIND_NODE_EXPLANATION, {
+            "dryRun": self.dry_run, "node": row.as_dict(),
+            "record": structured.record_view(to_dict(record)) if isinstance(record, NodeRecord) else None,
+            "explanation": self.text.splitlines()})
 
     def wide(self) -> str:
         """The words and, after them, what ``-o wide`` adds: the GPUs, who holds the wait, the record's stamps."""
@@ -560,20 +605,22 @@ def explain_view(client: KubeClient, node: str, policy: PolicyFile | None = None
     except errors.NotFound:
         raise FleetError(f"node {node!r} not found") from None
     gpus = gpu_count(obj)
+    label = policy.for_node(labels_of(obj)).fabric.domain_label if policy is not None else CLIQUE_LABEL
+    row = row_for(obj, dry_run, domain_label=label)
     if dry_run is not None and node in dry_run.records:
         would_be = dry_run.records[node]
         text = (f"DRY RUN: gpuremediate writes nothing to {node}; it {would(would_be)} "
                 f"({_ago(would_be.since, time.time())} ago):\n"
                 + explain(would_be, node, keep_cordoned=keeps_cordoned(obj), ladder=_ladder(policy, obj, would_be),
                           dry_run=True))
-        return Explained(node, text, would_be, gpus, dry_run=True)
+        return Explained(node, text, would_be, gpus, dry_run=True, row=row)
     if dry_run is not None:
         decided = [d for d in dry_run.decisions if d.node == node]
         if not decided:
             record = record_from_node(obj)
             return Explained(node, f"DRY RUN: gpuremediate writes nothing to {node}, and would not act on it now.\n"
                              + explain(record, node, unschedulable=node_unschedulable_of(obj)), record, gpus,
-                             dry_run=True)
+                             dry_run=True, row=row)
     record = record_from_node(obj)
     skipped: dict[str, int] = {}
     skip = policy.for_node(labels_of(obj)).drain.skip_namespaces if policy is not None else ()
@@ -582,8 +629,8 @@ def explain_view(client: KubeClient, node: str, policy: PolicyFile | None = None
     hold = policy.for_node(labels_of(obj)).thermal.hold_s if policy is not None else None
     text = explain(record, node, keep_cordoned=keeps_cordoned(obj), skipped=skipped,
                    ladder=_ladder(policy, obj, record), hold_s=hold, unschedulable=node_unschedulable_of(obj))
-    label = policy.for_node(labels_of(obj)).fabric.domain_label if policy is not None else CLIQUE_LABEL
-    return Explained(node, text + domain_line(client, obj, label), record, gpus, dry_run=dry_run is not None)
+    return Explained(node, text + domain_line(client, obj, label), record, gpus, dry_run=dry_run is not None,
+                     row=row)
 
 
 def domain_line(client: KubeClient, node: Mapping[str, Any], label: str = CLIQUE_LABEL) -> str:

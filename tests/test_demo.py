@@ -80,7 +80,7 @@ def test_demo_keep_leaves_a_tls_sandbox_that_kubectl_and_the_cli_reach(tmp_path:
         assert kubeconfig.stat().st_mode & 0o077 == 0  # an admin token: its owner's only
         capsys.readouterr()
         assert cli.main(["status", "--kubeconfig", str(kubeconfig), "-o", "json"]) == 0
-        rows = {r["node"]: r["state"] for r in json.loads(capsys.readouterr().out)}
+        rows = {r["name"]: r["state"] for r in json.loads(capsys.readouterr().out)["nodes"]}
         assert set(rows) == {"gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"}
         if shutil.which("kubectl") is not None:  # kubectl refuses a bearer token over plain http: this is https
             done = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes"], capture_output=True,

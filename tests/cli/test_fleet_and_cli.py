@@ -76,9 +76,9 @@ def test_status_lists_gpu_nodes_with_state_fault_and_blocked(api: tuple[KubeClie
     _node(client, "gpu-b")
     client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}})
     assert cli.main(["status", "--kubeconfig", kubeconfig, "--json"]) == 0
-    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)}
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
     assert set(rows) == {"gpu-a", "gpu-b"}
-    assert rows["gpu-a"]["state"] == "quarantined" and rows["gpu-a"]["fault"] == "row-remap-failure"
+    assert rows["gpu-a"]["state"] == "quarantined" and rows["gpu-a"]["fault"]["kind"] == "row-remap-failure"
     assert rows["gpu-a"]["schedulable"] is False and rows["gpu-b"]["state"] == "healthy"
     assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
     table = capsys.readouterr().out

@@ -36,7 +36,7 @@ def test_status_says_seven_of_eight_gpus_in_every_output() -> None:
     wide = fleet.render_status([row], now=100.0, wide=True)
     assert " 7/8 " in wide.splitlines()[1]
     as_json = json.loads(json.dumps(row.as_dict()))
-    assert as_json["isolated"] == ["GPU-3"] and as_json["gpus_in_service"] == "7/8 GPUs" and as_json["gpus"] == 8
+    assert as_json["isolatedGPUs"] == ["GPU-3"] and as_json["gpusInService"] == 7 and as_json["gpus"] == 8
 
 
 def test_a_node_level_node_shows_no_fraction() -> None:

@@ -66,12 +66,12 @@ def test_status_prints_the_same_rows_as_json_yaml_and_the_json_alias(api: tuple[
         pass
     else:
         assert yaml.safe_load(yaml_text) == as_json
-    rows = {row["node"]: row for row in as_json}
-    assert rows["gpu-a"]["state"] == "draining" and rows["gpu-a"]["blocked"] == "pdb: work/pdb-llm"
+    rows = {row["name"]: row for row in as_json["nodes"]}
+    assert rows["gpu-a"]["state"] == "draining" and rows["gpu-a"]["blocked"]["detail"] == "work/pdb-llm"
     assert rows["gpu-a"]["gpus"] == 8 and rows["gpu-a"]["reason"] == "ecc-dbe"
-    assert rows["gpu-a"]["holder"] == "work/pdb-llm" and rows["gpu-a"]["dry_run"] is False
-    assert rows["gpu-b"] == {**rows["gpu-b"], "state": "healthy", "gpus": 4, "holder": "-"}
-    assert "- node: gpu-a\n" in yaml_text and "  state: draining\n" in yaml_text
+    assert rows["gpu-a"]["heldBy"] == "work/pdb-llm" and rows["gpu-a"]["dryRun"] is False
+    assert rows["gpu-b"] == {**rows["gpu-b"], "state": "healthy", "gpus": 4, "heldBy": None}
+    assert "  - name: gpu-a\n" in yaml_text and "    state: draining\n" in yaml_text
 
 
 def test_status_wide_adds_gpus_reason_and_who_holds_the_wait(api: tuple[KubeClient, str],
@@ -124,8 +124,9 @@ def test_explain_prints_its_record_as_json_yaml_and_wide(api: tuple[KubeClient, 
     as_json = json.loads(_out(capsys, ["explain", "gpu-a", *flags, "-o", "json"]))
     assert json.loads(_out(capsys, ["explain", "gpu-a", *flags, "--json"])) == as_json
     assert miniyaml.loads(_out(capsys, ["explain", "gpu-a", *flags, "-o", "yaml"])) == as_json
-    assert as_json["node"] == "gpu-a" and as_json["state"] == "draining" and as_json["gpus"] == 8
-    assert as_json["held_by"] == "work/pdb-llm" and as_json["dry_run"] is False and as_json["record_error"] is None
+    node = as_json["node"]
+    assert node["name"] == "gpu-a" and node["state"] == "draining" and node["gpus"] == 8
+    assert node["heldBy"] == "work/pdb-llm" and as_json["dryRun"] is False and node["error"] is None
     assert as_json["record"]["fault"]["kind"] == KIND_ECC_DBE and as_json["record"]["blocked"]["reason"] == "pdb"
     assert as_json["explanation"] == text.splitlines()
     wide = _out(capsys, ["explain", "gpu-a", *flags, "-o", "wide"])
@@ -133,7 +134,7 @@ def test_explain_prints_its_record_as_json_yaml_and_wide(api: tuple[KubeClient, 
     assert "  GPUs: 8.\n" in wide and "  Held by: work/pdb-llm (pdb).\n" in wide
     assert "  Record: written on gpu-a (uid " in wide and "1 handled fault fingerprint(s): ecc-dbe:GPU-1." in wide
     healthy = json.loads(_out(capsys, ["explain", "gpu-b", *flags, "-o", "json"]))
-    assert healthy["state"] == "healthy" and healthy["record"] is None and healthy["held_by"] == "-"
+    assert healthy["node"]["state"] == "healthy" and healthy["record"] is None and healthy["node"]["heldBy"] is None
 
 
 # -- -n/--namespace, the drain-window plugin's --request-namespace ------------------------------
