@@ -9,6 +9,13 @@ Unknown is not unhealthy: a node whose exporter is down, stale or missing is rep
 Event on change, log) and left alone — unless a condition gives an actionable finding (the agent says the
 driver hangs): then it is acted on. Either way the metrics' handled fingerprints are not pruned while the
 metrics are unknown, so a stale XID does not come back as "new" when the exporter does.
+
+Every path a fault arrives by (a full read's waves, the Prometheus fast path's polls, the node conditions read
+with them, replay's ``check_nodes``) goes through ``_check_batch``: the breaker counts the batch's new faults and
+judges how fast they arrive (``CircuitBreaker.judge``) before any of them is acted on. Faster than the policy's
+rate, new faults wait for a storm look (``[breaker] look_s``): the storm passes the threshold meanwhile and the
+breaker opens with none of them cordoned, or the look ends and they go on at once (``_settle_look``). A new path
+(failed preflights, issue 46) hands its faulted nodes to ``check_nodes`` and gets the same judgement.
 """
 
 from __future__ import annotations
@@ -91,6 +98,7 @@ log = logging.getLogger(__name__)
 FLEET_MIN_NODES = 5  # below this, every node's unknown is evented on its own
 FLEET_UNKNOWN_FRACTION = 0.5  # more than this share unknown at once: one fleet Event instead of per node
 BREAKER_DETAIL = "circuit breaker open: no new work"  # decide.on_findings' words for the open breaker
+LOOK_DETAIL = "storm look"  # a held fault's blocked detail begins so while a look holds it
 GAUGES_EVERY_S = 1.0  # a long batch updates the fleet gauges this often (a storm is seen as it happens)
 DECIDE_WORKERS = 8  # a batch's decisions written this many at once (a burst of cordons; the client paces them)
 SHARE_MIN_NODES = 20  # with --shards, a replica's own nodes count as a sample of the fleet from this many
@@ -189,6 +197,9 @@ class DetectLoop:
         self.workers = DECIDE_WORKERS  # replay decides one node at a time: 1
         self._state_counts: dict[str, int] = {}  # the nodes gauge as last computed, moved by each transition
         self._pace = PollPacer(0.0, 0.0)  # the fast path's (_poll_period sets it from the source)
+        self._look_settled: float | None = None  # the opened_at of the last ended look whose held faults were decided
+        self._read_judged_from = 0.0  # when the last full read that was judged in full began (the controller's clock)
+        self._look_retry_at = 0.0  # monotonic: a look's end that failed to be written is tried again from then
 
     # ---- thread --------------------------------------------------------------------------------------
 
@@ -242,9 +253,13 @@ class DetectLoop:
         poll every ``fault_poll_s`` from start to start, further apart when Prometheus is slow or failing."""
         poll = self._poll_period()
         while (now := self._monotonic()) < deadline and not self._wake.is_set():
-            if poll and now >= self._pace.next_at:
+            look_in = self._look_due_in()
+            if look_in is not None and look_in <= 0:
+                self._settle_look_logged()
+            elif poll and now >= self._pace.next_at:
                 self._fast_cycle_logged()
-            elif self._wake.wait(min(deadline, self._pace.next_at) - now if poll else deadline - now):
+            elif self._wake.wait(min([deadline - now, *([self._pace.next_at - now] if poll else []),
+                                      *([look_in] if look_in is not None else [])])):
                 return
 
     def _poll_period(self) -> float | None:
@@ -292,6 +307,7 @@ class DetectLoop:
         """Read, then decide in batches: each wave of readings (the exporter source hands on most nodes first
         and each straggler as it answers; Prometheus, everything at once) is one batch, whose new faults the
         breaker counts together before any of them is acted on."""
+        read_from = self.ctx.clock()
         fleet = self.ctx.nodes.gpu_nodes()
         nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
         self._forget_others(nodes)
@@ -314,6 +330,8 @@ class DetectLoop:
         if not seen:
             self._fleet_state(nodes, seen)
         self._check_batch([n for n in nodes if name_of(n) not in seen], {}, fleet, nodes)  # no readings at all
+        self._read_judged_from = read_from  # a look waiting for a read begun after it opened may end now
+        self._settle_look_logged()
         self._gauges()
         self._save_source_problem()
         self.cycles += 1
@@ -326,7 +344,9 @@ class DetectLoop:
                      owned: Sequence[Node]) -> None:
         """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
         storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
-        is not the batch's (the next cycle retries it); the fleet gauges follow a long batch as it goes."""
+        is not the batch's (the next cycle retries it); the fleet gauges follow a long batch as it goes.
+        A storm look whose time is up is ended first: its held faults are decided before this batch's."""
+        self._settle_look_logged()
         self.update_degradation(batch, by_node)
         pending: list[Assessed] = []
         for node in batch:
@@ -549,8 +569,12 @@ class DetectLoop:
             waits = [watch_until - time.monotonic()] if watch_until is not None else []
             if poll:
                 waits.append(self._pace.next_at - self._monotonic())
+            if (look_in := self._look_due_in()) is not None:
+                waits.append(look_in)
             if done.wait(max(0.0, min(waits)) if waits else None):
                 break
+            if look_in is not None and not self._wake.is_set():
+                self._settle_look_logged()  # a look's held faults go on at its end, not after the read
             if watch_until is not None and time.monotonic() >= watch_until:
                 self._slow(time.monotonic() - started, done=False)
                 watch_until = None
@@ -760,7 +784,12 @@ class DetectLoop:
         if breaker.is_open:
             return BLOCK_BREAKER, BREAKER_DETAIL
         why = breaker.blocks(safety.node_view(node)) if breaker.domains else ""
-        return (BLOCK_BREAKER, why) if why else None
+        if why:
+            return BLOCK_BREAKER, why
+        look = breaker.looking
+        if look is not None and look.holds(name_of(node)):
+            return BLOCK_BREAKER, f"{LOOK_DETAIL} until {_utc(look.until)}: {look.reason}"
+        return None
 
     def _trip_guarded(self, names: Sequence[str], total_nodes: int, owned: Sequence[Node], now: float) -> bool:
         """``_trip_breaker``; False when the breaker's state could not be written (those faults wait a cycle)."""
@@ -782,17 +811,27 @@ class DetectLoop:
         views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if domain_labels else []
         mine = {name_of(n) for n in owned} if self.ctx.shards is not None else set()
 
+        rate = self._look_rate()
+
         def with_faults(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
-            after = breaker
-            for name in names:
-                after = after.record_fault(name, now)
-            after = after.evaluate(total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
+            after = breaker.judge(names, total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes, rate)
             if len(mine) >= SHARE_MIN_NODES:
                 after = after.evaluate_share(mine, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
+                after = after.end_look(now) if after.is_open else after
             return after.evaluate_domains(views, now, domain_labels, cfg.domain_threshold_percent,
                                           cfg.window_s, cfg.domain_min_nodes) if domain_labels else after
         before, after = self.breakers.update(with_faults)
         first = names[0]
+        look = after.looking
+        if look is not None and (before.looking is None or before.looking.opened_at != look.opened_at):
+            self._look_opened(look, first)
+        ended = after.look
+        if before.looking is not None and look is None and ended is not None \
+                and ended.opened_at == before.looking.opened_at:
+            self._look_ended(ended, now)  # the storm passed the threshold during the look
+        held = after.looking
+        if held is not None or before.looking is not None:
+            self.ctx.metrics.breaker_look_held.set(float(len(held.nodes)) if held is not None else 0.0)
         if after.is_open and not before.is_open:
             log.error("circuit breaker opened: no new remediation until a person resets it",
                       extra={"reason": after.reason, "new_faults": len(names)})
@@ -813,6 +852,107 @@ class DetectLoop:
                                      and v.name in recent))
             self._notify(notify.Notification(notify.KIND_BREAKER_OPEN, "", f"{trip.label}={trip.value}", text, now,
                                              nodes=in_domain or tuple(names)))
+
+    # ---- the storm look ----------------------------------------------------------------------------
+
+    def _look_rate(self) -> safety.LookRate | None:
+        cfg = self.ctx.policy.cluster.breaker
+        if not cfg.look_s:
+            return None
+        return safety.LookRate(nodes=cfg.look_nodes, percent=cfg.look_percent, window_s=cfg.look_window_s,
+                               look_s=cfg.look_s, min_nodes=cfg.min_nodes)
+
+    def _look_end_at(self, breaker: safety.CircuitBreaker, look: safety.Look) -> float:
+        """When the look under way ends (the controller's clock): at once once the breaker is open; else at its
+        ``until``, and for a source without a fault fast path (the faults come in full reads) not before a read
+        begun after it opened has been judged, nor later than one --scrape-interval after ``until``."""
+        if breaker.is_open:
+            return look.opened_at
+        fast = isinstance(self.source, FaultFastPath) and bool(self.source.fault_poll_s)
+        if fast or self._read_judged_from >= look.opened_at:
+            return look.until
+        return look.until + self.ctx.settings.scrape_interval_s
+
+    def _look_due_in(self) -> float | None:
+        """Seconds until a look under way ends (None: none under way, or one ended whose faults wait for this
+        replica's decision: 0)."""
+        breaker = self.breakers.latest()
+        look = breaker.look
+        if look is None:
+            return None
+        retry = max(0.0, self._look_retry_at - self._monotonic())
+        if not look.looking:
+            return retry if look.opened_at != self._look_settled else None
+        return max(retry, self._look_end_at(breaker, look) - self.ctx.clock())
+
+    def _settle_look_logged(self) -> None:
+        if self._monotonic() < self._look_retry_at:
+            return
+        try:
+            self._settle_look()
+        except (errors.ApiError, errors.TransportError) as exc:
+            self.ctx.metrics.count_api_error(exc)
+            self._look_retry_at = self._monotonic() + 1.0
+            log.warning("detect: the storm look could not be ended; retried in 1 s", extra={"error": str(exc)})
+
+    def _settle_look(self) -> None:
+        """End a look whose time is up (its faults stayed under the threshold: released; the breaker opened:
+        held by it); once a look has ended, here or on another replica, the faults it held on this replica's
+        nodes are decided again at once."""
+        breaker = self.breakers.latest()
+        look = breaker.look
+        if look is None:
+            return
+        now = self.ctx.clock()
+        if look.looking:
+            if now < self._look_end_at(breaker, look):
+                return
+            opened_at = look.opened_at
+
+            def end(current: safety.CircuitBreaker) -> safety.CircuitBreaker:
+                under_way = current.looking
+                return current.end_look(now) if under_way is not None and under_way.opened_at == opened_at \
+                    else current
+
+            before, breaker = self.breakers.update(end)
+            look = breaker.look
+            if look is None or look.looking:
+                return
+            if before.looking is not None and before.looking.opened_at == look.opened_at:
+                self._look_ended(look, now)
+        self.ctx.metrics.breaker_look_held.set(0.0)
+        if look.opened_at == self._look_settled:
+            return
+        self._look_settled = look.opened_at
+        mine = self.ctx.owned_gpu_nodes()
+        held = [n for n in mine if name_of(n) in look.node_set]
+        if held:
+            by_node = {name_of(n): r for n in held if (r := self.ctx.readings.get(name_of(n))) is not None}
+            self._check_batch(held, by_node, self.ctx.nodes.gpu_nodes(), mine)
+
+    def _look_opened(self, look: safety.Look, first: str) -> None:
+        log.warning("storm look: new faults are held to see whether the storm passes the breaker's threshold",
+                    extra={"reason": look.reason, "held": len(look.nodes),
+                           "until_s": round(look.until - look.opened_at, 1)})
+        self.ctx.metrics.breaker_looks.inc(outcome="opened")
+        text = f"storm look: {look.reason}; held until {_utc(look.until)} (`gpuremediate breaker status`)"
+        self.events.node_event(first, "GPURemediationBreakerLook", text, WARNING)
+        self._controller_event("GPURemediationBreakerLook", text, WARNING)
+
+    def _look_ended(self, look: safety.Look, now: float) -> None:
+        if look.outcome == safety.LOOK_RELEASED:
+            text = (f"storm look ended after {now - look.opened_at:.1f}s under the breaker's threshold: the "
+                    f"{len(look.nodes)} faults it held go on now")
+            log.info(text, extra={"held": len(look.nodes)})
+        else:
+            text = (f"storm look ended after {now - look.opened_at:.1f}s with the circuit breaker open: the "
+                    f"{len(look.nodes)} faults it held stay held, none cordoned")
+            log.error(text, extra={"held": len(look.nodes)})
+        self.ctx.metrics.breaker_looks.inc(outcome="released" if look.outcome == safety.LOOK_RELEASED
+                                           else "breaker-open")
+        self.events.node_event(look.nodes[0] if look.nodes else "", "GPURemediationBreakerLookEnded", text,
+                               NORMAL if look.outcome == safety.LOOK_RELEASED else WARNING)
+        self._controller_event("GPURemediationBreakerLookEnded", text, NORMAL)
 
     def _notify(self, note: notify.Notification) -> None:
         if self.ctx.writer.notifier is not None and not self.ctx.settings.dry_run:
@@ -952,7 +1092,9 @@ class DetectLoop:
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
         self.ctx.metrics.budget_in_use.set(float(sum(v.share for v in views if safety.counts_against(v, budget))))
         self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
-        self.ctx.metrics.circuit_breaker_open.set(1.0 if self.breakers.latest().is_open else 0.0)
+        breaker = self.breakers.latest()
+        self.ctx.metrics.circuit_breaker_open.set(1.0 if breaker.is_open else 0.0)
+        self.ctx.metrics.breaker_look_held.set(float(len(breaker.looking.nodes)) if breaker.looking else 0.0)
         mode = getattr(self.source, "mode", "")  # the Prometheus source: recording rules' output, or raw series
         if isinstance(mode, str) and mode:
             self.ctx.metrics.prometheus_mode.replace_all([({"mode": mode}, 1.0)])
@@ -968,6 +1110,10 @@ class DetectLoop:
                 per_shard[index] += 1
         self.ctx.metrics.shards_held.set(float(len(per_shard)))
         self.ctx.metrics.shard_nodes.replace_all(({"shard": str(i)}, float(n)) for i, n in sorted(per_shard.items()))
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _created_after(node: Node, when: float) -> bool:

@@ -50,6 +50,16 @@ class ControllerMetrics:
             PREFIX + "degradation_gpus", "GPUs the [degradation] detector finds now, by finding kind.", ["kind"]
         )
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
+        self.breaker_look_held = Gauge(
+            PREFIX + "breaker_look_held", "New faults (GPU nodes) held by the breaker's storm look now: faults arrived "
+            "faster than [breaker] look_nodes / look_percent, and wait up to look_s to see whether the storm passes "
+            "the threshold."
+        )
+        self.breaker_looks = Counter(
+            PREFIX + "breaker_looks_total", "Storm looks of the breaker, by outcome: opened (a look began), released "
+            "(it ended under the threshold: its faults went on), breaker-open (the storm passed the threshold "
+            "during it).", ["outcome"]
+        )
         self.policy_empty = Gauge(
             PREFIX + "policy_file_empty", "1 when the policy file (--policy) sets nothing (empty or only comments): "
             "the built-in defaults apply."

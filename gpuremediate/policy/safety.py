@@ -26,6 +26,13 @@ Circuit breaker
     return a new breaker. It opens when more than ``threshold_pct`` % of the GPU nodes faulted
     within ``window_s`` (and at least ``min_nodes`` did), and stays open until ``reset`` by a person.
 
+    It also judges how fast faults arrive (:class:`Look`, issue 49): a source hands a storm over in installments
+    (Prometheus' scrape targets each at its own phase, a direct read's exporters, the agents' conditions), and a
+    storm's first nodes look exactly like its last. When more than ``look_nodes`` nodes, or more than
+    ``look_percent`` % of the GPU nodes, fault within ``look_window_s``, new faults are held for a bounded look
+    (``look_s``): if the faults counted pass the threshold meanwhile the breaker opens with none of the held ones
+    acted on; if not, the look ends and the held faults go on at once (:meth:`CircuitBreaker.judge`).
+
 Failure domains
     A :class:`DomainBudget` caps the nodes out of service within each value of one node label
     ("at most 1 node per ``topology.kubernetes.io/rack``"); :func:`admit` and :func:`budget_check`
@@ -45,6 +52,7 @@ Repeat offender
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -386,6 +394,88 @@ def clustered_domains(
     return trips
 
 
+LOOK_RELEASED = "released"  # the look ended under the threshold: its held faults go on
+LOOK_OPENED = "opened"  # the storm passed the threshold during the look: the breaker holds them
+
+
+@dataclass(frozen=True)
+class LookRate:
+    """``[breaker]``'s arrival rate: a look opens when more than ``nodes`` GPU nodes, or more than ``percent`` % of
+    them, fault within ``window_s`` (at least ``min_nodes``); it lasts ``look_s`` (0: no look)."""
+
+    nodes: int = 10
+    percent: float = 10.0
+    window_s: float = 30.0
+    look_s: float = 20.0
+    min_nodes: int = 3
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or not 0 < self.percent <= 100 or self.window_s <= 0 or self.look_s < 0 \
+                or self.min_nodes < 1:
+            raise ValueError(f"look rate out of range: nodes={self.nodes} (>= 1), percent={self.percent:g} "
+                             f"(0-100], window_s={self.window_s:g} (> 0), look_s={self.look_s:g} (>= 0), "
+                             f"min_nodes={self.min_nodes} (>= 1)")
+
+    def limit(self, total_gpu_nodes: int) -> int:
+        """Most nodes that may fault within the window without a look: the lower of the two, never below
+        ``min_nodes - 1`` (fewer than the breaker's ``min_nodes`` can never open it, so a look could not change
+        what happens to them)."""
+        by_share = math.floor(total_gpu_nodes * self.percent / 100)
+        return max(self.min_nodes - 1, min(self.nodes, by_share))
+
+
+@dataclass(frozen=True)
+class Look:
+    """Faults arrived faster than the policy's rate: new work on them waits until ``until`` to see whether the
+    storm passes the breaker's threshold. ``nodes``: the faults held (arrived since it opened, the first included).
+    Ended: ``outcome`` LOOK_RELEASED (they go on) or LOOK_OPENED (the breaker opened: they stay held)."""
+
+    opened_at: float
+    until: float
+    reason: str
+    nodes: tuple[str, ...] = ()
+    ended_at: float | None = None
+    outcome: str = ""
+
+    @property
+    def looking(self) -> bool:
+        return self.ended_at is None
+
+    @functools.cached_property
+    def node_set(self) -> frozenset[str]:
+        return frozenset(self.nodes)
+
+    def holds(self, node: str) -> bool:
+        """The node's new work waits for this look."""
+        return self.looking and node in self.node_set
+
+    def describe(self, now: float) -> str:
+        """One line for ``status`` / ``breaker status``."""
+        if self.looking:
+            left = max(0.0, self.until - now)
+            return (f"{len(self.nodes)} new faults held for a storm look, {left:.0f} s left "
+                    f"(until {_utc(self.until)}): {self.reason}")
+        return (f"the last storm look ({_utc(self.opened_at)}, {len(self.nodes)} faults held) ended "
+                f"{'under the threshold: they went on' if self.outcome == LOOK_RELEASED else 'with the breaker open'}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"opened_at": self.opened_at, "until": self.until, "reason": self.reason, "nodes": list(self.nodes),
+                "ended_at": self.ended_at, "outcome": self.outcome}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Look:
+        ended = data.get("ended_at")
+        outcome = str(data.get("outcome", ""))
+        if outcome not in ("", LOOK_RELEASED, LOOK_OPENED):
+            raise ValueError(f"look.outcome {outcome!r} is not one of {LOOK_RELEASED}, {LOOK_OPENED}")
+        nodes = data.get("nodes", [])
+        if not isinstance(nodes, list):
+            raise ValueError(f"look.nodes must be a list, not {nodes!r}")
+        return cls(opened_at=float(data["opened_at"]), until=float(data["until"]), reason=str(data.get("reason", "")),
+                   nodes=tuple(str(n) for n in nodes), ended_at=None if ended is None else float(ended),
+                   outcome=outcome)
+
+
 @dataclass(frozen=True)
 class CircuitBreaker:
     open: bool = False
@@ -395,10 +485,70 @@ class CircuitBreaker:
     reset_by: str = ""
     reset_at: float | None = None
     domains: tuple[DomainTrip, ...] = ()  # failure domains where faults clustered: work stops there only
+    look: Look | None = None  # the latest storm look (an ended one says how it ended until the next opens)
 
     @property
     def is_open(self) -> bool:
         return self.open
+
+    @property
+    def looking(self) -> Look | None:
+        """The look under way, if any."""
+        return self.look if self.look is not None and self.look.looking else None
+
+    def arrivals(self, now: float, window_s: float) -> set[str]:
+        """The nodes whose faults arrived within ``window_s`` and since the last look ended (its faults were
+        judged: they do not count towards the next look)."""
+        since = now - window_s
+        if self.look is not None and self.look.ended_at is not None:
+            since = max(since, self.look.ended_at)
+        return {node for node, at in self.faults if at >= since}
+
+    def judge(self, names: Sequence[str], total_gpu_nodes: int, now: float, threshold_pct: float, window_s: float,
+              min_nodes: int, rate: LookRate | None) -> CircuitBreaker:
+        """A batch of new faults (``names``: nodes just found faulted, none held yet): counted, the breaker
+        evaluated, and the arrival rate judged. A node the last look released is not counted again (it was when it
+        arrived). Past the threshold the breaker opens and a look under way ends (its faults stay held by the
+        open breaker); during a look the batch joins it; faster than ``rate`` a look opens with the batch."""
+        released = self.look.node_set if self.look is not None and self.look.outcome == LOOK_RELEASED else frozenset()
+        new = [n for n in dict.fromkeys(names) if n not in released]
+        after = self
+        for name in new:
+            after = after.record_fault(name, now)
+        after = after.evaluate(total_gpu_nodes, now, threshold_pct, window_s, min_nodes)
+        return after._watch(new, total_gpu_nodes, now, threshold_pct, rate)
+
+    def _watch(self, new: Sequence[str], total: int, now: float, threshold_pct: float,
+               rate: LookRate | None) -> CircuitBreaker:
+        look = self.looking
+        if look is not None:
+            added = tuple(n for n in new if n not in look.node_set)
+            joined = dataclasses.replace(self, look=dataclasses.replace(look, nodes=(*look.nodes, *added))) \
+                if added else self
+            return joined.end_look(now) if self.open else joined
+        if self.open:
+            return self
+        if rate is None or not rate.look_s or not new:
+            return self
+        arrived = self.arrivals(now, rate.window_s)
+        limit = rate.limit(total)
+        if len(arrived) <= limit:
+            return self
+        threshold = math.floor(total * threshold_pct / 100) + 1
+        reason = (f"{len(arrived)} GPU nodes faulted within {rate.window_s:g}s, more than {limit} (the policy's "
+                  f"[breaker] look_nodes {rate.nodes} / look_percent {rate.percent:g}% of {total}): new faults wait "
+                  f"up to {rate.look_s:g}s to see whether the storm reaches the breaker's threshold "
+                  f"({max(threshold, rate.min_nodes)} of {total})")
+        return dataclasses.replace(self, look=Look(opened_at=now, until=now + rate.look_s, reason=reason,
+                                                   nodes=tuple(new)))
+
+    def end_look(self, now: float) -> CircuitBreaker:
+        """The look under way ends: released (its faults go on), or, with the breaker open, held by it."""
+        look = self.looking
+        if look is None:
+            return self
+        outcome = LOOK_OPENED if self.open else LOOK_RELEASED
+        return dataclasses.replace(self, look=dataclasses.replace(look, ended_at=now, outcome=outcome))
 
     def blocks(self, view: NodeView, acting_for: str = "") -> str:
         """Why no new work may start on this node ("" when none): the whole breaker or its domain's.
@@ -462,6 +612,7 @@ class CircuitBreaker:
         data = dataclasses.asdict(self)
         data["faults"] = [[node, at] for node, at in self.faults]
         data["domains"] = [dataclasses.asdict(t) for t in self.domains]
+        data["look"] = self.look.to_dict() if self.look is not None else None
         return data
 
     @classmethod
@@ -478,6 +629,7 @@ class CircuitBreaker:
                 reset_by=str(data.get("reset_by", "")),
                 reset_at=None if reset_at is None else float(reset_at),
                 domains=tuple(DomainTrip.from_dict(t) for t in data.get("domains", [])),
+                look=Look.from_dict(data["look"]) if data.get("look") is not None else None,
             )
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise ValueError(f"malformed circuit breaker state: {exc}") from exc

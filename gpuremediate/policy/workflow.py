@@ -401,6 +401,20 @@ class BreakerPolicy:
     domain_threshold_percent: float = setting(50.0, "a domain opens when more than this % of its nodes fault "
                                               "within the window", check=between(0, 100))
     domain_min_nodes: int = setting(2, "and at least this many of its nodes faulted", check=at_least(1))
+    # The arrival rate (issue 49; docs/architecture.md, "A storm is known by how it arrives"): a source hands a
+    # storm over in installments, and a storm's first nodes look exactly like its last.
+    look_nodes: int = setting(10, "a storm look opens when more than this many GPU nodes fault within "
+                              "look_window_s (a single bad node, or a rack's handful, stays under it and is acted "
+                              "on at once)", check=at_least(1))
+    look_percent: float = setting(10.0, "... or more than this % of the GPU nodes (the lower of the two counts, "
+                                  "never fewer than min_nodes)", check=between(0.01, 100))
+    look_window_s: float = setting(30.0, "the window the arrival rate is counted over, seconds (two Prometheus "
+                                   "scrape intervals at 15 s)", check=duration(1))
+    look_s: float = setting(20.0, "how long new faults are held once a look opens, seconds: about one scrape "
+                            "interval of the source and a few polls; the faults counted meanwhile that pass "
+                            "threshold_percent open the breaker with none of them acted on, else they go on at once "
+                            "(0: no look; a direct read's look also lasts until a read begun after it opened is "
+                            "judged)", check=between(0, 3600))
 
 
 PAUSE_IN_FLIGHT = ("finish", "hold")

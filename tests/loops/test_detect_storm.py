@@ -26,7 +26,9 @@ from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, record_from_nod
 from sim.kubeapi import KubeAPIServer
 
 NAMESPACE = "gpuremediate-system"
-POLICY = loads_policy('[budget]\nmax_unavailable = "100%"\n[breaker]\nthreshold_percent = 30\nmin_nodes = 3\n')
+# look_s = 0: one read's count alone (the arrival rate's look has its tests in test_detect_look.py)
+POLICY = loads_policy('[budget]\nmax_unavailable = "100%"\n[breaker]\nthreshold_percent = 30\nmin_nodes = 3\n'
+                      'look_s = 0\n')
 
 
 def readings(node: str, faulty: bool) -> NodeReadings:
@@ -217,7 +219,8 @@ def test_a_storm_in_one_domain_opens_its_breaker_before_any_of_its_nodes_is_cord
     for name in world.names:
         rack = "a" if name in rack_a else "b" if name in rack_b else "c"
         world.client.patch(NODES, name, {"metadata": {"labels": {"example.com/rack": rack}}})
-    policy = loads_policy('[budget]\nmax_unavailable = "100%"\n[breaker]\ndomain_labels = ["example.com/rack"]\n')
+    policy = loads_policy('[budget]\nmax_unavailable = "100%"\n[breaker]\ndomain_labels = ["example.com/rack"]\n'
+                          'look_s = 0\n')  # 4 of 20 at once would be held for a look (test_detect_look.py)
     faulty = {*rack_a[:3], rack_b[0]}
     controller = Controller(Settings(namespace=NAMESPACE), policy, client=world.client,
                             source=FleetSource(world.names, faulty))  # type: ignore[arg-type]
