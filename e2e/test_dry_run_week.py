@@ -162,11 +162,11 @@ def test_a_dry_run_shows_the_breaker_it_would_open_and_what_it_would_hold(cluste
     assert status[0].startswith("DRY RUN: the controller"), status
     assert status[1].startswith("CIRCUIT BREAKER WOULD BE OPEN: 3 of 4 GPU nodes faulted"), status
     rows = _rows(cluster)
-    assert all(row["dryRunning"] is True for row in rows.values()), rows
-    assert all(rows[node]["dryRun"] is True for node in (first, second, third)), rows  # the journal's records
+    assert all(row["dryRunning"] is True for row in rows.values()) and all(
+        rows[node]["dryRun"] is True for node in (first, second, third)), rows  # the last: the journal's records
     assert (rows[second]["stateText"], rows[second]["heldBy"]) == ("would drain (waiting)", "circuit breaker"), rows
-    assert rows[second]["blocked"]["reason"] == "breaker", rows[second]
-    assert rows[second]["blocked"]["detail"].startswith("circuit breaker open: 3 of 4"), rows[second]
+    assert rows[second]["blocked"]["reason"] == "breaker" and rows[second]["blocked"]["detail"].startswith(
+        "circuit breaker open: 3 of 4"), rows[second]
     assert (rows[third]["stateText"], rows[third]["heldBy"]) == ("would wait (healthy)", "circuit breaker"), rows
     assert rows[spare]["state"] == states.HEALTHY
     breaker = cluster.cli("breaker", "status", "--namespace", SYSTEM_NS).stdout
