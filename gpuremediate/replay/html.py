@@ -10,6 +10,7 @@ everything but the free range."""
 
 from __future__ import annotations
 
+import math
 import string
 import time
 from collections.abc import Sequence
@@ -42,6 +43,12 @@ LABEL_W, ROW_H, BAR_H, AXIS_H = 170, 22, 14, 28
 MIN_BAR_PX = 4.0  # a 30-minute repair on a 30-day axis is well under a pixel: drawn this wide, it is seen
 ZOOM_UNITS = (3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0)  # the first giving at most MAX_ZOOMS windows
 MAX_ZOOMS = 62
+# The axis steps in one of these (seconds), the smallest that fits its width, at multiples of it in UTC (weeks from a
+# Monday); a tick is labelled in the unit it steps in: MM-DD for days and weeks, hh:mm for minutes and hours (with
+# the date on the first tick and at each midnight), so no two ticks read the same.
+TICK_STEPS = (60, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400,
+              7 * 86400, 14 * 86400, 28 * 86400)
+TICK_EDGE_PX = 30  # a label this close to an end of the axis is anchored there (not centred over the edge)
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }
@@ -51,7 +58,8 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
 .headline .figure b { display: block; font-size: 28px; line-height: 1.2; }
 .headline .figure.alarm b { color: #d1342f; } .headline .names { color: #555; font-size: 12px; }
 .zoomnav a { margin-right: 6px; white-space: nowrap; } .zoom { display: none; } .zoom:target { display: block; }
-.zoom, .range { border-top: 2px solid #2f8fd8; margin-top: 24px; }
+.zoom, .range { border-bottom: 2px solid #2f8fd8; margin: 0 0 24px; scroll-margin-top: 24px; }
+.zoom h2, .range h2 { margin-top: 0; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: right; }
 td:first-child, th:first-child { text-align: left; }
 .legend span { display: inline-block; margin-right: 14px; } .legend i { display: inline-block; width: 14px;
@@ -68,6 +76,7 @@ RANGE_SCRIPT = string.Template("""
 (function () {
   "use strict";
   var LABEL_W = $label_w, ROW_H = $row_h, AXIS_H = $axis_h, MIN_BAR = $min_bar, DAY = 86400;
+  var TICK_STEPS = [$tick_steps], EDGE = $edge;
   var SVG = "http://www.w3.org/2000/svg";
   function parseTime(text, isEnd) {
     var m = /^(\\d{4})-(\\d{2})-(\\d{2})(?:[T ](\\d{2}):(\\d{2})(?::(\\d{2}))?Z?)?$$/.exec(text || "");
@@ -95,18 +104,38 @@ RANGE_SCRIPT = string.Template("""
     if (text) el.textContent = text;
     return el;
   }
+  function ticks(from, to, most) {  // as the page's own axes (html.py ticks): the unit, then its multiples
+    for (var i = 0; i < TICK_STEPS.length; i++) {
+      var found = aligned(from, to, TICK_STEPS[i]);
+      if (found.length <= most) return {step: TICK_STEPS[i], at: found};
+    }
+    var step = Math.ceil((to - from) / most / DAY) * DAY;
+    return {step: step, at: aligned(from, to, step)};
+  }
+  function aligned(from, to, step) {
+    var offset = step % (7 * DAY) === 0 ? 4 * DAY : 0, out = [];  // weeks from a Monday (1970-01-05)
+    for (var t = Math.ceil((from - offset) / step) * step + offset; t <= to; t += step) out.push(t);
+    return out;
+  }
+  function tickLabel(t, step, first) {
+    var iso = stamp(t);
+    if (step >= DAY) return iso.slice(5, 10);
+    var hhmm = iso.slice(11, 16);
+    return first || hhmm === "00:00" ? iso.slice(5, 10) + " " + hhmm : hhmm;
+  }
   function drawAxis(group, from, to, width, height, x) {
     while (group.firstChild) group.removeChild(group.firstChild);
-    var ticks = Math.max(2, Math.min(8, Math.floor((width - LABEL_W) / 110))), long = to - from >= 2 * DAY;
-    for (var i = 0; i <= ticks; i++) {
-      var at = from + (to - from) * i / ticks, px = x(at).toFixed(1), iso = stamp(at);
-      group.appendChild(node("line", {x1: px, y1: AXIS_H - 6, x2: px, y2: height, stroke: "#eee"}));
-      var label = long ? iso.slice(5, 10) : iso.slice(5, 16).replace("T", " ");
-      var anchor = i === 0 ? "start" : i === ticks ? "end" : "middle";
-      var text = node("text", {x: px, y: AXIS_H - 10, "text-anchor": anchor}, label);
+    var most = Math.max(2, Math.min(8, Math.floor((width - LABEL_W) / 110))), found = ticks(from, to, most);
+    found.at.forEach(function (at, i) {
+      var px = x(at), iso = stamp(at);
+      group.appendChild(node("line", {x1: px.toFixed(1), y1: AXIS_H - 6, x2: px.toFixed(1), y2: height,
+                                      stroke: "#eee"}));
+      var anchor = px - LABEL_W < EDGE ? "start" : width - 10 - px < EDGE ? "end" : "middle";
+      var text = node("text", {x: px.toFixed(1), y: AXIS_H - 10, "text-anchor": anchor},
+                      tickLabel(at, found.step, i === 0));
       text.appendChild(node("title", {}, iso));
       group.appendChild(text);
-    }
+    });
   }
   function place(el, x, width, after) {
     var t0 = +el.getAttribute("data-t0"), t1 = +(el.getAttribute("data-t1") || t0);
@@ -169,13 +198,14 @@ RANGE_SCRIPT = string.Template("""
     section.querySelector(".what").textContent = said;
     section.scrollIntoView();
   }
-  var api = {parseTime: parseTime, parseRange: parseRange, axisX: axisX};
+  var api = {parseTime: parseTime, parseRange: parseRange, axisX: axisX, ticks: ticks, tickLabel: tickLabel};
   if (typeof globalThis !== "undefined") globalThis.gpuremediateRange = api;
   if (typeof document === "undefined") return;
   window.addEventListener("hashchange", show);
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", show); else show();
 })();
-""").substitute(label_w=LABEL_W, row_h=ROW_H, axis_h=AXIS_H, min_bar=repr(MIN_BAR_PX))
+""").substitute(label_w=LABEL_W, row_h=ROW_H, axis_h=AXIS_H, min_bar=repr(MIN_BAR_PX),
+               tick_steps=", ".join(str(step) for step in TICK_STEPS), edge=TICK_EDGE_PX)
 
 
 @dataclass(frozen=True)
@@ -195,20 +225,48 @@ class Axis:
         return start <= self.end and end >= self.start
 
 
+def ticks(start: float, end: float, most: int) -> tuple[float, list[float]]:
+    """The axis's step (the smallest of TICK_STEPS giving at most ``most`` ticks) and its ticks: the multiples of
+    the step within [start, end] (weeks counted from a Monday)."""
+    for step in TICK_STEPS:
+        found = _aligned(start, end, float(step))
+        if len(found) <= most:
+            return float(step), found
+    days = math.ceil((end - start) / most / 86400) * 86400.0
+    return days, _aligned(start, end, days)
+
+
+def _aligned(start: float, end: float, step: float) -> list[float]:
+    offset = 4 * 86400.0 if step % (7 * 86400) == 0 else 0.0  # 1970-01-05, a Monday
+    at = math.ceil((start - offset) / step) * step + offset
+    out = []
+    while at <= end:
+        out.append(at)
+        at += step
+    return out
+
+
+def tick_label(at: float, step: float, first: bool) -> str:
+    """``11-09`` for a tick of a day or week axis; ``06:00`` for one of an hour axis, ``11-09 00:00`` on its first
+    tick and at midnight (UTC)."""
+    stamp = format_time(at)
+    if step >= 86400:
+        return stamp[5:10]
+    hhmm = stamp[11:16]
+    return f"{stamp[5:10]} {hhmm}" if first or hhmm == "00:00" else hhmm
+
+
 def _axis(axis: Axis, height: float) -> list[str]:
     parts = []
     width = axis.width
-    ticks = max(2, min(8, int((width - LABEL_W) // 110)))
-    long_range = axis.end - axis.start >= 2 * 86400
-    for i in range(ticks + 1):
-        at = axis.start + (axis.end - axis.start) * i / ticks
+    most = max(2, min(8, int((width - LABEL_W) // 110)))
+    step, found = ticks(axis.start, axis.end, most)
+    for i, at in enumerate(found):
         x = axis.x(at)
         parts.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{height}" stroke="#eee"/>')
-        anchor = "start" if i == 0 else "end" if i == ticks else "middle"
-        stamp = format_time(at)
-        label = stamp[5:10] if long_range else stamp[5:16].replace("T", " ")  # MM-DD or MM-DD hh:mm (UTC)
-        parts.append(f'<text x="{x:.1f}" y="{AXIS_H - 10}" text-anchor="{anchor}">{escape(label)}'
-                     f"<title>{escape(stamp)}</title></text>")
+        anchor = "start" if x - LABEL_W < TICK_EDGE_PX else "end" if width - 10 - x < TICK_EDGE_PX else "middle"
+        parts.append(f'<text x="{x:.1f}" y="{AXIS_H - 10}" text-anchor="{anchor}">'
+                     f"{escape(tick_label(at, step, i == 0))}<title>{escape(format_time(at))}</title></text>")
     return parts
 
 
@@ -248,8 +306,9 @@ def svg_timeline(result: ReplayResult, nodes: Sequence[str], width: float = 1100
         y = AXIS_H + row * ROW_H
         parts.append(f'<g class="node-row" data-row="{row}" data-node="{escape(node)}">')
         unacted = [u for u in result.unacted if u.node == node and axis.shows(u.start, u.end)]
-        flag = (f'<tspan class="unacted-row" fill="{UNACTED_COLORS[BREAKER_HELD]}">\u25bc </tspan>'
-                if any(u.category != UNKNOWN for u in unacted) else "")
+        causes = {u.category for u in unacted if u.category != UNKNOWN}  # one mark per cause, in its colour
+        flag = "".join(f'<tspan class="unacted-row" data-category="{escape(c)}" fill="{UNACTED_COLORS.get(c, "#888")}">'
+                       "\u25bc </tspan>" for c in sorted(causes, key=_cause_order))
         parts.append(f'<text class="row" x="4" y="{y + BAR_H - 2}">{flag}{escape(node[:24])}'
                      f"<title>{escape(node)}</title></text>")
         parts.append(f'<line x1="{LABEL_W}" y1="{y + BAR_H / 2}" x2="{width - 10}" y2="{y + BAR_H / 2}" '
@@ -287,6 +346,25 @@ def svg_timeline(result: ReplayResult, nodes: Sequence[str], width: float = 1100
         parts.append(f'<text x="{LABEL_W}" y="{AXIS_H + 14}">no node was affected</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _cause_order(category: str) -> int:
+    return list(UNACTED_COLORS).index(category) if category in UNACTED_COLORS else len(UNACTED_COLORS)
+
+
+def _changes(result: ReplayResult, node: str, start: float, end: float) -> bool:
+    """Something of ``node`` starts or changes between start and end (a transition, a wait beginning or ending, a
+    fault seen and not acted on): a zoom is offered there, not on every day a long bar only spans."""
+    def began(at: float) -> bool:
+        return start <= at < end
+
+    def ended(at: float) -> bool:  # an end at midnight is the day before's (a zoom would show nothing of it)
+        return start < at <= end and at < result.end
+
+    spans = [(s.start, s.end) for s in result.spans if s.node == node] + \
+        [(w.start, w.end) for w in result.waits if w.node == node] + \
+        [(u.start, u.end) for u in result.unacted if u.node == node]
+    return any(began(a) or (b > a and ended(b)) for a, b in spans)
 
 
 def _active(result: ReplayResult, node: str, start: float, end: float) -> bool:
@@ -327,13 +405,15 @@ def _label(window: tuple[float, float]) -> str:
 
 
 def _zooms(results: Sequence[ReplayResult], nodes: Sequence[str], width: float) -> tuple[str, str]:
-    """The zoom links (only ranges with something in them) and their panes, shown by :target."""
+    """The zoom links (only ranges where something starts or changes, or a breaker opens) and their panes, shown by
+    :target; a zoom shows every row with something in its range."""
     first = results[0]
     links, panes = [], []
     for window in zoom_windows(first.start, first.end):
-        rows = [n for n in nodes if any(_active(r, n, *window) for r in results)]
-        if not rows:
+        if not any(_changes(r, n, *window) for r in results for n in nodes) and \
+                not any(window[0] <= t.at < window[1] for r in results for t in r.trips):
             continue
+        rows = [n for n in nodes if any(_active(r, n, *window) for r in results)]
         ident = zoom_id(window)
         links.append(f'<a href="#{ident}" title="{escape(format_time(window[0]))} → '
                      f'{escape(format_time(window[1]))}">{escape(_label(window))}</a>')
@@ -473,15 +553,15 @@ def render_html(results: Sequence[ReplayResult]) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title><style>{STYLE}</style></head>
 <body>
+<section id="range" class="range" hidden><h2>Range: <span class="what"></span> <a class="small"
+href="#timeline">back to the whole range</a></h2><div class="panes"></div></section>
+{zooms}
 <h1>{escape(title)}</h1>
 {_headline(results)}
 <p class="small">{escape(format_time(first.start))} → {escape(format_time(first.end))}
 ({escape(duration(first.end - first.start))}), scrape every {first.step_s:g}s, {len(first.gpus)} GPU nodes,
 {sum(first.gpus.values())} GPUs. What the controller would have done: the same code as the controller,
 on a simulated clock. Hover a bar for details.</p>
-<section id="range" class="range" hidden><h2>Range: <span class="what"></span> <a class="small"
-href="#timeline">back to the whole range</a></h2><div class="panes"></div></section>
-{zooms}
 <h2 id="timeline">Timeline: {len(nodes)} node(s) acted on, waiting, or with faults not acted on (times UTC)</h2>
 {legend()}
 {nav}

@@ -16,8 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuremediate.replay.html import MIN_BAR_PX, RANGE_SCRIPT, Axis, render_html, zoom_id, zoom_windows
-from gpuremediate.replay.result import ReplayResult
+from gpuremediate.replay.html import (
+    MIN_BAR_PX,
+    RANGE_SCRIPT,
+    UNACTED_COLORS,
+    Axis,
+    render_html,
+    tick_label,
+    ticks,
+    zoom_id,
+    zoom_windows,
+)
+from gpuremediate.replay.result import BREAKER_HELD, EXCLUDED, ReplayResult
 from gpuremediate.replay.text import out_of_service
 from tests.replay.helpers import HOUR, T0, fleet, run, xid
 
@@ -111,7 +121,8 @@ def _in_zoom(element: Element) -> str:
 def test_the_headline_comes_first_with_cost_people_and_breaker(month: tuple[ReplayResult, Page]) -> None:
     result, page = month
     body = page.find("body")[0]
-    first_blocks = [c for c in body.children if c.tag != "h1"]
+    # the range and zoom views come before it, unseen unless the address asks for one (hidden, :target)
+    first_blocks = [c for c in body.children if c.tag != "h1" and not ({"range", "zoom"} & c.classes())]
     assert "headline" in first_blocks[0].classes(), [c.tag for c in body.children]
     figures = {f.attrs["data-figure"]: f for f in page.find("div", "figure")}
     assert figures["gpu-hours"].children[0].text == f"{result.gpu_hours():,.1f}"
@@ -134,7 +145,7 @@ def test_a_35_minute_repair_on_a_30_day_axis_is_drawn_wide_enough_to_see(month: 
     assert f"every bar at least {MIN_BAR_PX:g} px wide" in page.find("p", "legend")[0].all_text()
 
 
-def test_every_day_with_something_in_it_can_be_zoomed_into_from_a_link_or_the_address(
+def test_every_day_where_something_happens_can_be_zoomed_into_from_a_link_or_the_address(
         month: tuple[ReplayResult, Page]) -> None:
     result, page = month
     assert re.search(r"\.zoom\s*\{\s*display:\s*none;", page.style)
@@ -248,3 +259,164 @@ console.log(JSON.stringify({{
     assert got["times"] == {"from": T0 + 4 * DAY + 6 * HOUR, "to": T0 + 4 * DAY + 18.5 * HOUR}
     assert got["open"] == {"from": None, "to": T0 + 2 * DAY} and got["fixed"] is None and got["bad"] is None
     assert got["xs"] == pytest.approx([axis.x(T0 - 100), axis.x(T0 + DAY), axis.x(T0 + 5 * DAY)])
+
+
+# ---- issue 50: the axis, the rows' marks, where zooms are offered, the views at the top ------------------------
+
+def _axis_labels(svg: Element) -> list[str]:
+    axis = next(c for c in svg.children if c.tag == "g" and "axis" in c.classes())
+    return [t.text for t in axis.children if t.tag == "text"]
+
+
+def test_axis_ticks_are_labelled_by_the_unit_they_step_in(month: tuple[ReplayResult, Page]) -> None:
+    """`#from=2026-11-09&to=2026-11-12` read `11-09 11-09 11-10 11-10 ...`: a tick every 12 h labelled by its date.
+    Ticks fall on multiples of their step and say it: a date for days and weeks, a time for hours (with the date
+    at the first tick and at midnight); no two read the same."""
+    _, page = month
+    svgs = page.find("svg")
+    assert svgs and all(len(set(_axis_labels(svg))) == len(_axis_labels(svg)) >= 2 for svg in svgs), \
+        [_axis_labels(svg) for svg in svgs]
+    (whole,) = page.find("svg", "whole")
+    assert _axis_labels(whole) == ["11-02", "11-09", "11-16", "11-23", "11-30"]  # weekly, on Mondays
+    day = next(s for s in page.find("section", "zoom") if s.attrs["id"] == zoom_id((T0 + 3 * DAY, T0 + 4 * DAY)))
+    (zoomed,) = [e for e in page.elements if e.tag == "svg" and day in e.parents]
+    assert _axis_labels(zoomed) == ["11-04 00:00", "06:00", "12:00", "18:00", "11-05 00:00"]
+    step, found = ticks(T0 + 8 * DAY, T0 + 12 * DAY, 8)  # what the issue's range asks for (a date alone as "to")
+    assert [tick_label(t, step, i == 0) for i, t in enumerate(found)] == ["11-09", "11-10", "11-11", "11-12",
+                                                                          "11-13"]
+    step, found = ticks(T0 + 8 * DAY + 6 * HOUR, T0 + 8 * DAY + 12 * HOUR, 8)
+    assert [tick_label(t, step, i == 0) for i, t in enumerate(found)] == [
+        "11-09 06:00", "07:00", "08:00", "09:00", "10:00", "11:00", "12:00"]
+
+
+def test_each_rows_mark_takes_the_colour_of_its_cause(month: tuple[ReplayResult, Page]) -> None:
+    """Every "not acted on" row carried a red ▼ (the legend's breaker-held) whatever its cause: node-9's was
+    excluded (purple)."""
+    _, page = month
+    marks = {}
+    for text in page.find("text", "row"):
+        if not _in_zoom(text):
+            marks[text.text] = [(c.attrs["data-category"], c.attrs["fill"]) for c in text.children
+                                if "unacted-row" in c.classes()]
+    assert marks["node-9"] == [(EXCLUDED, UNACTED_COLORS[EXCLUDED])]
+    assert all(marks[n] == [(BREAKER_HELD, UNACTED_COLORS[BREAKER_HELD])] for n in ("node-5", "node-6", "node-7"))
+    legend = page.find("p", "legend")[0].all_text()
+    for category in UNACTED_COLORS:
+        assert f"seen, not acted on: {category}" in legend
+    legend_colors = {b.attrs["style"] for b in page.elements if b.tag == "b" and b.within(
+        lambda p: "legend" in p.classes())}
+    assert {f"color:{c}" for c in UNACTED_COLORS.values()} == legend_colors
+
+
+def test_zooms_are_offered_where_something_starts_or_changes(month: tuple[ReplayResult, Page]) -> None:
+    """node-2 is quarantined from day 14 to the end: its bar spans 16 days, and only the day it started gets a zoom
+    (22 of 30 days had one when every day a bar spans did)."""
+    result, page = month
+    linked = {a.attrs["href"][1:] for a in page.find("a") if a.within(lambda p: "zoomnav" in p.classes())}
+    days = {zoom_id((T0 + d * DAY, T0 + (d + 1) * DAY)): d for d in range(30)}
+    assert {days[z] for z in linked} == {3, 5, 14, 20, 25}, sorted(days[z] for z in linked)
+    started = [s for s in result.spans if s.node == "node-2"]
+    assert started and max(s.end for s in started) == result.end  # the bar runs on to the end, unlinked
+
+
+def test_zoom_and_range_views_open_at_the_top_of_the_page(month: tuple[ReplayResult, Page]) -> None:
+    """They came after the headline: the browser scrolled ~200 px down to them (a blank band in a screenshot).
+    Now they are the page's first blocks, with a scroll margin as tall as the page's own."""
+    _, page = month
+    body = page.find("body")[0]
+    order = [c for c in body.children if c.tag in ("section", "h1")]
+    first_h1 = next(i for i, c in enumerate(order) if c.tag == "h1")
+    assert all(c.tag == "section" for c in order[:first_h1]) and order[0].attrs.get("id") == "range"
+    assert not [c for c in order[first_h1:] if c.tag == "section"]
+    assert re.search(r"\.zoom, \.range \{[^}]*scroll-margin-top: 24px", page.style)
+
+
+# ---- the same in a browser: Debian's chromium, headless --------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium(tmp: Path, url: str, *mode: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    profile = tmp / f"profile-{len(list(tmp.iterdir()))}"
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=1400,900",
+                           "--virtual-time-budget=3000", *mode, url],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _png_rows(path: Path) -> list[bytes]:
+    """The rows of an 8-bit RGB(A) PNG (what chromium's --screenshot writes), unfiltered, with the stdlib only."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    at, chunks, header = 8, b"", b""
+    while at < len(data):
+        (length,), kind = struct.unpack(">I", data[at:at + 4]), data[at + 4:at + 8]
+        body = data[at + 8:at + 8 + length]
+        header = body if kind == b"IHDR" else header
+        chunks += body if kind == b"IDAT" else b""
+        at += 12 + length
+    width, height, depth, color = struct.unpack(">IIBB", header[:10])
+    assert depth == 8 and color in (2, 6), (depth, color)
+    bpp = 4 if color == 6 else 3
+    raw, stride, rows, prior = zlib.decompress(chunks), width * bpp, [], bytearray(width * bpp)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - bpp] if i >= bpp else 0
+            up, corner = prior[i], prior[i - bpp] if i >= bpp else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 255
+            elif kind == 2:
+                line[i] = (line[i] + up) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 255
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
+        rows.append(bytes(line[j] for j in range(stride) if j % bpp < 3))
+        prior = line
+    return rows
+
+
+@pytest.fixture(scope="module")
+def month_page(month: tuple[ReplayResult, Page], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    result, _ = month
+    path = tmp_path_factory.mktemp("page") / "replay.html"
+    path.write_text(render_html([result]), encoding="utf-8")
+    return path
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install -y chromium); the DOM checks above run")
+def test_in_chromium_a_zoom_opens_at_the_top_with_no_blank_band(month_page: Path, tmp_path: Path) -> None:
+    shot = tmp_path / "zoom.png"
+    url = f"{month_page.as_uri()}#{zoom_id((T0 + 20 * DAY, T0 + 21 * DAY))}"
+    done = _chromium(tmp_path, url, f"--screenshot={shot}")
+    assert shot.exists(), done.stderr[-2000:]
+    rows = _png_rows(shot)
+    inked = [y for y, row in enumerate(rows) if any(v < 200 for v in row)]
+    assert inked and inked[0] < 60, f"the first ink is {inked[0] if inked else None} px down"  # was ~200
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install -y chromium); the DOM checks above run")
+def test_in_chromium_a_range_in_the_address_is_drawn_with_its_own_ticks(month: tuple[ReplayResult, Page],
+                                                                        month_page: Path, tmp_path: Path) -> None:
+    """The issue's #from=2026-11-09&to=2026-11-12, drawn by the page's script: one tick a day, each its own date,
+    the same ticks the page draws for that range itself; and the whole range redrawn reads as the page's axis."""
+    _, page = month
+    for query, expected in (("from=2026-11-09&to=2026-11-12", ["11-09", "11-10", "11-11", "11-12", "11-13"]),
+                            ("from=2026-11-01&to=2026-11-30", _axis_labels(page.find("svg", "whole")[0])),
+                            ("from=2026-11-21T06:00&to=2026-11-21T12:00",
+                             ["11-21 06:00", "07:00", "08:00", "09:00", "10:00", "11:00", "12:00"])):
+        done = _chromium(tmp_path, f"{month_page.as_uri()}#{query}", "--dump-dom")
+        assert done.returncode == 0 and "</html>" in done.stdout, done.stderr[-2000:]
+        drawn = Page(done.stdout)
+        (section,) = drawn.find("section", id="range")
+        assert "hidden" not in section.attrs
+        svgs = [e for e in drawn.elements if e.tag == "svg" and section in e.parents]
+        assert len(svgs) == 1 and _axis_labels(svgs[0]) == expected, (query, [_axis_labels(s) for s in svgs])
