@@ -11,7 +11,50 @@ from types import ModuleType
 from manifests_support import ROOT, controller_metrics
 
 README = ROOT / "README.md"
-DOCS = ("architecture", "operations", "metrics", "troubleshooting", "agent")
+DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md"))
+# every page under docs/, by its path there without .md (docs/internals/kube.md is "internals/kube"): README
+# links each one (its documentation list)
+DOCS = tuple(str(p.relative_to(ROOT / "docs").with_suffix("")) for p in DOC_PAGES)
+
+OLD_HEADINGS: dict[str, tuple[str, ...]] = {
+    # docs/operations.md before it was split by question (issue 44): its index keeps each heading
+    "operations.md": (
+        'Before you install: the dcgm-exporter counters',
+        'Install with Helm',
+        'Install with kustomize',
+        'The policy',
+        'First rollout: dry-run',
+        'Reading GPU health from Prometheus: `--source=prometheus`',
+        'The recording rules',
+        "Three sources of GPU health: metrics, the node agent, other tools' NodeConditions",
+        'Choosing the budget and the breaker',
+        'A sandbox to try the commands: `make sandbox`',
+        'Pausing all new work: `gpuremediate pause`',
+        'Failure domains: a budget per rack, a breaker per domain',
+        'NVLink domains (GB200 / GB300 NVL72): fabric state, Fabric Manager, IMEX',
+        'The findings and what they do',
+        'What never fires, and why',
+        'A rack at once: the domain breaker on the clique label',
+        'A rack as one unit: `[fabric] domain_action`',
+        'Sources of the names and values',
+        'Drain gates and pacing',
+        'Telling the job why it died: `GPUFault` Events on pods',
+        'Pods failing on a node with GPU errors: `[workload]`',
+        'Notifications: a webhook for what needs a person (and, if you like, every repair)',
+        'Escalation ladder',
+        'Diagnostics before the first repair',
+        'One bad GPU out instead of its node: `[isolation] scope = "gpu"` (DRA clusters)',
+        'Without DRA: `[isolation] without_dra = "device-plugin"`',
+        'MIG nodes',
+        'GPU reset on GPU-operator nodes',
+        'Reading `status` and `explain`',
+        'Releasing a quarantined node',
+        'Keeping a node cordoned whatever gpuremediate finishes',
+        'A Node whose annotations are full',
+        'Running several replicas (sharding)',
+        'Upgrades',
+    ),
+}
 
 
 def _count_module() -> ModuleType:
@@ -59,11 +102,95 @@ def _links(path: Path) -> list[str]:
 
 def test_readme_links_every_doc_and_every_link_resolves() -> None:
     links = _links(README)
+    assert len(DOCS) >= 20
     for name in DOCS:
         assert f"docs/{name}.md" in links, f"README does not link docs/{name}.md"
-    for path in [README, *(ROOT / "docs" / f"{n}.md" for n in DOCS)]:
+    for path in [README, *DOC_PAGES]:
         for target in _links(path):
             assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: its text lowercased, every character but letters, digits, spaces, '-'
+    and '_' dropped, each space a '-' (inline code's backticks and a link's brackets go with the punctuation)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())  # a link in a heading: its text
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor of a Markdown page: its headings' slugs (outside code blocks), a repeated one with -1, -2...
+    as GitHub numbers them, and any explicit ``<a name="...">`` / ``id="..."``."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    fence = ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        marker = re.match(r"^\s*(```|~~~)", line)
+        if marker:
+            fence = "" if fence == marker.group(1) else fence or marker.group(1)
+            continue
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if fence or heading is None:
+            continue
+        slug = github_slug(heading.group(1))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    found.update(re.findall(r"""<a\s+(?:name|id)=["']([^"']+)["']""", path.read_text(encoding="utf-8")))
+    return found
+
+
+def _links_with_anchors(path: Path) -> list[tuple[str, str]]:
+    """(file, anchor) of every relative link of the page, outside code blocks and inline code ("" for none)."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    found = []
+    for target in re.findall(r"\]\(([^()\s]+)\)", text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file, _, anchor = target.partition("#")
+        found.append((file, anchor))
+    return found
+
+
+def test_github_slug_follows_githubs_rules() -> None:
+    assert github_slug("Reading GPU health from Prometheus: `--source=prometheus`") == \
+        "reading-gpu-health-from-prometheus---sourceprometheus"
+    assert github_slug("A rack as one unit: `[fabric] domain_action`") == "a-rack-as-one-unit-fabric-domain_action"
+    assert github_slug("Three sources of GPU health: metrics, the node agent, other tools' NodeConditions") == \
+        "three-sources-of-gpu-health-metrics-the-node-agent-other-tools-nodeconditions"
+    assert github_slug("`gpuremediate.kube` — the REST client") == "gpuremediatekube--the-rest-client"
+
+
+def test_every_relative_link_and_anchor_in_readme_and_the_docs_resolves() -> None:
+    broken = []
+    for page in [README, *DOC_PAGES]:
+        for file, anchor in _links_with_anchors(page):
+            target = (page.parent / file).resolve() if file else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {file} does not exist")
+            elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+                broken.append(f"{page.relative_to(ROOT)}: {file or page.name}#{anchor}: no such heading")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_anchor_check_finds_a_missing_file_and_heading(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# Top\n\n## Two words: `x`\n\n```\n# not a heading\n```\n## Two words: `x`\n",
+                                   encoding="utf-8")
+    assert anchors(tmp_path / "a.md") == {"top", "two-words-x", "two-words-x-1"}
+    (tmp_path / "b.md").write_text("[ok](a.md#two-words-x) [bad](a.md#not-a-heading) [gone](c.md) "
+                                   "`[code](c.md)`\n", encoding="utf-8")
+    assert _links_with_anchors(tmp_path / "b.md") == [("a.md", "two-words-x"), ("a.md", "not-a-heading"),
+                                                     ("c.md", "")]
+    assert "not-a-heading" not in anchors(tmp_path / "a.md")
+
+
+def test_old_operations_and_internals_anchors_still_land_somewhere() -> None:
+    """The split pages keep every heading the one-page docs had: each still an anchor of the old page (its
+    index), whose text links on to where the section is now."""
+    for page, headings in OLD_HEADINGS.items():
+        kept = anchors(ROOT / "docs" / page)
+        for heading in headings:
+            assert github_slug(heading) in kept, f"docs/{page}#{github_slug(heading)} is gone"
 
 
 def test_metrics_doc_lists_every_metric_the_controller_exports() -> None:

@@ -25,6 +25,27 @@ def test_base_policy_is_the_generated_defaults() -> None:
     assert BASE.read_text(encoding="utf-8") == doc.policy_toml(), f"out of date with the schema; run: {REGENERATE}"
 
 
+def test_the_policy_reference_page_is_the_generated_markdown() -> None:
+    page = (ROOT / "docs/policy-reference.md").read_text(encoding="utf-8")
+    assert page == doc.policy_markdown(), ("docs/policy-reference.md is out of date with the schema; run: "
+                                           "python -m gpuremediate.policy.doc --markdown > docs/policy-reference.md")
+
+
+def test_the_policy_reference_has_every_section_and_setting_of_the_policy_file() -> None:
+    """The Markdown says what the TOML says: each [section] a heading, each setting a row with the same default."""
+    toml_text, page = doc.policy_toml(), doc.policy_markdown()
+    for table in re.findall(r"^\[([a-z_.A-Za-z]+)\]$", toml_text, re.MULTILINE):
+        assert f"`[{table}]`" in page, table
+    section = ""
+    for line in toml_text.splitlines():
+        header = re.match(r"^\[([A-Za-z_.]+)\]$", line)
+        section = header.group(1) if header else section
+        setting = re.match(r"^([A-Za-z_]+) = (.*)$", line)
+        if setting:
+            assert f"| `{setting.group(1)}` | `{setting.group(2).replace('|', chr(92) + '|')}` |" in page, \
+                f"[{section}] {setting.group(1)}"
+
+
 def test_generated_policy_loads_to_exactly_the_built_in_defaults() -> None:
     loaded = loads_policy(doc.policy_toml(), "policy.toml")
     builtin = default_policy()
