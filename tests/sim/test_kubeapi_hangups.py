@@ -7,6 +7,7 @@ then BAD_LENGTH (the 500 the emulator then tried to write on the dead connection
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import ssl
 import struct
@@ -17,6 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 from sim.kubeapi import KubeAPIServer
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed (the TLS emulator's "
+                                "certificate): apt-get install -y openssl")
 
 
 @pytest.fixture(scope="module")

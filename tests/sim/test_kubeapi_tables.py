@@ -203,7 +203,8 @@ def test_jsonpath_and_human_durations() -> None:
         ["0s", "111s", "2m45s", "14m", "3h", "9h", "3d1h", "400d"]
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (the Table checks above run)")
+@pytest.mark.skipif(shutil.which("kubectl") is None or shutil.which("openssl") is None,
+                    reason="kubectl (and openssl for the TLS emulator) not installed: the Table checks above run")
 def test_kubectl_get_prints_the_columns(tmp_path: Path) -> None:
     server = KubeAPIServer(tls=True).start()  # kubectl sends a bearer token over https only
     try:
