@@ -5,13 +5,16 @@ it before either acts. Faults are injected before the controller starts, so its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from e2e.harness import Cluster, EmulatorCluster, make_cluster, policy_toml
 from e2e.test_shards import Replica, _holders
+from gpuremediate.actions.node_status import build_condition, conditions_patch
+from gpuremediate.kube.resources import NODES
 from gpuremediate.state import states
 
 BUDGET_ALL = {"max_unavailable": "100%"}
@@ -99,3 +102,91 @@ def test_faults_below_the_threshold_split_across_two_shards_are_all_acted_on(
     cluster.wait(lambda: all(cluster.unschedulable(n) for n in stormed), 60, "every faulted node cordoned",
                  seen=lambda: [n for n in stormed if not cluster.unschedulable(n)])
     assert sum(r.metrics().value("gpuremediate_circuit_breaker_open") for r in replicas) == 0
+
+
+# ---- the arrival rate (issue 49): a storm handed over in installments ------------------------------------------
+
+LOOK_S = 3.0  # the look: about one scrape interval of the source and a few polls (here the agents' installments)
+LOOK_BREAKER = {**BREAKER, "look_s": LOOK_S}  # 20 nodes: a look past 2 within 30 s (10 %), the breaker past 6
+STORM_BREAKER = {**BREAKER, "look_s": 15.0}  # the scenario looks at the held faults before the next installment
+DEADLOCK_RULE = {"rules": [{"type": "KernelDeadlock", "status": "True", "action": "cordon"}]}
+TWENTY = 20
+
+
+@pytest.fixture
+def twenty(tmp_path: Path) -> Iterator[EmulatorCluster]:
+    cluster = make_cluster(tmp_path, nodes=TWENTY)
+    if not isinstance(cluster, EmulatorCluster):
+        pytest.skip("20 simulated GPU nodes (a kubeconfig cluster's nodes are its own)")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _condition_storm(cluster: Cluster, nodes: list[str]) -> None:
+    """The agents of ``nodes`` say the kernel hangs (a node-problem-detector condition the policy cordons for)."""
+    for node in nodes:
+        cond = build_condition(None, "KernelDeadlock", "True", "DockerHung", "task docker:7 blocked", time.time())
+        cluster.kube.patch(NODES, node, conditions_patch([cond]), patch_type="strategic", subresource="status")
+
+
+def _held_by_look(cluster: Cluster, node: str) -> bool:
+    rec = cluster.record(node)
+    return (rec is not None and rec.blocked is not None and rec.blocked.reason == "breaker"
+            and rec.blocked.detail.startswith("storm look"))
+
+
+def _never_cordoned(cluster: Cluster) -> Callable[[], str | None]:
+    return lambda: next((f"{n} cordoned" for n in cluster.nodes if cluster.unschedulable(n)), None)
+
+
+def test_a_storm_of_node_conditions_in_installments_opens_the_breaker_with_nothing_cordoned(
+        twenty: EmulatorCluster) -> None:
+    cluster = twenty
+    first, second = cluster.nodes[:4], cluster.nodes[4:8]  # 4 of 20: past the rate; 8 of 20: past 30 %
+    # The first installment is there when the controller starts, so one read hands it over whole (patched while it
+    # runs, a detect cycle could fall between two patches: up to the rate's 2 would be acted on, as the policy says).
+    _condition_storm(cluster, first)
+    with cluster.invariant(_never_cordoned(cluster), "no node of the storm cordoned"):
+        cluster.start_controller({"budget": BUDGET_ALL, "breaker": STORM_BREAKER, "conditions": DEADLOCK_RULE})
+        cluster.wait(lambda: all(_held_by_look(cluster, n) for n in first), 20, "the first installment held",
+                     seen=lambda: [cluster.summary(n) for n in first])
+        assert cluster.metrics().value("gpuremediate_breaker_look_held") == 4
+        out = cluster.cli("status").stdout
+        assert "STORM LOOK: 4 new faults held" in out, out
+        _condition_storm(cluster, second)
+        cluster.wait(lambda: all(_breaker_held(cluster, n) and not _held_by_look(cluster, n)
+                                 for n in first + second), 20, "the storm held by the open breaker",
+                     seen=lambda: [cluster.summary(n) for n in first + second])
+        cluster.holds(lambda: not any(cluster.unschedulable(n) for n in cluster.nodes), 2,
+                      "nothing cordoned after the breaker opened")
+    assert cluster.metrics().value("gpuremediate_circuit_breaker_open") == 1
+    assert cluster.metrics().value("gpuremediate_breaker_looks_total", outcome="breaker-open") == 1
+    cluster.wait_event(first[0], "GPURemediationBreakerLook", "4 GPU nodes faulted within 30s", timeout=10)
+    out = cluster.cli("breaker", "status").stdout
+    assert "circuit breaker: open (8 of 20 GPU nodes faulted" in out and "with the breaker open" in out, out
+
+
+def test_a_small_burst_of_node_conditions_passes_at_once_and_a_larger_one_after_the_look(
+        twenty: EmulatorCluster) -> None:
+    cluster = twenty
+    cluster.start_controller({"budget": BUDGET_ALL, "breaker": LOOK_BREAKER, "conditions": DEADLOCK_RULE})
+    pair = cluster.nodes[:2]  # a handful: not more than the rate allows
+    _condition_storm(cluster, pair)
+    cluster.wait(lambda: all(cluster.unschedulable(n) for n in pair), 10, "the pair cordoned at once",
+                 seen=lambda: [cluster.summary(n) for n in pair])
+    assert not any(_held_by_look(cluster, n) for n in pair)
+    assert not cluster.metrics().has("gpuremediate_breaker_looks_total", outcome="opened")
+    burst = cluster.nodes[10:14]  # 6 of 20 within the window: a look, and it stays under the threshold (30 %)
+    started = time.monotonic()
+    _condition_storm(cluster, burst)
+    cluster.wait(lambda: all(_held_by_look(cluster, n) for n in burst), 10, "the burst held by the look",
+                 seen=lambda: [cluster.summary(n) for n in burst])
+    cluster.wait(lambda: all(cluster.unschedulable(n) for n in burst), 20, "the burst cordoned once the look ended",
+                 seen=lambda: [cluster.summary(n) for n in burst])
+    assert time.monotonic() - started >= LOOK_S - 0.5
+    assert cluster.metrics().value("gpuremediate_circuit_breaker_open") == 0
+    assert cluster.metrics().value("gpuremediate_breaker_looks_total", outcome="released") == 1
+    assert all(cluster.state(n) != states.HEALTHY for n in [*pair, *burst])

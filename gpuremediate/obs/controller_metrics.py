@@ -164,6 +164,8 @@ class ControllerMetrics:
             self.degradation_gpus,
             self.trend_requests,
             self.circuit_breaker_open,
+            self.breaker_look_held,
+            self.breaker_looks,
             self.paused,
             self.policy_empty,
             self.domains_tripped,
