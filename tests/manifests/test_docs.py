@@ -54,6 +54,23 @@ OLD_HEADINGS: dict[str, tuple[str, ...]] = {
         'Running several replicas (sharding)',
         'Upgrades',
     ),
+    # docs/internals.md before it was split by seam (issue 44): its index keeps each heading
+    "internals.md": (
+        '`gpuremediate.kube` — the REST client',
+        '`sim.kubeapi` — the Kubernetes API emulator',
+        '`sim.nodesim` — the kubelet stand-in (talks to any API server through `KubeClient`)',
+        '`sim.gpusim` — the dcgm-exporter stand-in',
+        'Signals and policy',
+        'gpuremediate.state',
+        'The controller and its loops (`gpuremediate/controller.py`, `gpuremediate/loops/`, `gpuremediate/actions/`)',
+        'Drain and repair variants: one interface each, one table each (issue 25)',
+        'Busy, big and hostile clusters: the contracts added for them',
+        'Scale, sources and operability: the contracts added for them',
+        'MIG, the GPU reset sequence, escalation: the contracts added for them',
+        'DRA device taints: the primitives of GPU-level isolation (issue 26)',
+        "The operator's CLI conventions",
+        'Time',
+    ),
 }
 
 
