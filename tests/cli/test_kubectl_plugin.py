@@ -3,6 +3,7 @@ that runs the same CLI (kubectl finds it on PATH and hands it the arguments afte
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,6 +74,11 @@ def test_the_plugin_runs_status_explain_pause_and_release(api: tuple[KubeClient,
     assert plugin(["pause", "--reason", "upgrade", "--by", "alice", *flags, "-n", NS]) == 0
     assert "paused by alice: upgrade" in capsys.readouterr().out
     assert BreakerStore(client, NS).latest_pause().paused
+    assert plugin(["status", *flags, "-n", NS, "-o", "json"]) == 0  # the same object as `gpuremediate status`
+    shown = json.loads(capsys.readouterr().out)
+    assert cli.main(["status", *flags, "-n", NS, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == shown and shown["kind"] == "FleetStatus"
+    assert shown["fleet"]["paused"]["by"] == "alice" and shown["nodes"][0]["state"] == "quarantined"
     assert plugin(["release", "gpu-q", "--by", "alice", *flags]) == 0
     assert "gpu-q: validating" in capsys.readouterr().out
     record = record_from_node(client.get(NODES, "gpu-q"))
