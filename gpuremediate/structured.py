@@ -91,6 +91,18 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         Field("resetRequested", "string", "a reset annotation waiting for the controller to apply it (its value)",
               nullable=True),
         Field("domains", "[DomainBreaker]", "failure domains whose breaker is open: no new work there only"),
+        Field("look", "StormLook", "the latest storm look (faults arriving faster than `[breaker]`'s look rate "
+                                   "wait to see whether they open the breaker); null: none yet", nullable=True),
+    ),
+    "StormLook": (
+        Field("looking", "boolean", "under way: the new work of `nodes` waits until `until`"),
+        Field("openedAt", "time", "when it opened", nullable=True),
+        Field("until", "time", "when it ends at the latest", nullable=True),
+        Field("reason", "string", "why it opened", nullable=True),
+        Field("nodes", "[string]", "the nodes whose faults it holds (held: arrived since it opened)"),
+        Field("endedAt", "time", "when it ended; null while under way", nullable=True),
+        Field("outcome", "string", "how it ended: `released` (the faults went on) or `opened` (the breaker "
+                                   "opened); null while under way", nullable=True),
     ),
     "DomainBreaker": (
         Field("label", "string", "the node label of the domain (`[breaker] domain_labels`)"),
@@ -287,7 +299,16 @@ def breaker_view(breaker: Any, *, dry_run: bool = False, reset_requested: str | 
             "resetBy": or_none(breaker.reset_by), "resetAt": rfc3339(breaker.reset_at),
             "resetRequested": or_none(reset_requested),
             "domains": [{"label": t.label, "value": t.value, "reason": or_none(t.reason),
-                         "openedAt": rfc3339(t.opened_at)} for t in breaker.domains]}
+                         "openedAt": rfc3339(t.opened_at)} for t in breaker.domains],
+            "look": _look_view(breaker.look)}
+
+
+def _look_view(look: Any) -> dict[str, Any] | None:
+    if look is None:
+        return None
+    return {"looking": bool(look.looking), "openedAt": rfc3339(look.opened_at), "until": rfc3339(look.until),
+            "reason": or_none(look.reason), "nodes": list(look.nodes), "endedAt": rfc3339(look.ended_at),
+            "outcome": or_none(look.outcome)}
 
 
 def pause_view(pause: Any) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from gpuremediate.kube import miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
 from gpuremediate.policy.findings import ACTION_RESET_GPU, KIND_ECC_DBE
-from gpuremediate.policy.safety import CircuitBreaker, DomainTrip, Pause
+from gpuremediate.policy.safety import LOOK_OPENED, CircuitBreaker, DomainTrip, Look, Pause
 from gpuremediate.state import record as r
 from gpuremediate.state import states
 from gpuremediate.state.record import Fault, NodeRecord, node_patch
@@ -213,10 +213,15 @@ def test_breaker_status_and_reset_print_a_breaker_status(api: tuple[KubeClient, 
     flags = ["--kubeconfig", kubeconfig, "-n", NS]
     closed = _printed(capsys, ["breaker", "status", *flags], structured.KIND_BREAKER_STATUS)["breaker"]
     assert closed == {"open": False, "dryRun": False, "reason": None, "openedAt": None, "resetBy": None,
-                      "resetAt": None, "resetRequested": None, "domains": []}
-    BreakerStore(client, NS).save(CircuitBreaker(open=True, opened_at=NOW, reason="storm"))
+                      "resetAt": None, "resetRequested": None, "domains": [], "look": None}
+    look = Look(opened_at=NOW, until=NOW + 20, reason="12 GPU nodes faulted within 30s", nodes=("gpu-a", "gpu-b"),
+                ended_at=NOW + 20, outcome=LOOK_OPENED)
+    BreakerStore(client, NS).save(CircuitBreaker(open=True, opened_at=NOW, reason="storm", look=look))
     opened = _printed(capsys, ["breaker", "status", *flags], structured.KIND_BREAKER_STATUS)["breaker"]
     assert opened["open"] is True and opened["reason"] == "storm" and opened["openedAt"] == NOW_TEXT
+    assert opened["look"] == {"looking": False, "openedAt": NOW_TEXT, "until": "2023-11-14T22:13:40Z",
+                              "reason": "12 GPU nodes faulted within 30s", "nodes": ["gpu-a", "gpu-b"],
+                              "endedAt": "2023-11-14T22:13:40Z", "outcome": LOOK_OPENED}
     assert "circuit breaker: open (storm)" in _out(capsys, ["breaker", "status", *flags])
     reset = json.loads(_out(capsys, ["breaker", "reset", *flags, "-o", "json"]))
     assert structured.validate(reset, structured.KIND_BREAKER_STATUS) == []
@@ -233,7 +238,8 @@ def test_breaker_status_and_reset_print_a_breaker_status(api: tuple[KubeClient, 
     ({"apiVersion": "v", "kind": "BreakerStatus", "extra": 1, "breaker": {}}, "$.extra: not in BreakerStatus"),
     ({"apiVersion": "v", "kind": "BreakerStatus", "breaker": {
         "open": "no", "dryRun": False, "reason": "-", "openedAt": 1700000000.0, "resetBy": None, "resetAt": None,
-        "resetRequested": None, "domains": [{"label": "rack"}]}}, "$.breaker.open: 'no' is not a boolean"),
+        "resetRequested": None, "domains": [{"label": "rack"}], "look": None}},
+     "$.breaker.open: 'no' is not a boolean"),
 ])
 def test_validate_names_what_differs_from_the_schema(broken: dict[str, Any], problem: str) -> None:
     problems = structured.validate(broken, structured.KIND_BREAKER_STATUS)
@@ -242,7 +248,7 @@ def test_validate_names_what_differs_from_the_schema(broken: dict[str, Any], pro
 
 def test_validate_refuses_an_epoch_an_empty_string_and_a_missing_nested_key() -> None:
     breaker = {"open": False, "dryRun": False, "reason": "", "openedAt": 1700000000.0, "resetBy": None,
-               "resetAt": None, "resetRequested": None, "domains": [{"label": "rack"}]}
+               "resetAt": None, "resetRequested": None, "domains": [{"label": "rack"}], "look": None}
     problems = structured.validate(breaker, "Breaker")
     assert "$.reason: '' is not a string" in problems
     assert "$.openedAt: 1700000000.0 is not a time" in problems
