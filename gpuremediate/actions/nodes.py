@@ -47,7 +47,7 @@ from gpuremediate.gpu_resources import (  # noqa: F401  # gpu_count and its labe
     node_gpu_resources,
 )
 from gpuremediate.kube import errors
-from gpuremediate.kube.cache import Informer
+from gpuremediate.kube.cache import Informer, strip_node
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
@@ -194,6 +194,23 @@ class NodeView:
             self._overlay[name] = merge_patch(current, _without_rv(patch))
 
 
+NOISE_METADATA = ("resourceVersion", "managedFields", "generation")
+OWN_PREFIX = "gpuremediate.io/"  # every Node annotation the controller reads is one of ours
+
+
+def decision_inputs(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a Node any decision reads: all of it, as the node cache holds it (``strip_node``), but its version,
+    others' annotations, and the writes that say nothing new (the conditions' heartbeat times, our own
+    GPURemediation condition, published after each write). Labels all count: a group's selector may read any."""
+    node = strip_node(dict(node))
+    meta = {k: v for k, v in (node.get("metadata") or {}).items() if k not in NOISE_METADATA}
+    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(OWN_PREFIX)}
+    status = dict(node.get("status") or {})
+    status["conditions"] = [{k: v for k, v in cond.items() if k != "lastHeartbeatTime"}
+                            for cond in status.get("conditions") or [] if cond.get("type") != REMEDIATION_CONDITION]
+    return {"metadata": meta, "spec": node.get("spec") or {}, "status": status}
+
+
 def _rv(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -280,7 +297,7 @@ class NodeWriter:
             return None
         else:
             try:
-                result = self.client.patch(NODES, name, patch)
+                result, rv = self._patch_guarded(node, patch)
             except errors.Conflict:
                 log.info("node changed since read; deciding again", extra={"node": name})
                 return None
@@ -302,6 +319,28 @@ class NodeWriter:
                     result = published
         self._report_blocked(name, before, record)
         return result
+
+    def _patch_guarded(self, node: Node, patch: dict[str, Any]) -> tuple[Node, str]:
+        """The resourceVersion-guarded patch. On a 409 the Node is read again: where nothing a decision reads
+        changed (a kubelet's heartbeat, our own GPURemediation condition published meanwhile), the decision holds
+        and the same patch is sent once more under the new version, instead of the loop deciding again from a cache
+        that lags (on an API server answering in seconds each heartbeat cost a whole decision). Else the 409 is
+        raised: the caller re-reads and decides again. Returns the node as written and the version it was based
+        on (the informer may still show that one)."""
+        name = name_of(node)
+        try:
+            result: Node = self.client.patch(NODES, name, patch)
+            return result, _rv(node)
+        except errors.Conflict:
+            if not _rv(node):
+                raise
+            fresh: Node = self.client.get(NODES, name)
+            if decision_inputs(fresh) != decision_inputs(node):
+                raise
+        log.info("node changed since read, not what the decision read: written again", extra={"node": name})
+        patch["metadata"]["resourceVersion"] = _rv(fresh)
+        again: Node = self.client.patch(NODES, name, patch)
+        return again, _rv(fresh)
 
     # ---- a record that does not fit (actions/held.py) -------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpuremediate.actions.node_status import DEFAULT_TAINT_KEY, REMEDIATION_CONDITION, TaintPolicy, find_condition
-from gpuremediate.actions.nodes import NodeWriter
+from gpuremediate.actions.nodes import KEEP_CORDONED_ANNOTATION, NodeWriter
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube import errors
@@ -153,3 +153,45 @@ def test_switching_to_instead_of_cordon_still_lifts_our_earlier_cordon(rig: Rig)
     assert not rig.node()["spec"].get("unschedulable"), "our old cordon stayed"
     rig.write(ours, cordon=True)  # with the setting on, a new flow does not cordon
     assert not rig.node()["spec"].get("unschedulable")
+
+
+def _heartbeat(client: KubeClient, name: str, at: str) -> None:
+    """What a kubelet posts every 10 s or so: the Ready condition's heartbeat time (its status unchanged)."""
+    client.patch(NODES, name, {"status": {"conditions": [{"type": "Ready", "status": "True",
+                                                          "lastHeartbeatTime": at}]}},
+                 patch_type="strategic", subresource="status")
+
+
+def test_a_write_that_met_only_a_heartbeat_is_sent_again_not_decided_again(rig: Rig) -> None:
+    """Issue 41: on an API server answering in seconds, each kubelet heartbeat between a read and its write cost a
+    409 and a whole new decision from a cache that lags. A node changed in nothing a decision reads (heartbeat
+    times, our own GPURemediation condition, another tool's annotation) takes the same write under its new version."""
+    _heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:00Z")
+    seen = rig.node()
+    _heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:10Z")  # the version moved, nothing else...
+    rig.client.patch(NODES, "gpu-1", {"metadata": {"annotations": {"example.com/owner": "team-b"}}})  # ...of ours
+    written = rig.writer.write(seen, HELD, cordon=True)
+    assert written is not None
+    assert rig.node()["spec"].get("unschedulable") is True
+    record = record_from_node(rig.node())
+    assert isinstance(record, NodeRecord) and record.state == states.DRAINING
+
+
+def test_a_write_whose_node_changed_in_what_decisions_read_is_decided_again(rig: Rig) -> None:
+    """A label, an annotation of ours, a condition's status or the spec changed since the read: the 409 stands, the loop
+    reads again and decides again (the label may move the node to another group's policy)."""
+    changes: list[dict[str, Any]] = [
+        {"metadata": {"labels": {"pool": "b"}}},
+        {"metadata": {"annotations": {KEEP_CORDONED_ANNOTATION: "ticket-7"}}},
+        {"spec": {"unschedulable": True}},
+    ]
+    for change in changes:
+        seen = rig.node()
+        rig.client.patch(NODES, "gpu-1", change)
+        assert rig.writer.write(seen, HELD) is None, change
+        assert record_from_node(rig.node()) is None, change
+    _heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:00Z")
+    seen = rig.node()
+    rig.client.patch(NODES, "gpu-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+                     patch_type="strategic", subresource="status")
+    assert rig.writer.write(seen, HELD) is None

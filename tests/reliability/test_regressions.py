@@ -112,10 +112,11 @@ def _rig(policy: PolicyFile, start: bool = True) -> Iterator[Rig]:
 
 
 def _time_out_with_conflict(rig: Rig, timeout: float) -> str:
-    """Wait for the action's Job, then make the one node write after its timeout (the outcome) meet a 409."""
+    """Wait for the action's Job, then make the one node write after its timeout (the outcome) meet a 409: two of
+    them, since a write whose node changed in nothing a decision reads is sent once more (``NodeWriter``)."""
     wait_for(lambda: bool(rig.jobs_named()), 10, "the Job to be created")
     job = rig.jobs_named()[-1]
-    rig.cluster.api.inject("PATCH", NODE_PATCH, count=1, status=409)
+    rig.cluster.api.inject("PATCH", NODE_PATCH, count=2, status=409)
     action = rig.record().action
     assert action is not None and action.name == job, f"record names {action}, Job {job}"
     wait_for(lambda: rig.record().action is None or rig.record().action.name != job  # type: ignore[union-attr]
