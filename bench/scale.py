@@ -853,7 +853,7 @@ def spread_of(seconds: list[float]) -> dict[str, float]:
 def breaker_held(srv: KubeAPIServer, watch: CordonWatch, quiet_s: float = 30.0) -> Callable[[], bool]:
     """True once the breaker is open and no cordon has landed for ``quiet_s``: the rest of a burst never will."""
     def held() -> bool:
-        last = max((c[0][0] for c in watch.cordons.values()), default=0.0)
+        last = max((c[0][0] for c in list(watch.cordons.values())), default=0.0)  # the watch adds meanwhile
         return time.monotonic() - last > quiet_s and breaker_state(srv)["open"]
     return held
 
@@ -921,8 +921,12 @@ def breaker_state(srv: KubeAPIServer) -> dict[str, Any]:
     the faults it counted; with the cordons a burst made before and after it opened."""
     cm = srv.store.get(srv.type_for("", "configmaps").key, SHARD_NAMESPACE, BREAKER_CONFIGMAP) or {}
     state = json.loads((cm.get("data") or {}).get("state") or "{}")
+    look = state.get("look") or {}
     return {"open": bool(state.get("open")), "reason": state.get("reason", ""),
-            "faults_counted": len(state.get("faults") or []), "opened_at": state.get("opened_at")}
+            "faults_counted": len(state.get("faults") or []), "opened_at": state.get("opened_at"),
+            "look": {"held": len(look.get("nodes") or []), "outcome": look.get("outcome"),
+                     "opened_at": look.get("opened_at"), "ended_at": look.get("ended_at"),
+                     "reason": look.get("reason")} if look else None}
 
 
 def http_ok(url: str) -> bool:

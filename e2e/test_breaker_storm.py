@@ -5,16 +5,24 @@ it before either acts. Faults are injected before the controller starts, so its 
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from e2e.harness import Cluster, EmulatorCluster, make_cluster, policy_toml
+from bench import promlab
+from e2e.harness import SYSTEM_NS, Cluster, ControllerProcess, EmulatorCluster, Metrics, make_cluster, policy_toml
 from e2e.test_shards import Replica, _holders
+from gpuremediate.actions.breaker import BREAKER_CONFIGMAP
 from gpuremediate.actions.node_status import build_condition, conditions_patch
-from gpuremediate.kube.resources import NODES
+from gpuremediate.kube.resources import CONFIGMAPS, NODES
+from gpuremediate.policy.safety import CircuitBreaker
 from gpuremediate.state import states
 
 BUDGET_ALL = {"max_unavailable": "100%"}
@@ -133,9 +141,11 @@ def _condition_storm(cluster: Cluster, nodes: list[str]) -> None:
 
 
 def _held_by_look(cluster: Cluster, node: str) -> bool:
-    rec = cluster.record(node)
-    return (rec is not None and rec.blocked is not None and rec.blocked.reason == "breaker"
-            and rec.blocked.detail.startswith("storm look"))
+    """The node's fault is held by the look under way (the breaker ConfigMap's; nothing is written to the Node
+    until the look ends)."""
+    cm = cluster.kube.get(CONFIGMAPS, BREAKER_CONFIGMAP, SYSTEM_NS)
+    look = CircuitBreaker.from_dict(json.loads((cm.get("data") or {}).get("state", "{}"))).looking
+    return look is not None and look.holds(node) and not cluster.unschedulable(node)
 
 
 def _never_cordoned(cluster: Cluster) -> Callable[[], str | None]:
@@ -190,3 +200,141 @@ def test_a_small_burst_of_node_conditions_passes_at_once_and_a_larger_one_after_
     assert cluster.metrics().value("gpuremediate_circuit_breaker_open") == 0
     assert cluster.metrics().value("gpuremediate_breaker_looks_total", outcome="released") == 1
     assert all(cluster.state(n) != states.HEALTHY for n in [*pair, *burst])
+
+
+# ---- the same through a real Prometheus ----------------------------------------------------------------------
+
+
+class Endpoints:
+    """Prometheus scrape targets that each serve a group of nodes' exporters in one body, as several dcgm-exporter
+    Services or federation shards do (the bench's 10 endpoints): a group's faults reach Prometheus in one scrape,
+    one installment, and each group is scraped at its own phase of the interval."""
+
+    def __init__(self, cluster: EmulatorCluster, groups: list[list[str]]) -> None:
+        self.servers: list[ThreadingHTTPServer] = []
+        for group in groups:
+            urls = [cluster.sim.gpusim.url_for(node) for node in group]
+            server = ThreadingHTTPServer(("127.0.0.1", 0), _endpoint_handler(urls))
+            threading.Thread(target=server.serve_forever, name="e2e-endpoint", daemon=True).start()
+            self.servers.append(server)
+
+    @property
+    def targets(self) -> list[str]:
+        return [f"127.0.0.1:{s.server_address[1]}" for s in self.servers]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+
+
+def _endpoint_handler(urls: list[str]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            lines: list[str] = []
+            for url in urls:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    lines += [line for line in resp.read().decode().splitlines() if line and not line.startswith("#")]
+            body = ("\n".join(lines) + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            return
+
+    return Handler
+
+
+@dataclass
+class PromWorld:
+    cluster: EmulatorCluster
+    prom_url: str
+    tmp: Path
+    log: list[str] = field(default_factory=list)
+    proc: ControllerProcess | None = None
+
+    def start_controller(self, breaker: dict[str, object]) -> None:
+        path = self.tmp / "policy.toml"
+        path.write_text(policy_toml({"budget": BUDGET_ALL, "breaker": breaker}))
+        args = [*self.cluster.kubeconfig_args(), "--source", "prometheus", "--prometheus-url", self.prom_url,
+                "--prometheus-fault-poll", "200ms", "--scrape-interval", "5s", "--resync", "1s",
+                "--policy", str(path), "--metrics-addr", "127.0.0.1:0", "--log-format", "json"]
+        self.proc = ControllerProcess(args, self.log)
+        self.proc.wait_port(20)
+
+    def metrics(self) -> Metrics:
+        assert self.proc is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.proc.port}/metrics", timeout=5) as resp:
+            return Metrics(resp.read().decode())
+
+    def read_once(self) -> bool:
+        """The controller has read Prometheus (every node's health known)."""
+        try:
+            metrics = self.metrics()
+        except OSError:
+            return False
+        return metrics.has("gpuremediate_nodes_unknown") and metrics.value("gpuremediate_nodes_unknown") == 0 \
+            and metrics.value("gpuremediate_fleet_health_unknown") == 0
+
+
+GROUPS = 4  # endpoints of 5 nodes each
+
+
+@pytest.fixture
+def prom_world(twenty: EmulatorCluster, tmp_path: Path) -> Iterator[PromWorld]:
+    binaries = promlab.binaries()
+    if binaries is None:
+        pytest.skip("prometheus not installed (apt-get install -y prometheus; .ci/run does it)")
+    groups = [twenty.nodes[i::GROUPS] for i in range(GROUPS)]
+    endpoints = Endpoints(twenty, groups)
+    (tmp_path / "prometheus").mkdir()
+    prom = promlab.PromServer(tmp_path / "prometheus", binaries[0],
+                              targets=[promlab.Target(t) for t in endpoints.targets], scrape_interval="1s",
+                              honor_labels=True).start()
+    world = PromWorld(twenty, prom.url, tmp_path)
+    try:
+        yield world
+    finally:
+        if world.proc is not None:
+            world.proc.terminate()
+        prom.stop()
+        endpoints.stop()
+
+
+def test_a_storm_through_prometheus_in_installments_opens_the_breaker_with_nothing_cordoned(
+        prom_world: PromWorld) -> None:
+    world, cluster = prom_world, prom_world.cluster
+    world.start_controller({**BREAKER, "look_s": 10.0})
+    cluster.wait(world.read_once, 30, "the controller's first read of Prometheus", seen=lambda: world.log[-5:])
+    stormed = [n for i in range(GROUPS) for n in cluster.nodes[i::GROUPS][:3]]  # 3 per endpoint: 12 of 20
+    with cluster.invariant(_never_cordoned(cluster), "no node of the storm cordoned"):
+        for node in stormed:
+            cluster.inject(node, 0, "xid", 79)
+        cluster.wait(lambda: all(_breaker_held(cluster, n) and not _held_by_look(cluster, n) for n in stormed), 30,
+                     "the storm held by the open breaker", seen=lambda: [cluster.summary(n) for n in stormed])
+        cluster.holds(lambda: not any(cluster.unschedulable(n) for n in cluster.nodes), 2,
+                      "nothing cordoned after the breaker opened")
+    metrics = world.metrics()
+    assert metrics.value("gpuremediate_circuit_breaker_open") == 1
+    assert metrics.value("gpuremediate_breaker_looks_total", outcome="opened") == 1, \
+        [line for line in world.log if "storm look" in line or "breaker" in line][-5:]
+    assert metrics.value("gpuremediate_breaker_looks_total", outcome="breaker-open") == 1
+
+
+def test_a_small_burst_through_prometheus_is_cordoned_at_once(prom_world: PromWorld) -> None:
+    world, cluster = prom_world, prom_world.cluster
+    world.start_controller(BREAKER)  # the default look (20 s): a pair never waits for it
+    cluster.wait(world.read_once, 30, "the controller's first read of Prometheus", seen=lambda: world.log[-5:])
+    pair = cluster.nodes[:2]
+    started = time.monotonic()
+    for node in pair:
+        cluster.inject(node, 0, "xid", 79)
+    cluster.wait(lambda: all(cluster.unschedulable(n) for n in pair), 10, "the pair cordoned",
+                 seen=lambda: [cluster.summary(n) for n in pair])
+    assert time.monotonic() - started < 10  # Prometheus' 1 s scrape and a 200 ms poll: never the 20 s look
+    metrics = world.metrics()
+    assert not metrics.has("gpuremediate_breaker_looks_total", outcome="opened")
+    assert metrics.value("gpuremediate_circuit_breaker_open") == 0

@@ -115,9 +115,9 @@ class World:
         return rec if isinstance(rec, NodeRecord) else None
 
     def held_by_look(self, node: str) -> bool:
-        rec = self.record(node)
-        return (rec is not None and rec.blocked is not None and rec.blocked.reason == BLOCK_BREAKER
-                and rec.blocked.detail.startswith("storm look until") and rec.held is not None)
+        """In the look under way, and nothing written to the Node yet (the look's end decides it)."""
+        look = self.breaker().looking
+        return look is not None and look.holds(node) and self.record(node) is None and node not in self.cordoned()
 
     def events(self, reason: str) -> list[str]:
         return [e["message"] for e in self.client.list(EVENTS, "default")["items"] if e["reason"] == reason]
@@ -156,6 +156,8 @@ def test_a_storm_in_installments_through_the_fast_path_opens_the_breaker_with_no
     assert world.cordoned() == set()
     assert all(world.held_by_look(n) for n in NAMES[:6]), [world.record(n) for n in NAMES[:6]]
     assert controller.metrics.breaker_look_held.value() == 6
+    patches = world.cordon_patches()
+    assert not any(patches.get(n) for n in NAMES[:16]), patches  # the look writes no Node: judging stays fast
     _installment(src, NAMES[6:10], controller)  # they join the look
     assert world.breaker().looking is not None and len(world.breaker().looking.nodes) == 10  # type: ignore[union-attr]
     _installment(src, NAMES[10:16], controller)  # 16 of 40: past 30 %
@@ -163,8 +165,8 @@ def test_a_storm_in_installments_through_the_fast_path_opens_the_breaker_with_no
     assert breaker.is_open and breaker.look is not None and breaker.look.outcome == LOOK_OPENED
     controller.detect._settle_look()  # the look's held faults are decided again: held by the open breaker now
     assert world.cordoned() == set()
-    assert all((r := world.record(n)) is not None and r.blocked is not None and r.blocked.detail ==
-               "circuit breaker open: no new work" for n in NAMES[:16])
+    assert all((r := world.record(n)) is not None and r.blocked is not None and r.blocked.reason == BLOCK_BREAKER
+               and r.blocked.detail == "circuit breaker open: no new work" and r.held is not None for n in NAMES[:16])
     controller.detect.events.flush(10)
     assert len(world.events("GPURemediationBreakerLook")) == 1
     assert any("with the circuit breaker open" in m for m in world.events("GPURemediationBreakerLookEnded"))
