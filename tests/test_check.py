@@ -363,3 +363,69 @@ def test_check_help_lists_every_exit_code() -> None:
 def test_the_other_commands_keep_exit_2_for_a_usage_error() -> None:
     code, _, err = _entry_point("status", "--bogus")
     assert code == 2 and "gpuremediate status: error: unrecognized arguments: --bogus" in err
+
+
+# ------------------------------------------------------------------ issue 45: MIG Xids, a fall without an Xid
+
+# krcReportXid (open-gpu-kernel-modules kernel_rc.c): "NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u): %d, pid=%s, name=%s,
+# %s" on a MIG GPU; the H100 MIG capture's GPU sits at 00000000:00:09.0
+MIG_JOURNAL = (
+    f"2026-07-03T22:10:40+0000 {K} Xid (PCI:0000:00:09 GPU-I:05): 94, pid=2144, name=python3, Contained: SM (0x1). "
+    "RST: No, D-RST: No\n"
+    f"2026-07-03T22:10:41+0000 {K} Xid (PCI:0000:00:09 GPU-I:01 GPU-CI:00): 48, pid=2144, name=python3, "
+    "An uncorrectable double bit error\n"
+)
+
+
+def test_mig_attributed_xids_count_for_the_gpu_and_name_the_instance(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use(monkeypatch, H100_MIG)
+    (tmp_path / "journal.txt").write_text(MIG_JOURNAL)
+    monkeypatch.setenv("FAKE_JOURNALCTL_OUT", str(tmp_path / "journal.txt"))
+    code, report = run_json(["--kernel-log", "yes"])
+    assert report["gpus"][0]["kernel_xids"] == {"48": 1.0, "94": 1.0}
+    assert {f["code"] for f in report["findings"]} >= {"48", "94"} and code == 2
+    assert any("XID 94 attributed to MIG instance(s) PCI 0000:00:09.0 GPU-I:05" in n for n in report["notes"])
+    assert any("XID 48 attributed to MIG instance(s) PCI 0000:00:09.0 GPU-I:01 GPU-CI:00" in n for n in report["notes"])
+
+
+# osHandleGpuLost (osinit.c) without bEmitXid prints only NV_DEV_PRINTF's "NVRM: GPU %04x:%02x:%02x.%x: GPU has fallen
+# off the bus."; the adapter's start (osapi.c) prints three lines, shown by dmesg / journalctl indented under the first
+FALLEN_LISTED = f"2026-07-03T22:10:40+0000 {K} GPU 0000:00:09.0: GPU has fallen off the bus.\n"
+FALLEN_AT_START = (
+    "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+    "               NVRM: (PCI ID: 10de:2330) installed in this system has\n"
+    "               NVRM: fallen off the bus and is not responding to commands.\n"
+)
+
+
+def test_a_fall_off_the_bus_without_an_xid_is_xid_79(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use(monkeypatch, H100)
+    (tmp_path / "journal.txt").write_text(FALLEN_LISTED)
+    monkeypatch.setenv("FAKE_JOURNALCTL_OUT", str(tmp_path / "journal.txt"))
+    code, report = run_json(["--kernel-log", "yes"])
+    assert code == 2 and [(f["code"], f["action"]) for f in report["findings"]] == [("79", "reboot")]
+    assert report["gpus"][0]["kernel_xids"] == {"79": 1.0}
+
+
+def test_a_gpu_that_fell_at_start_and_is_not_listed_is_lost(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use(monkeypatch, H200)  # lists only its GPU at 83:00.0
+    (tmp_path / "dmesg.txt").write_text(FALLEN_AT_START)
+    monkeypatch.setenv("FAKE_JOURNALCTL_ERR", "No journal files were found.\n")
+    monkeypatch.setenv("FAKE_DMESG_OUT", str(tmp_path / "dmesg.txt"))
+    code, report = run_json([])
+    assert (code, report["verdict"]) == (2, "needs repair")
+    assert [g["pci_bus_id"] for g in report["lost_gpus"]] == ["0000:b3:00.0"]
+    assert [(f["kind"], f["code"], f["action"]) for f in report["findings"]] == [("gpu-lost", "0000:b3:00.0", "reboot")]
+
+
+def test_the_xid_79_line_and_the_fallen_line_of_one_fall_count_once() -> None:
+    text = (f"{K} Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+            f"{K} GPU 0000:3b:00.0: GPU has fallen off the bus.\n"
+            f"{K} GPU at PCI:0000:5e:00: GPU-2f4ee1a0-5c41-4fd4-a7e3-1b5c9d1c0d2b\n")
+    assert [(x.bus_id, x.xid, x.xid_line) for x in kernellog.parse_kernel_xids(text)] == [("0000:3b:00.0", 79, True)]

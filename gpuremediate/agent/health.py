@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent
+from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent, kernel_xid
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 from gpuremediate.policy.findings import ACTION_NONE, Finding
@@ -30,7 +30,7 @@ from gpuremediate.signals.conditions import (
     GPU_HEALTHY,
     reason_for_action,
 )
-from gpuremediate.signals.kernellog import KernelLog, KernelXid, with_kernel_xids
+from gpuremediate.signals.kernellog import KernelLog, once_per_fall, with_kernel_xids
 from gpuremediate.signals.model import GpuReading, NodeReadings
 from gpuremediate.signals.nvidiasmi import normalise_bus_id
 
@@ -115,7 +115,7 @@ def gpu_findings(
     if smi.readings is None and not inventory and not xids:
         return [], memory
     readings = _with_vanished(node, smi.readings, inventory, xids)
-    log = KernelLog(tuple(KernelXid(e.bus_id, e.code, e.text) for e in xids), source="/dev/kmsg")
+    log = KernelLog(tuple(once_per_fall(kernel_xid(e) for e in xids)), source="/dev/kmsg")
     readings, _ = with_kernel_xids(readings, log)
     result = evaluate(readings, policy, memory, now, labels)
     return list(result.findings), result.memory

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuremediate.signals.kernellog import XID_LINE
+from gpuremediate.signals.kernellog import XID_FALLEN_OFF_THE_BUS, KernelXid, scan_lines
 from gpuremediate.signals.nvidiasmi import normalise_bus_id
 
 KMSG_PATH = "/dev/kmsg"
@@ -37,6 +37,11 @@ STATE_VERSION = 1
 
 KIND_XID = "xid"
 KIND_SXID = "sxid"
+# KernelEvent.device of an XID 79 read from a fall off the bus the driver logged without an Xid line
+NO_XID_LINE = "no-xid-line"
+# /dev/kmsg escapes a line feed inside a record (one printk of several lines, as osapi.c's "The NVIDIA GPU ...
+# fallen off the bus" message) as \x0a (msg_print_ext_body)
+ESCAPED_LINE_FEED = "\\x0a"
 
 # nvswitch driver (SXID_PRINT in nvswitch's error.h): "nvidia-%s: SXid (PCI:%04x:%02x:%02x.%x): %05d, " fmt;
 # the first line of an event says Fatal/Non-fatal, the lines after it repeat the code with details.
@@ -65,7 +70,7 @@ class KernelEvent:
     bus_id: str  # normalised PCI bus id of the GPU (Xid) or the NVSwitch (SXid)
     code: int
     fatal: bool = True  # SXid: Fatal vs Non-fatal; an Xid is judged by the policy, not here
-    device: str = ""  # SXid: nvswitchN
+    device: str = ""  # SXid: nvswitchN; Xid: its MIG attribution (GPU-I:05, GPU-I:05 GPU-CI:00), or NO_XID_LINE
     text: str = ""  # the rest of the line
 
     def to_json(self) -> list[Any]:
@@ -108,16 +113,32 @@ def split_records(chunk: str) -> Iterator[str]:
 
 
 def events_of(record: Record) -> list[KernelEvent]:
-    xid = XID_LINE.search(record.message)
-    if xid:
-        return [KernelEvent(record.seq, record.usec, KIND_XID, normalise_bus_id(xid.group("bus")),
-                            int(xid.group("xid")), text=(xid.group("rest") or "").strip())]
+    if "NVRM:" in record.message:
+        return [xid_event(record, x) for x in scan_lines(record.message.split(ESCAPED_LINE_FEED))]
     sxid = SXID_LINE.search(record.message)
     if sxid:
         return [KernelEvent(record.seq, record.usec, KIND_SXID, normalise_bus_id(sxid.group("bus")),
                             int(sxid.group("sxid")), fatal=sxid.group("severity") == "Fatal",
                             device=sxid.group("switch"), text=sxid.group("rest").strip())]
     return []
+
+
+def xid_event(record: Record, xid: KernelXid) -> KernelEvent:
+    attribution = " ".join(
+        f"{name}:{number:02d}" for name, number in (("GPU-I", xid.gpu_instance), ("GPU-CI", xid.compute_instance))
+        if number is not None)
+    return KernelEvent(record.seq, record.usec, KIND_XID, xid.bus_id, xid.xid, text=xid.text,
+                       device=attribution if xid.xid_line else NO_XID_LINE)
+
+
+def kernel_xid(event: KernelEvent) -> KernelXid:
+    """An Xid event as ``signals.kernellog`` reads it (its MIG attribution and whether it had an Xid line)."""
+    gi = ci = None
+    for part in event.device.split():
+        name, _, number = part.partition(":")
+        if name in ("GPU-I", "GPU-CI") and number.isdigit():
+            gi, ci = (int(number), ci) if name == "GPU-I" else (gi, int(number))
+    return KernelXid(event.bus_id, event.code, event.text, gi, ci, xid_line=event.device != NO_XID_LINE)
 
 
 # --- where to resume -------------------------------------------------------------------------------
@@ -203,6 +224,7 @@ class KmsgReader:
         self.last_seq = after_seq
         self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # OSError (EPERM: CAP_SYSLOG) to the caller
         self._partial = ""  # a plain file's last line while it is still being written (no newline yet)
+        self._fallen: set[str] = set()  # buses with an XID 79 read: a later "fallen off the bus" line is the same fall
 
     def close(self) -> None:
         os.close(self._fd)
@@ -224,8 +246,19 @@ class KmsgReader:
                     lost += record.seq - self.last_seq - 1
                 self.last_seq = record.seq
                 records += 1
-                events.extend(events_of(record))
+                events.extend(self._once_per_fall(events_of(record)))
         return Poll(tuple(events), records, lost, self.last_seq)
+
+    def _once_per_fall(self, events: list[KernelEvent]) -> list[KernelEvent]:
+        """``osHandleGpuLost`` logs the Xid 79 line, then its own "GPU has fallen off the bus.": one event."""
+        kept = []
+        for event in events:
+            if event.kind == KIND_XID and event.code == XID_FALLEN_OFF_THE_BUS:
+                if event.device == NO_XID_LINE and event.bus_id in self._fallen:
+                    continue
+                self._fallen.add(event.bus_id)
+            kept.append(event)
+        return kept
 
     def _chunks(self, limit: int) -> Iterable[str | None]:
         for _ in range(limit):

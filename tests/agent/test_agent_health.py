@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuremediate.agent import kmsg
 from gpuremediate.agent.health import (
     Expected,
     Inputs,
@@ -171,3 +172,32 @@ def test_a_domain_tray_whose_fabric_has_not_started_is_unhealthy_only_with_its_c
     assert by_type(tray.conditions)[c.GPU_HEALTHY][0] == "False"
     alone = assess(Inputs("n1", smi, (), count, inv, 0), policy, PolicyMemory(), NOW)  # no domain: nothing
     assert not alone.findings and by_type(alone.conditions)[c.GPU_HEALTHY] == ("True", "NoGPUFault")
+
+
+def test_a_fall_off_the_bus_without_an_xid_is_judged_as_xid_79() -> None:
+    # "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." (osHandleGpuLost) and nothing else in the log
+    [fallen] = kmsg.events_of(kmsg.Record(1, 1, "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."))
+    entry = lookup(79, POLICY.xid.overrides, POLICY.xid.unknown_action)
+    smi = readings(gpu(1))  # nvidia-smi no longer lists the GPU at 3b
+    result = assess(Inputs("n1", smi, (fallen,), Expected(2, "nvidia.com/gpu capacity"),
+                           update_inventory({}, smi.readings)), POLICY, PolicyMemory(), NOW)
+    [finding] = [f for f in result.findings if f.code == "79"]
+    assert finding.action == entry.action and "0000:3b:00.0" in finding.gpus[0]
+    assert by_type(result.conditions)[c.GPU_HEALTHY] == ("False", c.reason_for_action(entry.action))
+
+
+def test_the_xid_79_and_its_fallen_line_count_once_in_the_window() -> None:
+    fallen = KernelEvent(2, 2, KIND_XID, "0000:3b:00.0", 79, device=kmsg.NO_XID_LINE, text="GPU has fallen off")
+    result = assess(Inputs("n1", readings(gpu(0), gpu(1)), (xid(79), fallen), Expected(2, "capacity"), {}),
+                    POLICY, PolicyMemory(), NOW)
+    [finding] = [f for f in result.findings if f.code == "79"]
+    assert "1 time(s)" in finding.message
+
+
+def test_a_mig_attributed_xid_counts_for_its_physical_gpu() -> None:
+    [event] = kmsg.events_of(kmsg.Record(1, 1, "NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=7, name=python3, "
+                                               "Contained: SM (0x1). RST: No, D-RST: No"))
+    result = assess(Inputs("n1", readings(gpu(0), gpu(1)), (event,), Expected(2, "capacity"), {}),
+                    POLICY, PolicyMemory(), NOW)
+    [finding] = [f for f in result.findings if f.code == "94"]
+    assert finding.gpus == (gpu(0).key,)

@@ -151,3 +151,59 @@ def test_boot_id_of_a_missing_file_is_empty(tmp_path: Path) -> None:
     assert kmsg.read_boot_id(str(tmp_path / "boot_id")) == ""
     (tmp_path / "boot_id").write_text("3f2c0a6e-1111-2222-3333-444455556666\n")
     assert kmsg.read_boot_id(str(tmp_path / "boot_id")) == "3f2c0a6e-1111-2222-3333-444455556666"
+
+
+# --- issue 45: MIG-attributed Xids and a fall off the bus without an Xid --------------------------------
+# krcReportXid (open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc.c) attributes an Xid on a MIG GPU
+# as "NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u): %d, pid=%s, name=%s, %s" (and "... GPU-I:%02u GPU-CI:%02u)").
+XID_94_MIG = "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=2144, name=python3, Contained: SM (0x1). RST: No, D-RST: No"
+XID_79_MIG = "NVRM: Xid (PCI:0000:01:00 GPU-I:01): 79, pid=2144, name=python3, GPU has fallen off the bus."
+XID_48_MIG_CI = "NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:00): 48, pid=2144, name=python3, An uncorrectable double bit"
+# osHandleGpuLost (src/nvidia/arch/nvalloc/unix/src/osinit.c): NV_DEV_PRINTF -> "NVRM: GPU %04x:%02x:%02x.%x: ..."
+FALLEN = "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
+# the adapter's start (src/nvidia/arch/nvalloc/unix/src/osapi.c): one printk of three lines; /dev/kmsg escapes
+# the line feeds inside a record as \x0a
+FALLEN_AT_START = ("NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has"
+                   "\\x0aNVRM: fallen off the bus and is not responding to commands.")
+
+
+@pytest.mark.parametrize(("line", "code", "device"), [
+    (XID_94_MIG, 94, "GPU-I:05"), (XID_79_MIG, 79, "GPU-I:01"), (XID_48_MIG_CI, 48, "GPU-I:01 GPU-CI:00")])
+def test_a_mig_attributed_xid_is_an_event_of_its_gpu_naming_the_instance(line: str, code: int, device: str) -> None:
+    [event] = kmsg.events_of(kmsg.Record(9, 9, line))
+    assert (event.kind, event.bus_id, event.code, event.device) == (KIND_XID, "0000:01:00.0", code, device)
+    assert event.text.startswith("pid=2144, name=python3, ")
+    xid = kmsg.kernel_xid(event)
+    assert (xid.gpu_instance, xid.xid_line) == (5 if code == 94 else 1, True)
+    assert xid.compute_instance == (0 if code == 48 else None)
+
+
+@pytest.mark.parametrize(("message", "bus"), [(FALLEN, "0000:3b:00.0"), (FALLEN_AT_START, "0000:b3:00.0")])
+def test_a_gpu_fallen_off_the_bus_without_an_xid_is_an_xid_79(message: str, bus: str) -> None:
+    [event] = kmsg.events_of(kmsg.Record(3, 3, message))
+    assert (event.kind, event.bus_id, event.code, event.device) == (KIND_XID, bus, 79, kmsg.NO_XID_LINE)
+    assert "fallen off the bus" in event.text and "no Xid" in event.text
+    assert not kmsg.kernel_xid(event).xid_line
+    # the GPU's UUID line at start-up (_krcLogUuidOnce) is not a fault
+    uuid_line = "NVRM: GPU at PCI:0000:3b:00: GPU-2f4ee1a0-5c41-4fd4-a7e3-1b5c9d1c0d2b"
+    assert kmsg.events_of(kmsg.Record(4, 4, uuid_line)) == []
+
+
+def test_the_xid_79_line_and_the_fallen_line_after_it_are_one_fall(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    # osHandleGpuLost with bEmitXid: the Xid 79 line, then its own line; another GPU falls without an Xid
+    write(log, rec(0, XID_79), rec(1, "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."),
+          rec(2, "NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus."))
+    reader = KmsgReader(str(log))
+    events = reader.poll().events
+    reader.close()
+    assert [(e.bus_id, e.code, e.device) for e in events] == [
+        ("0000:3b:00.0", 79, ""), ("0000:5e:00.0", 79, kmsg.NO_XID_LINE)]
+
+
+def test_a_mig_attribution_survives_the_state_file(tmp_path: Path) -> None:
+    [event] = kmsg.events_of(kmsg.Record(5, 50, XID_48_MIG_CI))
+    path = tmp_path / "state.json"
+    kmsg.save_state(path, ResumePoint("boot-1", 5, (event,)))
+    point, note = kmsg.load_state(path, "boot-1")
+    assert note == "" and point.recent == (event,)
