@@ -429,3 +429,26 @@ def test_the_xid_79_line_and_the_fallen_line_of_one_fall_count_once() -> None:
             f"{K} GPU 0000:3b:00.0: GPU has fallen off the bus.\n"
             f"{K} GPU at PCI:0000:5e:00: GPU-2f4ee1a0-5c41-4fd4-a7e3-1b5c9d1c0d2b\n")
     assert [(x.bus_id, x.xid, x.xid_line) for x in kernellog.parse_kernel_xids(text)] == [("0000:3b:00.0", 79, True)]
+
+
+# "GPU Recovery Action" (nvidia-smi, driver 570+; "None" in every capture): judged as [recovery_action] judges
+# DCGM's field 1523
+@pytest.mark.parametrize(("words", "code", "action", "urgent"), [
+    ("Reset", 2, "reset-gpu", True), ("Reboot", 2, "reboot", True), ("Drain P2P", 1, "cordon", True),
+    ("Drain and Reset", 1, "reset-gpu", False)])
+def test_a_gpu_waiting_for_its_recovery_action_is_not_healthy(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, words: str, code: int, action: str, urgent: bool
+) -> None:
+    use(monkeypatch, fakes.edit_capture(H200, tmp_path / "h200.txt", csv={"gpu_recovery_action": words}))
+    got, report = run_json(["--kernel-log", "no"])
+    assert got == code
+    [finding] = report["findings"]
+    assert (finding["kind"], finding["action"], finding["urgent"]) == ("recovery-action", action, urgent)
+    assert report["gpus"][0]["extra"]["DCGM_FI_DEV_GPU_RECOVERY_ACTION"] >= 1
+
+
+def test_recovery_action_none_in_the_real_captures_is_healthy(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, H200)
+    code, report = run_json(["--kernel-log", "no"])
+    assert code == 0 and report["findings"] == []
+    assert report["gpus"][0]["extra"]["DCGM_FI_DEV_GPU_RECOVERY_ACTION"] == 0.0

@@ -56,6 +56,23 @@ QUERY_FIELDS = BASE_FIELDS + REMAP_FIELDS
 # Asked apart (drivers before the fabric API reject them, and that must not cost the main query); ``-q`` has them
 # as its "Fabric" section (State, Status, CliqueId, ClusterUUID) when it is read anyway.
 FABRIC_FIELDS = ("index", "fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clusterUuid")
+# The driver's verdict on the GPU (NVML's nvmlDeviceGpuRecoveryAction_t, DCGM field 1523; R570 and later): asked
+# with the fabric fields, apart from them where a driver knows one group and not the other. ``-q`` writes it as
+# ``    GPU Recovery Action                                : None`` (driver 590.48.01, every capture in the
+# reference data; ``--query-gpu=gpu_recovery_action`` writes ``None`` too).
+RECOVERY_FIELD = "gpu_recovery_action"
+RECOVERY_Q_KEY = "GPU Recovery Action"
+OPTIONAL_GROUPS: tuple[tuple[str, ...], ...] = (FABRIC_FIELDS[1:], (RECOVERY_FIELD,))
+OPTIONAL_FIELDS = ("index", *(f for group in OPTIONAL_GROUPS for f in group))
+# Its words, as nvidia-smi prints them ("None" in the captures) and as NVIDIA names them elsewhere: the GPU memory
+# error management guide ("None", "Reset", "Reboot", "Drain P2P", "Drain and Reset") and the driver's own names in
+# its Xid 154 text (open-gpu-kernel-modules gpu.c _gpuRecoveryActionName: "GPU Reset Required", "Node Reboot
+# Required", "Drain P2P", "Drain and Reset", "Recover IMEX Domain"); lower case, "required" dropped.
+RECOVERY_WORDS: Mapping[str, int] = {
+    "none": 0, "reset": 1, "gpu reset": 1, "reboot": 2, "node reboot": 2, "drain p2p": 3, "drain and reset": 4,
+    "drain p2p and reset": 4, "drain p2p and reset gpu": 4, "recover imex domain": 5, "bus reset": 6,
+    "system reboot": 7,
+}
 
 WINDOWS_LOCATIONS = (
     r"C:\Windows\System32\nvidia-smi.exe",
@@ -310,6 +327,8 @@ def gpu_reading(node: str, gpu: SmiGpu) -> GpuReading:
             ("DCGM_FI_DEV_RETIRED_PENDING",
              flag(gpu.get("retired_pages.pending", "Retired Pages.Pending Page Blacklist"))),
             ("DCGM_FI_DEV_MIG_MODE", flag(gpu.get("mig.mode.current", "MIG Mode.Current"))),
+            # as the exporter's field 1523, so that [recovery_action] judges it
+            ("DCGM_FI_DEV_GPU_RECOVERY_ACTION", recovery_action(gpu.get(RECOVERY_FIELD, RECOVERY_Q_KEY))),
         )
         if v is not None
     }
@@ -337,15 +356,31 @@ def gpu_reading(node: str, gpu: SmiGpu) -> GpuReading:
     )
 
 
+def recovery_action(raw: str | None) -> float | None:
+    """The GPU Recovery Action's words (or number) as NVML's value; None when missing or not known."""
+    text = cell(raw)
+    if text is None:
+        return None
+    words = " ".join(text.lower().replace("required", " ").split())
+    if words in RECOVERY_WORDS:
+        return float(RECOVERY_WORDS[words])
+    value = number(words)
+    return value if value is not None and value == int(value) and 0 <= value <= 255 else None
+
+
 def node_readings(
     node: str, rows: Sequence[Mapping[str, str]], q: Mapping[str, Mapping[str, str]], observed_at: float
 ) -> NodeReadings:
-    gpus = tuple(
-        gpu_reading(node, SmiGpu(row, q.get(normalise_bus_id(row.get("pci.bus_id", "")), {}))) for row in rows
-    )
+    smi_gpus = [SmiGpu(row, q.get(normalise_bus_id(row.get("pci.bus_id", "")), {})) for row in rows]
+    gpus = tuple(gpu_reading(node, gpu) for gpu in smi_gpus)
     drivers = sorted({v for r in rows if (v := cell(r.get("driver_version")))})
     meta = {"driver_version": ",".join(drivers)} if drivers else {}
-    return NodeReadings(node=node, source=SOURCE, observed_at=observed_at, gpus=gpus, meta=meta)
+    problems = tuple(
+        f"GPU {gpu.get('index') or '?'}: GPU Recovery Action {text!r} is not one this version knows (not judged)"
+        for gpu in smi_gpus
+        if (text := gpu.get(RECOVERY_FIELD, RECOVERY_Q_KEY)) is not None and recovery_action(text) is None
+    )
+    return NodeReadings(node=node, source=SOURCE, observed_at=observed_at, gpus=gpus, meta=meta, problems=problems)
 
 
 class NvidiaSmiSource:
@@ -364,6 +399,7 @@ class NvidiaSmiSource:
         self._timeout_s = timeout_s
         self._runner = runner
         self._clock = clock
+        self._rejected: set[tuple[str, ...]] = set()  # OPTIONAL_GROUPS this driver does not know: not asked again
 
     def read(self) -> list[NodeReadings]:
         return [self.read_node()]
@@ -377,7 +413,7 @@ class NvidiaSmiSource:
         observed_at = self._clock()
         rows, needs_q, lost = self._query(path)
         q = self._q(path) if needs_q and rows else {}
-        rows = rows if q or not rows else self._with_fabric(path, rows)
+        rows = rows if q or not rows else self._with_optional(path, rows)
         readings = dataclasses.replace(node_readings(self.node, rows, q, observed_at), lost_gpus=lost)
         if any(g.extra.get("DCGM_FI_DEV_MIG_MODE") == 1.0 for g in readings.gpus):
             readings = self._with_mig_devices(path, readings)
@@ -400,14 +436,30 @@ class NvidiaSmiSource:
             rows, lost = parse_lost_output(e.output, fields)
             return rows, fields is BASE_FIELDS, lost
 
-    def _with_fabric(self, path: str, rows: list[dict[str, str]]) -> list[dict[str, str]]:
-        """The rows with their GPUs' fabric cells; unchanged where the driver has no fabric fields or fails."""
-        try:
-            found = parse_query_csv(self._run(path, _query_args(FABRIC_FIELDS)), FABRIC_FIELDS)
-        except NvidiaSmiError:
+    def _with_optional(self, path: str, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The rows with their GPUs' fabric and recovery-action cells, in one call while the driver knows both
+        groups; a group it rejects is not asked again; unchanged where nvidia-smi fails otherwise."""
+        groups = [group for group in OPTIONAL_GROUPS if group not in self._rejected]
+        if not groups:
             return rows
-        by_index = {row["index"]: row for row in found}
+        found, unknown_field = self._optional_rows(path, groups)
+        if unknown_field and len(groups) > 1:  # a group this driver does not know: each apart, this once
+            found = [row for group in groups for row in self._optional_rows(path, [group])[0]]
+        by_index: dict[str, dict[str, str]] = {}
+        for row in found:
+            by_index.setdefault(row["index"], {}).update(row)
         return [row | by_index.get(row.get("index", ""), {}) for row in rows]
+
+    def _optional_rows(self, path: str, groups: Sequence[tuple[str, ...]]) -> tuple[list[dict[str, str]], bool]:
+        """The rows of ``groups``' fields, and whether the driver rejected a field (one group: remembered)."""
+        fields = ("index", *(f for group in groups for f in group))
+        try:
+            return parse_query_csv(self._run(path, _query_args(fields)), fields), False
+        except NvidiaSmiError as e:
+            unknown_field = "not a valid field" in e.output
+            if unknown_field and len(groups) == 1:
+                self._rejected.add(groups[0])
+            return [], unknown_field
 
     def _q(self, path: str) -> dict[str, dict[str, str]]:
         try:

@@ -17,6 +17,7 @@ from gpuremediate.policy.config import default_policy
 from gpuremediate.policy.evaluate import PolicyMemory
 from gpuremediate.policy.xid import lookup
 from gpuremediate.signals import conditions as c
+from gpuremediate.signals import nvidiasmi
 from gpuremediate.signals.model import GpuReading, NodeReadings
 
 NOW = 1_800_000_000.0
@@ -201,3 +202,14 @@ def test_a_mig_attributed_xid_counts_for_its_physical_gpu() -> None:
                     POLICY, PolicyMemory(), NOW)
     [finding] = [f for f in result.findings if f.code == "94"]
     assert finding.gpus == (gpu(0).key,)
+
+
+def test_the_agent_judges_nvidia_smis_recovery_action_as_the_controller_judges_field_1523() -> None:
+    # a --query-gpu row as nvidia-smi 590 writes it, "GPU Recovery Action" set to "Reset"
+    row = {"index": "0", "uuid": "GPU-0", "pci.bus_id": "00000000:3B:00.0", "gpu_recovery_action": "Reset"}
+    smi = SmiResult(readings=nvidiasmi.node_readings("n1", [row], {}, NOW))
+    got = run(smi, expected=1)
+    assert got[c.GPU_HEALTHY] == ("False", c.reason_for_action(POLICY.recovery_action.gpu_reset_action))
+    row["gpu_recovery_action"] = "None"
+    healthy = run(SmiResult(readings=nvidiasmi.node_readings("n1", [row], {}, NOW)), expected=1)
+    assert healthy[c.GPU_HEALTHY][0] == "True"

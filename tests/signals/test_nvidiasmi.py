@@ -87,9 +87,10 @@ def test_each_capture_maps_to_readings(
     assert gpu.extra.get("DCGM_FI_DEV_MIG_MODE") == mig
     assert gpu.xid is None and not gpu.xid_counts  # nvidia-smi does not report XIDs
     query = [f"--query-gpu={','.join(nvidiasmi.QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
-    fabric = [f"--query-gpu={','.join(nvidiasmi.FABRIC_FIELDS)}", "--format=csv,noheader,nounits"]
-    # the fabric fields are asked apart; MIG on: its devices are listed
-    assert calls(tmp_path) == ([query, fabric, ["-L"]] if mig else [query, fabric])
+    optional = [f"--query-gpu={','.join(nvidiasmi.OPTIONAL_FIELDS)}", "--format=csv,noheader,nounits"]
+    # the fabric and recovery-action fields are asked apart, in one call; MIG on: its devices are listed
+    assert calls(tmp_path) == ([query, optional, ["-L"]] if mig else [query, optional])
+    assert gpu.extra["DCGM_FI_DEV_GPU_RECOVERY_ACTION"] == 0.0  # "None" in every capture (driver 590 / 591)
     # HGX H100/H200 alone: registered (Completed, Success), in no multi-node NVLink domain (clique 0, zero UUID)
     seen = None if gpu.fabric is None else (gpu.fabric.state, gpu.fabric.status, gpu.fabric.clique)
     assert seen == (None if capture == RTX else ("completed", "Success", None))
@@ -328,3 +329,57 @@ def test_source_protocol_returns_one_node(smi: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("FAKE_SMI_CAPTURE", str(H200))
     result = NvidiaSmiSource(path=str(smi), node="box").read()
     assert [r.node for r in result] == ["box"]
+
+
+# --- issue 45: "GPU Recovery Action" (driver 570+), as [recovery_action] reads DCGM's field 1523 -----------------
+
+
+@pytest.mark.parametrize(("words", "value"), [
+    ("None", 0.0), ("Reset", 1.0), ("GPU Reset Required", 1.0), ("Reboot", 2.0), ("Node Reboot Required", 2.0),
+    ("Drain P2P", 3.0), ("Drain and Reset", 4.0), ("Recover IMEX Domain", 5.0), ("[N/A]", None),
+    ("[Unknown Error]", None)])
+def test_the_recovery_action_cell_reads_as_nvml_value(
+    smi: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, words: str, value: float | None
+) -> None:
+    edited = fakes.edit_capture(H200, tmp_path / "h200.txt", csv={"gpu_recovery_action": words})
+    readings = read(smi, monkeypatch, edited)
+    assert readings.gpus[0].extra.get("DCGM_FI_DEV_GPU_RECOVERY_ACTION") == value
+    assert readings.problems == ()
+
+
+def test_a_recovery_action_word_not_known_is_a_problem_not_a_value(
+    smi: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    edited = fakes.edit_capture(H200, tmp_path / "h200.txt", csv={"gpu_recovery_action": "Replace Tray"})
+    readings = read(smi, monkeypatch, edited)
+    assert "DCGM_FI_DEV_GPU_RECOVERY_ACTION" not in readings.gpus[0].extra
+    [problem] = readings.problems
+    assert problem == "GPU 0: GPU Recovery Action 'Replace Tray' is not one this version knows (not judged)"
+
+
+def test_a_driver_without_the_recovery_action_still_gives_the_fabric_and_is_asked_once(
+    smi: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FAKE_SMI_REJECT", "gpu_recovery_action")  # a driver before R570 with the fabric API
+    monkeypatch.setenv("FAKE_SMI_CAPTURE", str(H200))
+    source = NvidiaSmiSource(path=str(smi), node="ws-1", clock=lambda: 1000.0)
+    first, second = source.read_node(), source.read_node()
+    for readings in (first, second):
+        (gpu,) = readings.gpus
+        assert gpu.fabric is not None and gpu.fabric.state == "completed"
+        assert "DCGM_FI_DEV_GPU_RECOVERY_ACTION" not in gpu.extra
+    asked = [c[0].removeprefix("--query-gpu=") for c in calls(tmp_path)]
+    fabric, optional = ",".join(nvidiasmi.FABRIC_FIELDS), ",".join(nvidiasmi.OPTIONAL_FIELDS)
+    main = ",".join(nvidiasmi.QUERY_FIELDS)
+    assert asked == [main, optional, fabric, "index,gpu_recovery_action", main, fabric]
+
+
+def test_an_older_driver_gives_the_recovery_action_through_q(
+    smi: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    edited = fakes.edit_capture(H200, tmp_path / "h200.txt", q=[
+        ("    GPU Recovery Action                                : None",
+         "    GPU Recovery Action                                : Reboot")])
+    monkeypatch.setenv("FAKE_SMI_REJECT", "remapped_rows")
+    (gpu,) = read(smi, monkeypatch, edited).gpus
+    assert gpu.extra["DCGM_FI_DEV_GPU_RECOVERY_ACTION"] == 2.0
