@@ -159,6 +159,10 @@ def test_status_in_a_dry_run_says_so_fleet_wide_and_per_node(api: tuple[KubeClie
     breaker = _printed(capsys, ["breaker", "status", "--kubeconfig", kubeconfig, "-n", NS],
                        structured.KIND_BREAKER_STATUS)["breaker"]
     assert breaker["dryRun"] is True and breaker["open"] is True
+    explained = _printed(capsys, ["explain", "gpu-a", "--kubeconfig", kubeconfig, "-n", NS],
+                         structured.KIND_NODE_EXPLANATION)
+    assert explained["dryRun"] is True and explained["node"] == nodes["gpu-a"]
+    assert explained["record"]["state"] == "draining" and explained["explanation"][0].startswith("DRY RUN: ")
 
 
 def test_an_unreadable_record_is_its_own_state_with_the_error(api: tuple[KubeClient, str],
@@ -168,6 +172,9 @@ def test_an_unreadable_record_is_its_own_state_with_the_error(api: tuple[KubeCli
     node = _printed(capsys, ["status", "--kubeconfig", kubeconfig, "-n", NS], structured.KIND_FLEET_STATUS)["nodes"][0]
     assert node["state"] == "unreadable" and node["stateText"] == "unreadable"
     assert node["error"] is not None and "not valid JSON" in node["error"] and node["fault"] is None
+    explained = _printed(capsys, ["explain", "gpu-a", "--kubeconfig", kubeconfig, "-n", NS],
+                         structured.KIND_NODE_EXPLANATION)
+    assert explained["node"] == node and explained["record"] is None
 
 
 # -- explain ------------------------------------------------------------------------------------
