@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/burst.py                       # 5,000 nodes, 750 fault within 10 s
     .venv/bin/python bench/burst.py --nodes 1500 --faults 750 --spread 0 --breaker default
+    .venv/bin/python bench/burst.py --conditions --faults 1600 --spread 30 --interval 15 --breaker default
+
+``--conditions``: the faults come as the node agents' conditions (``KernelDeadlock=True``, written on the Node's
+status one after the other over ``--spread`` s; a policy rule cordons for it), read by the detect loop's full
+reads, instead of in the readings.
 
 The API emulator runs in a process of its own (``python -m sim.kubeapi``), so its CPU is not the
 controller's; the controller runs in this process with an in-memory source that answers for every node
@@ -55,6 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpuremediate.actions.node_status import build_condition, conditions_patch  # noqa: E402
 from gpuremediate.config import Settings  # noqa: E402
 from gpuremediate.controller import Controller  # noqa: E402
 from gpuremediate.kube import errors  # noqa: E402
@@ -62,6 +68,7 @@ from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import load_config  # noqa: E402
 from gpuremediate.kube.resources import JOBS, LEASES, NAMESPACES, NODES, PDBS, PODS, SERVICEACCOUNTS  # noqa: E402
 from gpuremediate.policy.config import loads_policy  # noqa: E402
+from gpuremediate.policy.safety import Look  # noqa: E402
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings  # noqa: E402
 from sim.waiting import wait_for  # noqa: E402
 
@@ -279,6 +286,36 @@ class BurstSource:
             for g in range(8))) for n in self.nodes]
 
 
+class ConditionBurst(BurstSource):
+    """``--conditions``: the readings stay healthy; ``begin()`` starts a thread that writes the node agents'
+    condition (``KernelDeadlock=True``, a rule of the policy cordons for it) on the chosen nodes one by one over
+    ``spread`` seconds, as the agents publish at their own phases: "the source has it" is the moment the API server
+    answered the condition's write."""
+
+    def __init__(self, client: KubeClient, nodes: list[str], faulty: list[str], spread: float) -> None:
+        super().__init__(nodes, faulty, spread)
+        self.client = client
+
+    def begin(self) -> None:
+        self.t0 = time.time()
+        threading.Thread(target=self._publish, name="agents", daemon=True).start()
+
+    def _publish(self) -> None:
+        assert self.t0 is not None
+        step = self.spread / max(1, len(self.faulty))
+        for i, name in enumerate(self.faulty):
+            time.sleep(max(0.0, self.t0 + i * step - time.time()))
+            cond = build_condition(None, "KernelDeadlock", "True", "Hung", "task blocked (bench)", time.time())
+            self.client.patch(NODES, name, conditions_patch([cond]), patch_type="strategic", subresource="status")
+            with self._lock:
+                self.has[name] = time.time()
+
+    def _faulty_now(self) -> set[str]:
+        return set()
+
+
+CONDITION_RULE = '[[conditions.rules]]\ntype = "KernelDeadlock"\nstatus = "True"\naction = "cordon"\n'
+
 GROUP = 6  # a PDB group: three pods on faulted nodes, three partners on healthy ones
 
 
@@ -427,11 +464,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          f"ServiceAccount team-{k:03d}/default")
             log(f"creating {len(work.bodies)} pods, {len(work.pdbs)} PDBs")
             work.create(admin)
-        source = BurstSource(names, faulty, args.spread)
+        source = ConditionBurst(admin, names, faulty, args.spread) if args.conditions else \
+            BurstSource(names, faulty, args.spread)
         # raised: a burst under test, not a storm to stop: no storm look either (issue 49: it would hold the burst)
         breaker = ("threshold_percent = 99\nlook_s = 0\n" if args.breaker == "raised" else "")
         budget = "100%" if args.drain else "0"
-        policy = loads_policy(f'[budget]\nmax_unavailable = "{budget}"\n[breaker]\n{breaker}', "burst-policy")
+        rules = CONDITION_RULE if args.conditions else ""
+        policy = loads_policy(f'[budget]\nmax_unavailable = "{budget}"\n[breaker]\n{breaker}{rules}', "burst-policy")
         settings = Settings(namespace=NAMESPACE, scrape_interval_s=args.interval, resync_s=10.0,
                             qps=args.qps, burst=args.burst)
         client = KubeClient(config, qps=args.qps, burst=args.burst)
@@ -479,6 +518,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stamps = sorted(seen[n] for n in seen if n in source.has)
         result: dict[str, Any] = {
             "nodes": len(names), "faults": len(faulty), "spread_s": args.spread, "breaker": args.breaker,
+            "through": "node conditions" if args.conditions else "readings", "interval_s": args.interval,
             "qps": args.qps, "burst": args.burst, "cordoned": len(stamps),
             "cordon_p50_s": round(percentile(lags, 50), 2), "cordon_p90_s": round(percentile(lags, 90), 2),
             "cordon_max_s": round(max(lags), 2) if lags else None,
@@ -489,6 +529,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "emulator_core_share": round(server_cpu / burst_wall, 2) if server_cpu is not None else None,
             "breaker_open": controller.ctx.breakers.latest().is_open,
             "breaker_reason": controller.ctx.breakers.latest().reason,
+            "look": look_figures(controller.ctx.breakers.latest().look),
             "load": os.getloadavg()[0],
         }
         if work is not None:
@@ -504,6 +545,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return result
     finally:
         server.stop()
+
+
+def look_figures(look: Look | None) -> dict[str, Any] | None:
+    """The breaker's last storm look (issue 49): how many faults it held, for how long, how it ended."""
+    if look is None:
+        return None
+    return {"held": len(look.nodes), "outcome": look.outcome or "looking",
+            "lasted_s": round(look.ended_at - look.opened_at, 1) if look.ended_at is not None else None}
 
 
 def resource_of(path: str) -> str:
@@ -540,6 +589,8 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=Settings.burst, help="the controller's --kube-api-burst")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--drain", action="store_true", help="the drain burst: pods and PDBs on the faulted nodes")
+    parser.add_argument("--conditions", action="store_true",
+                        help="the faults come as the node agents' conditions (KernelDeadlock), not in the readings")
     parser.add_argument("--pods", type=int, default=10000, help="--drain: pods on the faulted nodes")
     parser.add_argument("--namespaces", type=int, default=100, help="--drain: team namespaces the pods are in")
     parser.add_argument("--kubeconfig", help="a real control plane instead of the emulator")
