@@ -3,8 +3,10 @@
 Run by ``make bench`` (which installs prometheus_client into the venv). Inputs: every real
 dcgm-exporter scrape (the tests' copies in tests/signals/data/dcgm-exporter and the reference data in
 ../shared/data, or ``$GPUREMEDIATE_SHARED_DATA``; files there that are not exporter scrapes are named
-and skipped), plus a synthetic 8-GPU scrape. Each input is read two ways: as the controller reads an
-exporter's scrape (``strict=False`` with the exporter's content type) and strictly (``parse(text)``).
+and skipped), the L4 scrape with ``", "`` between its labels (as older exporters and dcgm-exporter's README
+quickstart sample write a label set: ``{gpu="0", UUID="GPU-604ac76c-..."}``), plus a synthetic 8-GPU scrape.
+Each input is read two ways: as the controller reads an exporter's scrape (``strict=False`` with the
+exporter's content type) and strictly (``parse(text)``).
 
 Both parsers must yield the same samples (name, labels, value) on every input before anything is
 timed; a disagreement fails the run. Then each parser's CPU time per parse (``time.process_time``,
@@ -164,8 +166,24 @@ def inputs() -> tuple[list[tuple[str, str]], list[str]]:
     else:
         skipped.append(f"{SHARED} (not found: only the tests' copies are read)")
     found = [(_label(names), text) for text, names in by_text.items()]
+    l4 = SCRAPES / "scrape-L4-default.prom"
+    if l4.is_file():
+        found.append(("scrape-L4-default.prom, labels ', '-separated", comma_space(l4.read_text(encoding="utf-8"))))
     found.append(("synthetic 8-GPU, every dcp-metrics-included field", synthetic_scrape()))
     return found, skipped
+
+
+def comma_space(text: str) -> str:
+    """``text`` with its label sets written ``a="1", b="2"``: the shape of dcgm-exporter's README quickstart
+    sample (``DCGM_FI_DEV_SM_CLOCK{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"} 139``)."""
+    lines = []
+    for line in text.split("\n"):
+        head, brace, rest = line.partition("{")
+        if brace and not line.startswith("#"):
+            labels, close, tail = rest.rpartition("} ")
+            line = head + brace + labels.replace('",', '", ') + close + tail
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _label(names: list[str]) -> str:

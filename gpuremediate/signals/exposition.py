@@ -59,8 +59,13 @@ _FLOAT = (
 _REAL = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _LABEL_SET = r"\{((?:" + _PAIR + r"(?:," + _PAIR + r")*)?)\}"
 
-# The shape of a plain label text (see _plain_labels): name=" then ,name=" per further label, a trailing comma.
-_PLAIN_SHAPE = re.compile(_LABEL_NAME + '="(?:,' + _LABEL_NAME + '=")*,?' + r"\Z")
+# The shape of a plain label text (see _plain_labels): name=" then ,name=" per further label, a trailing comma;
+# blanks (space, tab) where 0.0.4 allows them: around the names, the '=' and the commas (``a="1", b="2"``, as older
+# exporters and dcgm-exporter's README quickstart sample write a label set). OpenMetrics texts reach it only through
+# _FAST_OM, whose label sets hold no blank.
+_PLAIN_SHAPE = re.compile(
+    r"[ \t]*" + _LABEL_NAME + r'[ \t]*=[ \t]*"(?:[ \t]*,[ \t]*' + _LABEL_NAME + r'[ \t]*=[ \t]*")*[ \t]*(?:,[ \t]*)?\Z'
+)
 _Shape = Callable[[list[str]], Labels]
 _SHAPES: dict[str, _Shape | Literal[False]] = {}
 # The pieces and the shape last looked up in _SHAPES by the 0.0.4 fast loop: comparing pieces costs less
@@ -508,8 +513,9 @@ def _plain_labels(text: str) -> Labels | None:
     prefixed), as ``checked_labels(_decode_pairs(text))`` gives them; None for any other text (the
     general path then reads it or says what is wrong). Split at the quotes (a value holds none), the
     text is values between the pieces of its *shape*: ``name="`` for the first label, ``,name="`` for
-    each further one, and an optional trailing comma; everything to check is in the shape, which is
-    the same on every series of an exporter, so what it yields (or that it yields nothing) is kept."""
+    each further one, and an optional trailing comma, with 0.0.4's blanks around them as ``scan_labels``
+    reads them (``a="1", b="2"``); everything to check is in the shape, which is the same on every
+    series of an exporter, so what it yields (or that it yields nothing) is kept."""
     if "\\" in text:
         return None
     parts = text.split('"')
@@ -540,7 +546,7 @@ def _shape(shape: str) -> _Shape | Literal[False]:
         return _no_labels
     if _PLAIN_SHAPE.match(shape) is None:
         return False
-    names = shape.removesuffix(",")[:-2].split('=",')
+    names = _LABEL_NAME_RE.findall(shape)  # the pattern took them: nothing but names, '=', ',', quotes and blanks
     if len(set(names)) != len(names) or any(name.startswith("__") for name in names):
         return False  # a duplicate or reserved name: the general path says which
     order = sorted(range(len(names)), key=names.__getitem__)

@@ -226,10 +226,15 @@ def test_one_character_corruptions_of_real_lines_read_alike() -> None:
 
 def general_labels(text: str, strict: bool) -> tuple[object, ...] | None:
     """What the 0.0.4 parser makes of a label text without ``_plain_labels``: labels, an error, or None
-    (the fast pattern does not take it)."""
-    if exposition._LABELS_004.match(text) is None:
-        return None
+    (neither the fast pattern nor the scanner takes it as a whole label set). A text with blanks between
+    its labels (``a="1", b="2"``) is the scanner's (``scan_labels``, as the reference loop reads it)."""
     parser = exposition._Prometheus004Parser(strict)
+    if exposition._LABELS_004.match(text) is None:
+        try:
+            pairs, end = parser.scan_labels("{" + text + "}", 1, False)
+            return ("ok", parser.checked_labels(pairs, False)) if end == len(text) + 2 else None
+        except exposition._LineError as err:
+            return ("error", err.reason)
     pairs = exposition._decode_pairs(text)
     try:
         if "\\" in text:
@@ -268,10 +273,41 @@ def test_plain_labels_of_the_real_scrapes_are_taken() -> None:
 
 def test_plain_labels_leave_the_rest_to_the_general_path() -> None:
     for text in ('a="1",a="2"', '__name__="x"', '__a="x"', 'a="x\\"y"', 'a="1"b="2"', 'a="1",,b="2"', ",",
-                 'a="1', 'a="x"y"', 'a = "1"', 'a="1" ', '9="1"', 'a="1",b="2",,', 'a=""""'):
+                 'a="1', 'a="x"y"', '9="1"', 'a="1",b="2",,', 'a=""""', 'a="1" b="2"', 'a="1", a="2"', " ",
+                 'a="1",\n b="2"'):
         assert exposition._plain_labels(text) is None, text
     assert exposition._plain_labels("") == ()
     assert exposition._plain_labels('b="2",a="1",') == (("a", "1"), ("b", "2"))
+
+
+# dcgm-exporter's README quickstart sample (and older exporters) write ", " between labels: 0.0.4 allows blanks
+# around names, '=' and commas, and such a label set stays on the fast path (issue 45)
+README_LABELS = 'gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""'
+
+
+@pytest.mark.parametrize("text", [README_LABELS, 'a = "1"', 'a="1" ', ' a="1" , b="2", ', 'a="1",\tb="2"'])
+def test_plain_labels_take_blanks_where_0_0_4_allows_them(text: str) -> None:
+    plain = exposition._plain_labels(text)
+    assert plain is not None and ("ok", plain) == general_labels(text, True) == general_labels(text, False)
+
+
+def test_a_readme_shaped_scrape_stays_on_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    sets = [README_LABELS.replace('gpu="0"', f'gpu="{n}"') for n in range(4)]
+    lines = ["DCGM_FI_DEV_SM_CLOCK{" + labels + "} 139" for labels in sets]
+    text = "# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n" + "\n".join(lines) + "\n"
+    check(text)
+    left: list[str] = []
+    original = exposition._Prometheus004Parser.sample_line
+
+    def sample_line(self: exposition._Prometheus004Parser, line: str, resolved: dict[str, object]) -> None:
+        left.append(line)
+        original(self, line, resolved)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exposition._Prometheus004Parser, "sample_line", sample_line)
+    for strict in (True, False):
+        read = parse(text, content_type=CONTENT_TYPE, strict=strict)
+        assert [s.label("gpu") for s in read.samples] == ["0", "1", "2", "3"] and not read.malformed
+    assert left == []  # no line left the fast loop
 
 
 def test_a_shape_gets_code_of_its_own_when_it_recurs() -> None:
