@@ -337,7 +337,9 @@ class DetectLoop:
         self.cycles += 1
 
     def check_nodes(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
-        """Decide for these nodes from these readings, as one batch (replay drives the loop through this)."""
+        """Decide for these nodes from these readings, as one batch (replay drives the loop through this). The
+        hook for a path of faults of its own (failed preflights, issue 46; a condition watch, issue 48): its
+        faults are counted and their arrival rate judged by the breaker (a storm look) as every read's are."""
         self._check_batch(batch, by_node, self.ctx.nodes.gpu_nodes(), self.ctx.owned_gpu_nodes())
 
     def _check_batch(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings], fleet: Sequence[Node],
