@@ -4,7 +4,10 @@ One reading per GPU (per MIG instance when a series carries ``GPU_I_ID``). DCGM'
 every width, NaN, infinities and values outside a field's physical range (a temperature of 0 from a
 sensor the GPU lacks, an XID of 4294967295) are missing, never readings: see ``signals.model``.
 A series whose ``gpu``, ``GPU_I_ID`` or ``xid`` label is not a plain number is malformed: skipped,
-counted in ``malformed_lines`` and named in ``problems``.
+counted in ``malformed_lines`` and named in ``problems``. So is one whose label that names the GPU or the node
+(``KEY_LABELS``: UUID, gpu, pci_bus_id, Hostname, ...) holds a quote: no real UUID, bus id or host name has one,
+and the lenient parser keeps a raw quote inside a value (``signals.exposition``), so a line corrupted on the way
+(``UUID="GPU-c2f76b33"7953-..."``) would otherwise name a GPU or a node that is not there.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from gpuremediate.signals.model import (
 )
 
 NODE_LABEL_CANDIDATES = ("Hostname", "hostname", "node", "kubernetes_node")
+# the labels a GPU and its node are keyed on: a quote in one is a corrupted line, never a name
+KEY_LABELS = ("gpu", "GPU_I_ID", "UUID", "uuid", "pci_bus_id", *NODE_LABEL_CANDIDATES)
 DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
 
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
@@ -112,6 +117,7 @@ def readings_from_samples(
     problems: dict[str, list[str]] = {}
     labels_to_try = (node_label,) if node_label else NODE_LABEL_CANDIDATES
     series: dict[int, _Series] = {}  # id(labels) -> what they say (a GPU's label set is in many families)
+    unplaced = 0  # lines whose node label holds a quote: no node to name them under, counted as unreadable lines
     for sample in samples:
         name = sample.name
         if not name.startswith("DCGM_"):
@@ -120,6 +126,7 @@ def readings_from_samples(
         if known is None:
             known = series[id(sample.labels)] = _Series(sample.labels, node, labels_to_try)
         if known.key is None:
+            unplaced += known.unplaced
             continue
         if known.malformed or (name == XID_COUNT_SERIES and _label_problem(name, known.labels)):
             problems.setdefault(known.key[0], []).append(_label_problem(name, known.labels))
@@ -132,7 +139,8 @@ def readings_from_samples(
                 drivers.setdefault(known.key[0], known.labels[DRIVER_VERSION_LABEL])
         _add_value(builder, name, known.labels, sample.value)
     nodes = sorted({key[0] for key in gpus} | set(problems) | ({node} if node is not None else set()))
-    return [_node_readings(name, gpus, drivers, source, observed_at, malformed_lines, problems.get(name, []))
+    return [_node_readings(name, gpus, drivers, source, observed_at, malformed_lines + unplaced,
+                           problems.get(name, []))
             for name in nodes]
 
 
@@ -141,19 +149,24 @@ class _Series:
     no GPU or no node, and is left out), whether its gpu / GPU_I_ID labels are malformed, and its builder
     once a sample of it was taken. ``raw`` keeps the labels alive, so their id stays theirs for the call."""
 
-    __slots__ = ("builder", "key", "labels", "malformed", "raw")
+    __slots__ = ("builder", "key", "labels", "malformed", "raw", "unplaced")
 
     def __init__(self, raw: Labels, node: str | None, labels_to_try: tuple[str | None, ...]) -> None:
         self.raw, self.labels = raw, dict(raw)
         gpu = self.labels.get("gpu")
         owner = node if node is not None else _node_of(self.labels, labels_to_try)
-        self.key = (owner, gpu, self.labels.get("GPU_I_ID") or None) if gpu and owner else None
+        self.unplaced = bool(owner and '"' in owner)  # a corrupted node name: never a node of its own
+        self.key = (owner, gpu, self.labels.get("GPU_I_ID") or None) if gpu and owner and not self.unplaced else None
         self.malformed = bool(self.key and _label_problem("", self.labels))
         self.builder: _GpuBuilder | None = None
 
 
 def _label_problem(name: str, labels: Mapping[str, str]) -> str:
-    """Why a series' numeric labels cannot be read ("" when they can)."""
+    """Why a series' key labels cannot be read ("" when they can): a quote in one, a number that is not."""
+    for label in KEY_LABELS:
+        text = labels.get(label)
+        if text and '"' in text:
+            return f"{name}: label {label}={text[:40]!r} holds a quote (a corrupted line); series skipped"
     for label in ("gpu", "GPU_I_ID") + (("xid",) if name == XID_COUNT_SERIES else ()):
         text = labels.get(label)
         if text and ascii_int(text) is None:

@@ -231,3 +231,28 @@ def test_each_series_of_a_malformed_label_set_counts() -> None:
     assert [g.gpu for g in node.gpus] == ["1"] and node.malformed_lines == 3
     assert [p.split(":")[0] for p in node.problems] == ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP",
                                                         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]
+
+
+# issue 45: the lenient parser keeps a raw quote inside a label value (prometheus_client rejects the line); in a
+# label the controller keys a GPU or a node on, it is a corrupted line: skipped and counted, never a name
+@pytest.mark.parametrize(("label", "good", "bad", "node"), [
+    ("UUID", L4_UUID, 'GPU-c2f76b33"7953-256e-8f33-1343419b1a1c', "the-node"),
+    ("pci_bus_id", "00000000:31:00.0", '00000000"31:00.0', "the-node"),
+    ("Hostname", "i-030791dc5a37cd257", 'i-030791dc5"37cd257', None),
+])
+def test_a_quote_in_a_key_label_of_the_l4_scrape_is_a_malformed_line(
+    label: str, good: str, bad: str, node: str | None
+) -> None:
+    text = scrape("scrape-L4-default.prom")
+    first = next(line for line in text.splitlines() if line.startswith("DCGM_"))
+    corrupted = first.replace(f'{label}="{good}"', f'{label}="{bad}"')
+    assert corrupted != first
+    parsed = parse(text.replace(first, corrupted), strict=False)
+    assert not parsed.malformed and any(s.label(label) == bad for s in parsed.samples)  # the parser kept the value
+    [reading] = readings(text.replace(first, corrupted), node=node)  # no node named after a corrupted Hostname
+    clean = readings(text, node=node)[0]
+    assert reading.malformed_lines == 1
+    assert label == "Hostname" or "holds a quote" in reading.problems[0]
+    assert [(g.uuid, g.pci_bus_id) for g in reading.gpus] == [(L4_UUID, "00000000:31:00.0")]
+    assert reading.node == clean.node and reading.gpus[0].extra == {
+        k: v for k, v in clean.gpus[0].extra.items() if k != first.partition("{")[0]}
