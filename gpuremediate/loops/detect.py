@@ -939,9 +939,11 @@ class DetectLoop:
             return
         self._look_settled = look.opened_at
         mine = self.ctx.owned_gpu_nodes()
-        held = [n for n in mine if name_of(n) in look.node_set]
+        # Decided again from their last readings; a node this replica has none for (it started, or took the shard
+        # over, since) waits for the next read, which decides it as any other (never "unknown" for want of them).
+        held = [n for n in mine if name_of(n) in look.node_set and name_of(n) in self.ctx.readings]
         if held:
-            by_node = {name_of(n): r for n in held if (r := self.ctx.readings.get(name_of(n))) is not None}
+            by_node = {name_of(n): self.ctx.readings[name_of(n)] for n in held}
             self._check_batch(held, by_node, self.ctx.nodes.gpu_nodes(), mine)
 
     def _look_opened(self, look: safety.Look, first: str) -> None:

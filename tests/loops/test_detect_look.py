@@ -269,3 +269,25 @@ def test_status_and_breaker_status_show_the_look_in_a_dry_run_too(world: World, 
 def _cached_condition(controller: Controller, node: str) -> bool:
     cached = next(n for n in controller.ctx.nodes.gpu_nodes() if n["metadata"]["name"] == node)
     return any(c.get("type") == "KernelDeadlock" for c in cached.get("status", {}).get("conditions", []))
+
+
+def test_a_controller_started_after_a_look_decides_its_faults_at_its_first_read(world: World) -> None:
+    """The look outlives the replica that opened it (the breaker ConfigMap): the next one ends it and decides the
+    held faults at its first read, without calling their nodes unknown for want of readings."""
+    src = Installments()
+    first = world.controller(src, scrape_interval_s=3600)
+    first.ctx.breakers.start()
+    first.detect.cycle()
+    _installment(src, NAMES[:6], first)
+    assert world.breaker().looking is not None
+    first.stop()
+    time.sleep(LOOK_S + 0.2)
+    second = world.controller(src, scrape_interval_s=3600)
+    second.ctx.breakers.start()
+    second.detect._settle_look()  # due: ended by this replica, which has no readings of them yet
+    assert world.breaker().look is not None and world.breaker().look.outcome == LOOK_RELEASED  # type: ignore[union-attr]
+    assert world.cordoned() == set() and second.detect.unknown == {}
+    second.detect.cycle()  # its first read: the six go on
+    assert world.cordoned() == set(NAMES[:6])
+    second.detect.events.flush(10)
+    assert world.events("GPUHealthUnknown") == []
