@@ -81,6 +81,13 @@ def wide(tmp_path: Path) -> Iterator[tuple[EmulatorCluster, list[Replica]]]:
         cluster.stop()
 
 
+def _acted_on(cluster: Cluster, node: str) -> bool:
+    """Cordoned for its fault now, or already through its repair (the emulator's reboot and validation take about a
+    second: the nodes the storm look held go through theirs after the others are back)."""
+    rec = cluster.record(node)
+    return rec is not None and (rec.state != states.HEALTHY or any(h.outcome for h in rec.history))
+
+
 def _sharded(cluster: EmulatorCluster, replicas: list[Replica], tmp: Path, stormed: list[str]) -> None:
     _storm(cluster, stormed)
     path = tmp / "policy.toml"
@@ -105,10 +112,10 @@ def test_a_storm_split_across_two_shards_opens_the_breaker_with_nothing_cordoned
 def test_faults_below_the_threshold_split_across_two_shards_are_all_acted_on(
         wide: tuple[EmulatorCluster, list[Replica]], tmp_path: Path) -> None:
     cluster, replicas = wide
-    stormed = cluster.nodes[::5]  # 20 %
+    stormed = cluster.nodes[::5]  # 20 %: past the arrival rate (more than 4 of 48), a look holds those not yet acted on
     _sharded(cluster, replicas, tmp_path, stormed)
-    cluster.wait(lambda: all(cluster.unschedulable(n) for n in stormed), 60, "every faulted node cordoned",
-                 seen=lambda: [n for n in stormed if not cluster.unschedulable(n)])
+    cluster.wait(lambda: all(_acted_on(cluster, n) for n in stormed), 60, "every faulted node acted on",
+                 seen=lambda: [cluster.summary(n) for n in stormed if not _acted_on(cluster, n)])
     assert sum(r.metrics().value("gpuremediate_circuit_breaker_open") for r in replicas) == 0
 
 
