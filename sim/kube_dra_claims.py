@@ -7,7 +7,11 @@ control plane: a claim allocated without the finalizer kept its GPU after its po
   ``bindClaim``): before it writes an allocation it adds the finalizer ``resource.kubernetes.io/delete-protection``
   (``resourceapi.Finalizer``) in a normal update, then writes ``status.allocation`` and appends the pod to
   ``status.reservedFor`` in one status update. ``sim.dra_claims.allocate`` and ``sim.kube_scheduler`` write the same.
-- the resourceclaim controller (pkg/controller/resourceclaim/controller.go, ``syncClaim``): a ``reservedFor``
+- the resourceclaim controller (pkg/controller/resourceclaim/controller.go, ``syncPod``): a pod bound to a node
+  (``spec.nodeName``), not marked for deletion, that names an allocated claim not reserved for it is appended to
+  the claim's ``reservedFor`` (a pod placed without the scheduler; at most 256 consumers). The emulator leaves out
+  pods that are done (upstream reserves and then drops them again).
+- the resourceclaim controller (``syncClaim``): a ``reservedFor``
   entry whose pod is gone, was replaced (another uid under that name) or is done (phase Succeeded or Failed, or
   deleted before it was bound) is removed. When that removal leaves no consumer and the claim carries the
   finalizer, the allocation is cleared in the same status update, then the finalizer is removed (a normal update).
@@ -17,7 +21,7 @@ control plane: a claim allocated without the finalizer kept its GPU after its po
   allocation and the finalizer, so its deletion completes.
 
 Not modelled: claims made from ResourceClaimTemplates (the controller's creation and deletion of them), consumers
-other than pods, the PodSchedulingContext of control-plane drivers.
+other than pods (an entry of another kind is kept, as upstream keeps one it does not know), PodGroups.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
 TERMINAL = ("Succeeded", "Failed")
+MAX_RESERVED = 256  # ResourceClaimReservedForMaxSize
 
 
 class ClaimController:
@@ -42,8 +47,17 @@ class ClaimController:
         self.api = api
         self.dirty = True
         self.deallocated = 0  # claims whose allocation this controller cleared
+        # The pods that name claims, kept from the pod events (a scan of every pod per tick would cost a drain of
+        # 10,000 pods dearly). None until the first tick's one full scan.
+        self.claim_pods: dict[tuple[str, str], None] | None = None
 
     def react(self, event: WatchEvent) -> None:
+        if event.key == "/pods" and self.claim_pods is not None:
+            ident = (_ns(event.obj), event.obj["metadata"]["name"])
+            if event.type != "DELETED" and _claim_names(event.obj):
+                self.claim_pods[ident] = None
+            else:
+                self.claim_pods.pop(ident, None)
         if event.key == "/pods" or event.key == self._key():
             self.dirty = True
 
@@ -51,14 +65,33 @@ class ClaimController:
         if not self.dirty:
             return
         self.dirty = False
-        try:
-            claims = self.store.select(self._key(), "")
-        except KeyError:
-            return  # DRA not served
-        for claim in claims:
+        if self.claim_pods is None:
+            named = self.store.select("/pods", "", lambda pod: bool(_claim_names(pod)))
+            self.claim_pods = dict.fromkeys((_ns(p), p["metadata"]["name"]) for p in named)
+        for ns, name in list(self.claim_pods):
+            pod = self.store.get("/pods", ns, name)
+            if pod is not None:
+                self.reserve_for(pod)
+        for claim in self.store.select(self._key(), ""):
             status = claim.get("status") or {}
             if status.get("reservedFor") or (claim["metadata"].get("deletionTimestamp") and _protected(claim)):
                 self.sync(claim)
+
+    def reserve_for(self, pod: Obj) -> None:
+        """``syncPod``: a bound pod's allocated claims, reserved for it if they are not."""
+        meta = pod["metadata"]
+        if not (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp") or \
+                (pod.get("status") or {}).get("phase") in TERMINAL:
+            return
+        for name in _claim_names(pod):
+            claim = self.store.get(self._key(), _ns(pod), name)
+            status = (claim or {}).get("status") or {}
+            reserved = list(status.get("reservedFor") or [])
+            if claim is None or not status.get("allocation") or len(reserved) >= MAX_RESERVED or \
+                    any(ref.get("uid") == meta.get("uid") for ref in reserved):
+                continue
+            reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
+            self._write(claim, {**claim, "status": {**status, "reservedFor": reserved}})
 
     def sync(self, claim: Obj) -> None:
         """``syncClaim``: drop the reservations of consumers that will not run; deallocate on the last one."""
@@ -116,3 +149,9 @@ def _protected(claim: Obj) -> bool:
 
 def _ns(obj: Obj) -> str:
     return str(obj["metadata"].get("namespace", ""))
+
+
+def _claim_names(pod: Obj) -> list[str]:
+    """The claims a pod names (``resourceClaimName``; a template's claim is not modelled)."""
+    return [str(c["resourceClaimName"]) for c in (pod.get("spec") or {}).get("resourceClaims") or []
+            if c.get("resourceClaimName")]

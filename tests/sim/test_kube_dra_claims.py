@@ -22,7 +22,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken, load_config
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS, RESOURCE_CLAIMS, SERVICEACCOUNTS
-from sim.dra_claims import allocate, claim_body, ensure_device_class, pod_body, run_on_gpu
+from sim.dra_claims import claim_body, ensure_device_class, pod_body, run_on_gpu
 from sim.gpusim import gpu_uuid
 from sim.kube_dra_claims import FINALIZER
 from sim.kubeapi import KubeAPIServer
@@ -175,18 +175,42 @@ def test_without_the_finalizer_the_claim_keeps_its_device_for_good(target: Targe
     assert bound(t, "wants") == "", "gpu-0 is still allocated to 'bare'"
 
 
+def allocated_unreserved(t: Target, name: str, device: str) -> dict[str, Any]:
+    """A claim with the scheduler's finalizer and an allocation of ``device``, reserved for no one."""
+    claim = t.client.create(RESOURCE_CLAIMS, claim_body(name, t.ns), t.ns)
+    claim = t.client.patch(RESOURCE_CLAIMS, name, {"metadata": {"finalizers": [FINALIZER]}}, t.ns)
+    result = {"request": "gpu", "driver": DRIVER, "pool": t.node, "device": device}
+    return t.client.replace(RESOURCE_CLAIMS, name, {**claim, "status": {"allocation": {"devices": {
+        "results": [result]}}}}, t.ns, subresource="status")
+
+
 def test_an_allocated_claim_never_reserved_stays_allocated(target: Target) -> None:
+    """Deallocation follows the loss of the last consumer: a claim no pod ever used stays allocated."""
     t = target
-    claim = t.client.create(RESOURCE_CLAIMS, claim_body("c", t.ns), t.ns)
-    pod = t.client.create(PODS, pod_body("p", t.ns, t.node, "c"), t.ns)
-    allocated = allocate(t.client, claim, pod, node=t.node, device="gpu-0")
-    unreserved = {**allocated, "status": {"allocation": allocated["status"]["allocation"]}}
-    t.client.replace(RESOURCE_CLAIMS, "c", unreserved, t.ns, subresource="status")
-    t.client.delete(PODS, "p", t.ns, grace_period_seconds=0)
+    allocated_unreserved(t, "c", "gpu-0")
     run_on_gpu(t.client, "tick", t.ns, t.node, "gpu-1")  # the controller looked at the claims since
     t.client.delete(PODS, "tick", t.ns, grace_period_seconds=0)
     wait_for(lambda: deallocated(t, "tick"), WAIT_S, "the other claim deallocated")
-    assert (get(t, "c") or {})["status"].get("allocation"), "no consumer went away: it stays allocated"
+    claim = get(t, "c")
+    assert claim is not None and claim["status"].get("allocation") and not claim["status"].get("reservedFor")
+
+
+def test_a_bound_pod_naming_an_allocated_claim_is_reserved_by_the_controller(target: Target) -> None:
+    """``syncPod``: a pod given its node without the scheduler gets the allocated claim it names reserved; a
+    reservation removed by hand comes back while the pod runs, and goes once it is gone."""
+    t = target
+    allocated_unreserved(t, "c", "gpu-0")
+    pod = t.client.create(PODS, pod_body("p", t.ns, t.node, "c"), t.ns)
+    uid = pod["metadata"]["uid"]
+    wait_for(lambda: [r["uid"] for r in (get(t, "c") or {}).get("status", {}).get("reservedFor") or []] == [uid],
+             WAIT_S, "the claim reserved for the bound pod", seen=lambda: get(t, "c"))
+    claim = get(t, "c")
+    assert claim is not None
+    t.client.replace(RESOURCE_CLAIMS, "c", {**claim, "status": {"allocation": claim["status"]["allocation"]}}, t.ns,
+                     subresource="status")
+    wait_for(lambda: (get(t, "c") or {}).get("status", {}).get("reservedFor"), WAIT_S, "the reservation back")
+    t.client.delete(PODS, "p", t.ns, grace_period_seconds=0)
+    wait_for(lambda: deallocated(t, "c"), WAIT_S, "deallocated once the pod is gone", seen=lambda: get(t, "c"))
 
 
 def test_a_deleted_claim_waits_for_its_consumer_then_goes(target: Target) -> None:
