@@ -890,7 +890,10 @@ class DetectLoop:
     def _look_due_in(self) -> float | None:
         """Seconds until a look under way ends (None: none under way, or one ended whose faults wait for this
         replica's decision: 0)."""
-        breaker = self.breakers.latest()
+        try:
+            breaker = self.breakers.latest()  # the watch's; a GET only before anything was read (it may fail)
+        except (errors.ApiError, errors.TransportError):
+            return None  # the cycle reads it again (and says what failed); the wait between cycles goes on
         look = breaker.look
         if look is None:
             return None
