@@ -432,11 +432,13 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
         return 0
     if args.command == "explain":
         policy = load_policy(args.policy) if args.policy else None
-        explained = fleet.explain_view(client, args.node, policy, _dry_run(client, args.namespace))
+        journal = _dry_run(client, args.namespace)
+        explained = fleet.explain_view(client, args.node, policy, journal)
         if args.output in ("json", "yaml"):
             print(_structured(explained.as_dict(), args.output), end="")
         else:
-            print(explained.wide() if args.output == "wide" else explained.text, end="")
+            print((explained.wide() if args.output == "wide" else explained.text)
+                  + _look_line(client, args.namespace, args.node, journal), end="")
         return 0
     if args.command in ("pause", "resume"):
         return _pause(client, args)
@@ -518,6 +520,28 @@ def _breaker(client: KubeClient, args: argparse.Namespace) -> int:
     if store.reset_requested is not None:
         print(f"reset requested (annotation {RESET_ANNOTATION}={store.reset_requested}): the controller applies it")
     return 0
+
+
+def _look_line(client: KubeClient, namespace: str, node: str, journal: Journal | None) -> str:
+    """For ``explain``: the breaker's storm look holds this node's new fault (nothing is written to the Node
+    until the look ends, so its record does not say it); "" when none does or the breaker cannot be read."""
+    try:
+        breaker = BreakerStore(client, namespace, read_only=True).load()
+    except KubeError:
+        return ""
+    if journal is not None and journal.breaker:
+        breaker = CircuitBreaker.from_dict(journal.breaker)
+    look = breaker.looking
+    if look is None or not look.holds(node):
+        return ""
+    would = " (DRY RUN: would be)" if journal is not None else ""
+    return (f"  Storm look{would}: its new fault is held until {_utc_text(look.until)} with "
+            f"{len(look.nodes) - 1} other(s), to see whether the storm passes the breaker's threshold "
+            f"({look.reason}); `gpuremediate breaker status`\n")
+
+
+def _utc_text(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _print_look_nodes(breaker: CircuitBreaker, shown: int = 20) -> None:

@@ -291,3 +291,18 @@ def test_a_controller_started_after_a_look_decides_its_faults_at_its_first_read(
     assert world.cordoned() == set(NAMES[:6])
     second.detect.events.flush(10)
     assert world.events("GPUHealthUnknown") == []
+
+
+def test_explain_says_the_look_holds_the_node(world: World, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    src = Installments()
+    controller = world.controller(src, scrape_interval_s=3600)
+    controller.ctx.breakers.start()
+    controller.detect.cycle()
+    _installment(src, NAMES[:6], controller)
+    kube = ["--kubeconfig", str(world.srv.write_kubeconfig(tmp_path / "kubeconfig")), "--namespace", NS]
+    assert cli.main(["explain", NAMES[2], *kube]) == 0
+    out = capsys.readouterr().out
+    assert "Storm look: its new fault is held until" in out and "with 5 other(s)" in out, out
+    assert cli.main(["explain", NAMES[20], *kube]) == 0
+    assert "Storm look" not in capsys.readouterr().out  # a node the look does not hold
