@@ -50,7 +50,7 @@ from gpuremediate.policy.fabric import KIND_DOMAIN  # noqa: E402
 from gpuremediate.signals.fabric import CLIQUE_LABEL, STATE_COMPLETED  # noqa: E402
 from gpuremediate.signals.fabric_model import GpuFabric  # noqa: E402
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings  # noqa: E402
-from gpuremediate.state.record import NodeRecord, record_from_node  # noqa: E402
+from gpuremediate.vocab.record import NodeRecord, record_from_node  # noqa: E402
 
 TRAYS, GPUS = 18, 4
 POLICY = """[budget]\nmax_unavailable = "100%"\n[breaker]\nthreshold_percent = 99\n

@@ -72,7 +72,6 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.handover import shard_index_of  # noqa: E402
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
 from gpuremediate.kube.shards import shard_of  # noqa: E402
-from gpuremediate.policy.degradation import DegradationPolicy  # noqa: E402
 from gpuremediate.signals import (  # noqa: E402
     dcgm,
     degradation,
@@ -82,7 +81,8 @@ from gpuremediate.signals import (  # noqa: E402
     sources,
     trends,
 )
-from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, record_from_node  # noqa: E402
+from gpuremediate.vocab.degradation import DegradationPolicy  # noqa: E402
+from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, record_from_node  # noqa: E402
 from sim.gpusim import new_node, render  # noqa: E402
 from sim.kubeapi import KubeAPIServer  # noqa: E402
 

@@ -104,7 +104,7 @@ from gpuremediate.kube.resources import (
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals import exposition
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION
-from gpuremediate.state.record import NodeRecord, RecordError, record_from_node
+from gpuremediate.vocab.record import NodeRecord, RecordError, record_from_node
 from sim.waiting import wait_for
 
 if TYPE_CHECKING:

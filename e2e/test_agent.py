@@ -26,7 +26,7 @@ from gpuremediate.actions.node_status import (
 )
 from gpuremediate.kube.resources import NODES
 from gpuremediate.signals import conditions as c
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 POLICY: dict[str, dict[str, Any]] = {
     "budget": {"max_unavailable": "100%"},

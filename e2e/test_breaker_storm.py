@@ -23,7 +23,7 @@ from gpuremediate.actions.breaker import BREAKER_CONFIGMAP
 from gpuremediate.actions.node_status import build_condition, conditions_patch
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
 from gpuremediate.policy.safety import CircuitBreaker
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 BUDGET_ALL = {"max_unavailable": "100%"}
 BREAKER = {"threshold_percent": 30, "min_nodes": 3}

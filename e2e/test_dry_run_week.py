@@ -13,8 +13,8 @@ from typing import Any
 
 from e2e.harness import SYSTEM_NS, Cluster
 from gpuremediate.actions.breaker import BreakerStore
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord
 
 POLICY: dict[str, Any] = {"budget": {"max_unavailable": "100%"}, "breaker": {"enabled": False},
                           "thermal": {"hold_s": 0.5, "clear_hold_s": 0.5}}

@@ -28,7 +28,7 @@ from gpuremediate.actions.device_taints import (
 from gpuremediate.actions.jobs import JOB_LABEL
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import EVENTS, JOBS, PODS, RESOURCE_CLAIMS
-from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE
+from gpuremediate.vocab.record import SCOPE_GPU, SCOPE_NODE
 from sim.gpusim import gpu_uuid
 from sim.nodesim_dra import DRIVER
 

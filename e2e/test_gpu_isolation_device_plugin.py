@@ -19,7 +19,7 @@ import pytest
 
 from e2e.harness import JOBS_NS, EmulatorCluster, make_cluster
 from gpuremediate.kube.resources import JOBS, PODS
-from gpuremediate.state.record import EFFECT_UNHEALTHY, SCOPE_GPU, SCOPE_NODE, VIA_DEVICE_PLUGIN
+from gpuremediate.vocab.record import EFFECT_UNHEALTHY, SCOPE_GPU, SCOPE_NODE, VIA_DEVICE_PLUGIN
 from sim.gpusim import gpu_uuid
 
 GPUS = 8

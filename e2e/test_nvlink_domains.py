@@ -20,7 +20,7 @@ import pytest
 from e2e.harness import SYSTEM_NS, Cluster, EmulatorCluster, make_cluster
 from e2e.plugins.remediation import API_VERSION, KIND, ExampleRemediationController, install_crd, remediation_crd
 from gpuremediate.signals.fabric import CLIQUE_LABEL
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 TRAYS = 18
 NOW: dict[str, Any] = {"failure_grace_s": 0, "stuck_after_s": 0, "not_started_grace_s": 0, "imex_grace_s": 0}

@@ -13,7 +13,7 @@ import pytest
 
 from e2e.harness import Cluster
 from gpuremediate.kube.resources import EVENTS, PODS
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab.record import NodeRecord
 
 TRANSITIONS = "gpuremediate_transitions_total"
 

@@ -26,7 +26,7 @@ from e2e.plugins.remediation import (
 )
 from gpuremediate.actions.custom import condition
 from gpuremediate.kube.resources import Resource
-from gpuremediate.plugins.window import DAYS
+from gpuremediate.vocab.window import DAYS
 
 DRAIN_API = "nvsentinel.nvidia.com/v1alpha1"
 NODE_LABEL = "nvsentinel.nvidia.com/node-name"

@@ -19,7 +19,7 @@ import pytest
 
 from e2e.harness import SYSTEM_NS, Cluster, ControllerProcess, EmulatorCluster, Metrics, policy_toml
 from gpuremediate.kube.shards import list_shard_leases, shard_of
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 SHARDS = 2
 LEASE_ARGS = ["--leader-elect-lease-duration", "3s", "--leader-elect-renew-deadline", "2s",

@@ -10,8 +10,8 @@ import re
 import time
 
 from e2e.harness import Cluster
-from gpuremediate.state import states
-from gpuremediate.state.record import BLOCK_BUDGET, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import BLOCK_BUDGET, NodeRecord
 
 BREAKER = {"threshold_percent": 30, "min_nodes": 3}
 

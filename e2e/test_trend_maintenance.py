@@ -16,8 +16,8 @@ import pytest
 from e2e.harness import Cluster
 from e2e.test_maintenance import MRS, POLICY, condition, delete_and_wait_gone, get, install_crd, wait_phase
 from gpuremediate.loops.trend_maintenance import FILED_FOR_LABEL, TRENDS_ANNOTATION
-from gpuremediate.plugins.window import DAYS, Window
 from gpuremediate.state.maintenance import parse_time
+from gpuremediate.vocab.window import DAYS, Window
 from sim.gpusim import gpu_uuid
 
 GPU = 3

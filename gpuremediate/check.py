@@ -23,10 +23,10 @@ from typing import Any, TextIO
 
 from gpuremediate.policy.config import Policy, PolicyError, default_policy, load_policy
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
-from gpuremediate.policy.findings import ACTION_NONE, Finding
 from gpuremediate.signals.kernellog import KernelLog, read_kernel_log, with_kernel_xids
 from gpuremediate.signals.model import GpuReading, NodeReadings
 from gpuremediate.signals.nvidiasmi import DEFAULT_TIMEOUT_S, NvidiaSmiError, NvidiaSmiSource
+from gpuremediate.vocab.findings import ACTION_NONE, Finding
 
 MAX_TIMEOUT_S = 3600.0
 

@@ -10,7 +10,8 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpuremediate.policy.schema import DNS_LABEL_WANTED, DNS_SUBDOMAIN_WANTED, is_dns_label, is_dns_subdomain
+from gpuremediate.kube.shards import MAX_SHARDS
+from gpuremediate.vocab.schema import DNS_LABEL_WANTED, DNS_SUBDOMAIN_WANTED, is_dns_label, is_dns_subdomain
 
 SOURCES = ("exporter", "prometheus")
 SCRAPE_INTERVAL_S = 15.0  # --scrape-interval's default
@@ -22,7 +23,6 @@ MAX_DURATION_S = 30 * 86400.0  # far below threading's TIMEOUT_MAX; no wait of t
 MAX_SCRAPE_TIMEOUT_S = 600.0
 MAX_INTERVAL_S = 86400.0
 MAX_LEASE_S = 3600.0
-MAX_SHARDS = 256  # one Lease per shard, each renewed every retry period
 HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 

@@ -45,8 +45,8 @@ from gpuremediate.policy.selector import parse_selector
 from gpuremediate.shutdown import Shutdown
 from gpuremediate.signals.alerts import AlertsError, AlertsReader
 from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Source
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, record_from_node
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from gpuremediate.obs.log import setup_logging
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.workflow import BreakerPolicy
 from gpuremediate.shutdown import Shutdown
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.cluster import SimCluster
 
 SANDBOX_KUBECONFIG = str(Path(tempfile.gettempdir()) / "gpuremediate-sandbox.kubeconfig")

@@ -33,12 +33,14 @@ from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DET
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.fabric import KIND_DOMAIN
-from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
 from gpuremediate.signals.fabric import CLIQUE_LABEL
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import (
+from gpuremediate.state import decide
+from gpuremediate.structured import or_none, rfc3339
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
+from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
     BLOCK_GPU_PODS,
@@ -54,7 +56,6 @@ from gpuremediate.state.record import (
     record_from_node,
     to_dict,
 )
-from gpuremediate.structured import or_none, rfc3339
 
 
 class FleetError(RuntimeError):

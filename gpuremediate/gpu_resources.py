@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.policy.schema import PolicyError, _show, duration, is_dns_subdomain, setting
-from gpuremediate.policy.workflow import string_list
+from gpuremediate.vocab.schema import PolicyError, _show, duration, is_dns_subdomain, setting, string_list
 
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gpuremediate.config import SettingsError, parse_addr
-from gpuremediate.plugins.window import WindowError, parse_hours
 from gpuremediate.policy.config import PolicyError, loads_policy
 from gpuremediate.policy.safety import Budget
+from gpuremediate.vocab.window import WindowError, parse_hours
 
 
 @pytest.mark.parametrize("addr", [":8²", "127.0.0.1:٨٠٨٠"])

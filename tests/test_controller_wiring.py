@@ -13,8 +13,8 @@ from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.policy.config import load_policy, loads_policy
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, node_patch
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, node_patch
 
 
 def test_the_node_writer_gets_the_policy_taint() -> None:

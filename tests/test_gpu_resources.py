@@ -17,7 +17,7 @@ from gpuremediate.gpu_resources import (
     validation_hold,
 )
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.policy.schema import PolicyError
+from gpuremediate.vocab.schema import PolicyError
 
 # What the NVIDIA device plugin and GPU feature discovery put on an 8 x H100 node with MIG (GFD labels).
 MIXED = {"nvidia.com/mig-1g.10gb": "14", "nvidia.com/mig-3g.40gb": "4", "nvidia.com/gpu": "2"}

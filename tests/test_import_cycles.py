@@ -134,3 +134,59 @@ def test_the_walk_sees_type_checking_and_function_local_imports(tmp_path: Path,
     (pkg / "b.py").write_text("def f():\n    import pkg.a\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     assert cycles(import_graph("pkg")) == [["pkg.a", "pkg.b"], ["pkg.loop", "pkg.variant"]]
+
+
+# The layers of gpuremediate/, bottom first (issue 44): a package or top-level module imports only from its own
+# layer's modules and the layers below. Written once, here; docs/internals.md draws it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("clock", "shutdown"),
+    ("vocab",),  # the words every layer speaks: findings, the record and its states, the policy schema
+    ("kube",),
+    ("gpu_resources",),
+    ("signals",),  # sources -> readings
+    ("policy",),  # readings -> findings, decisions' rules
+    ("config",),
+    ("state",),  # the state machine's decisions
+    ("obs",),
+    ("actions",),  # effects on the cluster
+    ("plugins",),
+    ("loops",),
+    ("replay", "agent", "check", "structured"),
+    ("fleet",),
+    ("controller",),
+    ("demo",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def package_graph(root: str = "gpuremediate") -> dict[str, set[str]]:
+    """Top-level package (or module) → the top-level packages it imports (``gpuremediate/__init__`` aside)."""
+    def top(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else "__init__"
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph(root).items():
+        source = top(module)
+        graph.setdefault(source, set()).update(top(t) for t in targets if top(t) not in (source, "__init__"))
+    graph.pop("__init__", None)
+    return graph
+
+
+def test_the_packages_import_only_downward_and_make_no_cycle() -> None:
+    graph = package_graph()
+    layer = {name: index for index, names in enumerate(LAYERS) for name in names}
+    assert set(graph) == set(layer), f"placed in no layer: {set(graph) - set(layer)}; gone: {set(layer) - set(graph)}"
+    upward = [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets) if layer[b] > layer[a]]
+    assert not upward, "imports up or across the layers (LAYERS):\n  " + "\n  ".join(upward)
+    found = cycles(graph)
+    assert not found, "\n".join(describe(graph, c) for c in found)
+
+
+def test_the_vocabulary_imports_nothing_of_ours_but_itself() -> None:
+    graph = import_graph("gpuremediate")
+    assert {"gpuremediate.vocab.findings", "gpuremediate.vocab.record", "gpuremediate.vocab.schema"} <= set(graph)
+    outside = {f"{m} -> {t}" for m, targets in graph.items() if m.startswith("gpuremediate.vocab")
+               for t in targets if not t.startswith("gpuremediate.vocab")}
+    assert not outside, sorted(outside)

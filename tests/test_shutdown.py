@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuremediate.kube.resources import NODES
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 

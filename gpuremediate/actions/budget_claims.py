@@ -27,7 +27,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
 from gpuremediate.policy import safety
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 log = logging.getLogger(__name__)
 

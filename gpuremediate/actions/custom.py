@@ -22,7 +22,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import Resource
 from gpuremediate.state.maintenance import RequestError, parse_time
-from gpuremediate.state.record import NodeRecord, occurrence
+from gpuremediate.vocab.record import NodeRecord, occurrence
 
 # NVSentinel's label for the node a DrainRequest is about.
 NVSENTINEL_NODE_LABEL = "nvsentinel.nvidia.com/node-name"

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuremediate.actions.custom import MANAGED_BY, MANAGED_BY_LABEL, dns_name, label_value, selector
-from gpuremediate.actions.node_status import DEFAULT_TAINT_KEY
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import (
@@ -42,6 +41,7 @@ from gpuremediate.kube.resources import (
     RESOURCE_SLICES,
     Resource,
 )
+from gpuremediate.policy.taint import DEFAULT_TAINT_KEY
 
 log = logging.getLogger(__name__)
 

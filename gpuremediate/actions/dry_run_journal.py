@@ -25,8 +25,8 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import CONFIGMAPS
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, RecordError, decode, encode
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, RecordError, decode, encode
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import EVENTS
+from gpuremediate.obs.event_queue import COMPONENT
 
 log = logging.getLogger(__name__)
 
 NORMAL = "Normal"
 WARNING = "Warning"
-COMPONENT = "gpuremediate"
 
 
 def _rfc3339(ts: float) -> str:

@@ -12,7 +12,7 @@ kept as they are) and the patch carries that read's ``metadata.resourceVersion``
 the node in between, the API server answers 409 Conflict instead of losing their taint, and the caller
 reads again and rebuilds (the Kubernetes node lifecycle controller's ``PatchNodeTaints`` does the same
 for the same reason). The taint patch is a JSON merge patch body, so it can ride in the record's own
-patch (``state.record.node_patch``) and land with the cordon and the record atomically.
+patch (``vocab.record.node_patch``) and land with the cordon and the record atomically.
 
 Nothing here removes a condition or a taint the controller did not set: the condition is only ever
 ours (set False when the node is healthy again, as node-problem-detector does), and the taint is only
@@ -27,19 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuremediate.policy.schema import PolicyError, _show, setting
-from gpuremediate.policy.workflow import one_of
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, isolated_at_gpu
+from gpuremediate.policy.taint import TaintPolicy
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, isolated_at_gpu
 
 REMEDIATION_CONDITION = "GPURemediation"
-DEFAULT_TAINT_KEY = "gpuremediate.io/unhealthy"
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 STATUS_PATCH_TYPE = "strategic"  # KubeClient.patch(..., patch_type=..., subresource="status")
-# A qualified name: optional DNS-subdomain prefix "/" name of at most 63 characters.
-_QUALIFIED_NAME = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                             r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 def rfc3339(ts: float) -> str:
@@ -101,43 +94,6 @@ def remediation_condition(
     if existing is None and not held:
         return None  # a node we never held gets no condition of ours
     return wanted if condition_changed(existing, wanted) else None
-
-
-# --- the taint -------------------------------------------------------------------------------------
-
-
-def _taint_key(value: Any, path: str) -> None:
-    if not isinstance(value, str) or len(value) > 316 or not _QUALIFIED_NAME.fullmatch(value):
-        raise PolicyError(f"{path}: expected a taint key (a qualified name such as {DEFAULT_TAINT_KEY}), "
-                          f"got {_show(value)}")
-
-
-def _taint_value(value: Any, path: str) -> None:
-    if not _LABEL_VALUE.fullmatch(value):
-        raise PolicyError(f"{path}: expected a label value (at most 63 of A-Z a-z 0-9 - _ .), got {_show(value)}")
-
-
-@dataclass(frozen=True)
-class TaintPolicy:
-    """``[taint]``: a taint on the nodes we hold, alongside (or instead of) the cordon."""
-
-    enabled: bool = setting(False, "taint the nodes the controller holds (any state but healthy)")
-    key: str = setting(DEFAULT_TAINT_KEY, "the taint's key", check=_taint_key)
-    value: str = setting("", "the taint's value", check=_taint_value)
-    effect: str = setting("NoSchedule", "NoSchedule | PreferNoSchedule | NoExecute (NoExecute evicts every pod "
-                          "that does not tolerate it, outside the drain's rules)", check=one_of(*TAINT_EFFECTS))
-    instead_of_cordon: bool = setting(False, "true: taint and do not set spec.unschedulable (needs enabled)")
-
-    def validate(self, path: str) -> None:
-        if self.instead_of_cordon and not self.enabled:
-            raise PolicyError(f"{path}.instead_of_cordon: needs {path}.enabled = true (else nothing keeps "
-                              "pods off the node)")
-
-    def as_taint(self) -> dict[str, str]:
-        taint = {"key": self.key, "effect": self.effect}
-        if self.value:
-            taint["value"] = self.value
-        return taint
 
 
 def taints_of(node: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -53,9 +53,9 @@ from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.notify import DRAIN_KIND, KIND_DRAIN_STARTED, WebhookNotifier, drain_started, for_transition
-from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
-from gpuremediate.state.record import NodeRecord, RecordError, node_patch, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, RecordError, node_patch, record_from_node
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from gpuremediate.actions.nodes import Node, NodeWriter, labels_of, name_of
 from gpuremediate.kube import errors
 from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
-from gpuremediate.state.record import NodeRecord, node_patch
+from gpuremediate.vocab.record import NodeRecord, node_patch
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuremediate.actions.events import WARNING, EventRecorder, ObjectRef
-from gpuremediate.state.record import NodeRecord, occurrence
+from gpuremediate.vocab.record import NodeRecord, occurrence
 
 REASON = "GPUFault"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"

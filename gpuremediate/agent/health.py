@@ -22,7 +22,6 @@ from typing import Any
 from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent, kernel_xid
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
-from gpuremediate.policy.findings import ACTION_NONE, Finding
 from gpuremediate.signals.conditions import (
     GPU_COUNT_MATCHES,
     GPU_DRIVER_RESPONSIVE,
@@ -33,6 +32,7 @@ from gpuremediate.signals.conditions import (
 from gpuremediate.signals.kernellog import KernelLog, once_per_fall, with_kernel_xids
 from gpuremediate.signals.model import GpuReading, NodeReadings
 from gpuremediate.signals.nvidiasmi import normalise_bus_id
+from gpuremediate.vocab.findings import ACTION_NONE, Finding
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GFD_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery: the physical GPUs

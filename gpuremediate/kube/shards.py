@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuremediate.config import MAX_SHARDS
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.handover import (
@@ -57,6 +56,8 @@ from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, duration_of, leas
 from gpuremediate.kube.resources import LEASES, NODES
 
 log = logging.getLogger(__name__)
+
+MAX_SHARDS = 256  # one Lease per shard, each renewed every retry period
 
 WANTED_ANNOTATION = "gpuremediate.io/shard-wanted-by"
 DEAF_FOR_LEASES = 10  # a replica handed a shard it did not take is not heard for this many lease durations

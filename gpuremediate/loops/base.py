@@ -32,7 +32,7 @@ from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy, PolicyFile
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import decide
-from gpuremediate.state.record import (
+from gpuremediate.vocab.record import (
     BLOCK_PAUSED,
     BLOCK_PERMISSION,
     NodeRecord,

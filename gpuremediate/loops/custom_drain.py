@@ -46,7 +46,7 @@ from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomDrainPolicy, DrainPolicy
-from gpuremediate.state.record import (
+from gpuremediate.vocab.record import (
     BLOCK_WINDOW,
     Fault,
     NodeRecord,

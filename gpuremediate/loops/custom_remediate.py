@@ -50,7 +50,7 @@ from gpuremediate.loops.repair import RepairContext, RepairRequest
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomAction, Rung
-from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, start_action
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord, mark_created, start_action
 
 log = logging.getLogger(__name__)
 

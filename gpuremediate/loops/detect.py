@@ -53,7 +53,6 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
 from gpuremediate.policy.config import Policy
-from gpuremediate.policy.degradation import TREND_MAINTENANCE, DegradationPolicy
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.fabric import (
     CLEARING_KINDS,
@@ -64,7 +63,17 @@ from gpuremediate.policy.fabric import (
     domain_trips,
     domains_out,
 )
-from gpuremediate.policy.findings import (
+from gpuremediate.policy.isolation import node_level_reason
+from gpuremediate.signals.conditions import condition_view, merge_node
+from gpuremediate.signals.degradation import DegradationDetector, NodeContext
+from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
+from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
+from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.degradation import TREND_MAINTENANCE, DegradationPolicy
+from gpuremediate.vocab.findings import (
     ACTION_CORDON,
     ACTION_NONE,
     ACTION_RESET_GPU,
@@ -74,15 +83,7 @@ from gpuremediate.policy.findings import (
     KIND_TREND,
     Finding,
 )
-from gpuremediate.policy.isolation import node_level_reason
-from gpuremediate.signals.conditions import condition_view, merge_node
-from gpuremediate.signals.degradation import DegradationDetector, NodeContext
-from gpuremediate.signals.model import SOURCE_OK, NodeReadings
-from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
-from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
-from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import (
+from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
     MAX_TIMESTAMP,
     NodeRecord,

@@ -24,7 +24,7 @@ from gpuremediate.loops.repair import RepairContext, RepairRequest
 from gpuremediate.loops.step import CONFLICT, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import DiagnosticsPolicy
-from gpuremediate.state.record import (
+from gpuremediate.vocab.record import (
     DIAGNOSTICS_FAILED,
     DIAGNOSTICS_OK,
     DIAGNOSTICS_SKIPPED,

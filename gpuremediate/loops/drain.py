@@ -41,8 +41,9 @@ from gpuremediate.policy.fabric import is_domain_fault
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.policy.workflow import DrainPolicy, budget_value
 from gpuremediate.signals.alerts import AlertsReader
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import (
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
     NodeRecord,

@@ -35,7 +35,7 @@ from gpuremediate.loops.drain_evict import EvictionDrain
 from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, InProgress, StepResult
 from gpuremediate.policy.config import Policy
-from gpuremediate.state.record import EFFECT_UNHEALTHY, Isolation, NodeRecord, isolated_at_gpu
+from gpuremediate.vocab.record import EFFECT_UNHEALTHY, Isolation, NodeRecord, isolated_at_gpu
 
 log = logging.getLogger(__name__)
 

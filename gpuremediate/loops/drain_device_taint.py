@@ -51,7 +51,7 @@ from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import DrainPolicy
-from gpuremediate.state.record import (
+from gpuremediate.vocab.record import (
     SCOPE_GPU,
     SCOPE_NODE,
     VIA_DEVICE_PLUGIN,

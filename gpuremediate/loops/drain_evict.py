@@ -34,7 +34,7 @@ from gpuremediate.loops.drainer import DrainContext
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import DrainPolicy
-from gpuremediate.state.record import BLOCK_PDB, NodeRecord, block, unblock
+from gpuremediate.vocab.record import BLOCK_PDB, NodeRecord, block, unblock
 
 log = logging.getLogger("gpuremediate.loops.drain")  # the drain loop's logger, as before the split
 

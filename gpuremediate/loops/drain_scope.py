@@ -18,10 +18,10 @@ from gpuremediate.actions.nodes import Node, labels_of
 from gpuremediate.actions.pods import SCOPE_ALL, SCOPE_GPU, SCOPE_IMPACTED
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.fabric import KIND_DOMAIN
-from gpuremediate.policy.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE
 from gpuremediate.state.decide import MAINTENANCE_KIND
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.vocab.record import NodeRecord
 
 WIDTH = {SCOPE_IMPACTED: 0, SCOPE_GPU: 1, SCOPE_ALL: 2}
 DETAIL_PREFIX = "scope "  # the drain action's detail when the scope was widened: "scope all: <why>"

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gpuremediate.actions.nodes import Node
 from gpuremediate.loops.step import StepContext, StepResult
 from gpuremediate.policy.config import Policy
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab.record import NodeRecord
 
 
 class DrainContext(StepContext, Protocol):

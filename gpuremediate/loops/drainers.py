@@ -14,7 +14,7 @@ from __future__ import annotations
 from gpuremediate.loops import custom_drain, drain_device_plugin, drain_device_taint, drain_evict
 from gpuremediate.loops.drainer import DrainRow
 from gpuremediate.policy.config import Policy
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab.record import NodeRecord
 
 DRAINERS: tuple[DrainRow, ...] = (
     DrainRow("device-plugin", drain_device_plugin.by_device_plugin, drain_device_plugin.DevicePluginDrain),

@@ -73,11 +73,11 @@ from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.loops.repair import RepairContext, RepairRequest, WritesNodes
 from gpuremediate.loops.step import CONFLICT, Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
-from gpuremediate.policy.findings import ACTION_RESET_GPU
 from gpuremediate.policy.gpu_operator import SCOPE_NODE, GpuOperatorPolicy
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state import states
-from gpuremediate.state.record import (
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_RESET_GPU
+from gpuremediate.vocab.record import (
     MAX_TIMESTAMP,
     ActionInProgress,
     NodeRecord,

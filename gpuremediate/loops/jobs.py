@@ -37,7 +37,7 @@ from gpuremediate.actions.nodes import Node, name_of
 from gpuremediate.gpu_resources import validation_hold
 from gpuremediate.loops.base import NodeLoop
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state.record import ActionInProgress, NodeRecord, mark_created, occurrence, start_action
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord, mark_created, occurrence, start_action
 
 log = logging.getLogger(__name__)
 

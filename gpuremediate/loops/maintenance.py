@@ -44,11 +44,12 @@ from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.drain import DRAIN_ACTION
 from gpuremediate.loops.drain_scope import drain_scope
-from gpuremediate.policy.findings import BUILTIN_ACTIONS
 from gpuremediate.signals.model import NodeReadings
-from gpuremediate.state import decide, states
+from gpuremediate.state import decide
 from gpuremediate.state import maintenance as mr
-from gpuremediate.state.record import NodeRecord, RecordError, record_from_node, start_action
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import BUILTIN_ACTIONS
+from gpuremediate.vocab.record import NodeRecord, RecordError, record_from_node, start_action
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from gpuremediate.actions.nodes import Node
 from gpuremediate.loops.base import NodeLoop
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord
 
 
 class QuarantineLoop(NodeLoop):

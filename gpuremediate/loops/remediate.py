@@ -33,8 +33,9 @@ from gpuremediate.loops.repairs import REPAIRS, select
 from gpuremediate.loops.step import Done, InProgress, StepResult
 from gpuremediate.policy.workflow import CustomAction, RemediationPolicy, Rung
 from gpuremediate.signals.model import NodeReadings
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord
 
 log = logging.getLogger(__name__)
 

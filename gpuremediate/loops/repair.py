@@ -21,7 +21,7 @@ from gpuremediate.loops.step import StepContext, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.workflow import CustomAction, JobPolicy, RemediationPolicy, Rung
 from gpuremediate.signals.model import NodeReadings
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord
 
 
 class JobActions(Protocol):

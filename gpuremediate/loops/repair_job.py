@@ -20,9 +20,9 @@ from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.loops.repair import RepairContext, RepairRequest
 from gpuremediate.loops.step import Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord
 
 POLL_S = 1.0
 

@@ -14,8 +14,8 @@ from gpuremediate.actions.nodes import Node
 from gpuremediate.loops import custom_remediate, diagnostics, gpu_reset, repair_job
 from gpuremediate.loops.repair import RepairRow
 from gpuremediate.policy.config import Policy
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.vocab.record import NodeRecord
 
 REPAIRS: tuple[RepairRow, ...] = (
     RepairRow(diagnostics.DIAGNOSTICS, diagnostics.due_step, diagnostics.DiagnosticsStep),

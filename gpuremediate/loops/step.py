@@ -18,7 +18,7 @@ from gpuremediate.actions.nodes import Node, NodeWriter
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import Policy
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord
 
 
 class StepContext(Protocol):

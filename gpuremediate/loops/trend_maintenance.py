@@ -29,10 +29,10 @@ from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import Resource
 from gpuremediate.obs.controller_metrics import ControllerMetrics
-from gpuremediate.policy.degradation import DegradationPolicy
-from gpuremediate.policy.findings import KIND_TREND, Finding
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.state import maintenance as mr
+from gpuremediate.vocab.degradation import DegradationPolicy
+from gpuremediate.vocab.findings import KIND_TREND, Finding
 
 log = logging.getLogger(__name__)
 

@@ -56,8 +56,9 @@ from gpuremediate.policy.fabric import conditions as fabric_conditions
 from gpuremediate.policy.fabric import is_domain_fault
 from gpuremediate.policy.isolation import VALIDATE_BY_CLAIM
 from gpuremediate.policy.workflow import JobPolicy
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import (
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import (
     BLOCK_GATE,
     BLOCK_GPU_PODS,
     BLOCK_GPU_UNAVAILABLE,

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from gpuremediate.actions.events import COMPONENT
-
 log = logging.getLogger(__name__)
+
+COMPONENT = "gpuremediate"  # the source component of every Event we write
 
 Write = Callable[[], None]
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuremediate.policy.workflow import NOTIFY_DEFAULT_EVENTS
-from gpuremediate.state import states
 from gpuremediate.state.decide import UNREADABLE
+from gpuremediate.vocab import states
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import PODS, Resource
 from gpuremediate.kube.workqueue import WorkQueue, run_worker
 from gpuremediate.obs.log import add_log_flags, setup_logging
-from gpuremediate.plugins.window import Window, WindowError
 from gpuremediate.shutdown import Shutdown
+from gpuremediate.vocab.window import Window, WindowError
 
 log = logging.getLogger(__name__)
 

@@ -20,31 +20,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gpuremediate.actions.node_status import TaintPolicy
 from gpuremediate.gpu_resources import GpuResourcesPolicy
-from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.policy.fabric import FabricPolicy
-from gpuremediate.policy.findings import (
-    ACTION_QUARANTINE,
-    ACTION_RESET_GPU,
-    BUILTIN_ACTIONS,
-)
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.isolation import IsolationPolicy
 from gpuremediate.policy.recovery_action import RecoveryActionPolicy
-from gpuremediate.policy.schema import (
-    MAX_DURATION_S,
-    PolicyError,
-    _join,
-    _show,
-    at_least,
-    between,
-    check_action,
-    coerce,
-    merge_section,
-    setting,
-)
 from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
+from gpuremediate.policy.taint import TaintPolicy
 from gpuremediate.policy.workflow import (
     BreakerPolicy,
     BudgetPolicy,
@@ -63,6 +45,24 @@ from gpuremediate.policy.xid import XidOverride
 from gpuremediate.signals.conditions import ConditionsPolicy
 from gpuremediate.signals.model import MAX_TEMP_C
 from gpuremediate.signals.workload import WorkloadPolicy
+from gpuremediate.vocab.degradation import DegradationPolicy
+from gpuremediate.vocab.findings import (
+    ACTION_QUARANTINE,
+    ACTION_RESET_GPU,
+    BUILTIN_ACTIONS,
+)
+from gpuremediate.vocab.schema import (
+    MAX_DURATION_S,
+    PolicyError,
+    _join,
+    _show,
+    at_least,
+    between,
+    check_action,
+    coerce,
+    merge_section,
+    setting,
+)
 
 
 def _parse_xid_code(key: str, path: str) -> int:

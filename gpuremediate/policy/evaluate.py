@@ -16,10 +16,6 @@ from typing import Any
 
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.fabric import fabric_findings, step_timers
-from gpuremediate.policy.findings import (
-    Finding,
-    by_severity,
-)
 from gpuremediate.policy.recovery_action import recovery_action_findings
 from gpuremediate.policy.rules import (
     GpuView,
@@ -34,6 +30,10 @@ from gpuremediate.policy.rules import (
 )
 from gpuremediate.signals.fabric_model import GpuFabric
 from gpuremediate.signals.model import SOURCE_UNKNOWN, GpuReading, NodeReadings
+from gpuremediate.vocab.findings import (
+    Finding,
+    by_severity,
+)
 
 MEMORY_VERSION = 1
 

@@ -23,9 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, Finding
 from gpuremediate.policy.safety import DomainTrip, NodeView
-from gpuremediate.policy.schema import MAX_DURATION_S, PolicyError, between, check_action, setting
 from gpuremediate.policy.workflow import label_key
 from gpuremediate.signals.fabric import (
     CLIQUE_LABEL,
@@ -37,7 +35,9 @@ from gpuremediate.signals.fabric import (
     STATUS_SUCCESS,
 )
 from gpuremediate.signals.fabric_model import GpuFabric
-from gpuremediate.state.states import HEALTHY
+from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, Finding
+from gpuremediate.vocab.schema import MAX_DURATION_S, PolicyError, between, check_action, setting
+from gpuremediate.vocab.states import HEALTHY
 
 KIND_FABRIC_FAILURE = "fabric-failure"
 KIND_FABRIC_STUCK = "fabric-stuck"

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuremediate.policy.selector import Selector
-from gpuremediate.state.record import OUTCOME_REPAIRED, HistoryEntry
+from gpuremediate.vocab.record import OUTCOME_REPAIRED, HistoryEntry
 
 BLOCKING_PODS = "blocking pods running"  # how blocking_pods' reason starts
 

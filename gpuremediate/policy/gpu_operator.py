@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpuremediate.policy.schema import PolicyError, _show, between, dns_label, setting, shell_words
 from gpuremediate.policy.selector import SelectorError, _check_value, check_label_key
+from gpuremediate.vocab.schema import PolicyError, _show, between, dns_label, setting, shell_words
 
 DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's label, e.g. "Tesla-V100-SXM2-32GB"

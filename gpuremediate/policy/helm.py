@@ -26,7 +26,7 @@ from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from gpuremediate.policy.config import ClusterSettings, Policy
-from gpuremediate.policy.schema import check_action, dns_label, dns_subdomain, image_reference
+from gpuremediate.vocab.schema import check_action, dns_label, dns_subdomain, image_reference
 
 BEGIN = "# --- BEGIN generated policy values (python -m gpuremediate.policy.helm --write charts/gpuremediate) ---"
 END = "# --- END generated policy values ---"

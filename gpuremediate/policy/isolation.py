@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuremediate.policy.findings import ACTION_RESET_GPU, Finding
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE, GpuOperatorPolicy
-from gpuremediate.policy.schema import at_least, dns_subdomain, setting
 from gpuremediate.policy.workflow import Rung, one_of
-from gpuremediate.state.record import SCOPE_GPU, HistoryEntry
+from gpuremediate.vocab.findings import ACTION_RESET_GPU, Finding
+from gpuremediate.vocab.record import SCOPE_GPU, HistoryEntry
+from gpuremediate.vocab.schema import at_least, dns_subdomain, setting
 
 ISOLATION_SCOPES = ("node", "gpu")
 WITHOUT_DRA_DEVICE_PLUGIN = "device-plugin"

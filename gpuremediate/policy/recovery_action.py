@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_REBOOT, ACTION_RESET_GPU, Finding
-from gpuremediate.policy.schema import setting
 from gpuremediate.signals.model import GpuReading
+from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_NONE, ACTION_REBOOT, ACTION_RESET_GPU, Finding
+from gpuremediate.vocab.schema import setting
 
 KIND_RECOVERY_ACTION = "recovery-action"
 FIELD = "DCGM_FI_DEV_GPU_RECOVERY_ACTION"

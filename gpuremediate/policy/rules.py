@@ -12,7 +12,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuremediate.policy.config import Policy, ThermalPolicy
-from gpuremediate.policy.findings import (
+from gpuremediate.policy.xid import lookup
+from gpuremediate.signals.model import (
+    GpuReading,
+    LostGpu,
+    plausible_count,
+    plausible_flag,
+    plausible_temp,
+    plausible_xid,
+)
+from gpuremediate.vocab.findings import (
     ACTION_CORDON,
     KIND_ECC_DBE,
     KIND_GPU_LOST,
@@ -22,15 +31,6 @@ from gpuremediate.policy.findings import (
     KIND_UNCORRECTABLE_ROWS,
     KIND_XID,
     Finding,
-)
-from gpuremediate.policy.xid import lookup
-from gpuremediate.signals.model import (
-    GpuReading,
-    LostGpu,
-    plausible_count,
-    plausible_flag,
-    plausible_temp,
-    plausible_xid,
 )
 
 XID_FALLEN_OFF_THE_BUS = 79  # what a lost GPU is: its action (and any override of it) applies

@@ -62,8 +62,8 @@ from fractions import Fraction
 from typing import Any
 
 from gpuremediate.gpu_resources import gpu_count
-from gpuremediate.state import states
-from gpuremediate.state.record import (  # BLOCK_*: the admission reasons, re-exported for the loops
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import (  # BLOCK_*: the admission reasons, re-exported for the loops
     BLOCK_GATE,  # noqa: F401
     BLOCK_PAUSED,  # noqa: F401
     OUTCOME_REPAIR_FAILED,

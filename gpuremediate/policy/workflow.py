@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE
-from gpuremediate.policy.schema import (
+from gpuremediate.policy.selector import SelectorError, check_label_key, parse_selector
+from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE
+from gpuremediate.vocab.schema import (
     PolicyError,
     _join,
     _show,
@@ -30,10 +31,11 @@ from gpuremediate.policy.schema import (
     image_reference,
     is_dns_label,
     merge_section,
+    one_of,
     setting,
     shell_words,
+    string_list,
 )
-from gpuremediate.policy.selector import SelectorError, check_label_key, parse_selector
 
 DRAIN_MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 DRAIN_SCOPES = ("all", "gpu", "impacted")
@@ -44,14 +46,6 @@ DCGM_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 MAX_LEAD_S = 366 * 86400.0
 MAX_GRACE_S = 366 * 86400  # a pod's terminationGracePeriodSeconds is an int64; a year is plenty
 MAX_ATTEMPTS = 100
-
-
-def one_of(*allowed: str) -> Any:
-    def check(value: Any, path: str) -> None:
-        if value not in allowed:
-            raise PolicyError(f"{path}: expected one of {', '.join(allowed)}, got {excerpt(str(value), repr)}")
-
-    return check
 
 
 def label_key(value: Any, path: str) -> None:
@@ -66,21 +60,6 @@ def selector_text(value: Any, path: str) -> None:
         parse_selector(value)
     except SelectorError as exc:
         raise PolicyError(f"{path}: {exc}") from None
-
-
-def string_list(check_item: Callable[[Any, str], None]) -> Callable[[Any, str, Any], tuple[str, ...]]:
-    """A ``parse`` for an array of strings, each checked (errors name the index)."""
-
-    def parse(raw: Any, path: str, _current: Any) -> tuple[str, ...]:
-        if not isinstance(raw, list):
-            raise PolicyError(f"{path}: expected an array of strings, got {_show(raw)}")
-        for index, item in enumerate(raw):
-            if not isinstance(item, str):
-                raise PolicyError(f"{path}[{index}]: expected a string, got {_show(item)}")
-            check_item(item, f"{path}[{index}]")
-        return tuple(raw)
-
-    return parse
 
 
 def _any_text(value: Any, path: str) -> None:

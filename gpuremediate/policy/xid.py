@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpuremediate.policy import nvlink5
-from gpuremediate.policy.findings import (
+from gpuremediate.vocab.findings import (
     ACTION_NONE,
     ACTION_QUARANTINE,
     ACTION_REBOOT,

@@ -21,10 +21,10 @@ from gpuremediate.actions.jobs import JOB_LABEL
 from gpuremediate.kube import errors
 from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import CONFIGMAPS, EVENTS, JOBS, NODES, PODS, Resource
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
 from gpuremediate.replay.dra import ReplayDra
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.vocab.record import RECORD_ANNOTATION
 
 Node = dict[str, Any]
 WriteHook = Callable[[Node, Node], None]

@@ -48,9 +48,7 @@ from gpuremediate.loops.trend_maintenance import TrendMaintenance, drain_start
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import PolicyFile
-from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
-from gpuremediate.policy.findings import KIND_TREND, Finding
 from gpuremediate.replay.cluster import Durations, Node, ReplayCluster, SimClock, replay_node
 from gpuremediate.replay.history import Cursor, History, format_time
 from gpuremediate.replay.result import (
@@ -72,8 +70,10 @@ from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.workload import KIND_WORKLOAD
 from gpuremediate.state import maintenance as mr
-from gpuremediate.state import states
-from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.degradation import DegradationPolicy
+from gpuremediate.vocab.findings import KIND_TREND, Finding
+from gpuremediate.vocab.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from gpuremediate.replay.result import (
     ReplayResult,
 )
 from gpuremediate.replay.text import COMPARED, duration, outcome
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 COLORS = {
     states.CORDONED: "#e6b400", states.DRAINING: "#c45ab3", states.REPAIRING: "#2f8fd8",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 # Faults seen but not acted on, by why.
 UNKNOWN = "unknown"  # the node's metrics were unreadable: its health was unknown
@@ -15,7 +15,7 @@ BELOW_THRESHOLD = "below-threshold"  # a raw signal the policy does not count as
 BREAKER_HELD = "breaker-held"  # a fault found while the circuit breaker was open: no new work
 UNACTED_CATEGORIES = (UNKNOWN, EXCLUDED, NOTICE, BELOW_THRESHOLD, BREAKER_HELD)
 
-# The [degradation] detector's finding kinds (issue 29, docs/degradation.md), as policy/findings names them.
+# The [degradation] detector's finding kinds (issue 29, docs/degradation.md), as vocab/findings names them.
 DEGRADATION_KINDS = ("slow-gpu", "link-degraded", "trend")
 
 

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.policy.findings import (
+from gpuremediate.vocab.findings import (
     ACTION_CORDON,
     ACTION_NONE,
     ACTION_QUARANTINE,
@@ -46,7 +46,7 @@ from gpuremediate.policy.findings import (
     Finding,
     by_severity,
 )
-from gpuremediate.policy.schema import PolicyError, _join, _show, check_action, duration, setting
+from gpuremediate.vocab.schema import PolicyError, _join, _show, check_action, duration, setting
 
 # The agent's conditions: True is healthy (like Ready), so a missing agent is never a fault.
 GPU_HEALTHY = "GPUHealthy"

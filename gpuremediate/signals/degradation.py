@@ -17,15 +17,6 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuremediate.policy.degradation import TREND_MAINTENANCE, DegradationPolicy
-from gpuremediate.policy.findings import (
-    ACTION_CORDON,
-    ACTION_NONE,
-    KIND_LINK_DEGRADED,
-    KIND_SLOW_GPU,
-    KIND_TREND,
-    Finding,
-)
 from gpuremediate.signals.model import (
     SOURCE_OK,
     GpuReading,
@@ -38,6 +29,15 @@ from gpuremediate.signals.model import (
     plausible_total,
 )
 from gpuremediate.signals.trends import CODE_PENDING, CODE_ROWS, CODE_SBE, Trends
+from gpuremediate.vocab.degradation import TREND_MAINTENANCE, DegradationPolicy
+from gpuremediate.vocab.findings import (
+    ACTION_CORDON,
+    ACTION_NONE,
+    KIND_LINK_DEGRADED,
+    KIND_SLOW_GPU,
+    KIND_TREND,
+    Finding,
+)
 
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

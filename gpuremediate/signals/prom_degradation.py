@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.signals.degradation import (
     ACTIVITY_FIELDS,
     GPU_UTIL,
@@ -43,6 +42,7 @@ from gpuremediate.signals.degradation import (
 )
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.trends import BUCKETS, REMAPPED_ROWS, RETIRED_PENDING, SBE_TOTAL
+from gpuremediate.vocab.degradation import DegradationPolicy
 
 KEY = ("gpu", "GPU_I_ID", "UUID")
 MODEL = "modelName"

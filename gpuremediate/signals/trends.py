@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.signals.model import plausible_count
+from gpuremediate.vocab.degradation import DegradationPolicy
 
 SBE_TOTAL = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
 REMAPPED_ROWS = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"

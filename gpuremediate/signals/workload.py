@@ -28,8 +28,8 @@ from typing import Any
 from gpuremediate.kube.cache import FAILED_PODS, Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
-from gpuremediate.policy.findings import ACTION_CORDON, Finding
-from gpuremediate.policy.schema import between, duration, setting
+from gpuremediate.vocab.findings import ACTION_CORDON, Finding
+from gpuremediate.vocab.schema import between, duration, setting
 
 KIND_WORKLOAD = "workload-gpu-errors"
 ADMISSION = "admission"

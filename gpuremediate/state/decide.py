@@ -35,7 +35,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuremediate.policy import safety
-from gpuremediate.policy.findings import (
+from gpuremediate.signals.conditions import KIND_CONDITION
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import (
     ACTION_CORDON,
     ACTION_DRAIN,
     ACTION_NONE,
@@ -45,10 +47,8 @@ from gpuremediate.policy.findings import (
     Finding,
     severity,
 )
-from gpuremediate.policy.findings import worst as worst_finding
-from gpuremediate.signals.conditions import KIND_CONDITION
-from gpuremediate.state import states
-from gpuremediate.state.record import (
+from gpuremediate.vocab.findings import worst as worst_finding
+from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
     EFFECT_UNHEALTHY,

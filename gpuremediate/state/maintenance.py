@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuremediate.policy.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, ACTION_RESET_GPU
-from gpuremediate.state import states
 from gpuremediate.state.decide import MAINTENANCE_KIND, is_maintenance_held
-from gpuremediate.state.record import (
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
     BLOCK_PDB,

@@ -25,8 +25,6 @@ from hypothesis import strategies as st
 
 from gpuremediate.actions.custom import MANAGED_BY, MANAGED_BY_LABEL
 from gpuremediate.actions.device_taints import (
-    claimable,
-    validation_claim,
     DRY_RUN_ANNOTATION,
     EFFECT_NO_EXECUTE,
     EFFECT_NO_SCHEDULE,
@@ -43,8 +41,10 @@ from gpuremediate.actions.device_taints import (
     RuleConflict,
     RuleInvalid,
     TaintRule,
+    claimable,
     find_gpu_device,
     rule_name,
+    validation_claim,
 )
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient

@@ -7,8 +7,8 @@ from gpuremediate.actions.dry_run_journal import MAX_BYTES, DryRunJournal, Journ
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord
 from sim.kubeapi import KubeAPIServer
 
 NS = "gpuremediate-system"

@@ -14,9 +14,9 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NODES
-from gpuremediate.policy.schema import PolicyError, merge_section
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord
+from gpuremediate.vocab.schema import PolicyError, merge_section
 from sim.kubeapi import KubeAPIServer
 
 NOW = 1_800_000_000.0

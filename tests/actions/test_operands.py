@@ -17,8 +17,8 @@ from gpuremediate.actions.operands import (
     saved_labels,
 )
 from gpuremediate.kube.patch import merge_patch
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, decode
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, decode
 
 DP = "nvidia.com/gpu.deploy.device-plugin"
 EXP = "nvidia.com/gpu.deploy.dcgm-exporter"

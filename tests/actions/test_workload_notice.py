@@ -6,8 +6,8 @@ from typing import Any
 
 from gpuremediate.actions.events import EventRecorder, ObjectRef
 from gpuremediate.actions.workload_notice import JOBSET_LABEL, REASON, WorkloadNotice, owners, why_of
-from gpuremediate.state.record import Fault, NodeRecord
-from gpuremediate.state.states import DRAINING
+from gpuremediate.vocab.record import Fault, NodeRecord
+from gpuremediate.vocab.states import DRAINING
 
 
 class Recorder(EventRecorder):

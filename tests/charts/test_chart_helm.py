@@ -32,7 +32,7 @@ import gpuremediate
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import CONFIGMAPS, CRDS, DEPLOYMENTS, NAMESPACES, NODES, Resource
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.state import record
+from gpuremediate.vocab import record
 
 POLICY = ("ConfigMap", NAMESPACE, "gpuremediate-policy")
 MAINTENANCE = Resource("gpuremediate.io", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuremediate.fleet import explain
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord
 
 
 def record(step: str, detail: str = "") -> NodeRecord:

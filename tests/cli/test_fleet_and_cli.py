@@ -13,11 +13,11 @@ from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, RESET_ANNOTATION, Br
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
-from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
 from gpuremediate.policy.safety import CircuitBreaker
-from gpuremediate.state import record as r
-from gpuremediate.state import states
-from gpuremediate.state.record import (
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
+from gpuremediate.vocab.record import (
     Fault,
     NodeRecord,
     RecordError,

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from gpuremediate import fleet
-from gpuremediate.state import record as r
-from gpuremediate.state import states
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states
 
 RULE = "gpur-gpu-a-gpu-3-0123456789"
 ISOLATION = r.Isolation(r.SCOPE_GPU, uuid="GPU-3", rule=RULE, driver="gpu.nvidia.com", pool="gpu-a", device="gpu-3",

@@ -19,9 +19,9 @@ from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import NAMESPACES, NODES
-from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
-from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord, node_patch, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
+from gpuremediate.vocab.record import Fault, NodeRecord, node_patch, record_from_node
 from sim.kubeapi import KubeAPIServer
 
 NS = "gpuremediate-system"

@@ -15,10 +15,10 @@ from gpuremediate import cli, fleet
 from gpuremediate.kube import miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
-from gpuremediate.policy.findings import ACTION_RESET_GPU, KIND_ECC_DBE
-from gpuremediate.state import record as r
-from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord, node_patch
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_RESET_GPU, KIND_ECC_DBE
+from gpuremediate.vocab.record import Fault, NodeRecord, node_patch
 
 NS = "gpuremediate-system"
 NOW = 1_700_000_000.0

@@ -7,8 +7,8 @@ from typing import Any
 from gpuremediate import fleet
 from gpuremediate.cli import build_parser
 from gpuremediate.signals.fabric import CLIQUE_LABEL
-from gpuremediate.state import record as r
-from gpuremediate.state import states
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states
 
 RACK_A, RACK_B = "c0ffee00-0000-4000-8000-00000000000a.1", "c0ffee00-0000-4000-8000-00000000000b.1"
 

@@ -9,7 +9,7 @@ import pytest
 from gpuremediate.policy import gates
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.signals.alerts import AlertsError, AlertsReader, firing_names
-from gpuremediate.state.record import OUTCOME_REPAIR_FAILED, OUTCOME_REPAIRED, HistoryEntry
+from gpuremediate.vocab.record import OUTCOME_REPAIR_FAILED, OUTCOME_REPAIRED, HistoryEntry
 
 # The shape of Prometheus' documented GET /api/v1/alerts answer (prometheus.io, HTTP API, "Alerts").
 ALERTS = {

@@ -22,7 +22,7 @@ from gpuremediate.actions.budget_claims import (
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
 from gpuremediate.policy import safety
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from tests.kube.conftest import KubeTarget
 
 FLEET = [safety.NodeView(f"gpu-{i}") for i in range(4)]  # all in service, as both informers see it

@@ -22,8 +22,8 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import EVENTS, NODES, SERVICEACCOUNTS, Resource
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 from tests.reliability.harness import reliability_policy, reliability_settings

@@ -25,8 +25,8 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import EVENTS, NAMESPACES, NODES, Resource
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state import states
-from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
 from tests.loops.test_conflicts import ConflictingClient

@@ -21,8 +21,8 @@ from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals import conditions as c
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.signals.sources import unknown
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, node_patch, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, node_patch, record_from_node
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
 

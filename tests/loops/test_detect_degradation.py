@@ -18,8 +18,8 @@ from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import NAMESPACES, NODES, PODS
 from gpuremediate.policy.config import PolicyFile, loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings, PodRef
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 
 NAMESPACE = "gpuremediate-system"

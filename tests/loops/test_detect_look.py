@@ -24,7 +24,7 @@ from gpuremediate.kube.resources import CONFIGMAPS, EVENTS, NAMESPACES, NODES
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.safety import LOOK_OPENED, LOOK_RELEASED, CircuitBreaker
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, record_from_node
+from gpuremediate.vocab.record import BLOCK_BREAKER, NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
 

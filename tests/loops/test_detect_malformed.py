@@ -20,7 +20,7 @@ from gpuremediate.kube.resources import NAMESPACES, NODES
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals import dcgm, exposition
 from gpuremediate.signals.model import NodeReadings
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 
 DATA = Path(__file__).resolve().parents[1] / "signals" / "data" / "dcgm-exporter"

@@ -17,7 +17,7 @@ from gpuremediate.kube.resources import NAMESPACES, NODES
 from gpuremediate.kube.shards import ShardSet, preferred_shard, shard_of
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state.record import record_from_node
+from gpuremediate.vocab.record import record_from_node
 from sim.kubeapi import KubeAPIServer
 
 NAMESPACE = "gpuremediate-system"

@@ -22,7 +22,7 @@ from gpuremediate.kube.shards import preferred_shard
 from gpuremediate.loops import detect
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state.record import BLOCK_BREAKER, NodeRecord, record_from_node
+from gpuremediate.vocab.record import BLOCK_BREAKER, NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 
 NAMESPACE = "gpuremediate-system"

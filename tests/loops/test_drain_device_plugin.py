@@ -22,10 +22,9 @@ from gpuremediate.loops.drain_scope import drain_scope
 from gpuremediate.loops.step import InProgress
 from gpuremediate.policy.config import Policy, default_policy, loads_policy
 from gpuremediate.policy.isolation import IsolationPolicy
-from gpuremediate.policy.schema import PolicyError
 from gpuremediate.policy.workflow import DrainPolicy
 from gpuremediate.state import decide
-from gpuremediate.state.record import (
+from gpuremediate.vocab.record import (
     EFFECT_UNHEALTHY,
     SCOPE_GPU,
     SCOPE_NODE,
@@ -35,6 +34,7 @@ from gpuremediate.state.record import (
     decode,
     encode,
 )
+from gpuremediate.vocab.schema import PolicyError
 from tests.loops.test_drain_device_taint import NODE, UUID, Ctx, record, served
 
 WAIT_S = 60.0

@@ -19,7 +19,7 @@ from gpuremediate.loops.step import Done, Failed, InProgress, StepResult
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.isolation import IsolationPolicy
 from gpuremediate.policy.workflow import DrainPolicy
-from gpuremediate.state.record import SCOPE_GPU, SCOPE_NODE, ActionInProgress, Fault, Isolation, NodeRecord
+from gpuremediate.vocab.record import SCOPE_GPU, SCOPE_NODE, ActionInProgress, Fault, Isolation, NodeRecord
 from sim.dra_claims import ensure_device_class, run_on_gpu
 from sim.gpusim import gpu_uuid
 from sim.kubeapi import KubeAPIServer

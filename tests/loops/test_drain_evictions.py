@@ -21,8 +21,8 @@ from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.drain_evict import EVICTIONS_IN_FLIGHT, EvictionDrain
 from gpuremediate.loops.step import InProgress
 from gpuremediate.policy.config import Policy
-from gpuremediate.state import states
-from gpuremediate.state.record import BLOCK_PDB, NodeRecord, start_action
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import BLOCK_PDB, NodeRecord, start_action
 from sim.waiting import wait_for
 
 PDB_429 = (b'{"kind":"Status","code":429,"reason":"TooManyRequests","message":"Cannot evict pod as it would '

@@ -22,8 +22,8 @@ from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 from gpuremediate.signals.dcgm import readings_from_samples
 from gpuremediate.signals.exposition import parse
 from gpuremediate.signals.model import NodeReadings
-from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import Fault, NodeRecord
 from sim.kubeapi import KubeAPIServer
 
 NODE = "mig-node"

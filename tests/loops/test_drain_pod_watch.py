@@ -25,7 +25,7 @@ from gpuremediate.kube.resources import NAMESPACES, NODES, PODS
 from gpuremediate.loops.base import state_of
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.busy import BusyWriter
 from sim.kubeapi import KubeAPIServer
 from sim.nodesim import NodeSim

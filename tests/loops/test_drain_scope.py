@@ -12,8 +12,8 @@ from gpuremediate.fleet import explain
 from gpuremediate.loops.custom_drain import FALLBACK
 from gpuremediate.loops.drain_scope import DrainScope, drain_scope
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.state import states
-from gpuremediate.state.record import ActionInProgress, Fault, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import ActionInProgress, Fault, NodeRecord
 
 GPU = "GPU-265c9814-6156-355b-e589-ff2064894f16"
 OPERATOR = {"nvidia.com/gpu.deploy.device-plugin": "true"}

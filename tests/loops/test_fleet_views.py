@@ -9,8 +9,8 @@ from typing import Any
 from gpuremediate.actions.nodes import NodeView as NodeCacheView
 from gpuremediate.loops.drain import FleetViews
 from gpuremediate.policy import safety
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION, Fault, NodeRecord, encode
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import RECORD_ANNOTATION, Fault, NodeRecord, encode
 
 
 def node(name: str, record: NodeRecord | None = None, gpus: int = 8, rv: str = "1") -> dict[str, Any]:

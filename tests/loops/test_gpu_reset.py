@@ -18,8 +18,8 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import EVENTS, JOBS, NODES
 from gpuremediate.policy.config import PolicyFile, loads_policy
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, encode, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, encode, record_from_node
 from sim.cluster import DEPLOY_LABEL, OPERANDS, OperatorOptions, SimCluster
 from sim.waiting import wait_for
 from tests.loops.test_conflicts import ConflictingClient, _repeated_events, job_service_account

@@ -7,8 +7,8 @@ from typing import Any
 
 from gpuremediate.loops.jobs import JobLoop, named_gpu_ids
 from gpuremediate.signals.model import GpuReading, NodeReadings
-from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import Fault, NodeRecord
 
 NODE = "gpu-node-1"
 UUID1, UUID2 = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"

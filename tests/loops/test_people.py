@@ -7,9 +7,10 @@ from typing import Any
 from gpuremediate import fleet
 from gpuremediate.actions.nodes import KEEP_CORDONED_ANNOTATION
 from gpuremediate.kube.resources import EVENTS, NODES
-from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import Fault, node_patch, transition
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
+from gpuremediate.vocab.record import Fault, node_patch, transition
 from sim.waiting import wait_for
 
 from .test_custom_plugins import NODE, World, _state, world  # noqa: F401 (the fixture)

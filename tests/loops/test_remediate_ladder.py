@@ -25,8 +25,8 @@ from gpuremediate.loops import diagnostics
 from gpuremediate.loops.remediate import current_rung
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.workflow import DiagnosticsPolicy, RemediationPolicy, Rung
-from gpuremediate.state import states
-from gpuremediate.state.record import (
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import (
     DIAGNOSTICS_FAILED,
     DIAGNOSTICS_SKIPPED,
     OUTCOME_ESCALATED,

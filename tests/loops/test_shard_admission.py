@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
+from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP, Contended
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
-from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP, Contended
 from gpuremediate.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from gpuremediate.kube.shards import preferred_shard, shard_of
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION, Fault, NodeRecord, encode, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import RECORD_ANNOTATION, Fault, NodeRecord, encode, record_from_node
 from sim.kubeapi import KubeAPIServer
 
 NAMESPACE = "gpuremediate-system"

@@ -19,10 +19,10 @@ from gpuremediate.loops.trend_maintenance import (
 )
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import PolicyError, loads_policy
-from gpuremediate.policy.degradation import DegradationPolicy
-from gpuremediate.policy.findings import KIND_SLOW_GPU, KIND_TREND, Finding
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.state.maintenance import parse_time
+from gpuremediate.vocab.degradation import DegradationPolicy
+from gpuremediate.vocab.findings import KIND_SLOW_GPU, KIND_TREND, Finding
 
 MRS = Resource("gpuremediate.io", "v1alpha1", "maintenancerequests", "MaintenanceRequest", False)
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")

@@ -16,9 +16,9 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import JOBS, NAMESPACES, PODS
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.policy.config import PolicyFile, loads_policy
-from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
-from gpuremediate.state.record import BLOCK_GPU_PODS, BLOCK_GPU_UNAVAILABLE, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import BLOCK_GPU_PODS, BLOCK_GPU_UNAVAILABLE, NodeRecord
 from sim.kubeapi import KubeAPIServer
 
 JOBS_NS = "gpuremediate-jobs"

@@ -12,8 +12,8 @@ from gpuremediate.kube import errors
 from gpuremediate.loops import validate
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.policy.config import Policy
-from gpuremediate.state.record import SCOPE_GPU, Isolation, NodeRecord
-from gpuremediate.state.states import VALIDATING
+from gpuremediate.vocab.record import SCOPE_GPU, Isolation, NodeRecord
+from gpuremediate.vocab.states import VALIDATING
 
 NODE = {"metadata": {"name": "gpu-node-1"}}
 JOB = {"metadata": {"name": "gpur-validate-gpu-node-1-x-1", "uid": "job-uid"}}

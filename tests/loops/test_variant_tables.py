@@ -7,9 +7,9 @@ import dataclasses
 from gpuremediate.loops import drainers, repairs
 from gpuremediate.loops.custom_drain import FALLBACK
 from gpuremediate.policy.config import Policy, PolicyFile
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU
-from gpuremediate.state import states
-from gpuremediate.state.record import ActionInProgress, Fault, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU
+from gpuremediate.vocab.record import ActionInProgress, Fault, NodeRecord
 
 NODE = {"metadata": {"name": "n1", "labels": {}}}
 

@@ -21,9 +21,10 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import CRDS, EVENTS, NAMESPACES, NODES, Resource
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state import decide, states
+from gpuremediate.state import decide
 from gpuremediate.state import maintenance as mr
-from gpuremediate.state.record import NodeRecord, node_patch, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, node_patch, record_from_node
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
 from tests.loops.test_conflicts import ConflictingClient

@@ -14,8 +14,8 @@ from gpuremediate.loops.maintenance import resolve_gpus
 from gpuremediate.signals.model import GpuReading, NodeReadings
 from gpuremediate.state import decide as d
 from gpuremediate.state import maintenance as m
-from gpuremediate.state import record as r
-from gpuremediate.state import states as s
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states as s
 
 START = 1_800_000_000.0
 

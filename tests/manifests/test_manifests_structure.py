@@ -31,8 +31,8 @@ from manifests_support import (
 
 from gpuremediate import cli
 from gpuremediate.kube.miniyaml import load, load_all
-from gpuremediate.plugins import window
 from gpuremediate.signals import dcgm
+from gpuremediate.vocab import window
 from sim import gpusim
 
 # the series the controller's dcgm parser reads (signals/dcgm.py): the counters must enable them

@@ -27,7 +27,7 @@ from manifests_support import (
 )
 
 from gpuremediate.kube.resources import EVENTS, NODES, PDBS
-from gpuremediate.state.record import record_from_node
+from gpuremediate.vocab.record import record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 

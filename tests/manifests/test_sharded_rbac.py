@@ -29,7 +29,7 @@ from manifests_support import (
 
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
 from gpuremediate.kube.shards import list_shard_leases
-from gpuremediate.state.record import record_from_node
+from gpuremediate.vocab.record import record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 

@@ -16,7 +16,7 @@ from gpuremediate.obs import notify
 from gpuremediate.obs.notify import Notification, NotifyError, WebhookNotifier
 from gpuremediate.policy.config import PolicyError, default_policy, loads_policy
 from gpuremediate.policy.workflow import NOTIFY_DEFAULT_EVENTS, NOTIFY_EVENTS, NOTIFY_FIELDS
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.waiting import wait_for
 
 NOTE = Notification(notify.KIND_QUARANTINED, "gpu-node-3", "repeat-offender", "3 repairs within 7d", 0.0)

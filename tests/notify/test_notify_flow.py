@@ -13,8 +13,8 @@ from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.kube.resources import NODES, SECRETS
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.cluster import EXPORTER_NAMESPACE, SimCluster
 from sim.waiting import wait_for
 

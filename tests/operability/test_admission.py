@@ -27,11 +27,11 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import CONFIGMAPS, JOBS, NAMESPACES, NODES, PODS
 from gpuremediate.loops import drain
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.policy.findings import ACTION_RESET_GPU, KIND_XID
 from gpuremediate.policy.safety import CircuitBreaker, DomainTrip, Pause
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state import states
-from gpuremediate.state.record import (
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_RESET_GPU, KIND_XID
+from gpuremediate.vocab.record import (
     OUTCOME_REPAIRED,
     Fault,
     HistoryEntry,

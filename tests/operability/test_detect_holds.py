@@ -24,7 +24,7 @@ from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.safety import DomainTrip, Pause
 from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.waiting import wait_for
 
 from .test_admission import BASE, NS, RACK, World, world  # noqa: F401 (the fixture)

@@ -10,10 +10,10 @@ import re
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.policy.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
 from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, GpuReading, NodeReadings
-from gpuremediate.state import states
-from gpuremediate.state.record import Fault, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_QUARANTINE, KIND_ROW_REMAP_FAILURE
+from gpuremediate.vocab.record import Fault, NodeRecord
 from sim.waiting import wait_for
 
 from .test_admission import BASE, NS, World, world  # noqa: F401 (the fixture)

@@ -26,8 +26,8 @@ from gpuremediate.kube import errors
 from gpuremediate.loops.custom_drain import entities, pods_by_namespace, request_body, request_name
 from gpuremediate.loops.custom_remediate import build_resource, resource_name
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.policy.schema import PolicyError
-from gpuremediate.state.record import Fault, NodeRecord, occurrence
+from gpuremediate.vocab.record import Fault, NodeRecord, occurrence
+from gpuremediate.vocab.schema import PolicyError
 
 DNS = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LABEL = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")

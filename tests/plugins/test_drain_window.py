@@ -17,7 +17,7 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import NAMESPACES, PDBS, PODS, Resource
 from gpuremediate.plugins.drain_window import DrainWindowPlugin, PluginSettings
-from gpuremediate.plugins.window import Window
+from gpuremediate.vocab.window import Window
 from sim.kubeapi import KubeAPIServer
 
 MONDAY_NOON = 1718020800.0  # 2024-06-10T12:00:00Z

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuremediate.plugins.window import Window, WindowError, parse_days
+from gpuremediate.vocab.window import Window, WindowError, parse_days
 
 
 def ts(text: str, zone: str = "UTC") -> float:

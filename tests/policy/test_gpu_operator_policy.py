@@ -6,7 +6,7 @@ import pytest
 
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.gpu_operator import SCOPE_GPU, SCOPE_NODE, GpuOperatorPolicy
-from gpuremediate.policy.schema import PolicyError
+from gpuremediate.vocab.schema import PolicyError
 
 OPERATOR_NODE = {"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true",
                  "nvidia.com/gpu.deploy.dcgm": "false"}

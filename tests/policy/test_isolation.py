@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpuremediate.policy.config import PolicyError, default_policy, loads_policy
-from gpuremediate.policy.findings import ACTION_REBOOT, ACTION_RESET_GPU, Finding
 from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, GpuOperatorPolicy
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.policy.workflow import Rung
-from gpuremediate.state.record import SCOPE_GPU, HistoryEntry
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU, Finding
+from gpuremediate.vocab.record import SCOPE_GPU, HistoryEntry
 
 GPU3 = "GPU-3"
 DAY = 86400.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuremediate.policy.config import PolicyError, load_policy, loads_policy
-from gpuremediate.policy.schema import EXCERPT_CHARS
+from gpuremediate.vocab.schema import EXCERPT_CHARS
 from tests.policy.test_policy_fuzz import LEAVES, _document
 
 BIG = 20_000

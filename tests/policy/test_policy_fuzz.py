@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuremediate.policy.config import ClusterSettings, Policy, PolicyError, PolicyFile, load_policy, loads_policy
-from gpuremediate.policy.schema import MAX_DURATION_S
 from gpuremediate.policy.workflow import JobPolicy
+from gpuremediate.vocab.schema import MAX_DURATION_S
 
 FUZZ = settings(max_examples=400, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -11,9 +11,9 @@ from policy_builders import NODE, gpu, node
 
 from gpuremediate.policy.config import Policy, loads_policy
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
-from gpuremediate.policy.findings import BUILTIN_ACTIONS, Finding, worst
 from gpuremediate.policy.rules import ThermalTimer
 from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, GpuReading, NodeReadings
+from gpuremediate.vocab.findings import BUILTIN_ACTIONS, Finding, worst
 
 SETTINGS = settings(max_examples=150, deadline=None)
 values = st.none() | st.floats(allow_nan=True, allow_infinity=True) | st.just(9223372036854775794.0) | st.integers(

@@ -7,9 +7,9 @@ from policy_builders import NODE, UUID, fingerprints, gpu, node, run
 
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.policy.evaluate import PolicyMemory
-from gpuremediate.policy.findings import Finding
 from gpuremediate.policy.rules import ThermalTimer
 from gpuremediate.signals.model import SOURCE_UNKNOWN
+from gpuremediate.vocab.findings import Finding
 
 PLACEHOLDER = 9223372036854775794.0
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpuremediate.policy.config import load_policy, loads_policy
-from gpuremediate.policy.schema import PolicyError
 from gpuremediate.policy.workflow import DIAGNOSTICS_DIR, RemediationPolicy, Rung
+from gpuremediate.vocab.schema import PolicyError
 
 RMA = '[actions.rma]\napiGroup = "repair.example.com"\nkind = "RMA"\n'
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from gpuremediate.policy import xid
-from gpuremediate.policy.findings import BUILTIN_ACTIONS
 from gpuremediate.policy.xid import (
     BUCKET_ACTIONS,
     EXPLICIT_DECISIONS,
@@ -21,6 +20,7 @@ from gpuremediate.policy.xid import (
     lookup,
     parse_catalog,
 )
+from gpuremediate.vocab.findings import BUILTIN_ACTIONS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "xid-policy.md"
 CATALOG_TEXT = resources.files("gpuremediate").joinpath("data", "Xids.csv").read_text(encoding="utf-8")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpuremediate.policy.safety import CircuitBreaker, repeat_offender
-from gpuremediate.state.record import OUTCOME_REPAIR_FAILED, OUTCOME_REPAIRED, OUTCOME_STOPPED, HistoryEntry
+from gpuremediate.vocab.record import OUTCOME_REPAIR_FAILED, OUTCOME_REPAIRED, OUTCOME_STOPPED, HistoryEntry
 
 WINDOW = 600.0
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuremediate.policy.safety import Budget, NodeView, admit, budget_check, is_waiting, node_view
-from gpuremediate.state import record as r
-from gpuremediate.state import states as s
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states as s
 
 
 @pytest.mark.parametrize(

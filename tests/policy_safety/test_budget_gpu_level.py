@@ -6,8 +6,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from gpuremediate.policy.safety import Budget, DomainBudget, NodeView, admit, budget_check, node_view
-from gpuremediate.state import record as r
-from gpuremediate.state import states as s
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states as s
 
 RACK = "topology.kubernetes.io/rack"
 

@@ -14,7 +14,7 @@ from gpuremediate.policy.safety import (
     budget_check,
     clustered_domains,
 )
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 RACK = "topology.kubernetes.io/rack"
 DRIVER = "nvidia.com/cuda.driver-version.full"

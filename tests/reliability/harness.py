@@ -82,8 +82,8 @@ from gpuremediate.kube.resources import LEASES, Resource
 from gpuremediate.policy import safety
 from gpuremediate.policy.config import PolicyFile, loads_policy
 from gpuremediate.shutdown import Shutdown
-from gpuremediate.state import states
-from gpuremediate.state.record import NodeRecord, RecordError, node_unschedulable, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import NodeRecord, RecordError, node_unschedulable, record_from_node
 from sim.cluster import EXPORTER_NAMESPACE, SimCluster
 from sim.kubeapi import KubeAPIServer
 

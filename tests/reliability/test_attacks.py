@@ -13,8 +13,8 @@ import pytest
 from gpuremediate.actions.held import HELD_LABEL
 from gpuremediate.clock import SteadyClock
 from gpuremediate.kube.resources import EVENTS, NODES
-from gpuremediate.state import states
-from gpuremediate.state.record import RECORD_ANNOTATION, NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, record_from_node
 from sim.waiting import wait_for
 
 from .harness import reliability_policy

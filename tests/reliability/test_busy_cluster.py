@@ -16,7 +16,7 @@ from gpuremediate.actions.nodes import boot_id
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import EVENTS, JOBS, NODES, PODS
 from gpuremediate.policy.config import PolicyFile
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.waiting import wait_for
 
 from .harness import PERSON_USER, reliability_policy

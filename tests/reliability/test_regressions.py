@@ -16,8 +16,8 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import EVENTS, JOBS, NODES
 from gpuremediate.policy.config import PolicyFile
-from gpuremediate.state import states
-from gpuremediate.state.record import ActionInProgress, NodeRecord, record_from_node
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord, record_from_node
 from sim.cluster import SimCluster
 from sim.waiting import wait_for
 from tests.loops.test_conflicts import job_service_account

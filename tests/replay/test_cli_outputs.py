@@ -11,7 +11,7 @@ import pytest
 
 from gpuremediate.replay import cli
 from gpuremediate.replay.html import COLORS
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.history import node_list, write_scrapes
 from tests.replay.helpers import HOUR, T0, fleet, xid
 

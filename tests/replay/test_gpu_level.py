@@ -14,7 +14,7 @@ from gpuremediate.replay.engine import Replay, ReplayOptions
 from gpuremediate.replay.history import load_scrapes
 from gpuremediate.replay.result import ReplayResult, Span
 from gpuremediate.replay.text import render_text
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 from sim.history import FAULT_MIX, GPUS, Fleet, catalog_fleet, node_list, write_scrapes
 from tests.replay.helpers import HOUR, fleet, moves, run, xid
 

@@ -9,7 +9,7 @@ from gpuremediate.actions.jobs import ActionJobs, JobSpec, build_job, ensure_job
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import JOBS
 from gpuremediate.loops.jobs import TIMED_OUT, JobLoop
-from gpuremediate.state.record import ActionInProgress
+from gpuremediate.vocab.record import ActionInProgress
 from sim.waiting import wait_for
 
 from .conftest import NS

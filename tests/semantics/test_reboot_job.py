@@ -10,11 +10,11 @@ from gpuremediate.actions.jobs import FAILED
 from gpuremediate.loops.jobs import TIMED_OUT
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.policy.config import PolicyFile
-from gpuremediate.policy.findings import ACTION_REBOOT
 from gpuremediate.policy.workflow import RemediationPolicy
-from gpuremediate.state import states
 from gpuremediate.state.decide import Decision
-from gpuremediate.state.record import ActionInProgress, Fault, NodeRecord
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_REBOOT
+from gpuremediate.vocab.record import ActionInProgress, Fault, NodeRecord
 
 NOW = 1000.0
 

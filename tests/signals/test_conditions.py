@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from gpuremediate.policy.config import _action_refs
-from gpuremediate.policy.findings import (
+from gpuremediate.signals import conditions as c
+from gpuremediate.vocab.findings import (
     ACTION_CORDON,
     ACTION_NONE,
     ACTION_QUARANTINE,
@@ -18,8 +19,7 @@ from gpuremediate.policy.findings import (
     KIND_XID,
     Finding,
 )
-from gpuremediate.policy.schema import PolicyError, merge_section
-from gpuremediate.signals import conditions as c
+from gpuremediate.vocab.schema import PolicyError, merge_section
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from gpuremediate.policy.config import PolicyError, loads_policy
-from gpuremediate.policy.degradation import DegradationPolicy
-from gpuremediate.policy.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU
 from gpuremediate.signals.dcgm import readings_from_samples
 from gpuremediate.signals.degradation import DegradationDetector, NodeContext, job_of_pod
 from gpuremediate.signals.exposition import parse
 from gpuremediate.signals.model import GpuReading, NodeReadings, PodRef
+from gpuremediate.vocab.degradation import DegradationPolicy
+from gpuremediate.vocab.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU
 
 ON = DegradationPolicy(enabled=True, hold_s=300.0, clear_hold_s=600.0, link_hold_s=180.0)
 PEAK = 1980.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.signals import prom_degradation
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.trends import BUCKETS
+from gpuremediate.vocab.degradation import DegradationPolicy
 
 OFF = DegradationPolicy()
 SLOW = DegradationPolicy(enabled=True)

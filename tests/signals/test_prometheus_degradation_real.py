@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from bench import promlab
-from gpuremediate.policy.degradation import DegradationPolicy
 from gpuremediate.signals import prom_degradation
 from gpuremediate.signals.degradation import MAD_SCALE, NVLINK_ERRORS, DegradationDetector, NodeContext
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.signals.sources import PrometheusSource
+from gpuremediate.vocab.degradation import DegradationPolicy
 
 BINARIES = promlab.binaries()
 pytestmark = pytest.mark.skipif(

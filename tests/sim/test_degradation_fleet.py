@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpuremediate.policy.degradation import DegradationPolicy
+from gpuremediate.vocab.degradation import DegradationPolicy
 from sim.degradation_fleet import KIND_LINK, KIND_SLOW, KIND_TREND, TREND_CODES, DegradationFleet, Spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

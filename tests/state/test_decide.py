@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuremediate.policy.findings import Finding
 from gpuremediate.state import decide as d
-from gpuremediate.state import record as r
-from gpuremediate.state import states as s
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states as s
+from gpuremediate.vocab.findings import Finding
 
 DAY = 86400.0
 

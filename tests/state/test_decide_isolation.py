@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_REBOOT, ACTION_RESET_GPU, Finding
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import (
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_REBOOT, ACTION_RESET_GPU, Finding
+from gpuremediate.vocab.record import (
     SCOPE_GPU,
     SCOPE_NODE,
     ActionInProgress,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gpuremediate.policy import safety
 from gpuremediate.state import decide as d
-from gpuremediate.state import record as r
-from gpuremediate.state import states as s
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states as s
 
 FAULT = r.Fault("xid", "79", ("GPU-1",), "xid-79/GPU-1", "reset-gpu", 1.0, 1.0, "XID 79")
 

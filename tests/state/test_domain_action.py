@@ -12,11 +12,12 @@ import pytest
 from gpuremediate.loops.drain_scope import drain_scope
 from gpuremediate.policy.config import PolicyError, default_policy, loads_policy
 from gpuremediate.policy.fabric import KIND_DOMAIN, FabricPolicy, domain_finding, domain_trips
-from gpuremediate.policy.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, Finding
 from gpuremediate.policy.safety import Budget, CircuitBreaker, DomainTrip, NodeView, domain_admission
 from gpuremediate.signals.fabric import CLIQUE_LABEL
-from gpuremediate.state import decide, states
-from gpuremediate.state.record import ActionInProgress, NodeRecord
+from gpuremediate.state import decide
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_NONE, ACTION_QUARANTINE, ACTION_REBOOT, Finding
+from gpuremediate.vocab.record import ActionInProgress, NodeRecord
 
 NOW = 1_800_000_000.0
 CLIQUE = "7a1c0b3e-0000-4000-8000-000000000001.1"

@@ -6,8 +6,8 @@ from typing import Any
 
 from gpuremediate import fleet
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.state import states
-from gpuremediate.state.record import ActionInProgress, Fault, NodeRecord, node_patch
+from gpuremediate.vocab import states
+from gpuremediate.vocab.record import ActionInProgress, Fault, NodeRecord, node_patch
 
 POLICY = loads_policy("""
 [remediation]

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuremediate.state import record as r
-from gpuremediate.state import states
+from gpuremediate.vocab import record as r
+from gpuremediate.vocab import states
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
@@ -249,7 +249,7 @@ def test_node_unschedulable() -> None:
 
 
 def test_occurrence_names_each_fault_occurrence_apart() -> None:
-    from gpuremediate.state.record import Fault, NodeRecord, occurrence
+    from gpuremediate.vocab.record import Fault, NodeRecord, occurrence
 
     def with_fault(first_seen: float) -> NodeRecord:
         fault = Fault("xid", "48", ("GPU-1",), "xid:GPU-1:48", "reset-gpu", first_seen, first_seen, "m")

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuremediate.state import states as s
-from gpuremediate.state.record import NodeRecord, transition
+from gpuremediate.vocab import states as s
+from gpuremediate.vocab.record import NodeRecord, transition
 
 # The brief's table (design §3 plus the person / maintenance edges), one representative reason each.
 LEGAL = {
@@ -91,7 +91,7 @@ def test_same_state_is_not_a_transition() -> None:
 
 
 def test_transition_clears_blocked_and_applies_changes() -> None:
-    from gpuremediate.state.record import Blocked
+    from gpuremediate.vocab.record import Blocked
 
     record = NodeRecord(state=s.DRAINING, blocked=Blocked("budget", "full", 3.0))
     moved = transition(record, s.REPAIRING, s.DRAIN_COMPLETE, 9.0, cordoned_by_us=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, field, fields, is_dataclass, replace
 from typing import Any, TypeVar, get_type_hints
 
-from gpuremediate.policy.findings import BUILTIN_ACTIONS
+from gpuremediate.vocab.findings import BUILTIN_ACTIONS
 
 ACTION_NAME_RE = re.compile(r"[a-z0-9-]+")
 DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -200,3 +200,26 @@ def merge_section(base: T, raw: Any, path: str) -> T:
     if callable(validate):
         validate(path)
     return merged
+
+
+def one_of(*allowed: str) -> Any:
+    def check(value: Any, path: str) -> None:
+        if value not in allowed:
+            raise PolicyError(f"{path}: expected one of {', '.join(allowed)}, got {excerpt(str(value), repr)}")
+
+    return check
+
+
+def string_list(check_item: Callable[[Any, str], None]) -> Callable[[Any, str, Any], tuple[str, ...]]:
+    """A ``parse`` for an array of strings, each checked (errors name the index)."""
+
+    def parse(raw: Any, path: str, _current: Any) -> tuple[str, ...]:
+        if not isinstance(raw, list):
+            raise PolicyError(f"{path}: expected an array of strings, got {_show(raw)}")
+        for index, item in enumerate(raw):
+            if not isinstance(item, str):
+                raise PolicyError(f"{path}[{index}]: expected a string, got {_show(item)}")
+            check_item(item, f"{path}[{index}]")
+        return tuple(raw)
+
+    return parse

@@ -13,7 +13,7 @@ a :class:`NodeRecord`, or a :class:`RecordError` (malformed annotation; see
 resourceVersion precondition in the same patch).
 
 Records are frozen. Change the state only with :func:`transition` (checked against the table in
-``gpuremediate.state.states``); change other fields with ``dataclasses.replace`` or the small
+``gpuremediate.vocab.states``); change other fields with ``dataclasses.replace`` or the small
 helpers here (:func:`add_handled`, :func:`add_history`, :func:`block`, :func:`start_action`).
 All times are unix seconds passed in by the caller.
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.state import states
+from gpuremediate.vocab import states
 
 RECORD_ANNOTATION = "gpuremediate.io/record"
 STATE_LABEL = "gpuremediate.io/state"
@@ -89,7 +89,7 @@ class Fault:
     code: str
     gpus: tuple[str, ...]
     fingerprint: str
-    action: str  # recommended action (policy.findings ACTION_* or a custom action name)
+    action: str  # recommended action (vocab.findings ACTION_* or a custom action name)
     first_seen: float
     last_seen: float
     message: str

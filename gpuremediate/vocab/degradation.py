@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuremediate.plugins.window import Window, WindowError
-from gpuremediate.policy.findings import ACTION_CORDON, ACTION_DRAIN, ACTION_NONE
-from gpuremediate.policy.schema import MAX_DURATION_S, PolicyError, at_least, between, excerpt, setting
-from gpuremediate.policy.workflow import one_of
+from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_DRAIN, ACTION_NONE
+from gpuremediate.vocab.schema import MAX_DURATION_S, PolicyError, at_least, between, excerpt, one_of, setting
+from gpuremediate.vocab.window import Window, WindowError
 
 DEGRADATION_ACTIONS = (ACTION_CORDON, ACTION_DRAIN, ACTION_NONE)
 TREND_MAINTENANCE = "maintenance"  # a trend files a MaintenanceRequest for the next trend window

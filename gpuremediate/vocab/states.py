@@ -8,7 +8,7 @@ Every move between states has a *reason*: a short machine word. Two kinds exist:
   ``thermal``, ...). In :data:`TRANSITIONS` the marker :data:`FAULT` stands for "any fault reason".
 
 :func:`check_transition` raises :class:`IllegalTransition` for any move the table does not allow;
-``gpuremediate.state.record.transition`` uses it, so no record can reach an unlisted state.
+``gpuremediate.vocab.record.transition`` uses it, so no record can reach an unlisted state.
 """
 
 from __future__ import annotations
