@@ -18,13 +18,13 @@ import pytest
 
 from e2e.harness import EmulatorCluster, make_cluster
 from gpuremediate.actions.node_status import (
-    DEFAULT_TAINT_KEY,
     REMEDIATION_CONDITION,
     build_condition,
     conditions_patch,
     find_condition,
 )
 from gpuremediate.kube.resources import NODES
+from gpuremediate.policy.taint import DEFAULT_TAINT_KEY
 from gpuremediate.signals import conditions as c
 from gpuremediate.vocab import states
 
