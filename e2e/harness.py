@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuremediate.actions.budget_claims import BUDGET_CONFIGMAP
-from gpuremediate.actions.events import COMPONENT as EVENT_COMPONENT
 from gpuremediate.actions.nodes import EVENT_REASONS
 from gpuremediate.actions.operands import OPERAND_ANNOTATION
 from gpuremediate.kube import errors
@@ -101,6 +100,7 @@ from gpuremediate.kube.resources import (
     SERVICEACCOUNTS,
     Resource,
 )
+from gpuremediate.obs.event_queue import COMPONENT as EVENT_COMPONENT
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals import exposition
 from gpuremediate.state.maintenance import CLAIM_ANNOTATION
