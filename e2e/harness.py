@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuremediate.actions.budget_claims import BUDGET_CONFIGMAP
+from gpuremediate.actions.dry_run_journal import JOURNAL_CONFIGMAP
 from gpuremediate.actions.nodes import EVENT_REASONS
 from gpuremediate.actions.operands import OPERAND_ANNOTATION
 from gpuremediate.kube import errors
@@ -1031,9 +1032,10 @@ def clean_world(kube: KubeClient, nodes: list[str]) -> None:
     deletion); the controller's Jobs and their pods (label ``gpuremediate.io/job``), its ResourceClaims,
     DeviceTaintRules and custom resources (label ``app.kubernetes.io/managed-by=gpuremediate``; finalizers
     removed: no controller runs to remove them), its Events in every namespace (its component), the Leases of its
-    namespace (leader, shards), the breaker's state and the shards' budget claims; every object of the scenario
-    kinds (MaintenanceRequests, DrainRequests...) and a webhook scenario's Secret; a simulated GPU Operator's
-    DaemonSets and pods; the nodes a scenario added (label); and the records, state labels, exclusions, claims,
+    namespace (leader, shards), the breaker's state, the shards' budget claims and a dry run's journal; every
+    object of the scenario kinds (MaintenanceRequests, DrainRequests...) and a webhook scenario's Secret; a
+    simulated GPU Operator's DaemonSets and pods; the nodes a scenario added (label); and the records, state
+    labels, exclusions, claims,
     operand-label records, cordons and taints on ``nodes`` (the node simulator's next registration of a node
     resets its status and GPU labels: sim.nodesim.NodeSim.add_node). What the test process itself made is removed
     by its record (ApiserverCluster, e2e/ledger.py) where there is one."""
@@ -1044,7 +1046,8 @@ def clean_world(kube: KubeClient, nodes: list[str]) -> None:
     for pod in _listed(kube, PODS, label_selector=JOB_LABEL):  # a Job pod holding GPUs blocks the next ones
         _remove(kube, PODS, pod, grace_period_seconds=0)
     _delete_all(kube, PODS, JOBS_NS, grace_period_seconds=0)
-    for configmap in (BREAKER_CONFIGMAP, BUDGET_CONFIGMAP):  # the breaker's state, the shards' budget claims
+    # the breaker's state, the shards' budget claims, a dry run's journal of what it would have done
+    for configmap in (BREAKER_CONFIGMAP, BUDGET_CONFIGMAP, JOURNAL_CONFIGMAP):
         with contextlib.suppress(errors.NotFound):
             kube.delete(CONFIGMAPS, configmap, SYSTEM_NS)
     # The leader Lease (a SIGKILLed controller's: no 15 s wait to take over) and the shard Leases (a --shards 3

@@ -281,8 +281,9 @@ def _scenario_world(c: ApiserverCluster, controller: KubeClient) -> None:
         controller.create(LEASES, {"metadata": {"name": lease, "namespace": "gpuremediate-system"},
                                    "spec": {"holderIdentity": "killed", "leaseDurationSeconds": 15}},
                           "gpuremediate-system")
-    controller.create(CONFIGMAPS, {"metadata": {"name": "gpuremediate-breaker", "namespace": "gpuremediate-system"},
-                                   "data": {"state": "open"}}, "gpuremediate-system")
+    for configmap in ("gpuremediate-breaker", "gpuremediate-dry-run"):
+        controller.create(CONFIGMAPS, {"metadata": {"name": configmap, "namespace": "gpuremediate-system"},
+                                       "data": {"state": "open"}}, "gpuremediate-system")
 
 
 def _world_left(kube: KubeClient, trays: list[str]) -> list[str]:
@@ -300,6 +301,7 @@ def _world_left(kube: KubeClient, trays: list[str]) -> list[str]:
     left += [f"Event {e['metadata']['namespace']}/{e['metadata']['name']}" for e in kube.list(EVENTS)["items"]
              if e.get("reason") == "Scenario" or (e.get("source") or {}).get("component") == "gpuremediate"]
     for res, namespace, name in ((CONFIGMAPS, "gpuremediate-system", "gpuremediate-breaker"),
+                                 (CONFIGMAPS, "gpuremediate-system", "gpuremediate-dry-run"),
                                  (SECRETS, "gpuremediate-system", "gpuremediate-notifications")):
         left += [f"{res.kind} {name}" for o in kube.list(res, namespace)["items"] if o["metadata"]["name"] == name]
     left += [f"ResourceSlice of {s['spec']['nodeName']}" for s in kube.list(RESOURCE_SLICES)["items"]]
