@@ -289,6 +289,9 @@ class Controllers:
                 self.store.remove_finalizer(rt, obj, adm.TRACKING_FINALIZER)
 
     # --- Job controller ------------------------------------------------------------------------------
+    # Not modelled: kube-controller-manager syncs a Job at least SyncJobBatchPeriod (1 s) after a change of its pods
+    # (pkg/controller/job/job_controller.go), so a real Job's status lags its pod; here it follows at once. On a
+    # v1.36.2 control plane a reboot Job's status still said running after its pod had rebooted the node (issue 43).
     def _release_orphan_pod(self, pod: Obj) -> None:
         """syncOrphanPod: a pod whose controlling Job is gone (or is another Job now) loses the
         job-tracking finalizer, so it can really go away."""
