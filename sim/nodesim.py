@@ -121,6 +121,8 @@ class NodeSim:
         self.heartbeat_s = heartbeat_s
         self.nodes: dict[str, SimNode] = {}
         self.outcomes: dict[str, JobOutcome] = {}
+        self.pulls: dict[str, float] = {}  # node or node/kind -> seconds a Job pod waits (its image pulling)
+        self.pending_since: dict[str, float] = {}  # pod uid -> when it was first seen pending here
         self.pod_ips: list[PodIP] = []
         self.started_at: dict[str, float] = {}
         self.terminating_since: dict[str, float] = {}
@@ -270,6 +272,17 @@ class NodeSim:
         that kind's only, over the node's."""
         self.outcomes[node if kind is None else f"{node}/{kind}"] = JobOutcome(succeed, duration_s)
 
+    def set_image_pull(self, node: str, seconds: float, *, kind: str | None = None) -> None:
+        """The node's Job pods (of ``kind`` only, if given) stay Pending this long before they start, as while a
+        kubelet pulls their image."""
+        self.pulls[node if kind is None else f"{node}/{kind}"] = seconds
+
+    def _pulling(self, node: SimNode, pod: dict[str, Any]) -> bool:
+        kind = (pod["metadata"].get("labels") or {}).get(JOB_KIND_LABEL, "")
+        pull = self.pulls.get(f"{node.name}/{kind}", self.pulls.get(node.name, 0.0)) if _job_owned(pod) else 0.0
+        first = self.pending_since.setdefault(pod["metadata"]["uid"], time.monotonic())
+        return time.monotonic() - first < pull
+
     def set_pod_ip(self, namespace: str, pod_name_prefix: str, ip: str, *, node: str | None = None) -> None:
         """Pods in ``namespace`` named ``pod_name_prefix``... get ``ip`` (only on ``node`` if given). Where
         several prefixes match, the longest wins: ``exporter-gpu-node-10`` is not gpu-node-1's."""
@@ -374,6 +387,8 @@ class NodeSim:
             if refused is not None:
                 self._patch_status(pod, {"phase": "Failed", "reason": refused[0], "message": refused[1]})
                 return
+        if phase == "Pending" and self._pulling(node, pod):
+            return
         if phase == "Pending" or (phase == "Running" and not is_ready(pod)):
             self._run_pod(node, pod)
         elif phase == "Running" and _job_owned(pod):

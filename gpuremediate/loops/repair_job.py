@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from gpuremediate.actions.jobs import FAILED, RUNNING, SUCCEEDED
-from gpuremediate.actions.nodes import Node, boot_id, is_ready
+from gpuremediate.actions.custom import label_value
+from gpuremediate.actions.jobs import FAILED, JOB_LABEL, NODE_LABEL, RUNNING, SUCCEEDED
+from gpuremediate.actions.nodes import Node, boot_id, is_ready, name_of
+from gpuremediate.kube.resources import PODS
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT
 from gpuremediate.loops.repair import RepairContext, RepairRequest
 from gpuremediate.loops.step import Done, Failed, InProgress, StepResult
@@ -65,8 +68,8 @@ class JobRepair:
         rebooted = bool(action.detail) and boot_id(node) != action.detail
         if by_boot_id:
             done = rebooted and is_ready(node)
-        if done and outcome == RUNNING:  # the node rebooted on its own while the Job waits to run: end it first
-            return self._end_unneeded(ctx, action)
+        if done and outcome == RUNNING:  # the Job's status lags, or the node rebooted on its own before it ran
+            return self._end_unneeded(ctx, node, action)
         if done:
             return Done(f"{kind} done ({action.name})")
         # The reboot kills the Job's own pod (restartPolicy Never): the kubelet marks it Failed once it is back,
@@ -85,14 +88,24 @@ class JobRepair:
         return InProgress(POLL_S)
 
     @staticmethod
-    def _end_unneeded(ctx: RepairContext, action: ActionInProgress) -> StepResult:
-        """The node has the new boot the attempt waits for, but its Job has not finished (a watchdog, a person or the
-        BMC rebooted the machine; the Job's pod still pending, pulling its image, or about to run): the attempt is
-        over only once its Job and pods are gone, else that pod reboots the node back in service. Foreground
-        deletion: the Job goes after its pods."""
+    def _end_unneeded(ctx: RepairContext, node: Node, action: ActionInProgress) -> StepResult:
+        """The node has the new boot the attempt waits for, but its Job has not finished. Either its pod ran (the
+        reboot is the Job's: a real Job's status follows its pods a second or more later, SyncJobBatchPeriod) and
+        the attempt is done, or no pod of it has started (a watchdog, a person or the BMC rebooted the machine while
+        the pod was pending or pulling its image): then the attempt is over only once the Job and its pods are
+        gone, else that pod reboots the node back in service. Foreground deletion: the Job goes after its pods."""
         job = ctx.jobs.read(action.name) if action.name else None
-        if job is not None and not (job.get("metadata") or {}).get("deletionTimestamp"):
-            log.info("node rebooted before its reboot Job ran; deleting the Job", extra={"job": action.name})
+        if job is None:
+            return InProgress(POLL_S)
+        meta = job.get("metadata") or {}
+        pods = ctx.client.list(PODS, meta.get("namespace"), label_selector=f"{JOB_LABEL}={ACTION_REBOOT},"
+                               f"{NODE_LABEL}={label_value(name_of(node))}")["items"]
+        own = [p for p in pods if any(ref.get("uid") == meta.get("uid")
+                                      for ref in (p.get("metadata") or {}).get("ownerReferences") or [])]
+        if any(started(p) for p in own):
+            return Done(f"{ACTION_REBOOT} done ({action.name})")
+        if not meta.get("deletionTimestamp"):
+            log.info("node rebooted before its reboot Job's pod started; deleting the Job", extra={"job": action.name})
             ctx.jobs.cancel(ACTION_REBOOT, action.name, with_pods=True)
         return InProgress(POLL_S)
 
@@ -102,3 +115,11 @@ class JobRepair:
         created = ctx.jobs.create_job(node, record, kind, action.name, action.attempt, job, False)
         if created is not None:
             ctx.jobs.note_created(node, record, created)
+
+
+def started(pod: Mapping[str, Any]) -> bool:
+    """A container of the pod ran (or the pod ended): a pod still pulling its image or waiting has not."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    return any((c.get("state") or {}).keys() & {"running", "terminated"} for c in status.get("containerStatuses") or [])

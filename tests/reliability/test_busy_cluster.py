@@ -95,7 +95,7 @@ def test_a_node_that_reboots_on_its_own_returns_only_after_its_reboot_job_is_gon
     ends the Job and its pod before the node goes on, so nothing reboots it again once it is back in service."""
     rig = reboot_rig
     assert rig.cluster.nodesim is not None
-    rig.cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=6.0, kind="reboot")
+    rig.cluster.nodesim.set_image_pull(NODE, 6.0, kind="reboot")  # its pod pending that long, then it reboots
     rig.cluster.gpusim.inject_xid(NODE, 0, 79)
     wait_for(lambda: (action := _action(rig)) is not None and action.kind == "reboot" and action.created,
              15, "the reboot Job created and recorded")
@@ -110,8 +110,29 @@ def test_a_node_that_reboots_on_its_own_returns_only_after_its_reboot_job_is_gon
         rig.kube.get(JOBS, job, JOBS_NS)
     assert _job_pods(rig, job) == [], "the reboot Job's pod outlived the attempt"
     wait_for(lambda: _state(rig.kube, NODE) == states.HEALTHY, 15, f"{NODE} healthy")
-    time.sleep(6.5)  # the Job's pod would have rebooted the node by now
+    time.sleep(6.5)  # the Job's pod would have started and rebooted the node by now
     assert _reboots(rig) == 0, "our reboot Job rebooted a node that was back in service"
+
+
+def test_a_reboot_job_whose_status_lags_its_pod_is_done_not_deleted(reboot_rig: Rig) -> None:
+    """On a real cluster a Job's status follows its pods a second or more later (the Job controller's
+    SyncJobBatchPeriod): the node's new boot can be seen while the Job still reads as running. Its pod ran: the
+    reboot is the Job's, the attempt is done, and the Job is not deleted as if the node had rebooted on its own."""
+    rig = reboot_rig
+    assert rig.cluster.nodesim is not None
+    rig.cluster.nodesim.set_job_outcome(NODE, succeed=True, duration_s=30.0, kind="reboot")  # still Running
+    rig.cluster.gpusim.inject_xid(NODE, 0, 79)
+    wait_for(lambda: (action := _action(rig)) is not None and action.kind == "reboot" and action.created,
+             15, "the reboot Job created and recorded")
+    job = rig.record().action.name  # type: ignore[union-attr]
+    wait_for(lambda: any(p["status"].get("phase") == "Running" for p in _job_pods(rig, job)), 10,
+             "the reboot pod running")
+    rig.cluster.gpusim.reboot(NODE)
+    rig.cluster.nodesim.reboot(NODE, down_s=0.3)  # what the pod's reboot does; the Job reads running still
+    wait_for(lambda: _state(rig.kube, NODE) in (states.VALIDATING, states.HEALTHY), 20,
+             f"{NODE} past its repair (it is {_state(rig.kube, NODE)})")
+    assert rig.kube.get(JOBS, job, JOBS_NS)["metadata"].get("deletionTimestamp") is None
+    assert job in rig.jobs_named(), "the reboot Job was deleted"
 
 
 def test_a_person_draining_the_node_during_validation_does_not_quarantine_it(rig: Rig) -> None:
