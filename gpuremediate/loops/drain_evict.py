@@ -58,6 +58,7 @@ class EvictionDrain:
         self._sent: dict[str, dict[str, Future[eviction.EvictionOutcome | BaseException]]] = {}
         self.notice = WorkloadNotice()
         self._waiting: dict[str, int] = {}  # node -> the pod count its last "waiting" line gave
+        self._refused: dict[str, set[tuple[str, str]]] = {}  # node -> pods whose eviction was last refused
 
     def close(self) -> None:
         """No eviction is sent after this; those in flight end on their own (their answers are not recorded)."""
@@ -140,7 +141,13 @@ class EvictionDrain:
         if not answers:
             return InProgress(policy.retry_s)  # nothing new learnt: keep what the record says
         blocked = next((a for a in answers if a.result in (eviction.BLOCKED, eviction.FAILED)), None)
-        after = unblock(record)
+        # The block stays while a refused pod is still there: another pod's eviction answered later lifts nothing.
+        refused = self._refused.setdefault(name, set())
+        for answer in answers:
+            (refused.add if answer.result in (eviction.BLOCKED, eviction.FAILED) else refused.discard)(
+                (answer.namespace, answer.name))
+        refused &= {pod_key(p) for p in pods}
+        after = record if blocked is None and refused else unblock(record)
         if blocked is not None:
             detail = f"{blocked.namespace}/{blocked.pdb}" if blocked.pdb else \
                 f"{blocked.namespace}/{blocked.name}: {blocked.message}"
@@ -214,6 +221,8 @@ class EvictionDrain:
                 del self._sent[name]
             for name in set(self._waiting) - nodes:
                 del self._waiting[name]
+            for name in set(self._refused) - nodes:
+                del self._refused[name]
 
     def _attempt_due(self, pod: Mapping[str, Any], retry_s: float) -> bool:
         """One eviction attempt per pod per ``retry_s``, however often the node is reconciled
