@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuremediate.policy.config import loads_policy  # noqa: E402
-from gpuremediate.signals.degradation import DegradationDetector, NodeContext, _Gpu, _Link  # noqa: E402
+from gpuremediate.policy.degradation import DegradationDetector, NodeContext, _Gpu, _Link  # noqa: E402
 from gpuremediate.vocab.degradation import DegradationPolicy  # noqa: E402
 from sim.degradation_fleet import GPUS, KIND_LINK, KIND_SLOW, KIND_TREND, DegradationFleet, Episode, Spec  # noqa: E402
 

@@ -24,8 +24,8 @@ from gpuremediate.actions.node_status import (
     find_condition,
 )
 from gpuremediate.kube.resources import NODES
+from gpuremediate.policy import conditions as c
 from gpuremediate.policy.taint import DEFAULT_TAINT_KEY
-from gpuremediate.signals import conditions as c
 from gpuremediate.vocab import states
 
 POLICY: dict[str, dict[str, Any]] = {

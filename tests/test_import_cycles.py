@@ -190,3 +190,12 @@ def test_the_vocabulary_imports_nothing_of_ours_but_itself() -> None:
     outside = {f"{m} -> {t}" for m, targets in graph.items() if m.startswith("gpuremediate.vocab")
                for t in targets if not t.startswith("gpuremediate.vocab")}
     assert not outside, sorted(outside)
+
+
+def test_signals_read_and_never_judge() -> None:
+    """``signals/`` turns sources into readings; a module there that makes Findings is a judge in the wrong layer
+    (issue 44: its judges live in ``policy/``)."""
+    graph = import_graph("gpuremediate")
+    judging = sorted(m for m, targets in graph.items() if m.startswith("gpuremediate.signals")
+                     and "gpuremediate.vocab.findings" in targets)
+    assert not judging, judging

@@ -9,7 +9,7 @@ XID count does; every occurrence is counted in the metrics).
 
 The conditions are positive (True = healthy, like Ready): a node without the agent has none, which is
 never a fault. GPUHealthy's reason names the action the policy chose for the worst finding
-(``signals.conditions.reason_for_action``), so the controller's condition table maps it back.
+(``policy.conditions.reason_for_action``), so the controller's condition table maps it back.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent, kernel_xid
-from gpuremediate.policy.config import Policy
-from gpuremediate.policy.evaluate import PolicyMemory, evaluate
-from gpuremediate.signals.conditions import (
+from gpuremediate.policy.conditions import (
     GPU_COUNT_MATCHES,
     GPU_DRIVER_RESPONSIVE,
     GPU_FABRIC_HEALTHY,
     GPU_HEALTHY,
     reason_for_action,
 )
+from gpuremediate.policy.config import Policy
+from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 from gpuremediate.signals.kernellog import KernelLog, once_per_fall, with_kernel_xids
 from gpuremediate.signals.model import GpuReading, NodeReadings
 from gpuremediate.signals.nvidiasmi import normalise_bus_id

@@ -2,7 +2,7 @@
 cordoned nodes. It owns those two states; the other loops own the rest.
 
 Two sources per node: the metrics (exporter or Prometheus) and the node's NodeConditions (the agent's and
-other tools', through the policy's ``[conditions]`` table); ``signals.conditions.merge_node`` puts their
+other tools', through the policy's ``[conditions]`` table); ``policy.conditions.merge_node`` puts their
 findings in one list, worst first.
 
 Unknown is not unhealthy: a node whose exporter is down, stale or missing is reported (metric,
@@ -52,7 +52,9 @@ from gpuremediate.loops.validate import VALIDATE
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
+from gpuremediate.policy.conditions import condition_view, merge_node
 from gpuremediate.policy.config import Policy
+from gpuremediate.policy.degradation import DegradationDetector, NodeContext
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
 from gpuremediate.policy.fabric import (
     CLEARING_KINDS,
@@ -64,12 +66,11 @@ from gpuremediate.policy.fabric import (
     domains_out,
 )
 from gpuremediate.policy.isolation import node_level_reason
-from gpuremediate.signals.conditions import condition_view, merge_node
-from gpuremediate.signals.degradation import DegradationDetector, NodeContext
+from gpuremediate.policy.workload import WorkloadJudge, WorkloadPolicy
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
-from gpuremediate.signals.workload import FailedPodsWatch, WorkloadPolicy, WorkloadSignal
+from gpuremediate.signals.workload import FailedPodsWatch, WorkloadSignal
 from gpuremediate.state import decide
 from gpuremediate.vocab import states
 from gpuremediate.vocab.degradation import TREND_MAINTENANCE, DegradationPolicy
@@ -172,6 +173,7 @@ class DetectLoop:
         self.memory: dict[str, PolicyMemory] = {}
         self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
         self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
+        self.workload_judge = WorkloadJudge(self.workload)
         self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
         self.workload_fed = False  # the signal is fed (by that watch, or by the replay's history): it may count
         self.trend_maintenance: TrendMaintenance | None = None  # set once the maintenance loop runs (CRD served)
@@ -671,7 +673,7 @@ class DetectLoop:
         """The node's workload signal findings now (none while nothing feeds the signal)."""
         if not policy.enabled or not self.workload_fed:
             return []
-        return self.workload.findings(node, now, min_pods=policy.min_pods, window_s=policy.window_s,
+        return self.workload_judge.findings(node, now, min_pods=policy.min_pods, window_s=policy.window_s,
                                       action=policy.action)
 
     def _flow(self, a: Assessed) -> tuple[str, NodeRecord | None]:

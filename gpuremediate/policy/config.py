@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.gpu_resources import GpuResourcesPolicy
+from gpuremediate.policy.conditions import ConditionsPolicy
 from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.isolation import IsolationPolicy
@@ -41,10 +42,9 @@ from gpuremediate.policy.workflow import (
     RepeatOffenderPolicy,
     ValidationPolicy,
 )
+from gpuremediate.policy.workload import WorkloadPolicy
 from gpuremediate.policy.xid import XidOverride
-from gpuremediate.signals.conditions import ConditionsPolicy
 from gpuremediate.signals.model import MAX_TEMP_C
-from gpuremediate.signals.workload import WorkloadPolicy
 from gpuremediate.vocab.degradation import DegradationPolicy
 from gpuremediate.vocab.findings import (
     ACTION_QUARANTINE,

@@ -48,7 +48,9 @@ from gpuremediate.loops.trend_maintenance import TrendMaintenance, drain_start
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.degradation import DegradationDetector
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
+from gpuremediate.policy.workload import KIND_WORKLOAD
 from gpuremediate.replay.cluster import Durations, Node, ReplayCluster, SimClock, replay_node
 from gpuremediate.replay.history import Cursor, History, format_time
 from gpuremediate.replay.result import (
@@ -66,9 +68,7 @@ from gpuremediate.replay.result import (
     Unacted,
     Wait,
 )
-from gpuremediate.signals.degradation import DegradationDetector
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
-from gpuremediate.signals.workload import KIND_WORKLOAD
 from gpuremediate.state import maintenance as mr
 from gpuremediate.vocab import states
 from gpuremediate.vocab.degradation import DegradationPolicy

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.replay.history import History, HistoryError, unknown_readings
-from gpuremediate.signals import dcgm, degradation, trends
+from gpuremediate.signals import dcgm, trends
+from gpuremediate.signals import degradation_fields as degradation
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.promapi import api_data
 from gpuremediate.signals.sources import MIB, POLICY_METRICS, FetchError, fetch

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gpuremediate.signals.degradation import (
+from gpuremediate.signals.degradation_fields import (
     ACTIVITY_FIELDS,
     GPU_UTIL,
     MAD_SCALE,

@@ -31,7 +31,7 @@ from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
 from gpuremediate.signals import dcgm, exposition, prom_degradation
-from gpuremediate.signals.degradation import PeerStats
+from gpuremediate.signals.degradation_fields import PeerStats
 from gpuremediate.signals.exposition import Labels, Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
 from gpuremediate.signals.promapi import api_data

@@ -12,8 +12,7 @@ a few strings per failed pod, never the pods. A failure counts when it names the
   busy or unavailable, an uncorrectable ECC error, a lost or fallen-off GPU, NVML failing to initialise.
 
 An application's own CUDA bug (an illegal memory access, out of memory) is not the node's fault and does not count.
-``WorkloadSignal.findings`` gives a node a ``workload-gpu-errors`` finding once ``[workload] min_pods`` distinct pods
-failed that way there within ``window_s``.
+This module reads (failed pods → failures by node); ``policy.workload`` judges them.
 """
 
 from __future__ import annotations
@@ -28,10 +27,7 @@ from typing import Any
 from gpuremediate.kube.cache import FAILED_PODS, Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
-from gpuremediate.vocab.findings import ACTION_CORDON, Finding
-from gpuremediate.vocab.schema import between, duration, setting
 
-KIND_WORKLOAD = "workload-gpu-errors"
 ADMISSION = "admission"
 CONTAINER = "container"
 
@@ -46,19 +42,6 @@ GPU_UNUSABLE = re.compile("|".join((
 )), re.IGNORECASE)
 GPU_RESOURCE = re.compile(r"nvidia\.com/|Allocate failed|unhealthy devices", re.IGNORECASE)
 MAX_TEXT = 300  # of a failure's message kept for the finding
-
-
-@dataclass(frozen=True)
-class WorkloadPolicy:
-    """``[workload]``: pods failing on a node with GPU errors as a finding for that node."""
-
-    enabled: bool = setting(True, "watch the cluster's Failed pods (one watch, each reduced to its GPU error) and "
-                            "give a node whose pods keep failing with GPU errors a workload-gpu-errors finding")
-    min_pods: int = setting(3, "distinct pods failed with a GPU error on the node within window_s",
-                            check=between(1, 10_000))
-    window_s: float = setting(600.0, "seconds the failures are counted over", check=duration(10))
-    action: str = setting(ACTION_CORDON, "what the finding does (cordon: no new pods land on the node, the "
-                          "others finish; reboot, reset-gpu, quarantine or a custom action)", action=True)
 
 
 @dataclass(frozen=True)
@@ -129,12 +112,12 @@ def _seconds(stamp: Any) -> float:
 
 class WorkloadSignal:
     """The GPU failures of the cluster's Failed pods, by node; fed by an informer's handlers (any thread). A detect
-    pass asks once per node: each asks only its node's failures (never a scan of the cluster's)."""
+    pass asks once per node (``policy.workload.WorkloadJudge``): only its node's failures, never a scan of the
+    cluster's."""
 
     def __init__(self) -> None:
         self._by_node: dict[str, dict[str, Failure]] = {}  # node -> pod -> its failure
         self._node_of: dict[str, str] = {}  # pod -> the node its failure is filed under
-        self._runs: dict[str, str] = {}  # node -> the fingerprint of its run of failures, while it has one
         self._lock = threading.Lock()
 
     def seen(self, reduced: Mapping[str, Any]) -> None:
@@ -163,23 +146,6 @@ class WorkloadSignal:
                 self._drop(key)
             found = self._by_node.get(node, {}).values()
             return sorted((f for f in found if now - f.at <= window_s), key=lambda f: (f.at, f.pod))
-
-    def findings(self, node: str, now: float, *, min_pods: int, window_s: float, action: str) -> list[Finding]:
-        """One finding when ``min_pods`` distinct pods failed on ``node`` with a GPU error within ``window_s``;
-        its fingerprint is the first failure of the run, kept while the run lasts: a run is one fault."""
-        found = self.failures(node, now, window_s)
-        if len(found) < max(1, min_pods):
-            with self._lock:
-                self._runs.pop(node, None)  # the run ended: the next one is a fault of its own
-            return []
-        first, last = found[0], found[-1]
-        with self._lock:  # a run longer than the window keeps the fingerprint it began with
-            fingerprint = self._runs.setdefault(node, f"{KIND_WORKLOAD}/{first.pod}@{first.at:.0f}")
-        how = "refused at admission" if all(f.how == ADMISSION for f in found) else "failed with GPU errors"
-        message = (f"{len(found)} pods {how} on this node within {window_s:.0f}s (last: {last.pod}: {last.text}); "
-                   f"action {action}")
-        return [Finding(node=node, kind=KIND_WORKLOAD, code=first.how, gpus=(), action=action,
-                        fingerprint=fingerprint, message=message)]
 
 
 class FailedPodsWatch:

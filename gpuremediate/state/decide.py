@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuremediate.policy import safety
-from gpuremediate.signals.conditions import KIND_CONDITION
+from gpuremediate.policy.conditions import KIND_CONDITION
 from gpuremediate.vocab import states
 from gpuremediate.vocab.findings import (
     ACTION_CORDON,

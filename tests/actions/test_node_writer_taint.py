@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from gpuremediate.actions.node_status import REMEDIATION_CONDITION, find_condition
-from gpuremediate.policy.taint import DEFAULT_TAINT_KEY, TaintPolicy
 from gpuremediate.actions.nodes import KEEP_CORDONED_ANNOTATION, NodeWriter
 from gpuremediate.config import Settings
 from gpuremediate.controller import Controller
@@ -21,6 +20,7 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, NODES
 from gpuremediate.obs.event_queue import EventQueue
 from gpuremediate.policy.config import loads_policy
+from gpuremediate.policy.taint import DEFAULT_TAINT_KEY, TaintPolicy
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer

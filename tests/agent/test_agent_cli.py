@@ -18,7 +18,7 @@ from gpuremediate.config import SettingsError
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NODES
-from gpuremediate.signals import conditions as c
+from gpuremediate.policy import conditions as c
 from sim.kubeapi import KubeAPIServer
 from sim.waiting import wait_for
 

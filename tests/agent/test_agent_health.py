@@ -13,10 +13,10 @@ from gpuremediate.agent.health import (
     update_inventory,
 )
 from gpuremediate.agent.kmsg import KIND_SXID, KIND_XID, KernelEvent
+from gpuremediate.policy import conditions as c
 from gpuremediate.policy.config import default_policy
 from gpuremediate.policy.evaluate import PolicyMemory
 from gpuremediate.policy.xid import lookup
-from gpuremediate.signals import conditions as c
 from gpuremediate.signals import nvidiasmi
 from gpuremediate.signals.model import GpuReading, NodeReadings
 

@@ -19,8 +19,8 @@ from gpuremediate.agent.run import Agent, AgentSettings, SmiRunner
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NODES
+from gpuremediate.policy import conditions as c
 from gpuremediate.policy.config import default_policy
-from gpuremediate.signals import conditions as c
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.kubeapi import KubeAPIServer
 

@@ -45,7 +45,7 @@ from manifests_support import (
 )
 
 from gpuremediate.kube.resources import NODES
-from gpuremediate.signals.conditions import GPU_HEALTHY
+from gpuremediate.policy.conditions import GPU_HEALTHY
 from gpuremediate.vocab.record import STATE_LABEL
 from sim.cluster import AGENT_USER, SimCluster
 from sim.gpusim import BOOT_ID_FILE, KMSG_FILE, SMI_FILE

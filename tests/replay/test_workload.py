@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpuremediate.policy.config import loads_policy
+from gpuremediate.policy.workload import KIND_WORKLOAD
 from gpuremediate.replay import cli
 from gpuremediate.replay.engine import IN_FLIGHT, Replay, replay
 from gpuremediate.replay.history import HistoryError, load_pods, load_scrapes
 from gpuremediate.replay.result import BELOW_THRESHOLD, ReplayResult
 from gpuremediate.replay.text import render_compare, render_text
-from gpuremediate.signals.workload import KIND_WORKLOAD
 from sim.history import Fleet, admission_error, container_error, main, node_list, workload_fleet, write_scrapes
 from tests.replay.helpers import HOUR, T0, fleet, moves, run, xid
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from bench import promlab
+from gpuremediate.policy.degradation import DegradationDetector, NodeContext
 from gpuremediate.signals import prom_degradation
-from gpuremediate.signals.degradation import MAD_SCALE, NVLINK_ERRORS, DegradationDetector, NodeContext
+from gpuremediate.signals.degradation_fields import MAD_SCALE, NVLINK_ERRORS
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.signals.sources import PrometheusSource
 from gpuremediate.vocab.degradation import DegradationPolicy

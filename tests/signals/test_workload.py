@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuremediate.signals.workload import ADMISSION, CONTAINER, KIND_WORKLOAD, WorkloadSignal, failure_of, reduce
+from gpuremediate.policy.workload import KIND_WORKLOAD, WorkloadJudge
+from gpuremediate.signals.workload import ADMISSION, CONTAINER, WorkloadSignal, failure_of, reduce
 
 T0 = 1_796_000_000.0
 
@@ -59,30 +60,32 @@ def test_other_admission_refusals_are_not_the_gpus() -> None:
 
 def test_a_node_gets_one_finding_once_enough_pods_failed_within_the_window() -> None:
     signal = WorkloadSignal()
+    judge = WorkloadJudge(signal)
     for i in range(2):
         signal.seen(reduce(admission_refused(f"p{i}", at=T0 + 10 * i)))
     signal.seen(reduce(admission_refused("elsewhere", node="gpu-node-2", at=T0)))
-    assert signal.findings("gpu-node-1", T0 + 30, min_pods=3, window_s=600, action="cordon") == []
+    assert judge.findings("gpu-node-1", T0 + 30, min_pods=3, window_s=600, action="cordon") == []
     signal.seen(reduce(admission_refused("p2", at=T0 + 20)))
-    [finding] = signal.findings("gpu-node-1", T0 + 30, min_pods=3, window_s=600, action="cordon")
+    [finding] = judge.findings("gpu-node-1", T0 + 30, min_pods=3, window_s=600, action="cordon")
     assert (finding.kind, finding.action, finding.node) == (KIND_WORKLOAD, "cordon", "gpu-node-1")
     assert "3 pods refused at admission" in finding.message and "ml/p2" in finding.message
     signal.seen(reduce(admission_refused("p3", at=T0 + 40)))
-    [again] = signal.findings("gpu-node-1", T0 + 50, min_pods=3, window_s=600, action="cordon")
+    [again] = judge.findings("gpu-node-1", T0 + 50, min_pods=3, window_s=600, action="cordon")
     assert again.fingerprint == finding.fingerprint  # the same run of failures: one fault
-    assert signal.findings("gpu-node-1", T0 + 1000, min_pods=3, window_s=600, action="cordon") == []  # aged out
-    assert signal.findings("gpu-node-2", T0 + 30, min_pods=3, window_s=600, action="cordon") == []
+    assert judge.findings("gpu-node-1", T0 + 1000, min_pods=3, window_s=600, action="cordon") == []  # aged out
+    assert judge.findings("gpu-node-2", T0 + 30, min_pods=3, window_s=600, action="cordon") == []
 
 
 def test_the_same_pod_seen_again_counts_once_and_a_pod_no_longer_failing_for_the_gpu_drops_out() -> None:
     signal = WorkloadSignal()
+    judge = WorkloadJudge(signal)
     for _ in range(3):
         signal.seen(reduce(admission_refused("same")))
-    assert signal.findings("gpu-node-1", T0 + 1, min_pods=2, window_s=600, action="cordon") == []
+    assert judge.findings("gpu-node-1", T0 + 1, min_pods=2, window_s=600, action="cordon") == []
     signal.seen(reduce(admission_refused("other")))
-    assert signal.findings("gpu-node-1", T0 + 1, min_pods=2, window_s=600, action="cordon")
+    assert judge.findings("gpu-node-1", T0 + 1, min_pods=2, window_s=600, action="cordon")
     signal.seen(reduce(crashed("other", "Killed")))
-    assert signal.findings("gpu-node-1", T0 + 1, min_pods=2, window_s=600, action="cordon") == []
+    assert judge.findings("gpu-node-1", T0 + 1, min_pods=2, window_s=600, action="cordon") == []
 
 
 def test_a_refusal_with_no_status_time_is_dated_by_its_creation_never_by_when_it_is_seen() -> None:
@@ -92,24 +95,26 @@ def test_a_refusal_with_no_status_time_is_dated_by_its_creation_never_by_when_it
     failure = failure_of(reduce(pod))
     assert failure is not None and failure.at == T0 - 7 * 86400
     signal = WorkloadSignal()
+    judge = WorkloadJudge(signal)
     for i in range(3):
         old = admission_refused(f"old-{i}")
         del old["status"]["startTime"]
         old["metadata"]["creationTimestamp"] = stamp(T0 - 7 * 86400)
         signal.seen(reduce(old))
-    assert signal.findings("gpu-node-1", T0, min_pods=3, window_s=600, action="cordon") == []
+    assert judge.findings("gpu-node-1", T0, min_pods=3, window_s=600, action="cordon") == []
 
 
 def test_a_run_of_failures_longer_than_the_window_stays_one_fault_and_a_new_run_is_another() -> None:
     signal = WorkloadSignal()
+    judge = WorkloadJudge(signal)
     fingerprints = []
     for i in range(12):  # a pod refused every 5 minutes for an hour: always 2-3 within the 10-minute window
         signal.seen(reduce(admission_refused(f"p{i}", at=T0 + 300 * i)))
-        fingerprints += [f.fingerprint for f in signal.findings("gpu-node-1", T0 + 300 * i + 1, min_pods=2,
+        fingerprints += [f.fingerprint for f in judge.findings("gpu-node-1", T0 + 300 * i + 1, min_pods=2,
                                                                 window_s=600, action="cordon")]
     assert len(fingerprints) == 11 and len(set(fingerprints)) == 1  # the first pod's, for the whole run
-    assert signal.findings("gpu-node-1", T0 + 5000, min_pods=2, window_s=600, action="cordon") == []  # it ended
+    assert judge.findings("gpu-node-1", T0 + 5000, min_pods=2, window_s=600, action="cordon") == []  # it ended
     for i in range(2):
         signal.seen(reduce(admission_refused(f"q{i}", at=T0 + 6000 + i)))
-    [later] = signal.findings("gpu-node-1", T0 + 6002, min_pods=2, window_s=600, action="cordon")
+    [later] = judge.findings("gpu-node-1", T0 + 6002, min_pods=2, window_s=600, action="cordon")
     assert later.fingerprint != fingerprints[0]

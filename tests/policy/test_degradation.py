@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuremediate.policy.config import PolicyError, loads_policy
+from gpuremediate.policy.degradation import DegradationDetector, NodeContext, job_of_pod
 from gpuremediate.signals.dcgm import readings_from_samples
-from gpuremediate.signals.degradation import DegradationDetector, NodeContext, job_of_pod
 from gpuremediate.signals.exposition import parse
 from gpuremediate.signals.model import GpuReading, NodeReadings, PodRef
 from gpuremediate.vocab.degradation import DegradationPolicy

@@ -13,10 +13,21 @@ is ``link-degraded``; it clears after ``link_clear_s`` without a new error.
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuremediate.signals.degradation_fields import (
+    ACTIVITY_FIELDS,
+    GPU_UTIL,
+    IDLE_BIT,
+    NVLINK_ERRORS,
+    PCIE_REPLAYS,
+    REASON_FIELDS,
+    SLOWDOWN_BITS,
+    SM_CLOCK,
+    PeerStats,
+    peer_stats,
+)
 from gpuremediate.signals.model import (
     SOURCE_OK,
     GpuReading,
@@ -39,19 +50,6 @@ from gpuremediate.vocab.findings import (
     Finding,
 )
 
-SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
-GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-ACTIVITY_FIELDS = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE")
-# DCGM >= 3.2 names field 112 CLOCKS_EVENT_REASONS; older exporters CLOCK_THROTTLE_REASONS (dcgm_fields.h).
-REASON_FIELDS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
-PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
-NVLINK_ERRORS = ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-                 "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL")
-IDLE_BIT = 0x1  # DCGM_CLOCKS_EVENT_REASON_GPU_IDLE
-# DCGM_CLOCKS_EVENT_REASON_*: the ones that slow a busy GPU, named in the finding's message
-SLOWDOWN_BITS = ((0x4, "SW power cap"), (0x8, "HW slowdown"), (0x20, "SW thermal"), (0x40, "HW thermal"),
-                 (0x80, "HW power brake"))
-MAD_SCALE = 1.4826  # MAD → standard deviation of a normal sample
 STALE_S = 180.0  # a peer's clock older than this (or three scrape intervals) is not a peer's clock any more
 READS_APART = 1.5  # an outlier seen again within this many read intervals was one the whole time
 WAVE_S = 5.0  # passes closer than this are waves of one cycle (the exporter source's stragglers)
@@ -182,20 +180,6 @@ def _nvlink_total(extra: Mapping[str, float]) -> float | None:
     return total
 
 
-@dataclass(frozen=True)
-class PeerStats:
-    """A set of peers' busy SM clocks: their median, robust spread and count."""
-
-    median: float
-    spread: float  # MAD_SCALE x MAD
-    count: int
-
-
-def _stats(clocks: list[float]) -> PeerStats:
-    median = statistics.median(clocks)
-    return PeerStats(median, MAD_SCALE * statistics.median([abs(c - median) for c in clocks]), len(clocks))
-
-
 class DegradationDetector:
     """Per-GPU state of the whole fleet (this replica's nodes), updated once per detect pass."""
 
@@ -303,7 +287,7 @@ class DegradationDetector:
             if gpu.clock is not None and now - gpu.seen <= stale:
                 fleet.setdefault(gpu.peers, []).append(gpu.clock)
                 local.setdefault(gpu.local, []).append(gpu.clock)
-        return {key: _stats(clocks) for key, clocks in fleet.items()}, local
+        return {key: peer_stats(clocks) for key, clocks in fleet.items()}, local
 
     def _judge(self, gpu: _Gpu, policy: DegradationPolicy, peers: PeerStats | None, local: list[float] | None,
                now: float) -> None:
@@ -332,7 +316,7 @@ class DegradationDetector:
             return False
         if peers.count - 1 < policy.min_peers or len(local) - 1 < policy.min_node_peers:
             return False
-        if not self._below(clock, peers, policy) or not self._below(clock, _stats(local), policy):
+        if not self._below(clock, peers, policy) or not self._below(clock, peer_stats(local), policy):
             return False
         gpu.ratio, gpu.median = clock / peers.median, peers.median
         return True

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gpuremediate.policy import conditions as c
 from gpuremediate.policy.config import _action_refs
-from gpuremediate.signals import conditions as c
 from gpuremediate.vocab.findings import (
     ACTION_CORDON,
     ACTION_NONE,
