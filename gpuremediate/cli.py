@@ -164,6 +164,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "cordon is about 3 requests, so this paces a mass failure: 20 cordoned 6 nodes a second)")
     p.add_argument("--kube-api-burst", type=int, default=Settings.burst,
                    help="requests sent at once before --kube-api-qps paces them (a burst of cordons)")
+    p.add_argument("--loop-workers", type=int, default=Settings.loop_workers,
+                   help="nodes each loop (drain, repair, validate, quarantine) steps at once; a node is never "
+                        "stepped by two at once, and drain admissions (the budget) are decided one at a time")
     p.add_argument("--maintenance-group", default="gpuremediate.io",
                    help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
 
@@ -209,6 +212,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                            if args.scrape_interval else
                            PROMETHEUS_READ_INTERVAL_S if args.source == "prometheus" else SCRAPE_INTERVAL_S),
         resync_s=parse_duration(args.resync, "--resync", MAX_INTERVAL_S),
+        loop_workers=args.loop_workers,
         gpu_node_selector=args.gpu_node_selector,
         maintenance_group=args.maintenance_group,
         qps=args.kube_api_qps,

@@ -31,6 +31,7 @@ class SettingsError(ValueError):
     """A flag or environment value is unusable; the message names it."""
 
 MAX_QPS = 10_000.0  # client-side requests a second to the API server: past this, a typo
+MAX_LOOP_WORKERS = 64
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class Settings:
     prometheus_fault_poll_s: float = 1.0  # the fault fast path between reads; 0: off
     scrape_interval_s: float = 15.0  # --scrape-interval; without it PROMETHEUS_READ_INTERVAL_S for that source
     resync_s: float = 10.0
+    # Workers per node loop (drain, repair, validate, quarantine): nodes stepped at once. A step is a few API calls
+    # in a row; on a slow API server (seconds a request) one worker made every node wait for all the others.
+    loop_workers: int = 4
     gpu_node_selector: str = ""  # empty: any node with a GPU resource (nvidia.com/gpu, nvidia.com/mig-*)
     maintenance_group: str = "gpuremediate.io"
     # A burst's pace (bench/burst.py, 750 of 5,000 nodes faulting at once: 20/40 cordoned 6 a second, P90 116 s;
@@ -94,6 +98,8 @@ class Settings:
                 "--leader-elect-lease-duration > --leader-elect-renew-deadline > 1.2 x --leader-elect-retry-period "
                 f"> 0 is required, got {self.lease_duration_s:g}s, {self.renew_deadline_s:g}s, "
                 f"{self.retry_period_s:g}s")
+        if not 1 <= self.loop_workers <= MAX_LOOP_WORKERS:
+            raise SettingsError(f"--loop-workers: expected 1 to {MAX_LOOP_WORKERS}, got {self.loop_workers}")
         if not 1 <= self.shards <= MAX_SHARDS:
             raise SettingsError(f"--shards: expected 1 to {MAX_SHARDS}, got {self.shards}")
         if any(c.isspace() for c in self.identity) or len(self.identity) > 253:

@@ -95,7 +95,9 @@ RESYNC_KEY = "\0resync"  # a queue key no Node can have (a node name is a DNS su
 
 
 class NodeLoop:
-    """Reconciles the nodes in the states this loop owns, one at a time, in its own thread."""
+    """Reconciles the nodes in the states this loop owns, ``--loop-workers`` nodes at once, each worker its own
+    thread on one queue (a node is handed to one worker at a time: the queue's processing set). What a step shares
+    with other nodes' steps (a drain's budget admission) is serialized where it is decided."""
 
     name = "loop"
     owned: frozenset[str] = frozenset()
@@ -103,23 +105,27 @@ class NodeLoop:
     def __init__(self, ctx: LoopContext) -> None:
         self.ctx = ctx
         self.queue = WorkQueue(base_delay=0.5, max_delay=60.0)
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._reported_shapes: set[tuple[str, str]] = set()  # (plugin resource, problem) evented once
 
     # ---- wiring ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)
-        self._thread.start()
+        workers = max(1, self.ctx.settings.loop_workers)
+        self._threads = [threading.Thread(target=self._run, args=(i == 0,), daemon=True,
+                                          name=f"loop-{self.name}" + (f"-{i}" if i else "")) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         self.queue.shutdown()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
     def on_node(self, node: Node) -> None:
         """Informer handler: queue the node when its state is one this loop owns."""
@@ -137,8 +143,10 @@ class NodeLoop:
 
     # ---- the loop --------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        run_worker(self.queue, self.reconcile_name, self.ctx.stop, what=self.name, resync=self.resync,
+    def _run(self, resyncs: bool = True) -> None:
+        """One worker; the first also resyncs (one resync per interval, whatever the count of workers)."""
+        run_worker(self.queue, self.reconcile_name, self.ctx.stop, what=self.name,
+                   resync=self.resync if resyncs else None,
                    resync_s=self.ctx.settings.resync_s, on_api_error=self.ctx.metrics.count_api_error)
 
     def reconcile_name(self, name: str) -> float | None:

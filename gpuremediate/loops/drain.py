@@ -16,7 +16,9 @@ quarantines it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -110,6 +112,13 @@ def _held_by_own_pods(record: NodeRecord) -> bool:
     return record.blocked is not None and record.blocked.detail.startswith(gates.BLOCKING_PODS)
 
 
+class Admitted:
+    """An admission verdict: start the drain."""
+
+
+ADMITTED = Admitted()
+
+
 class DrainLoop(NodeLoop):
     name = "drain"
     owned = frozenset({states.DRAINING})
@@ -125,6 +134,11 @@ class DrainLoop(NodeLoop):
         # ends): a step reads them from here, and a pod that changes queues its node.
         self.node_pods = NodePods(ctx.client, on_change=self.queue.add)
         self.fleet_views = FleetViews()
+        # One admission at a time: each counts the fleet's drains and then writes its own start, so two workers
+        # deciding at once would both see the last slot free.
+        self._admission = threading.Lock()
+        self._starting: set[str] = set()  # admitted, start not yet written (guarded by _admission)
+        self._drainers_lock = threading.Lock()
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         policy = self.ctx.policy_for(node).drain
@@ -174,38 +188,60 @@ class DrainLoop(NodeLoop):
     # ---- admission ---------------------------------------------------------------------------------
 
     def _admit(self, node: Node, record: NodeRecord, policy: DrainPolicy) -> float | None:
+        """Admission is decided one node at a time (``_admission``), its writes made outside: a node admitted and
+        not yet written holds its slot in ``_starting``, so another worker's decision counts it."""
         prepared = self._before_admission(node, record)
         if prepared is not None:
             return prepared.requeue_s
-        now = self.ctx.clock()
+        name, now = name_of(node), self.ctx.clock()
+        with self._admission:
+            verdict = self._admission_verdict(node, record, policy, now)
+            if verdict is ADMITTED:
+                self._starting.add(name)
+        if isinstance(verdict, NodeRecord):
+            return self._wait(node, verdict)
+        if not isinstance(verdict, Admitted):
+            return verdict
+        try:
+            return self._start(node, record, policy, now)
+        finally:
+            with self._admission:
+                self._starting.discard(name)
+
+    def _admission_verdict(self, node: Node, record: NodeRecord, policy: DrainPolicy,
+                           now: float) -> NodeRecord | float | Admitted | None:
+        """ADMITTED, the blocked record to write, or (a domain's trays, a contended claim) the requeue."""
         cluster = self.ctx.policy.cluster
         name = name_of(node)
         nodes = self.ctx.nodes.gpu_nodes()
         views, waiting = self.fleet_views.of(nodes)
+        if self._starting:  # admitted by another worker, its start not written yet: out of service already
+            views = [dataclasses.replace(v, waiting=False) if v.name in self._starting else v for v in views]
+            waiting = [w for w in waiting if w not in self._starting]
         view = next((v for v in views if v.name == name), None) or safety.node_view(node)
         domain_label = self.ctx.policy_for(node).fabric.domain_label
         is_domain = record.fault is not None and is_domain_fault(record.fault.kind)
         held = self._stopped(view, domain_label if is_domain else "") or self._fleet_gate(nodes, now)
         if held:
-            return self._wait(node, block(record, *held, now))
+            return block(record, *held, now)
         budget = safety.Budget(cluster.budget.as_budget_value(), cluster.budget.count_held)
-        if is_domain:
+        if is_domain:  # rare: decided and started under the lock, trays together
             return self._admit_domain(node, record, policy, nodes, views, budget, domain_label, now)
         domains = [safety.DomainBudget(d.label, budget_value(d.max_unavailable)) for d in cluster.budget.domains]
         result = safety.budget_check(views, name, budget, domains)
         self.ctx.metrics.budget_in_use.set(float(result.in_use))
         self.ctx.metrics.budget_limit.set(float(result.limit))
         if not result.allowed:
-            return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
+            return block(record, BLOCK_BUDGET, result.reason, now)
         # With --shards the claim decides the order too (budget_refusal): a node whose claim is in the admitted set
         # already holds its slot, and yielding it here to an older fault, whose replica counts that claim and
         # waits for it, would leave both waiting for ever.
         if self.ctx.claims is None and name not in safety.admit(views, [*waiting, name], budget,
                                                                 domains):
-            return self._wait(node, block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now))
+            return block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now)
         pods = self._blocking_pods(name)
         if pods:
-            return self._wait(node, block(record, BLOCK_GATE, pods, now))
+            return block(record, BLOCK_GATE, pods, now)
         if self.ctx.claims is not None:  # --shards: the API server decides who takes the last slot
             try:
                 refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
@@ -213,8 +249,8 @@ class DrainLoop(NodeLoop):
             except budget_claims.Contended:
                 return self._claim_contended(name)
             if refused:
-                return self._wait(node, block(record, BLOCK_BUDGET, refused, now))
-        return self._start(node, record, policy, now)
+                return block(record, BLOCK_BUDGET, refused, now)
+        return ADMITTED
 
     def _claim_contended(self, name: str) -> float:
         """Other replicas kept writing the admitted set: asked again as after any conflict, nothing recorded."""
@@ -323,9 +359,10 @@ class DrainLoop(NodeLoop):
     def _drainer(self, row: DrainRow) -> Drainer:
         """The row's variant, made once per loop (the eviction drain paces attempts per pod across steps)."""
         made = self._made_drainers()
-        if row.kind not in made:
-            made[row.kind] = row.make()
-        return made[row.kind]
+        with self._drainers_lock:  # one per kind, however many workers ask first
+            if row.kind not in made:
+                made[row.kind] = row.make()
+            return made[row.kind]
 
     def _made_drainers(self) -> dict[str, Drainer]:
         made: dict[str, Drainer] = self.__dict__.setdefault("_drainers", {})

@@ -124,7 +124,8 @@ class EvictionDrain:
         message = (f"drain timed out; {len(stuck)} pod(s) stuck terminating past their grace period ({names}): "
                    f"going on to the repair")
         log.warning("drain ends with pods stuck terminating", extra={"node": name, "pods": names})
-        self._waiting.pop(name, None)
+        with self._lock:
+            self._waiting.pop(name, None)
         return Done(at=now, then=lambda: ctx.events.node_event(name, "GPUDrainTimedOut", message, WARNING))
 
     def _evict(self, ctx: DrainContext, node: Node, record: NodeRecord, pods: Sequence[Mapping[str, Any]],
@@ -142,11 +143,12 @@ class EvictionDrain:
             return InProgress(policy.retry_s)  # nothing new learnt: keep what the record says
         blocked = next((a for a in answers if a.result in (eviction.BLOCKED, eviction.FAILED)), None)
         # The block stays while a refused pod is still there: another pod's eviction answered later lifts nothing.
-        refused = self._refused.setdefault(name, set())
-        for answer in answers:
-            (refused.add if answer.result in (eviction.BLOCKED, eviction.FAILED) else refused.discard)(
-                (answer.namespace, answer.name))
-        refused &= {pod_key(p) for p in pods}
+        with self._lock:  # keep_only (a resync, another worker) prunes these maps
+            refused = self._refused.setdefault(name, set())
+            for answer in answers:
+                (refused.add if answer.result in (eviction.BLOCKED, eviction.FAILED) else refused.discard)(
+                    (answer.namespace, answer.name))
+            refused &= {pod_key(p) for p in pods}
         after = record if blocked is None and refused else unblock(record)
         if blocked is not None:
             detail = f"{blocked.namespace}/{blocked.pdb}" if blocked.pdb else \

@@ -23,7 +23,7 @@ class Recording(NodeLoop):
 
 def test_a_requested_resync_runs_on_the_loop_s_thread_not_the_caller_s() -> None:
     stop = threading.Event()
-    ctx = SimpleNamespace(stop=stop, settings=SimpleNamespace(resync_s=3600.0),
+    ctx = SimpleNamespace(stop=stop, settings=SimpleNamespace(resync_s=3600.0, loop_workers=1),
                           metrics=SimpleNamespace(count_api_error=lambda exc: None), owns=lambda name: True)
     loop = Recording(ctx)
     loop.start()

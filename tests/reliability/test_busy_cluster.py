@@ -187,3 +187,26 @@ def test_a_pod_stuck_terminating_does_not_keep_the_drain_forever(stuck_rig: Rig)
     assert rig.kube.get(PODS, "stuck", "workloads")["metadata"].get("deletionTimestamp")
     wait_for(lambda: [m for m in _node_events(rig, "GPUDrainTimedOut") if "workloads/stuck" in m], 10,
              "an Event naming the stuck pod")
+
+
+
+@pytest.fixture
+def four_node_rig() -> Iterator[Rig]:
+    yield from _rig(reliability_policy(1), nodes=4)
+
+
+def test_drains_admitted_by_several_workers_at_once_keep_the_budget(four_node_rig: Rig) -> None:
+    """Four nodes fault at once, the budget is one node, the loop has four workers and every Node write takes half
+    a second: each admission counts the one before it (decided in turn, written outside), so one node drains at a
+    time (the checker fails on a second slot holder or a drain started past the budget)."""
+    rig = four_node_rig
+    assert rig.controllers.settings.loop_workers >= 4
+    rig.cluster.api.inject("PATCH", r"^/api/v1/nodes/[^/?]+(\?.*)?$", count=10**6, action="delay", delay_s=0.5)
+    names = [n["metadata"]["name"] for n in rig.kube.list(NODES)["items"]]
+    for name in names:
+        rig.cluster.gpusim.inject_xid(name, 0, 48)
+    wait_for(lambda: any(_state(rig.kube, n) in (states.REPAIRING, states.VALIDATING) for n in names), 30,
+             "a first drain through")
+    time.sleep(2.0)  # the others' admissions, had they raced it, have written by now
+    assert rig.violations("budget-slots") == []
+    assert rig.violations("budget-admission") == []

@@ -89,9 +89,9 @@ def slow_rig() -> Iterator[Rig]:
     yield from _rig(dataclasses.replace(policy, defaults=dataclasses.replace(policy.defaults, remediation=slow)))
 
 
-def _rig(policy: PolicyFile, start: bool = True) -> Iterator[Rig]:
+def _rig(policy: PolicyFile, start: bool = True, nodes: int = 2) -> Iterator[Rig]:
     """``start``: a controller started with its own clock (else the test starts one)."""
-    cluster = SimCluster(nodes=2, gpus=2, job_duration_s=0.2, reboot_down_s=0.3)
+    cluster = SimCluster(nodes=nodes, gpus=2, job_duration_s=0.2, reboot_down_s=0.3)
     recorder = Recorder(cluster.api).install()
     cluster.start()
     job_service_account(cluster.kube)
