@@ -66,6 +66,7 @@ from gpuremediate.policy.fabric import (
     domains_out,
 )
 from gpuremediate.policy.isolation import node_level_reason
+from gpuremediate.policy.network import condition_rules
 from gpuremediate.policy.workload import WorkloadJudge, WorkloadPolicy
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
@@ -601,7 +602,7 @@ class DetectLoop:
         name = name_of(node)
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
-        view = condition_view(node, policy.conditions, now)
+        view = condition_view(node, policy.conditions, now, condition_rules(policy.network))
         workload = self.workload_findings(name, policy.workload, now)
         if readings is None or readings.status != SOURCE_OK:
             reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
