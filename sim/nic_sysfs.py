@@ -86,6 +86,18 @@ def dgx_layout(gpus: int = 8, nics: int = 8) -> tuple[list[SimNic], list[SimGpuP
     return nic_list, gpu_list
 
 
+def layout_for_buses(buses: list[int]) -> tuple[list[SimNic], list[SimGpuPlace]]:
+    """One NIC beside each GPU (GPU at bus ``b``: NIC at ``b-1``, their switch at ``b-2``, root port ``b-3``)."""
+    nics: list[SimNic] = []
+    gpus: list[SimGpuPlace] = []
+    for index, bus in enumerate(buses):
+        root, root_port, switch = f"pci0000:{bus - 3:02x}", f"0000:{bus - 3:02x}:01.0", f"0000:{bus - 2:02x}:00.0"
+        numa = 0 if index < len(buses) // 2 else 1
+        gpus.append(SimGpuPlace(f"0000:{bus:02x}:00.0", switch, root_port, root, numa))
+        nics.append(SimNic(f"mlx5_{index}", f"0000:{bus - 1:02x}:00.0", switch, root_port, root, numa))
+    return nics, gpus
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
