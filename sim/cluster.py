@@ -55,7 +55,7 @@ from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, NODES, PDBS, PODS, SERVICEACCOUNTS
-from gpuremediate.policy.config import default_policy
+from gpuremediate.policy.config import default_policy, parse_policy
 from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.busy import BusyWriter, writes_from_env
@@ -115,6 +115,7 @@ class AgentOptions:
     hang_after: int = 2
     window_s: float = 300.0
     heartbeat_s: float = 30.0
+    policy: Mapping[str, Any] | None = None  # the agents' policy file as parsed TOML (None: the built-in policy)
 
 
 @dataclass(frozen=True)
@@ -353,10 +354,11 @@ class SimCluster:
             node_name=node, kmsg_path=str(host / "kmsg"), state_path=str(host / "agent-state.json"),
             boot_id_path=str(host / "boot_id"), nvidia_smi=str(host / "nvidia-smi"),
             interval_s=options.interval_s, smi_timeout_s=options.smi_timeout_s, hang_after=options.hang_after,
-            window_s=options.window_s, heartbeat_s=options.heartbeat_s)
+            window_s=options.window_s, heartbeat_s=options.heartbeat_s, sysfs_root=str(host / "sys"))
         smi = NvidiaSmiSource(settings.nvidia_smi, node, options.smi_timeout_s,
                               runner=self.gpusim.nvidia_smi_runner(node))
-        agent = Agent(settings, client, default_policy().for_node({}), smi=smi)
+        policy = parse_policy(options.policy) if options.policy is not None else default_policy()
+        agent = Agent(settings, client, policy.for_node({}), smi=smi)
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}", daemon=True)
         thread.start()

@@ -40,7 +40,10 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.nic_sysfs import NicTree
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -453,6 +456,7 @@ class GpuSim:
         self._unhang = threading.Condition(self._lock)
         self._started = False
         self._scenario_threads: list[threading.Thread] = []
+        self._nics: dict[str, NicTree] = {}  # the nodes given RDMA NICs (add_nics): their sysfs trees
 
     # --- nodes
 
@@ -635,10 +639,32 @@ class GpuSim:
             if state.fabric is not None:  # a reboot starts the Fabric Manager / NVLink software and IMEX again
                 state.fabric.fm_running, state.fabric.imex_daemon, state.fabric.imex_domain = True, IMEX_READY, "UP"
             state.kmsg, state.kmsg_seq, state.boot_id = [], -1, str(uuid.uuid4())
+            if node in self._nics:  # the NICs are reset and their links train again
+                self._nics[node].heal()
             self._unhang.notify_all()
             self._write_host_files(state, new_boot=True)
             if state.down is not None:
                 self.set_down(node, None)  # a new exporter process: whatever took the old one down is gone
+
+    # --- the host's RDMA NICs (sim/nic_sysfs): a sysfs tree under host_dir/sys, the agent's --sysfs
+
+    def add_nics(self, node: str) -> NicTree:
+        """Give ``node`` one InfiniBand NIC (NDR, 400 Gb/s) beside each GPU, on its PCIe switch; faults are
+        injected on the returned tree (port_down, flap, downtrain, add_errors, gone)."""
+        from sim.nic_sysfs import NicTree, layout_for_buses  # in process only: the image's gpusim.py stands alone
+
+        with self._lock:
+            state = self.node(node)
+            buses = [int(g.pci_bus_id.split(":")[1], 16) for g in state.gpus]
+            nics, places = layout_for_buses(buses)
+            tree = self._nics[node] = NicTree(os.path.join(self.host_dir(node), "sys"), nics, places)
+            return tree
+
+    def nics(self, node: str) -> NicTree:
+        tree = self._nics.get(node)
+        if tree is None:
+            raise SimError(f"node {node!r} has no NICs (add_nics)")
+        return tree
 
     # --- the host, as the node agent sees it: the kernel log and nvidia-smi
 

@@ -27,8 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuremediate.policy.network import NIC_TAINT_KEY
 from gpuremediate.policy.taint import TaintPolicy
 from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import NETWORK_KINDS
 from gpuremediate.vocab.record import NodeRecord, isolated_at_gpu
 
 REMEDIATION_CONDITION = "GPURemediation"
@@ -136,6 +138,26 @@ def _taints_patch(node: Mapping[str, Any], taints: list[dict[str, Any]]) -> dict
         raise ValueError("a taint patch needs the node's resourceVersion (read the node first): without it a "
                          "concurrent writer's taint could be lost")
     return {"metadata": {"resourceVersion": str(version)}, "spec": {"taints": taints}}
+
+
+def nic_taints(taints: list[dict[str, Any]], record: NodeRecord | None) -> list[dict[str, Any]] | None:
+    """``taints`` with the NIC taint (``gpuremediate.io/nic-degraded=<nic>:NoSchedule``) as the record wants it:
+    on while the node is held for a NIC fault (the fault's code names the NIC), off otherwise; None: no change.
+    The key is gpuremediate's own, so any taint of that key is ours to replace or take off."""
+    held = record is not None and record.state != states.HEALTHY and record.fault is not None \
+        and record.fault.kind in NETWORK_KINDS
+    others = [t for t in taints if t.get("key") != NIC_TAINT_KEY]
+    if not held or record is None or record.fault is None:
+        return None if len(others) == len(taints) else others
+    taint = {"key": NIC_TAINT_KEY, "value": _label_value(record.fault.code), "effect": "NoSchedule"}
+    ours = [t for t in taints if t.get("key") == NIC_TAINT_KEY]
+    return None if ours == [taint] else [*others, taint]
+
+
+def _label_value(text: str) -> str:
+    """A taint value is a label value: at most 63 of A-Z a-z 0-9 - _ . (an RDMA device name already is)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:63].strip("._-")
+    return cleaned
 
 
 def remediation_taint(

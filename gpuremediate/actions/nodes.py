@@ -35,8 +35,10 @@ from gpuremediate.actions.node_status import (
     build_condition,
     conditions_patch,
     find_condition,
+    nic_taints,
     remediation_condition,
     remediation_taint,
+    taints_of,
 )
 from gpuremediate.gpu_resources import (  # noqa: F401  # gpu_count and its label: re-exported
     GPU,
@@ -422,13 +424,20 @@ class NodeWriter:
         change). Whether the taint on the node is ours comes from the record on the node, as read."""
         previous = record_from_node(node)
         ours = isinstance(previous, NodeRecord) and previous.tainted_by_us
-        if not self.taint.enabled and not ours:
-            return (dataclasses.replace(record, tainted_by_us=False) if record.tainted_by_us else record), None
         if not _rv(node):
             log.warning("node read without a resourceVersion: taint unchanged", extra={"node": name_of(node)})
             return dataclasses.replace(record, tainted_by_us=ours), None
-        change = remediation_taint(node, record, self.taint, ours)
-        return dataclasses.replace(record, tainted_by_us=change.tainted_by_us), change.patch
+        patch: dict[str, Any] | None = None
+        if not self.taint.enabled and not ours:
+            record = dataclasses.replace(record, tainted_by_us=False) if record.tainted_by_us else record
+        else:
+            change = remediation_taint(node, record, self.taint, ours)
+            record, patch = dataclasses.replace(record, tainted_by_us=change.tainted_by_us), change.patch
+        # The NIC taint ([network]): beside the [taint] one, on the taints as that change leaves them.
+        nic = nic_taints(patch["spec"]["taints"] if patch is not None else taints_of(node), record)
+        if nic is not None:
+            patch = {"metadata": {"resourceVersion": str(_rv(node))}, "spec": {"taints": nic}}
+        return record, patch
 
     def _publish_condition(self, node: Node, record: NodeRecord) -> Node | None:
         """``GPURemediation`` on the node as written: the node as the server returned it, or None (nothing to

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from gpuremediate.agent.kmsg import BOOT_ID_PATH, KMSG_PATH
+from gpuremediate.agent.network import DEFAULT_SYSFS
 from gpuremediate.agent.publish import DEFAULT_HEARTBEAT_S
 from gpuremediate.agent.run import DEFAULT_STATE_PATH, Agent, AgentSettings
 from gpuremediate.config import SettingsError, parse_addr, parse_duration
@@ -46,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-file", default=DEFAULT_STATE_PATH, help="where the kernel-log resume point is kept")
     p.add_argument("--boot-id", default=BOOT_ID_PATH,
                    help="the file naming this boot (a new value: the kernel log starts again)")
+    p.add_argument("--sysfs", default=DEFAULT_SYSFS,
+                   help="where the node's sysfs is mounted (class/infiniband, class/net: the RDMA NICs, [network])")
     p.add_argument("--metrics-addr", default=":9500", help="[HOST]:PORT for /metrics /healthz /readyz")
     add_log_flags(p)
 
@@ -72,6 +75,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         window_s=parse_duration(args.xid_window, "--xid-window"),
         heartbeat_s=parse_duration(args.heartbeat, "--heartbeat"),
         expected_gpus=args.expected_gpus or None,
+        sysfs_root=args.sysfs,
     )
 
 

@@ -28,6 +28,7 @@ from gpuremediate.agent.kmsg import (
     save_state,
 )
 from gpuremediate.agent.metrics import AgentMetrics
+from gpuremediate.agent.network import DEFAULT_SYSFS, NetworkWatch
 from gpuremediate.agent.publish import DEFAULT_HEARTBEAT_S, ConditionPublisher
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
@@ -56,6 +57,7 @@ class AgentSettings:
     window_s: float = 300.0  # how long a kernel event counts for health (every one is counted in metrics)
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     expected_gpus: int | None = None  # default: from the node (health.expected_gpus)
+    sysfs_root: str = DEFAULT_SYSFS  # where class/infiniband and class/net are read ([network], agent/network.py)
 
 
 def monotonic_us() -> int:
@@ -115,6 +117,7 @@ class Agent:
         self.publisher = ConditionPublisher(client, settings.node_name, settings.heartbeat_s)
         self.memory = PolicyMemory()
         self.inventory: dict[str, GpuReading] = {}
+        self.network = NetworkWatch(settings.node_name, settings.sysfs_root)
         self.timeouts_in_a_row = 0
         self.reader: KmsgReader | None = None
         self.point = ResumePoint("")
@@ -211,6 +214,10 @@ class Agent:
                         labels)
         result = assess(inputs, self.policy, self.memory, now, self.settings.hang_after)
         self.memory = result.memory
+        network = self.network.cycle(self.policy.network, now, smi.readings)
+        if network is not None:
+            result = replace(result, conditions=(*result.conditions, network.condition))
+            self.metrics.observe_network(network.readings, network.findings)
         if node is not None:
             self._publish(node, result, now)
         self.metrics.observe(result, smi, expected.count, self.inventory)

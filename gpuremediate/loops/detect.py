@@ -66,6 +66,7 @@ from gpuremediate.policy.fabric import (
     domains_out,
 )
 from gpuremediate.policy.isolation import node_level_reason
+from gpuremediate.policy.network import condition_rules
 from gpuremediate.policy.workload import WorkloadJudge, WorkloadPolicy
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
@@ -82,6 +83,7 @@ from gpuremediate.vocab.findings import (
     KIND_SLOW_GPU,
     KIND_THERMAL,
     KIND_TREND,
+    NETWORK_KINDS,
     Finding,
 )
 from gpuremediate.vocab.record import (
@@ -601,7 +603,7 @@ class DetectLoop:
         name = name_of(node)
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
-        view = condition_view(node, policy.conditions, now)
+        view = condition_view(node, policy.conditions, now, condition_rules(policy.network))
         workload = self.workload_findings(name, policy.workload, now)
         if readings is None or readings.status != SOURCE_OK:
             reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
@@ -724,7 +726,9 @@ class DetectLoop:
             uncordoned = decide.on_person_uncordoned(record, now)
             return uncordoned.transition if self._apply(node, uncordoned) is not None else None
         if flow == FLOW_THERMAL_CLEARED and pruned is not None:
-            decision = decide.thermal_cleared(pruned, now, cleared_words(pruned.fault.kind if pruned.fault else ""))
+            kind = pruned.fault.kind if pruned.fault else ""
+            words = f"{kind}: the NIC's port is healthy again" if kind in NETWORK_KINDS else cleared_words(kind)
+            decision = decide.thermal_cleared(pruned, now, words)
         elif flow == FLOW_DEGRADATION_CLEARED and pruned is not None:
             decision = decide.degradation_cleared(pruned, now)
         elif (domain := self._domain_to_take(a, pruned)) is not None:
@@ -1177,10 +1181,11 @@ def _other_degradation(findings: Sequence[Finding], record: NodeRecord) -> bool:
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
-    """Cordoned for heat (or a fabric state that clears: an NVLink registration stuck, a Fabric Manager down), and
-    its rule no longer asks for the cordon (hysteresis, or the fabric's grace, inside it)."""
+    """Cordoned for heat (or a fabric state that clears: an NVLink registration stuck, a Fabric Manager down; a NIC
+    port the agent judges healthy again), and its rule no longer asks for the cordon (hysteresis, or the fabric's
+    grace, inside it; the agent's [network] clear_after_s for a NIC)."""
     kind = record.fault.kind if record.fault is not None else ""
-    if record.state != states.CORDONED or kind not in (KIND_THERMAL, *CLEARING_KINDS):
+    if record.state != states.CORDONED or kind not in (KIND_THERMAL, *CLEARING_KINDS, *NETWORK_KINDS):
         return False
     return not any(f.kind == kind and f.action == ACTION_CORDON for f in findings)
 

@@ -53,9 +53,11 @@ GPU_HEALTHY = "GPUHealthy"
 GPU_DRIVER_RESPONSIVE = "GPUDriverResponsive"
 GPU_COUNT_MATCHES = "GPUCountMatches"
 GPU_FABRIC_HEALTHY = "GPUFabricHealthy"
-AGENT_CONDITIONS = (GPU_HEALTHY, GPU_DRIVER_RESPONSIVE, GPU_COUNT_MATCHES, GPU_FABRIC_HEALTHY)
+# The node's RDMA NICs ([network], policy.network): reason "<Kind>:<nic>" (NicDown:mlx5_0), mapped to
+# [network]'s actions by rules of that policy (policy.network.condition_rules).
+GPU_NETWORK_HEALTHY = "GPUNetworkHealthy"
+AGENT_CONDITIONS = (GPU_HEALTHY, GPU_DRIVER_RESPONSIVE, GPU_COUNT_MATCHES, GPU_FABRIC_HEALTHY, GPU_NETWORK_HEALTHY)
 
-KIND_CONDITION = "condition"  # the Finding kind of a NodeCondition rule
 ANY_REASON = "*"
 STATUSES = ("True", "False", "Unknown")
 DEFERRED_SUFFIX = "Deferred"
@@ -71,6 +73,9 @@ def reason_for_action(action: str, urgent: bool = True) -> str:
     return f"Needs{words}" + ("" if urgent else DEFERRED_SUFFIX)
 
 
+KIND_CONDITION = "condition"  # the Finding kind of a NodeCondition rule
+
+
 # --- the table -------------------------------------------------------------------------------------
 
 
@@ -79,13 +84,18 @@ class ConditionRule:
     type: str
     status: str
     action: str
-    reason: str = ANY_REASON
+    reason: str = ANY_REASON  # exact; "*" any; "Prefix*" any that starts with Prefix
     urgent: bool = True
+    # The finding's kind: a NodeCondition's, or (rules the policy builds, not the file) the kind the reason
+    # names, with the code after the reason's ":" (GPUNetworkHealthy's NicDown:mlx5_0 → nic-down, mlx5_0).
+    kind: str = field(default=KIND_CONDITION, metadata={"internal": True})  # not a key of the file
 
     def matches(self, condition: Mapping[str, Any]) -> bool:
         if condition.get("type") != self.type or condition.get("status") != self.status:
             return False
-        return self.reason == ANY_REASON or condition.get("reason") == self.reason
+        if self.reason.endswith(ANY_REASON):
+            return str(condition.get("reason") or "").startswith(self.reason[:-1])
+        return condition.get("reason") == self.reason
 
 
 def _healthy_rules() -> tuple[ConditionRule, ...]:
@@ -151,8 +161,8 @@ class ConditionsPolicy:
     max_age_s: float = setting(900.0, "ignore a condition whose lastHeartbeatTime is older than this (its writer "
                                "stopped; the agent heartbeats every 300 s)", check=duration(1))
     rules: tuple[ConditionRule, ...] = field(default=DEFAULT_RULES, metadata={
-        "doc": "[[conditions.rules]] {type, status, reason (default *), action, urgent}; first match wins, "
-               "the file's rules before the agent's defaults",
+        "doc": "[[conditions.rules]] {type, status, reason (default *; Prefix* matches a prefix), action, "
+               "urgent}; first match wins, the file's rules before the agent's defaults",
         "parse": parse_rules})
 
     def action_refs(self, path: str) -> Iterator[tuple[str, str]]:
@@ -212,12 +222,16 @@ def _finding(node: str, condition: Mapping[str, Any], rule: ConditionRule) -> Fi
     gpus = tuple(sorted(set(GPU_UUID.findall(message))))
     if not gpus and rule.action == ACTION_RESET_GPU:
         text += " (the condition names no GPU: every GPU of the node is reset)"
-    return Finding(node, KIND_CONDITION, ctype, gpus, rule.action,
+    code = reason.partition(":")[2] or ctype if rule.kind != KIND_CONDITION else ctype
+    return Finding(node, rule.kind, code, gpus, rule.action,
                    f"condition:{ctype}:{status}:{reason}:{since}", text, rule.urgent)
 
 
-def condition_view(node: Mapping[str, Any], policy: ConditionsPolicy, now: float) -> ConditionView:
+def condition_view(node: Mapping[str, Any], policy: ConditionsPolicy, now: float,
+                   more_rules: Sequence[ConditionRule] = ()) -> ConditionView:
+    """``more_rules``: after the policy's (the [network] section's GPUNetworkHealthy rules)."""
     name = str((node.get("metadata") or {}).get("name", ""))
+    rules = (*policy.rules, *more_rules)
     if not policy.enabled:
         return ConditionView(name)
     found: list[Finding] = []
@@ -227,7 +241,7 @@ def condition_view(node: Mapping[str, Any], policy: ConditionsPolicy, now: float
         stale = is_stale(condition, policy.max_age_s, now)
         if condition["type"] in AGENT_CONDITIONS and not stale:
             reporting = True
-        rule = next((r for r in policy.rules if r.matches(condition)), None)
+        rule = next((r for r in rules if r.matches(condition)), None)
         if rule is None:
             continue
         if stale:

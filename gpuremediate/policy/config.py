@@ -25,6 +25,7 @@ from gpuremediate.policy.conditions import ConditionsPolicy
 from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.isolation import IsolationPolicy
+from gpuremediate.policy.network import NetworkPolicy
 from gpuremediate.policy.recovery_action import RecoveryActionPolicy
 from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
 from gpuremediate.policy.taint import TaintPolicy
@@ -201,6 +202,10 @@ class Policy:
     )
     fabric: FabricPolicy = field(
         default_factory=FabricPolicy, metadata={"doc": "NVLink domains (NVL72): fabric state, IMEX (operations.md)"}
+    )
+    network: NetworkPolicy = field(
+        default_factory=NetworkPolicy, metadata={"doc": "RDMA NIC ports (InfiniBand, RoCE) read by the agent "
+                                                        "(docs/network.md)"}
     )
 
 

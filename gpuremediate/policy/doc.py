@@ -129,6 +129,8 @@ def _array_of_tables(items: Sequence[Any], element: type, path: str, doc: str,
     for item in items or [element(**(example or {}))]:
         yield f"# [[{path}]]"
         for spec in fields(item):
+            if spec.metadata.get("internal"):
+                continue
             yield f"# {spec.name} = {toml_value(getattr(item, spec.name), f'{path}[].{spec.name}')}"
 
 
@@ -235,6 +237,8 @@ def _md_array(items: Sequence[Any], element: type, path: str, doc: str, example:
     for item in items or [element(**(example or {}))]:
         yield f"[[{path}]]"
         for spec in fields(item):
+            if spec.metadata.get("internal"):
+                continue
             yield f"{spec.name} = {toml_value(getattr(item, spec.name), f'{path}[].{spec.name}')}"
     yield "```"
     yield ""

@@ -19,7 +19,7 @@ from gpuremediate.policy.gpu_operator import PRODUCT_LABEL, SCOPE_NODE, GpuOpera
 from gpuremediate.policy.workflow import Rung, one_of
 from gpuremediate.vocab.findings import ACTION_RESET_GPU, Finding
 from gpuremediate.vocab.record import SCOPE_GPU, HistoryEntry
-from gpuremediate.vocab.schema import at_least, dns_subdomain, setting
+from gpuremediate.vocab.schema import dns_subdomain, duration, setting
 
 ISOLATION_SCOPES = ("node", "gpu")
 WITHOUT_DRA_DEVICE_PLUGIN = "device-plugin"
@@ -60,7 +60,7 @@ class IsolationPolicy:
     device_plugin_wait_s: float = setting(120.0, 'without_dra = "device-plugin": how long the node allocatable '
                                           "nvidia.com/gpu may stay at its capacity after the fault (the device plugin "
                                           "not marking the GPU unhealthy) before the fault goes node-level (cordon "
-                                          "and the usual drain)", check=at_least(1))
+                                          "and the usual drain)", check=duration(1))
 
     @property
     def gpu_level(self) -> bool:

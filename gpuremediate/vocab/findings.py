@@ -26,6 +26,12 @@ KIND_GPU_LOST = "gpu-lost"  # the driver cannot reach a GPU (nvidia-smi exit 15,
 KIND_SLOW_GPU = "slow-gpu"  # [degradation]: an outlier against its peers' clocks
 KIND_LINK_DEGRADED = "link-degraded"  # [degradation]: PCIe replays or NVLink errors rising
 KIND_TREND = "trend"  # [degradation] trends: error counters climbing before a failure
+# [network]: an RDMA NIC port (InfiniBand or RoCE) the agent reads from sysfs; the finding's code names the NIC.
+KIND_NIC_DOWN = "nic-down"  # not ACTIVE/LinkUp (or the device gone)
+KIND_NIC_DEGRADED = "nic-degraded"  # up, but trained below its expected rate
+KIND_NIC_FLAPPING = "nic-flapping"  # link_downed / carrier_changes rising
+KIND_NIC_ERRORS = "nic-errors"  # error counters rising faster than a threshold over a window
+NETWORK_KINDS = (KIND_NIC_DOWN, KIND_NIC_DEGRADED, KIND_NIC_FLAPPING, KIND_NIC_ERRORS)
 
 
 @dataclass(frozen=True)

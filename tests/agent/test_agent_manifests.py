@@ -66,8 +66,10 @@ def test_the_baseline_daemonset_is_unprivileged_and_mounts_the_host_read_only() 
     host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert host == {"kmsg": {"path": "/dev/kmsg", "type": "CharDevice"},
-                    "state": {"path": "/var/lib/gpuremediate-agent", "type": "DirectoryOrCreate"}}
-    assert mounts["kmsg"]["readOnly"] is True
+                    "state": {"path": "/var/lib/gpuremediate-agent", "type": "DirectoryOrCreate"},
+                    "sys": {"path": "/sys", "type": "Directory"}}
+    assert mounts["kmsg"]["readOnly"] is True and mounts["sys"]["readOnly"] is True
+    assert "--sysfs=/host/sys" in container["args"]
     assert not mounts["state"].get("readOnly")  # the resume point: its only write on the host
     assert [t for t in pod["tolerations"]] == [{"operator": "Exists"}]  # runs on nodes we cordon or taint
 

@@ -78,7 +78,8 @@ class World:
     def agent(self, smi: str | None = None, **settings: Any) -> Agent:
         options: dict[str, Any] = {"node_name": NODE, "kmsg_path": str(self.kmsg),
                                    "state_path": str(self.tmp / "state.json"),
-                                   "boot_id_path": str(self.tmp / "boot_id"), "smi_timeout_s": 0.5, **settings}
+                                   "boot_id_path": str(self.tmp / "boot_id"), "smi_timeout_s": 0.5,
+                                   "sysfs_root": str(self.tmp / "sys"), **settings}
         runner = SmiRunner()
         source = NvidiaSmiSource(smi or str(self.smi), NODE, options["smi_timeout_s"], runner=runner)
         agent = Agent(AgentSettings(**options), self.client, default_policy().for_node({}), smi=source,
@@ -122,7 +123,8 @@ def test_publishes_its_conditions_and_leaves_others(world: World) -> None:
     world.agent().cycle()
     assert statuses(world) == {
         c.GPU_HEALTHY: ("True", "NoGPUFault"), c.GPU_DRIVER_RESPONSIVE: ("True", "NvidiaSmiAnswered"),
-        c.GPU_COUNT_MATCHES: ("True", "CountMatches"), c.GPU_FABRIC_HEALTHY: ("True", "NoFatalSXid")}
+        c.GPU_COUNT_MATCHES: ("True", "CountMatches"), c.GPU_FABRIC_HEALTHY: ("True", "NoFatalSXid"),
+        c.GPU_NETWORK_HEALTHY: ("True", "NoRdmaDevice")}
     assert find_condition(world.node(), "KernelDeadlock") == NPD
 
 
