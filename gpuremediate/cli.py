@@ -297,6 +297,14 @@ def build_parser(prog: str = "gpuremediate") -> CliParser:
         "check", help="check this machine's GPUs with nvidia-smi", usage_exit=check.EXIT_USAGE,
         description="This machine's GPUs through nvidia-smi (and the kernel log), judged by the controller's policy.",
         epilog=check.EXIT_CODES_HELP))
+    from gpuremediate import preflight
+
+    preflight.add_arguments(sub.add_parser(
+        "preflight", help="check the GPUs given to this pod before its job starts (the webhook's init container)",
+        usage_exit=preflight.EXIT_USAGE,
+        description="The pod's GPUs through nvidia-smi (judged as check does), dcgmi diag -r 1 and an operator's "
+                    "command; a failure's one line goes to the termination log.",
+        epilog=preflight.EXIT_CODES_HELP))
     agent_cli.add_parser(sub)
     replay_cli.add_parser(sub)
     plugin = sub.add_parser("plugin", help="run a reference plugin (NVSentinel plugin contracts)")
@@ -394,6 +402,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
         from gpuremediate import check
 
         return check.main(args)
+    if args.command == "preflight":
+        from gpuremediate import preflight
+
+        return preflight.main(args)
     if args.command == "agent":
         from gpuremediate.agent import cli as agent_cli
 
