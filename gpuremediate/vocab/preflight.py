@@ -22,6 +22,8 @@ NAMESPACE_LABEL = "gpuremediate.io/preflight"  # on a namespace: "enabled" opts 
 NAMESPACE_ENABLED = "enabled"
 POD_ANNOTATION = "gpuremediate.io/preflight"  # on a pod: "skip" opts it out
 POD_SKIP = "skip"
+POD_LABEL = "gpuremediate.io/preflight"  # on a pod: the webhook added the preflight (its value: "injected")
+POD_INJECTED = "injected"
 KIND_PREFLIGHT = "preflight-failed"
 
 FAILED = "failed"
