@@ -166,11 +166,20 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="requests sent at once before --kube-api-qps paces them (a burst of cordons)")
     p.add_argument("--maintenance-group", default="gpuremediate.io",
                    help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
+    p.add_argument("--preflight-webhook-port", type=int, default=0,
+                   help="serve the preflight admission webhook over HTTPS on this port (0: off; docs/preflight.md)")
+    p.add_argument("--preflight-webhook-cert-dir", default="/etc/gpuremediate/webhook-tls",
+                   help="tls.crt and tls.key of the webhook (a mounted Secret; a rotated one is read again)")
+    p.add_argument("--preflight-image", default="",
+                   help="the image of the preflight init container (the controller's own)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     host, port = parse_addr(args.metrics_addr)
     return Settings(
+        preflight_webhook_port=args.preflight_webhook_port,
+        preflight_webhook_cert_dir=args.preflight_webhook_cert_dir,
+        preflight_image=args.preflight_image,
         kubeconfig=args.kubeconfig,
         context=args.context,
         policy_path=args.policy,

@@ -693,6 +693,7 @@ class DetectLoop:
                     if len(self._preflight_told) > 100_000:
                         self._preflight_told.clear()  # bounded: an old pod told twice at worst
                     self._preflight_told.add(failure.pod)
+                    self.ctx.metrics.preflights_failed.inc()
                     self.events.submit(functools.partial(preflight_notice.tell, self.ctx.events, failure, found[0]))
         return found
 
