@@ -168,7 +168,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
     p.add_argument("--preflight-webhook-port", type=int, default=0,
                    help="serve the preflight admission webhook over HTTPS on this port (0: off; docs/preflight.md)")
-    p.add_argument("--preflight-webhook-cert-dir", default="/etc/gpuremediate/webhook-tls",
+    p.add_argument("--preflight-webhook-cert-dir", default="/var/run/gpuremediate/webhook-tls",
                    help="tls.crt and tls.key of the webhook (a mounted Secret; a rotated one is read again)")
     p.add_argument("--preflight-image", default="",
                    help="the image of the preflight init container (the controller's own)")

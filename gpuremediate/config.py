@@ -76,7 +76,7 @@ class Settings:
     qps: float = 200.0
     burst: int = 400
     preflight_webhook_port: int = 0  # 0: the preflight webhook is not served (issue 46)
-    preflight_webhook_cert_dir: str = "/etc/gpuremediate/webhook-tls"
+    preflight_webhook_cert_dir: str = "/var/run/gpuremediate/webhook-tls"
     preflight_image: str = ""
 
     def validate(self) -> Settings:
