@@ -169,11 +169,20 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "stepped by two at once, and drain admissions (the budget) are decided one at a time")
     p.add_argument("--maintenance-group", default="gpuremediate.io",
                    help="API group of MaintenanceRequest (nvsentinel.dgxc.nvidia.com for NVSentinel's)")
+    p.add_argument("--preflight-webhook-port", type=int, default=0,
+                   help="serve the preflight admission webhook over HTTPS on this port (0: off; docs/preflight.md)")
+    p.add_argument("--preflight-webhook-cert-dir", default="/var/run/gpuremediate/webhook-tls",
+                   help="tls.crt and tls.key of the webhook (a mounted Secret; a rotated one is read again)")
+    p.add_argument("--preflight-image", default="",
+                   help="the image of the preflight init container (the controller's own)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     host, port = parse_addr(args.metrics_addr)
     return Settings(
+        preflight_webhook_port=args.preflight_webhook_port,
+        preflight_webhook_cert_dir=args.preflight_webhook_cert_dir,
+        preflight_image=args.preflight_image,
         kubeconfig=args.kubeconfig,
         context=args.context,
         policy_path=args.policy,
@@ -301,6 +310,14 @@ def build_parser(prog: str = "gpuremediate") -> CliParser:
         "check", help="check this machine's GPUs with nvidia-smi", usage_exit=check.EXIT_USAGE,
         description="This machine's GPUs through nvidia-smi (and the kernel log), judged by the controller's policy.",
         epilog=check.EXIT_CODES_HELP))
+    from gpuremediate import preflight
+
+    preflight.add_arguments(sub.add_parser(
+        "preflight", help="check the GPUs given to this pod before its job starts (the webhook's init container)",
+        usage_exit=preflight.EXIT_USAGE,
+        description="The pod's GPUs through nvidia-smi (judged as check does), dcgmi diag -r 1 and an operator's "
+                    "command; a failure's one line goes to the termination log.",
+        epilog=preflight.EXIT_CODES_HELP))
     agent_cli.add_parser(sub)
     replay_cli.add_parser(sub)
     plugin = sub.add_parser("plugin", help="run a reference plugin (NVSentinel plugin contracts)")
@@ -398,6 +415,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
         from gpuremediate import check
 
         return check.main(args)
+    if args.command == "preflight":
+        from gpuremediate import preflight
+
+        return preflight.main(args)
     if args.command == "agent":
         from gpuremediate.agent import cli as agent_cli
 

@@ -79,6 +79,9 @@ class Settings:
     # Priority and Fairness keeps a burst within its flow's share (429 + Retry-After, honoured).
     qps: float = 200.0
     burst: int = 400
+    preflight_webhook_port: int = 0  # 0: the preflight webhook is not served (issue 46)
+    preflight_webhook_cert_dir: str = "/var/run/gpuremediate/webhook-tls"
+    preflight_image: str = ""
 
     def validate(self) -> Settings:
         """Every flag checked at start, so a bad one is one clear line and exit 2, never a fault later."""
@@ -107,6 +110,11 @@ class Settings:
         check_host(self.metrics_host, "--metrics-addr")
         if not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"--metrics-addr: port out of range: {self.metrics_port}")
+        if not 0 <= self.preflight_webhook_port <= 65535:
+            raise SettingsError("--preflight-webhook-port: expected 0 (off) to 65535, got "
+                                f"{self.preflight_webhook_port}")
+        if self.preflight_webhook_port and not self.preflight_image.strip():
+            raise SettingsError("--preflight-image is required with --preflight-webhook-port (the controller's image)")
         if not 1 <= self.exporter_port <= 65535:
             raise SettingsError(f"--exporter-port: expected 1-65535, got {self.exporter_port}")
         if not self.exporter_path.startswith("/") or any(c.isspace() for c in self.exporter_path):

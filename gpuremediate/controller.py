@@ -6,6 +6,7 @@ Wiring only; every decision lives in ``state``/``policy`` and every effect in ``
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +48,8 @@ from gpuremediate.signals.alerts import AlertsError, AlertsReader
 from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Source
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, record_from_node
+from gpuremediate.webhook.mutate import Settings as WebhookSettings
+from gpuremediate.webhook.server import CertificateFiles, WebhookServer
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +373,7 @@ class Controller:
         server = ObservabilityServer(self.metrics.registry, self.ready, self.settings.metrics_host,
                                      self.settings.metrics_port, alive=self.alive).start()
         log.info("observability port open", extra={"port": server.port})
+        webhook = self._start_webhook()
         elector: LeaderElector | None = None
         shards = self.shards
         try:
@@ -399,6 +403,25 @@ class Controller:
             if shards is not None:
                 shards.stop(RELEASE_BOUND_S)
             server.stop()
+            if webhook is not None:
+                webhook.stop()
+
+    def _start_webhook(self) -> WebhookServer | None:
+        """The preflight webhook (issue 46) on every replica, from the policy's defaults (a pod has no node yet)."""
+        settings = self.settings
+        if not settings.preflight_webhook_port:
+            return None
+        certs = CertificateFiles(os.path.join(settings.preflight_webhook_cert_dir, "tls.crt"),
+                                 os.path.join(settings.preflight_webhook_cert_dir, "tls.key"))
+
+        def current() -> WebhookSettings:
+            defaults = self.ctx.policy.defaults
+            return WebhookSettings(settings.preflight_image, defaults.preflight, defaults.gpu_resources.names)
+
+        webhook = WebhookServer(current, certs, settings.metrics_host, settings.preflight_webhook_port,
+                                observe=self.metrics.preflight_admission).start()
+        log.info("preflight webhook port open", extra={"port": webhook.port})
+        return webhook
 
     def _sync_caches(self, shutdown: Shutdown, timeout: float) -> bool:
         """start_caches, giving up when no page of the Node list came for ``timeout`` (a fleet's first list may

@@ -151,7 +151,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("actions",),  # effects on the cluster
     ("plugins",),
     ("loops",),
-    ("replay", "agent", "check", "structured"),
+    ("replay", "agent", "check", "preflight", "structured", "webhook"),
     ("fleet",),
     ("controller",),
     ("demo",),

@@ -91,10 +91,10 @@ class Informer:
         transform: Transform | None = None,
     ) -> None:
         if res.kind == "Pod" and not namespace and not (field_selector or "").startswith("spec.nodeName=") \
-                and not (field_selector == FAILED_PODS and transform is not None):
+                and not ((field_selector == FAILED_PODS or label_selector) and transform is not None):
             raise ValueError("pods are never cached cluster-wide: an Informer on pods needs a namespace, "
-                             "fieldSelector spec.nodeName=<node> (one node's pods), or status.phase=Failed with a "
-                             "transform that keeps a few fields of each")
+                             "fieldSelector spec.nodeName=<node> (one node's pods), or status.phase=Failed (or a "
+                             "labelled subset) with a transform that keeps a few fields of each")
         self.client = client
         self.transform = transform or default_transform(res)
         self.last_error = ""  # why the last list failed ("" once one succeeded)

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gpuremediate.actions import preflight_notice
 from gpuremediate.actions.breaker import SOURCE_NEVER_READ, SOURCE_SLOW, SourceProblem
 from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.held import held_by_us
@@ -67,6 +68,7 @@ from gpuremediate.policy.fabric import (
 )
 from gpuremediate.policy.isolation import node_level_reason
 from gpuremediate.policy.network import condition_rules
+from gpuremediate.policy.preflight import PreflightJudge, PreflightPolicy
 from gpuremediate.policy.workload import WorkloadJudge, WorkloadPolicy
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
@@ -176,6 +178,8 @@ class DetectLoop:
         self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
         self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
         self.workload_judge = WorkloadJudge(self.workload)
+        self.preflight_judge = PreflightJudge(self.workload)  # failed preflights (issue 46), from the same watch
+        self._preflight_told: set[str] = set()  # failed preflight pods (namespace/name) whose owners were told
         self._failed_pods: FailedPodsWatch | None = None  # started by start() where a group enables [workload]
         self.workload_fed = False  # the signal is fed (by that watch, or by the replay's history): it may count
         self.trend_maintenance: TrendMaintenance | None = None  # set once the maintenance loop runs (CRD served)
@@ -212,8 +216,9 @@ class DetectLoop:
         self._started = time.monotonic()
         self.ctx.metrics.fleet_unknown.set(1.0)  # nothing read yet: health unknown until the first read says
         policies = (self.ctx.policy.defaults, *(g.policy for g in self.ctx.policy.groups))
-        if any(p.workload.enabled for p in policies):
-            self._failed_pods = FailedPodsWatch(self.ctx.client, self.workload)
+        if any(p.workload.enabled or p.preflight.enabled for p in policies):
+            preflight = any(p.preflight.enabled for p in policies)
+            self._failed_pods = FailedPodsWatch(self.ctx.client, self.workload, preflight=preflight)
             self._failed_pods.start()
             self.workload_fed = True
         start_source = getattr(self.source, "start", None)
@@ -604,7 +609,8 @@ class DetectLoop:
         now = self.ctx.clock()
         policy = self.ctx.policy_for(node)
         view = condition_view(node, policy.conditions, now, condition_rules(policy.network))
-        workload = self.workload_findings(name, policy.workload, now)
+        workload = [*self.workload_findings(name, policy.workload, now),
+                    *self.preflight_findings(name, policy.preflight, now)]
         if readings is None or readings.status != SOURCE_OK:
             reason = (readings.reason if readings is not None else self._why_no_readings()) or "unknown"
             verdict = merge_node((), False, reason, view, workload)
@@ -677,6 +683,21 @@ class DetectLoop:
             return []
         return self.workload_judge.findings(node, now, min_pods=policy.min_pods, window_s=policy.window_s,
                                       action=policy.action)
+
+    def preflight_findings(self, node: str, policy: PreflightPolicy, now: float) -> list[Finding]:
+        """The node's failed-preflight finding now; each failed pod and its owner told once (a Warning Event)."""
+        if not policy.enabled or not self.workload_fed:
+            return []
+        found = self.preflight_judge.findings(node, now, policy)
+        if found:
+            for failure in self.preflight_judge.failed(node, now, policy.window_s):
+                if failure.pod not in self._preflight_told:
+                    if len(self._preflight_told) > 100_000:
+                        self._preflight_told.clear()  # bounded: an old pod told twice at worst
+                    self._preflight_told.add(failure.pod)
+                    self.ctx.metrics.preflights_failed.inc()
+                    self.events.submit(functools.partial(preflight_notice.tell, self.ctx.events, failure, found[0]))
+        return found
 
     def _flow(self, a: Assessed) -> tuple[str, NodeRecord | None]:
         """Which step the node takes (FLOW_*), with its record pruned of the fingerprints no longer reported."""

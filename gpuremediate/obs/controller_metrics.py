@@ -80,6 +80,15 @@ class ControllerMetrics:
             PREFIX + "domain_action_trays_total", "Trays taken into their NVLink domain's domain action ([fabric] "
             "domain_action), by the action: one per tray of each domain decision.", ["action"]
         )
+        self.preflight_admissions = Counter(
+            PREFIX + "preflight_admissions_total", "Pods the preflight webhook answered, by what it decided.",
+            ["result"])
+        self.preflight_admission_seconds = Histogram(
+            PREFIX + "preflight_admission_seconds", "Time the preflight webhook took to answer one AdmissionReview.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.preflights_failed = Counter(
+            PREFIX + "preflights_failed_total", "Pods whose preflight failed a GPU, as the failed-pod watch read "
+            "them (each pod once).")
         self.notifications = Counter(
             PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
             ["kind", "result"],
@@ -172,6 +181,9 @@ class ControllerMetrics:
             self.domain_nodes_out,
             self.domain_action_trays,
             self.notifications,
+            self.preflight_admissions,
+            self.preflight_admission_seconds,
+            self.preflights_failed,
             self.scrape_seconds,
             self.scrape_errors,
             self.scrape_malformed,
@@ -195,6 +207,10 @@ class ControllerMetrics:
             self.clock_offset,
         ):
             r.register(metric)
+
+    def preflight_admission(self, result: str, seconds: float) -> None:
+        self.preflight_admissions.inc(result=result)
+        self.preflight_admission_seconds.observe(seconds)
 
     def count_api_error(self, exc: errors.KubeError) -> None:
         reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"

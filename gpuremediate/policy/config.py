@@ -26,6 +26,7 @@ from gpuremediate.policy.fabric import FabricPolicy
 from gpuremediate.policy.gpu_operator import GpuOperatorPolicy
 from gpuremediate.policy.isolation import IsolationPolicy
 from gpuremediate.policy.network import NetworkPolicy
+from gpuremediate.policy.preflight import PreflightPolicy
 from gpuremediate.policy.recovery_action import RecoveryActionPolicy
 from gpuremediate.policy.selector import Selector, SelectorError, parse_selector
 from gpuremediate.policy.taint import TaintPolicy
@@ -196,6 +197,9 @@ class Policy:
     )
     workload: WorkloadPolicy = field(
         default_factory=WorkloadPolicy, metadata={"doc": "pods failing on a node with GPU errors as a finding"}
+    )
+    preflight: PreflightPolicy = field(
+        default_factory=PreflightPolicy, metadata={"doc": "the GPU preflight before a pod starts (docs/preflight.md)"}
     )
     recovery_action: RecoveryActionPolicy = field(
         default_factory=RecoveryActionPolicy, metadata={"doc": "the driver's recovery action for a GPU (DCGM 1523)"}

@@ -69,6 +69,7 @@ from gpuremediate.replay.result import (
     Wait,
 )
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.signals.workload import PREFLIGHT
 from gpuremediate.state import maintenance as mr
 from gpuremediate.vocab import states
 from gpuremediate.vocab.degradation import DegradationPolicy
@@ -196,6 +197,11 @@ def uses_workload(policy: PolicyFile) -> bool:
     return any(p.workload.enabled for p in (policy.defaults, *(g.policy for g in policy.groups)))
 
 
+def uses_preflight(policy: PolicyFile) -> bool:
+    """Some node group reads failed preflights (``[preflight]``, on by default): the pods are fed for them too."""
+    return any(p.preflight.enabled for p in (policy.defaults, *(g.policy for g in policy.groups)))
+
+
 def uses_degradation(policy: PolicyFile) -> bool:
     """Some node group finds slow GPUs, degraded links or trends (``[degradation]``)."""
     return any(p.degradation.enabled or p.degradation.trends for p in (policy.defaults, *(g.policy for g in
@@ -295,7 +301,7 @@ class Replay:
         self.detect.events = _Immediate(self.events)  # type: ignore[assignment]  # no worker thread in a replay
         self.degradation = uses_degradation(policy)
         self._open_findings: dict[str, Sighting] = {}  # fingerprint -> the degradation finding, while found
-        self.workload = uses_workload(policy)
+        self.workload = uses_workload(policy) or uses_preflight(policy)
         self.detect.workload_fed = self.workload  # the engine feeds the signal the history's pods, at their time
         self._pods_fed = 0  # history.pods[:_pods_fed] went to the signal
         self._workload_nodes: dict[str, _PodRun] = {}  # node -> its GPU failures fed, while they may count
@@ -316,7 +322,7 @@ class Replay:
             self.result.notes.append(f"failed pods with GPU errors on {len(elsewhere)} node(s) not replayed (no "
                                      "metrics, not in the Node list): " + ", ".join(elsewhere[:5])
                                      + (" ..." if len(elsewhere) > 5 else ""))
-        if history.pods and not self.workload:
+        if history.pods and not uses_workload(self.ctx.policy):
             self.result.notes.append(f"{len(history.pods)} failed pod(s) in the history not counted: [workload] "
                                      "is off in every node group")
 
@@ -387,6 +393,7 @@ class Replay:
         """The pods failed by now go to the workload signal (``seen``, as the watch's handlers call it); the nodes
         whose workload finding came, changed or went are assessed now (the others' decisions cannot change)."""
         now, pods = self.clock(), self.history.pods
+        preflight: set[str] = set()  # nodes with a failed preflight now: assessed now (issue 46)
         while self._pods_fed < len(pods) and pods[self._pods_fed].at <= now:
             pod = pods[self._pods_fed]
             self._pods_fed += 1
@@ -394,11 +401,14 @@ class Replay:
             failure, node = pod.failure, self.cluster.nodes.get(pod.node)
             if failure is None or node is None:
                 continue
+            if failure.how == PREFLIGHT:
+                preflight.add(failure.node)
+                continue
             rules = self.ctx.policy_for(node).workload
             if rules.enabled and now - failure.at <= rules.window_s:  # it may count (one older never does)
                 run = self._workload_nodes.setdefault(failure.node, _PodRun(failure.at, failure.at))
                 run.last, run.pods = max(run.last, failure.at), run.pods + 1
-        return self._watch_workload(now)
+        return self._watch_workload(now) | preflight
 
     def _watch_workload(self, now: float) -> set[str]:
         """Each node's workload finding now (what the detect loop's assessment finds at this instant): its stretch

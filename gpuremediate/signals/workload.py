@@ -12,6 +12,11 @@ a few strings per failed pod, never the pods. A failure counts when it names the
   busy or unavailable, an uncorrectable ECC error, a lost or fallen-off GPU, NVML failing to initialise.
 
 An application's own CUDA bug (an illegal memory access, out of memory) is not the node's fault and does not count.
+
+A failed preflight (issue 46) is read here too: the init container ``gpuremediate-preflight`` (the webhook's) ended
+non-zero with a ``preflight failed: GPU ...`` line (``vocab.preflight``). Its "unknown" line is never a failure, and
+nothing else it says is matched against the GPU errors above. A pod whose restartPolicy restarts its init container
+never reaches Failed: a second watch reads the Pending pods the webhook labelled (``gpuremediate.io/preflight``).
 This module reads (failed pods → failures by node); ``policy.workload`` judges them.
 """
 
@@ -27,9 +32,14 @@ from typing import Any
 from gpuremediate.kube.cache import FAILED_PODS, Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
+from gpuremediate.vocab.preflight import CONTAINER_NAME, FAILED, POD_LABEL, parse_message
 
 ADMISSION = "admission"
 CONTAINER = "container"
+PREFLIGHT = "preflight"  # the preflight init container failed a GPU
+NOT_PREFLIGHT = frozenset({ADMISSION, CONTAINER})
+PREFLIGHT_PENDING = "status.phase=Pending"  # with label POD_LABEL: a preflight restarted in place
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 # A container's termination message or reason that says the GPU itself is unusable (CUDA runtime/driver API
 # error names and their messages, NVML's, the driver's).
@@ -51,8 +61,10 @@ class Failure:
     pod: str  # namespace/name
     node: str
     at: float  # when it failed (its condition's or container's time; 0: unknown)
-    how: str  # ADMISSION | CONTAINER
+    how: str  # ADMISSION | CONTAINER | PREFLIGHT
     text: str  # what it said
+    uid: str = ""  # PREFLIGHT: the pod's uid and its controller / JobSet (apiVersion, kind, name, uid): who is told
+    owners: tuple[tuple[str, str, str, str], ...] = ()
 
 
 def reduce(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,7 +80,16 @@ def reduce(pod: Mapping[str, Any]) -> dict[str, Any]:
         at = _failed_at(pod) or _seconds(meta.get("creationTimestamp") or "")
         kept["gpuFailure"] = {"node": str((pod.get("spec") or {}).get("nodeName") or ""), "at": at,
                               "how": found[0], "text": found[1][:MAX_TEXT]}
+        if found[0] == PREFLIGHT:
+            kept["gpuFailure"] |= {"uid": str(meta.get("uid") or ""), "owners": _owners(meta)}
     return kept
+
+
+def _owners(meta: Mapping[str, Any]) -> list[list[str]]:
+    found = [[str(r.get("apiVersion", "")), str(r["kind"]), str(r["name"]), str(r.get("uid", ""))]
+             for r in meta.get("ownerReferences") or [] if r.get("controller") and r.get("kind") and r.get("name")]
+    jobset = (meta.get("labels") or {}).get(JOBSET_LABEL)
+    return found + ([["jobset.x-k8s.io/v1alpha2", "JobSet", str(jobset), ""]] if jobset else [])
 
 
 def failure_of(reduced: Mapping[str, Any]) -> Failure | None:
@@ -76,8 +97,9 @@ def failure_of(reduced: Mapping[str, Any]) -> Failure | None:
     if not isinstance(found, Mapping) or not found.get("node"):
         return None
     meta = reduced.get("metadata") or {}
+    owners = tuple((str(a), str(k), str(n), str(u)) for a, k, n, u in found.get("owners") or [])
     return Failure(f"{meta.get('namespace', '')}/{meta.get('name', '')}", str(found["node"]), float(found["at"]),
-                   str(found["how"]), str(found["text"]))
+                   str(found["how"]), str(found["text"]), str(found.get("uid") or ""), owners)
 
 
 def _gpu_error(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -86,6 +108,11 @@ def _gpu_error(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     if status.get("reason") == "UnexpectedAdmissionError" and GPU_RESOURCE.search(message):
         return ADMISSION, message
     for container in (*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])):
+        if container.get("name") == CONTAINER_NAME:
+            failed = _preflight_failed(container)
+            if failed:
+                return PREFLIGHT, failed
+            continue  # its "unknown", or anything else it says, is no GPU error
         for state in (container.get("state") or {}, container.get("lastState") or {}):
             ended = state.get("terminated") or {}
             text = f"{ended.get('reason') or ''} {ended.get('message') or ''}".strip()
@@ -94,11 +121,23 @@ def _gpu_error(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _preflight_failed(container: Mapping[str, Any]) -> str:
+    """The preflight's ``failed`` line, from its last or current termination; "" when it passed or could not tell."""
+    for state in (container.get("state") or {}, container.get("lastState") or {}):
+        ended = state.get("terminated") or {}
+        message = str(ended.get("message") or "")
+        parsed = parse_message(message)
+        if ended.get("exitCode") not in (None, 0) and parsed is not None and parsed.result == FAILED:
+            return message.strip().splitlines()[0]
+    return ""
+
+
 def _failed_at(pod: Mapping[str, Any]) -> float:
     status = pod.get("status") or {}
     stamps = [c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    for container in status.get("containerStatuses") or []:
+    for container in (*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])):
         stamps.append(((container.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        stamps.append(((container.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
     stamps.append(status.get("startTime"))
     return max((_seconds(s) for s in stamps if s), default=0.0)
 
@@ -138,26 +177,34 @@ class WorkloadSignal:
             if not pods:
                 self._by_node.pop(node, None)
 
-    def failures(self, node: str, now: float, window_s: float) -> list[Failure]:
-        """The node's failures within ``window_s``; older ones (an hour at least) are forgotten here."""
+    def failures(self, node: str, now: float, window_s: float, hows: frozenset[str] = NOT_PREFLIGHT) -> list[Failure]:
+        """The node's failures of these kinds within ``window_s``; older ones (an hour at least) are forgotten."""
         keep_s = max(window_s, 3600.0)
         with self._lock:
             for key in [k for k, f in self._by_node.get(node, {}).items() if now - f.at > keep_s]:
                 self._drop(key)
             found = self._by_node.get(node, {}).values()
-            return sorted((f for f in found if now - f.at <= window_s), key=lambda f: (f.at, f.pod))
+            return sorted((f for f in found if now - f.at <= window_s and f.how in hows), key=lambda f: (f.at, f.pod))
 
 
 class FailedPodsWatch:
-    """The one watch of the cluster's Failed pods, reduced as they come, feeding ``signal``."""
+    """The one watch of the cluster's Failed pods, reduced as they come, feeding ``signal``; with ``preflight``, also
+    the Pending pods the preflight webhook labelled (an init container restarted in place: the pod never fails)."""
 
-    def __init__(self, client: KubeClient, signal: WorkloadSignal) -> None:
+    def __init__(self, client: KubeClient, signal: WorkloadSignal, preflight: bool = False) -> None:
         self.signal = signal
-        self.informer = Informer(client, PODS, field_selector=FAILED_PODS, transform=reduce)
-        self.informer.add_handler(on_add=signal.seen, on_update=lambda _old, new: signal.seen(new))
+        self.informers = [Informer(client, PODS, field_selector=FAILED_PODS, transform=reduce)]
+        if preflight:
+            self.informers.append(Informer(client, PODS, label_selector=POD_LABEL, field_selector=PREFLIGHT_PENDING,
+                                           transform=reduce))
+        for informer in self.informers:
+            informer.add_handler(on_add=signal.seen, on_update=lambda _old, new: signal.seen(new))
+        self.informer = self.informers[0]
 
     def start(self) -> None:
-        self.informer.start()
+        for informer in self.informers:
+            informer.start()
 
     def stop(self) -> None:
-        self.informer.stop()
+        for informer in self.informers:
+            informer.stop()
