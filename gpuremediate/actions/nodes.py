@@ -403,6 +403,10 @@ class NodeWriter:
         self.events.node_event(name, "GPUNodeHealthy", "the fault cleared: hold lifted, uncordoned", NORMAL)
         return result
 
+    def forget(self, name: str) -> None:
+        """The Node is gone: what was kept under its name goes."""
+        self._record_written(name)
+
     def _record_written(self, name: str) -> None:
         with self._refused_lock:
             if self._refused.pop(name, None) is not None:
