@@ -32,6 +32,7 @@ from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.loops.maintenance import MaintenanceLoop
+from gpuremediate.loops.node_gone import NodeGone
 from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.trend_maintenance import TrendMaintenance
@@ -220,7 +221,9 @@ class Controller:
             DrainLoop(self.ctx, alerts, alerts_problem), RemediateLoop(self.ctx), ValidateLoop(self.ctx),
             QuarantineLoop(self.ctx),
         ]
-        self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new))
+        self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new),
+                                  on_delete=self._on_node_deleted)
+        self.node_gone = NodeGone(self.ctx, self._forget_node)
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
         self.acting = False
         self._left_mid_flow: set[str] = set()  # nodes told to be out of the selector while in a flow
@@ -241,6 +244,16 @@ class Controller:
             loop.on_node(node)
         if self.maintenance is not None:
             self.maintenance.on_node(node)
+
+    def _on_node_deleted(self, node: dict[str, Any]) -> None:
+        """Off the informer's thread: the cleanup makes API calls (loops.node_gone)."""
+        if self.acting:
+            self.reports.submit(lambda: self.node_gone.on_deleted(node))
+
+    def _forget_node(self, name: str) -> None:
+        self._left_mid_flow.discard(name)
+        self.detect.forget_node(name)
+        self.ctx.writer.forget(name)
 
     def _note_left_mid_flow(self, node: Mapping[str, Any]) -> None:
         """A node relabelled out of --gpu-node-selector while its record says it is in a flow is no longer acted

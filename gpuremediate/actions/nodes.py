@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuremediate.actions import held
+from gpuremediate.actions.autoscaler_marks import MARKS, marks_change
 from gpuremediate.actions.dry_run_journal import DryRunJournal
 from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
 from gpuremediate.actions.node_status import (
@@ -202,11 +203,13 @@ OWN_PREFIX = "gpuremediate.io/"  # every Node annotation the controller reads is
 
 def decision_inputs(node: Mapping[str, Any]) -> dict[str, Any]:
     """What of a Node any decision reads: all of it, as the node cache holds it (``strip_node``), but its version,
-    others' annotations, and the writes that say nothing new (the conditions' heartbeat times, our own
-    GPURemediation condition, published after each write). Labels all count: a group's selector may read any."""
+    others' annotations (the autoscaler marks excepted), and the writes that say nothing new (the conditions'
+    heartbeat times, our own GPURemediation condition, published after each write). Labels all count: a group's
+    selector may read any."""
     node = strip_node(dict(node))
     meta = {k: v for k, v in (node.get("metadata") or {}).items() if k not in NOISE_METADATA}
-    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(OWN_PREFIX)}
+    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
+                           if k.startswith(OWN_PREFIX) or k in MARKS}  # the marks' patch was built from them
     status = dict(node.get("status") or {})
     status["conditions"] = [{k: v for k, v in cond.items() if k != "lastHeartbeatTime"}
                             for cond in status.get("conditions") or [] if cond.get("type") != REMEDIATION_CONDITION]
@@ -273,6 +276,9 @@ class NodeWriter:
         """Write ``record`` (and the cordon / uncordon) guarded by the node's resourceVersion."""
         name, rv = name_of(node), _rv(node)
         record, taints = self._with_taint(node, record)
+        previous = record_from_node(node)
+        marks = marks_change(node, record, previous.marked_by_us if isinstance(previous, NodeRecord) else ())
+        record = dataclasses.replace(record, marked_by_us=marks.marked_by_us)
         if self.taint.enabled and self.taint.instead_of_cordon:
             # The taint keeps pods off: no new cordon. A cordon of ours from before the setting (the record as
             # read says so) stays ours, and is still lifted when the flow ends.
@@ -286,6 +292,7 @@ class NodeWriter:
         patch = node_patch(record, unschedulable=unschedulable, resource_version=rv or None, owner=node)
         if taints is not None:
             patch.setdefault("spec", {}).update(taints["spec"])
+        patch["metadata"]["annotations"].update(marks.annotations)
         if held.held_by_us(node):
             patch["metadata"]["labels"][held.HELD_LABEL] = None  # the record fits now: it says why from here
         before = _blocked_text(node)
@@ -397,6 +404,10 @@ class NodeWriter:
         self._patch_condition(name, condition)
         self.events.node_event(name, "GPUNodeHealthy", "the fault cleared: hold lifted, uncordoned", NORMAL)
         return result
+
+    def forget(self, name: str) -> None:
+        """The Node is gone: what was kept under its name goes."""
+        self._record_written(name)
 
     def _record_written(self, name: str) -> None:
         with self._refused_lock:

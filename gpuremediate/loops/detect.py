@@ -430,6 +430,12 @@ class DetectLoop:
                         extra={"node": name_of(node), "error": str(exc)})
             return None
 
+    def forget_node(self, name: str) -> None:
+        """A Node deleted: what was kept about its name goes (one that joins later under it starts fresh)."""
+        for table in (self.memory, self.unknown, self.ctx.readings):
+            table.pop(name, None)
+        self.evented_unknown.discard(name)
+
     def _forget_others(self, owned: Sequence[Node]) -> None:
         """Nodes of shards no longer held: their holder reports and remembers them (the record keeps the policy
         memory, read again if the shard comes back)."""

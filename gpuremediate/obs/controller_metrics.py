@@ -152,6 +152,11 @@ class ControllerMetrics:
             PREFIX + "nodes_record_refused",
             "GPU nodes whose record the API server refuses (annotations full): their fault is held, not acted on.",
         )
+        self.nodes_deleted_mid_flow = Counter(
+            PREFIX + "nodes_deleted_mid_flow_total",
+            "GPU nodes deleted by someone else while in a flow, by the state they were in (the flow ended there).",
+            ["state"],
+        )
         self.mode_waiting = Gauge(
             PREFIX + "mode_handover_waiting",
             "1 while this replica acts on nothing because replicas of another --leader-elect / --shards mode act.",
@@ -204,6 +209,7 @@ class ControllerMetrics:
             self.shard_nodes,
             self.mode_waiting,
             self.records_refused,
+            self.nodes_deleted_mid_flow,
             self.clock_offset,
         ):
             r.register(metric)

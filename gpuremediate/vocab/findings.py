@@ -14,6 +14,8 @@ ACTION_QUARANTINE = "quarantine"  # needs a person (RMA)
 BUILTIN_ACTIONS = (ACTION_NONE, ACTION_CORDON, ACTION_RESET_GPU, ACTION_REBOOT, ACTION_QUARANTINE)
 # Drain, then validate, with no repair between: only [degradation] recommends it (a slow GPU may need no repair).
 ACTION_DRAIN = "drain"
+# Replace the node (its Cluster API Machine or Karpenter NodeClaim deleted, or a provider's resource): issue 47.
+ACTION_REPLACE = "replace"
 
 # Finding kinds
 KIND_XID = "xid"

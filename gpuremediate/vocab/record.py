@@ -206,6 +206,8 @@ class NodeRecord:
     cordoned_by_us: bool = False  # we set spec.unschedulable (so we may undo it)
     was_unschedulable: bool = False  # unschedulable before we touched it: never uncordon
     tainted_by_us: bool = False  # we added the [taint] taint (so we may remove it; never one someone else set)
+    # The autoscaler marks (actions/autoscaler_marks) we added while in remediation: only those are taken off.
+    marked_by_us: tuple[str, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
     handled: tuple[str, ...] = ()  # fingerprints of faults already dealt with
     blocked: Blocked | None = None
@@ -362,6 +364,7 @@ def from_dict(data: object) -> NodeRecord:
         cordoned_by_us=obj.opt("cordoned_by_us", bool, False),
         was_unschedulable=obj.opt("was_unschedulable", bool, False),
         tainted_by_us=obj.opt("tainted_by_us", bool, False),
+        marked_by_us=tuple(obj.strings("marked_by_us")),
         history=tuple(obj.items("history", _history))[-HISTORY_LIMIT:],
         handled=tuple(obj.strings("handled"))[-HANDLED_LIMIT:],
         blocked=obj.nested("blocked", _blocked),

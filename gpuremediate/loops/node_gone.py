@@ -1,0 +1,122 @@
+"""A Node deleted while its record says it is in a flow (someone else's doing: an autoscaler, a person, a cloud).
+
+The record went with the Node, so nothing else would end the flow: the node informer's delete handler hands the
+last state it saw here (off the informer's thread), and this
+
+- says it: a Warning Event ``GPUNodeDeletedMidFlow`` on the Node (its name and uid: the Event outlives it), a log
+  line and ``gpuremediate_nodes_deleted_mid_flow_total{state}``;
+- cleans what the flow made for that node: our Jobs on it (a validation Job's ResourceClaim is owned by its Job and
+  goes with it), its DrainRequests (``[customDrain]``), its DeviceTaintRules;
+- forgets what the controller kept about the name in memory, so a Node that joins later under the same name (a new
+  uid) starts fresh, as its missing record says.
+
+The budget slot needs nothing: the budget counts the nodes the informer lists, and a sharded replica's claim in
+``gpuremediate-budget`` is pruned once a fresh read finds no such node (``actions.budget_claims``). A node our own
+``replace`` took away is not "someone else's": only its objects are cleaned here, the replacement says the rest.
+In a dry run nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuremediate.actions.custom import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NVSENTINEL_NODE_LABEL,
+    CustomResources,
+    Ref,
+    label_value,
+)
+from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
+from gpuremediate.actions.events import WARNING
+from gpuremediate.actions.jobs import delete_job
+from gpuremediate.actions.nodes import name_of
+from gpuremediate.kube import errors
+from gpuremediate.loops.base import LoopContext
+from gpuremediate.vocab import states
+from gpuremediate.vocab.findings import ACTION_REPLACE
+from gpuremediate.vocab.record import NodeRecord, record_from_node
+
+log = logging.getLogger(__name__)
+
+EVENT_REASON = "GPUNodeDeletedMidFlow"
+
+
+class NodeGone:
+    def __init__(self, ctx: LoopContext, forget: Callable[[str], None],
+                 replaced: Callable[[Mapping[str, Any], NodeRecord], None] | None = None) -> None:
+        """``forget``: drops what the loops keep in memory under a node name; ``replaced``: told of a node our own
+        ``replace`` took away."""
+        self.ctx = ctx
+        self.forget = forget
+        self.replaced = replaced
+
+    def on_deleted(self, node: Mapping[str, Any]) -> None:
+        """The informer's last view of a deleted Node. Never raises (it runs on the report queue's thread)."""
+        name = name_of(node)
+        self.forget(name)
+        record = record_from_node(node)
+        if not isinstance(record, NodeRecord) or record.state == states.HEALTHY or not self.ctx.owns(name):
+            return
+        ours = record.action is not None and record.action.kind == ACTION_REPLACE
+        try:
+            cleaned = self.clean(name, node, record)
+        except Exception as exc:  # one node's cleanup never stops the queue's thread
+            log.exception("cleanup after a node's deletion failed", extra={"node": name, "error": str(exc)})
+            cleaned = [f"cleanup failed ({exc})"]
+        if ours:
+            if self.replaced is not None:
+                self.replaced(node, record)
+            return
+        self.report(node, record, cleaned)
+
+    def report(self, node: Mapping[str, Any], record: NodeRecord, cleaned: list[str]) -> None:
+        name = name_of(node)
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        fault = record.fault.message if record.fault is not None else record.reason
+        action = f", {record.action.kind} under way" if record.action is not None else ""
+        did = "would clean" if self.ctx.writer.dry_run else "cleaned"
+        message = (f"the Node was deleted by someone else while {record.state} ({fault}{action}): its flow ends "
+                   f"here; {did}: {', '.join(cleaned) or 'nothing left'}; a Node that joins under this name "
+                   f"starts fresh")
+        log.warning("node deleted mid-flow", extra={"node": name, "state": record.state, "detail": message})
+        self.ctx.metrics.nodes_deleted_mid_flow.inc(state=record.state)
+        self.ctx.events.node_event(name, EVENT_REASON, message, WARNING, uid=uid)
+
+    def clean(self, name: str, node: Mapping[str, Any], record: NodeRecord) -> list[str]:
+        """Deletes what the flow made for ``name``; returns what it found (each as "kind name")."""
+        return [*self._jobs(name), *self._drain_requests(name, node), *self._device_taint_rules(name)]
+
+    def _jobs(self, name: str) -> list[str]:
+        dry = self.ctx.writer.dry_run
+        names = [name_of(job) for job in self.ctx.jobs.on_node(name)]
+        for job in names:
+            delete_job(self.ctx.client, job, self.ctx.settings.jobs_namespace, dry_run=dry)
+        return [f"Job {job}" for job in names]
+
+    def _drain_requests(self, name: str, node: Mapping[str, Any]) -> list[str]:
+        policy = self.ctx.policy_for(node).customDrain
+        if not policy.enabled:
+            return []
+        ref = Ref(policy.api_version, policy.kind, policy.namespace)
+        api = CustomResources(self.ctx.client, dry_run=self.ctx.writer.dry_run, permissions=self.ctx.permissions)
+        found = []
+        with contextlib.suppress(errors.NotFound):  # the kind is not served (any more)
+            for item in api.list(ref, {NVSENTINEL_NODE_LABEL: label_value(name), MANAGED_BY_LABEL: MANAGED_BY}):
+                api.delete(ref, name_of(item))
+                found.append(f"{ref.kind} {name_of(item)}")
+        return found
+
+    def _device_taint_rules(self, name: str) -> list[str]:
+        taints = DeviceTaints(self.ctx.client, dry_run=self.ctx.writer.dry_run)
+        try:
+            rules = taints.owned(name)
+        except DeviceTaintsNotServed:
+            return []
+        for rule in rules:
+            taints.release_rule(rule.name)
+        return [f"DeviceTaintRule {rule.name}" for rule in rules]
