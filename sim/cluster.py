@@ -356,7 +356,8 @@ class SimCluster:
             window_s=options.window_s, heartbeat_s=options.heartbeat_s)
         smi = NvidiaSmiSource(settings.nvidia_smi, node, options.smi_timeout_s,
                               runner=self.gpusim.nvidia_smi_runner(node))
-        agent = Agent(settings, client, default_policy().for_node({}), smi=smi)
+        agent = Agent(settings, client, default_policy().for_node({}), smi=smi,
+                      kmsg_wait=self.gpusim.kmsg_waiter(node))
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}", daemon=True)
         thread.start()
