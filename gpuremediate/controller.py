@@ -217,7 +217,7 @@ class Controller:
             DrainLoop(self.ctx, alerts, alerts_problem), RemediateLoop(self.ctx), ValidateLoop(self.ctx),
             QuarantineLoop(self.ctx),
         ]
-        self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new))
+        self.informer.add_handler(on_add=self._on_node, on_update=self._on_node_update)
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
         self.acting = False
         self._left_mid_flow: set[str] = set()  # nodes told to be out of the selector while in a flow
@@ -238,6 +238,11 @@ class Controller:
             loop.on_node(node)
         if self.maintenance is not None:
             self.maintenance.on_node(node)
+
+    def _on_node_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        self._on_node(new)
+        if self.acting and self.ctx.nodes.node_filter(new):
+            self.detect.condition_arrived(old, new)  # a condition turned to a fault: checked now, not next cycle
 
     def _note_left_mid_flow(self, node: Mapping[str, Any]) -> None:
         """A node relabelled out of --gpu-node-selector while its record says it is in a flow is no longer acted
