@@ -166,9 +166,22 @@ class Agent:
         log.info("the node rebooted (new boot id): reading the new boot's kernel log from its start",
                  extra={"node": self.settings.node_name})
         if self.reader is not None:
+            self._count_rest(self.reader)
             self.reader.close()
             self.reader = None
         self.open_kernel_log()
+
+    def _count_rest(self, reader: KmsgReader) -> None:
+        """What the old boot's log still held unread (gpu-sim keeps the old file open to us; a real reboot ends
+        the agent too): counted in the metrics, not in the new boot's window."""
+        try:
+            rest = reader.poll()
+        except OSError:
+            return
+        self.metrics.kmsg_records.inc(float(rest.records))
+        self.metrics.kmsg_missed.inc(float(rest.lost))
+        for event in rest.events:
+            self._count(event)
 
     def _read_kernel_log(self, save: bool = True) -> bool:
         """The new records into the window; True when the resume point moved. ``save``: write the resume point now
