@@ -26,6 +26,7 @@ from gpuremediate.actions.node_status import (
 from gpuremediate.kube.resources import NODES
 from gpuremediate.policy import conditions as c
 from gpuremediate.policy.taint import DEFAULT_TAINT_KEY
+from gpuremediate.signals.nvidiasmi import normalise_bus_id
 from gpuremediate.vocab import states
 
 POLICY: dict[str, dict[str, Any]] = {
@@ -153,3 +154,20 @@ def test_the_remediation_condition_and_taint_come_and_go_and_others_taints_stay(
                and DEFAULT_TAINT_KEY not in keys()
                and (world.condition(node, REMEDIATION_CONDITION) or {}).get("status") == "False", node)
     assert OTHERS_TAINT["key"] in keys()
+
+
+def test_an_xid_flood_is_a_few_status_writes(world: World) -> None:
+    """The agent follows the kernel log (issue 48): a GPU printing 200 Xid lines at once is every line counted and
+    a handful of status writes (one carries what arrived meanwhile), not 200."""
+    node = world.cluster.nodes[1]
+    agent = world.cluster.sim.agents[node].agent
+    writes_before = agent.metrics.status_writes.value(result="ok")
+    for _ in range(200):
+        world.gpusim.kernel_xid(node, 3, 79)
+    world.wait("a reboot, then healthy", lambda: world.jobs(node, "reboot") >= 1
+               and world.state(node) == states.HEALTHY
+               and (world.condition(node, c.GPU_HEALTHY) or {}).get("status") == "True", node)
+    bus = normalise_bus_id(world.gpusim.node(node).gpus[3].pci_bus_id)
+    assert agent.metrics.xid.value(pci_bus_id=bus, xid="79") == 200  # every line counted
+    # the fault (the flood coalesced), healthy again after the reboot, and little else: not 200
+    assert agent.metrics.status_writes.value(result="ok") - writes_before <= 6

@@ -221,7 +221,7 @@ class Controller:
             DrainLoop(self.ctx, alerts, alerts_problem), RemediateLoop(self.ctx), ValidateLoop(self.ctx),
             QuarantineLoop(self.ctx),
         ]
-        self.informer.add_handler(on_add=self._on_node, on_update=lambda _old, new: self._on_node(new),
+        self.informer.add_handler(on_add=self._on_node, on_update=self._on_node_update,
                                   on_delete=self._on_node_deleted)
         self.node_gone = NodeGone(self.ctx, self._forget_node)
         self.maintenance: MaintenanceLoop | None = None  # started by start_loops when the CRD is served
@@ -254,6 +254,11 @@ class Controller:
         self._left_mid_flow.discard(name)
         self.detect.forget_node(name)
         self.ctx.writer.forget(name)
+
+    def _on_node_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        self._on_node(new)
+        if self.acting and self.ctx.nodes.node_filter(new):
+            self.detect.condition_arrived(old, new)  # a condition turned to a fault: checked now, not next cycle
 
     def _note_left_mid_flow(self, node: Mapping[str, Any]) -> None:
         """A node relabelled out of --gpu-node-selector while its record says it is in a flow is no longer acted

@@ -358,7 +358,8 @@ class SimCluster:
         smi = NvidiaSmiSource(settings.nvidia_smi, node, options.smi_timeout_s,
                               runner=self.gpusim.nvidia_smi_runner(node))
         policy = parse_policy(options.policy) if options.policy is not None else default_policy()
-        agent = Agent(settings, client, policy.for_node({}), smi=smi)
+        agent = Agent(settings, client, policy.for_node({}), smi=smi,
+                      kmsg_wait=self.gpusim.kmsg_waiter(node))
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}", daemon=True)
         thread.start()

@@ -277,6 +277,7 @@ class NodeState:
     kmsg_seq: int = -1  # the last kernel-log record's SEQ this boot
     kmsg: list[str] = field(default_factory=list)  # this boot's kernel-log records
     boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    kmsg_written: threading.Event = field(default_factory=threading.Event)  # a record (or a new boot) since the wait
     holders: set[str] = field(default_factory=set)  # clients with the GPUs open (operands): a reset is refused
     fabric: NodeFabric | None = None  # an NVL72 tray (set_fabric); None: no NVLink domain, no fabric series
 
@@ -643,6 +644,7 @@ class GpuSim:
                 self._nics[node].heal()
             self._unhang.notify_all()
             self._write_host_files(state, new_boot=True)
+            state.kmsg_written.set()  # a follower waiting on the old boot's log looks at the boot id
             if state.down is not None:
                 self.set_down(node, None)  # a new exporter process: whatever took the old one down is gone
 
@@ -704,6 +706,18 @@ class GpuSim:
         with self._lock:
             return list(self.node(node).kmsg)
 
+    def kmsg_waiter(self, node: str) -> Callable[[float], bool]:
+        """How the node's agent, in process, waits for its kernel log as a follower of /dev/kmsg blocks in poll(2):
+        woken by each record logged (and by a reboot), at most ``timeout_s``; one follower per node."""
+        written = self.node(node).kmsg_written
+
+        def wait(timeout_s: float) -> bool:
+            woken = written.wait(timeout_s)
+            written.clear()  # before reading: a record logged after this wakes the next wait
+            return woken
+
+        return wait
+
     def host_dir(self, node: str) -> str:
         """Where the node's kmsg, boot_id and nvidia-smi are (needs ``files_dir``)."""
         if self.files_dir is None:
@@ -735,6 +749,7 @@ class GpuSim:
         if self.files_dir is not None:
             with open(os.path.join(self.host_dir(state.name), KMSG_FILE), "a", encoding="utf-8") as fh:
                 fh.write(record)  # one write per record: a reader never sees half of one line it then skips
+        state.kmsg_written.set()
         return record
 
     def _write_host_files(self, state: NodeState, new_boot: bool) -> None:

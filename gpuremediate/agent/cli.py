@@ -14,7 +14,7 @@ from typing import Any
 from gpuremediate.agent.kmsg import BOOT_ID_PATH, KMSG_PATH
 from gpuremediate.agent.network import DEFAULT_SYSFS
 from gpuremediate.agent.publish import DEFAULT_HEARTBEAT_S
-from gpuremediate.agent.run import DEFAULT_STATE_PATH, Agent, AgentSettings
+from gpuremediate.agent.run import DEFAULT_STATE_PATH, DEFAULT_WRITE_SPACING_S, Agent, AgentSettings
 from gpuremediate.config import SettingsError, parse_addr, parse_duration
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--xid-window", default="5m", help="how long a kernel-log XID/SXID counts for health")
     p.add_argument("--heartbeat", default=f"{DEFAULT_HEARTBEAT_S:g}s",
                    help="conditions are rewritten at least this often (the controller ignores stale ones)")
+    p.add_argument("--min-write-interval", default=f"{DEFAULT_WRITE_SPACING_S:g}s",
+                   help="a kernel-log fault is written at once; what follows within this is coalesced into the "
+                        "next write (a flood of Xid lines is one status write per interval)")
     p.add_argument("--expected-gpus", type=int, default=0,
                    help="GPUs the driver should report (default: the node's nvidia.com/gpu capacity; set it when "
                         "MIG or time-slicing makes the capacity differ from the physical count)")
@@ -74,6 +77,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         hang_after=args.hang_after,
         window_s=parse_duration(args.xid_window, "--xid-window"),
         heartbeat_s=parse_duration(args.heartbeat, "--heartbeat"),
+        write_spacing_s=parse_duration(args.min_write_interval, "--min-write-interval"),
         expected_gpus=args.expected_gpus or None,
         sysfs_root=args.sysfs,
     )

@@ -8,8 +8,12 @@ continuation); fields after FLAGS are to be ignored. Non-printable bytes in MESS
 
 Each ``read()`` on /dev/kmsg returns one record; ``EAGAIN`` (opened non-blocking) means caught up;
 ``EPIPE`` means the ring buffer overwrote records before we read them (the next read returns the oldest
-one still there). A fresh open starts at the oldest record of this boot's buffer. Reading needs
-CAP_SYSLOG when ``kernel.dmesg_restrict=1`` (devkmsg_open → check_syslog_permissions).
+one still there: the reader goes on from it, the SEQ gap counts what was lost); ``EINVAL`` means the
+buffer is smaller than the record (the record is not consumed: read again with a larger one). poll(2)
+says POLLIN when a record is waiting (and POLLERR|POLLPRI after an overwrite), so the follower blocks in
+poll, not in read, and a stop is seen within its timeout. A fresh open starts at the oldest record of
+this boot's buffer. Reading needs CAP_SYSLOG when ``kernel.dmesg_restrict=1`` (devkmsg_open →
+check_syslog_permissions).
 
 The resume point (boot id + last SEQ) is kept in a small JSON state file: after a restart the records
 up to that SEQ are skipped, not counted again; a new boot id (the node rebooted) starts from the
@@ -22,6 +26,9 @@ import errno
 import json
 import os
 import re
+import select
+import stat
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +40,8 @@ from gpuremediate.signals.nvidiasmi import normalise_bus_id
 KMSG_PATH = "/dev/kmsg"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 READ_SIZE = 16384  # larger than any record (the kernel's CONSOLE_EXT_LOG_MAX is 8 KiB)
+MAX_READ_SIZE = 1 << 20  # EINVAL (record larger than the buffer) doubles it up to this
+FILE_POLL_S = 0.05  # a plain file (gpu-sim's kmsg) cannot be poll(2)ed for growth: its size is checked this often
 STATE_VERSION = 1
 
 KIND_XID = "xid"
@@ -223,6 +232,8 @@ class KmsgReader:
         self.path = path
         self.last_seq = after_seq
         self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # OSError (EPERM: CAP_SYSLOG) to the caller
+        self._plain = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        self._read_size = READ_SIZE
         self._partial = ""  # a plain file's last line while it is still being written (no newline yet)
         self._fallen: set[str] = set()  # buses with an XID 79 read: a later "fallen off the bus" line is the same fall
 
@@ -260,15 +271,38 @@ class KmsgReader:
             kept.append(event)
         return kept
 
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a record may be waiting, at most ``timeout_s``; True when one may be. /dev/kmsg: poll(2)
+        (POLLIN: a record; POLLERR|POLLPRI: records were overwritten, the next read says EPIPE). A plain file:
+        its size against the read offset, every FILE_POLL_S."""
+        if not self._plain:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN | select.POLLPRI)
+            return bool(poller.poll(max(0, int(timeout_s * 1000))))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if os.fstat(self._fd).st_size > os.lseek(self._fd, 0, os.SEEK_CUR):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(FILE_POLL_S, left))
+
+    def _read(self, size: int) -> bytes:
+        return os.read(self._fd, size)
+
     def _chunks(self, limit: int) -> Iterable[str | None]:
         for _ in range(limit):
             try:
-                data = os.read(self._fd, READ_SIZE)
+                data = self._read(self._read_size)
             except BlockingIOError:
                 return
             except OSError as exc:
                 if exc.errno == errno.EPIPE:
                     yield None
+                    continue
+                if exc.errno == errno.EINVAL and self._read_size < MAX_READ_SIZE:
+                    self._read_size *= 2  # the record stays unread: the next read, with room for it, gets it
                     continue
                 raise
             if not data:

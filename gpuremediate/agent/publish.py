@@ -38,14 +38,18 @@ class ConditionPublisher:
         self.node_name = node_name
         self.heartbeat_s = heartbeat_s
         self.last_write = -math.inf
+        self.last_wanted: tuple[Wanted, ...] | None = None  # what the Node was last seen or made to say
 
     def publish(self, node: Mapping[str, Any], wanted: Sequence[Wanted], now: float) -> bool:
         """Write the conditions if any changed or the heartbeat is due; True when a write was made."""
         conditions = desired_conditions(node, wanted, now)
         changed = any(condition_changed(find_condition(node, c["type"]), c) for c in conditions)
         if not changed and now - self.last_write < self.heartbeat_s:
+            self.last_wanted = tuple(wanted)
             return False
+        self.last_wanted = None  # unknown until the write has succeeded
         self.client.patch(NODES, self.node_name, conditions_patch(conditions), patch_type=STATUS_PATCH_TYPE,
                           subresource="status")
         self.last_write = now
+        self.last_wanted = tuple(wanted)
         return True

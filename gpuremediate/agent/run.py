@@ -1,7 +1,15 @@
-"""The agent's loop: every interval, read the kernel log and nvidia-smi, assess, publish, export metrics.
+"""The agent's loops: every interval, read nvidia-smi, assess, publish, export metrics; meanwhile a follower
+thread reads the kernel log as it is written and publishes a fault it shows at once.
 
 Everything one cycle needs is injected (the Kubernetes client, the nvidia-smi source, the clocks), so a
-test drives ``cycle()`` directly; ``run()`` only repeats it until the stop event.
+test drives ``cycle()`` (and ``follow_once()``) directly; ``run()`` starts the follower and repeats the cycle
+until the stop event.
+
+The follower blocks in poll(2) on /dev/kmsg. A record that changes the conditions is written at once; what
+arrives within ``write_spacing_s`` of a write waits in the kernel's buffer and is read, judged and written as
+one (a GPU printing hundreds of Xid lines a second is one status write a spacing, not hundreds): one thread
+writes, so at most one write is in flight. The fast assessment reuses the last cycle's nvidia-smi readings,
+GPU count and labels (and does not move the health memory: only the cycle, with fresh readings, does).
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STATE_PATH = "/var/lib/gpuremediate-agent/state.json"
 MAX_RECENT_EVENTS = 10_000  # bounds the window (and the state file) under an XID storm
+FOLLOW_WAIT_S = 1.0  # the follower's longest wait in poll(2): a stop, and a new boot id, are seen this often
+DEFAULT_WRITE_SPACING_S = 1.0  # kernel-log-driven status writes at most this often (a flood is coalesced)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class AgentSettings:
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     expected_gpus: int | None = None  # default: from the node (health.expected_gpus)
     sysfs_root: str = DEFAULT_SYSFS  # where class/infiniband and class/net are read ([network], agent/network.py)
+    write_spacing_s: float = DEFAULT_WRITE_SPACING_S
 
 
 def monotonic_us() -> int:
@@ -104,7 +115,10 @@ class Agent:
         smi: NvidiaSmiSource | None = None,
         clock: Callable[[], float] = time.time,
         kernel_clock_us: Callable[[], int] = monotonic_us,
+        kmsg_wait: Callable[[float], object] | None = None,
     ) -> None:
+        """``kmsg_wait``: how the follower waits for a record (default: the reader's poll(2), or a plain file's
+        size); gpu-sim in process hands its own, woken by each line it logs."""
         self.settings = settings
         self.client = client
         self.policy = policy
@@ -123,6 +137,13 @@ class Agent:
         self.point = ResumePoint("")
         self.kmsg_note = ""
         self.last_cycle = 0.0
+        self.kmsg_wait = kmsg_wait
+        # The kernel window, the health memory and the publisher are the cycle's and the follower's: one at a time.
+        self._lock = threading.RLock()
+        self.following = False  # the follower reads the kernel log; the cycle only takes its window
+        self.last_inputs: Inputs | None = None  # the last cycle's inputs: the follower's assessments reuse them
+        self._saved = self.point
+        self._follow = _FollowState()
 
     # ---- the kernel log ------------------------------------------------------------------------------
 
@@ -148,33 +169,64 @@ class Agent:
         log.info("the node rebooted (new boot id): reading the new boot's kernel log from its start",
                  extra={"node": self.settings.node_name})
         if self.reader is not None:
+            self._count_rest(self.reader)
             self.reader.close()
             self.reader = None
         self.open_kernel_log()
 
-    def _kernel_events(self) -> tuple[KernelEvent, ...]:
+    def _count_rest(self, reader: KmsgReader) -> None:
+        """What the old boot's log still held unread (gpu-sim keeps the old file open to us; a real reboot ends
+        the agent too): counted in the metrics, not in the new boot's window."""
+        try:
+            rest = reader.poll()
+        except OSError:
+            return
+        self.metrics.kmsg_records.inc(float(rest.records))
+        self.metrics.kmsg_missed.inc(float(rest.lost))
+        for event in rest.events:
+            self._count(event)
+
+    def _read_kernel_log(self, save: bool = True) -> bool:
+        """The new records into the window; True when the resume point moved. ``save``: write the resume point now
+        (the follower saves once a spacing, before the write that reports what it read)."""
         self._follow_reboot()
         if self.reader is None:
-            return self.point.recent
+            return False
         try:
             polled = self.reader.poll()
-        except OSError as exc:  # EPIPE and EAGAIN are handled inside; anything else: this cycle without it
-            log.warning("reading the kernel log failed; next cycle tries again", extra={"error": str(exc)})
-            return self.point.recent
+        except OSError as exc:  # EPIPE, EINVAL and EAGAIN are handled inside; anything else: tried again later
+            log.warning("reading the kernel log failed; tried again later", extra={"error": str(exc)})
+            return False
         self.metrics.kmsg_records.inc(float(polled.records))
         self.metrics.kmsg_missed.inc(float(polled.lost))
         for event in polled.events:
             self._count(event)
+        moved = replace(self.point, seq=polled.last_seq, recent=self._in_window((*self.point.recent, *polled.events)))
+        if moved == self.point:
+            return False
+        self.point = moved
+        if save:
+            self._save_point()
+        return True
+
+    def _in_window(self, events: Sequence[KernelEvent]) -> tuple[KernelEvent, ...]:
         horizon = self.kernel_clock_us() - int(self.settings.window_s * 1_000_000)
-        recent = tuple(e for e in (*self.point.recent, *polled.events) if e.usec >= horizon)[-MAX_RECENT_EVENTS:]
-        moved = replace(self.point, seq=polled.last_seq, recent=recent)
-        if moved != self.point:
-            self.point = moved
-            try:
-                save_state(Path(self.settings.state_path), moved)
-            except OSError as exc:
-                log.warning("cannot save the kernel-log resume point", extra={"error": str(exc)})
-        return recent
+        return tuple(e for e in events if e.usec >= horizon)[-MAX_RECENT_EVENTS:]
+
+    def _save_point(self) -> None:
+        if self.point == self._saved:
+            return
+        try:
+            save_state(Path(self.settings.state_path), self.point)
+            self._saved = self.point
+        except OSError as exc:
+            log.warning("cannot save the kernel-log resume point", extra={"error": str(exc)})
+
+    def _kernel_events(self) -> tuple[KernelEvent, ...]:
+        """The kernel events inside the window (read here unless the follower reads them)."""
+        if not self.following:
+            self._read_kernel_log()
+        return self._in_window(self.point.recent)
 
     def _count(self, event: KernelEvent) -> None:
         if event.kind == KIND_SXID:
@@ -204,25 +256,84 @@ class Agent:
     # ---- one cycle -----------------------------------------------------------------------------------
 
     def cycle(self) -> Assessment:
-        events = self._kernel_events()
-        smi = self._read_smi()
-        now = self.clock()
-        node = self._get_node()
-        expected = expected_gpus(node, smi.readings, self.settings.expected_gpus)
-        labels = (node.get("metadata") or {}).get("labels") or {} if node is not None else {}
-        inputs = Inputs(self.settings.node_name, smi, events, expected, self.inventory, self.timeouts_in_a_row,
-                        labels)
-        result = assess(inputs, self.policy, self.memory, now, self.settings.hang_after)
-        self.memory = result.memory
-        network = self.network.cycle(self.policy.network, now, smi.readings)
-        if network is not None:
-            result = replace(result, conditions=(*result.conditions, network.condition))
-            self.metrics.observe_network(network.readings, network.findings)
-        if node is not None:
-            self._publish(node, result, now)
-        self.metrics.observe(result, smi, expected.count, self.inventory)
-        self.last_cycle = now
+        smi = self._read_smi()  # outside the lock: nvidia-smi may take its whole timeout
+        with self._lock:
+            events = self._kernel_events()
+            now = self.clock()
+            node = self._get_node()
+            expected = expected_gpus(node, smi.readings, self.settings.expected_gpus)
+            labels = (node.get("metadata") or {}).get("labels") or {} if node is not None else {}
+            inputs = Inputs(self.settings.node_name, smi, events, expected, self.inventory, self.timeouts_in_a_row,
+                            labels)
+            result = assess(inputs, self.policy, self.memory, now, self.settings.hang_after)
+            self.memory = result.memory
+            network = self.network.cycle(self.policy.network, now, smi.readings)
+            if network is not None:
+                result = replace(result, conditions=(*result.conditions, network.condition))
+                self.metrics.observe_network(network.readings, network.findings)
+            if node is not None:
+                self._publish(node, result, now)
+            self.metrics.observe(result, smi, expected.count, self.inventory)
+            self.last_inputs = inputs
+            self.last_cycle = now
         return result
+
+    # ---- the follower --------------------------------------------------------------------------------
+
+    def follow(self, stop: threading.Event) -> None:
+        """Read the kernel log as it is written until ``stop``; publish what it changes (``follow_once``)."""
+        while not stop.is_set():
+            try:
+                self.follow_once(stop)
+            except Exception:
+                log.exception("following the kernel log failed; going on")
+                stop.wait(FOLLOW_WAIT_S)
+        with self._lock:
+            self._save_point()
+
+    def follow_once(self, stop: threading.Event | None = None) -> bool:
+        """One wait and what follows it: wait for a record (while a write's spacing runs, wait that out instead:
+        the records meanwhile are coalesced), read everything new, and once the spacing allows, save the resume
+        point and publish. True when a status write was made."""
+        state, spacing = self._follow, self.settings.write_spacing_s
+        left = state.next_at - time.monotonic()
+        if state.pending and left > 0:
+            if stop is not None and stop.wait(left):
+                return False
+            if stop is None:
+                time.sleep(left)
+        elif not state.pending:
+            self._wait_for_record(FOLLOW_WAIT_S)
+        with self._lock:
+            state.pending = self._read_kernel_log(save=False) or state.pending
+            if not state.pending or time.monotonic() < state.next_at:
+                return False
+            self._save_point()  # before the write that reports them: a restart does not read them as new
+            state.pending = False
+            state.next_at = time.monotonic() + spacing
+            return self._publish_fast()
+
+    def _wait_for_record(self, timeout_s: float) -> None:
+        if self.kmsg_wait is not None:
+            self.kmsg_wait(timeout_s)
+        elif self.reader is not None:
+            self.reader.wait(timeout_s)
+        else:
+            time.sleep(timeout_s)  # unreadable: the boot id (a reopen) is still looked at this often
+
+    def _publish_fast(self) -> bool:
+        """The conditions again from the last cycle's inputs and the kernel window now; written when they differ
+        from what was last published (no GET otherwise). Before the first cycle: nothing (the cycle publishes)."""
+        if self.last_inputs is None:
+            return False
+        inputs = replace(self.last_inputs, events=self._in_window(self.point.recent))
+        result = assess(inputs, self.policy, self.memory, self.last_cycle, self.settings.hang_after)
+        if result.conditions == self.publisher.last_wanted:
+            return False
+        node = self._get_node()
+        if node is None:
+            return False
+        return self._publish(node, result, self.clock())
 
     def _get_node(self) -> dict[str, Any] | None:
         try:
@@ -232,17 +343,23 @@ class Agent:
                         extra={"node": self.settings.node_name, "error": str(exc)})
             return None
 
-    def _publish(self, node: dict[str, Any], result: Assessment, now: float) -> None:
+    def _publish(self, node: dict[str, Any], result: Assessment, now: float) -> bool:
         try:
             if self.publisher.publish(node, result.conditions, now):
                 self.metrics.status_writes.inc(result="ok")
+                return True
         except (errors.ApiError, errors.TransportError) as exc:
             self.metrics.status_writes.inc(result="error")
             log.warning("cannot write the node's conditions; next cycle retries",
                         extra={"node": self.settings.node_name, "error": str(exc)})
+        return False
 
     def run(self, stop: threading.Event) -> None:
         self.open_kernel_log()
+        self.following = True
+        follower = threading.Thread(target=self.follow, args=(stop,), name=f"kmsg-{self.settings.node_name}",
+                                    daemon=True)
+        follower.start()
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -250,6 +367,7 @@ class Agent:
             except Exception:
                 log.exception("agent cycle failed; next cycle in one interval")
             stop.wait(max(0.0, self.settings.interval_s - (time.monotonic() - started)))
+        follower.join(FOLLOW_WAIT_S + 5.0)
         if self.reader is not None:
             self.reader.close()
 
@@ -261,3 +379,9 @@ class Agent:
         if age > 3 * self.settings.interval_s + self.settings.smi_timeout_s:
             return False, f"no cycle completed for {age:.0f} s"
         return True, "ok"
+
+
+@dataclass
+class _FollowState:
+    pending: bool = False  # records read (or waiting) that no write has carried yet
+    next_at: float = field(default=0.0)  # time.monotonic() before which no kernel-log write is made

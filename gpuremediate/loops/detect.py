@@ -16,6 +16,13 @@ judges how fast they arrive (``CircuitBreaker.judge``) before any of them is act
 rate, new faults wait for a storm look (``[breaker] look_s``): the storm passes the threshold meanwhile and the
 breaker opens with none of them cordoned, or the look ends and they go on at once (``_settle_look``). A new path
 (failed preflights, issue 46) hands its faulted nodes to ``check_nodes`` and gets the same judgement.
+
+A NodeCondition that turns to a fault (the agent's ``GPUHealthy=False`` the moment it read an Xid, issue 48) is not
+left for the next cycle: the Node watch hands the node to ``condition_arrived`` and the loop's thread checks it
+(``check_nodes``) ``CONDITION_WINDOW_S`` after the first such arrival, with every node that arrived meanwhile, as one
+batch. In the loop's thread because every decision is made there (cycles, polls, looks: one node is never decided
+twice at once); as one batch because a storm's conditions come over a few hundred milliseconds, one agent write each,
+and the breaker must count them together before the first is cordoned, as it does a read's.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from gpuremediate.loops.validate import VALIDATE
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
-from gpuremediate.policy.conditions import condition_view, merge_node
+from gpuremediate.policy.conditions import condition_view, conditions_of, merge_node
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.degradation import DegradationDetector, NodeContext
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
@@ -115,6 +122,11 @@ FLOW_DEGRADATION_CLEARED = "degradation-cleared"
 DEGRADATION_KINDS = (KIND_SLOW_GPU, KIND_LINK_DEGRADED, KIND_TREND)
 FLOW_FINDINGS = "findings"
 
+# Condition faults that arrive within this of the first are one batch. The agents of a storm write within a few
+# hundred ms of each other: the first batch already holds more than the look's limit (10 nodes; a 750-node storm
+# over 10 s is ~11 in 150 ms) and the look or the breaker holds it before any cordon; later arrivals join the look.
+# A lone fault waits this long at most: well within the 0.5 s goal from the kernel line to the cordon.
+CONDITION_WINDOW_S = 0.15
 POLL_COST_SHARE = 20.0  # a fault poll is followed by at least this many times its own duration without one
 T = TypeVar("T")
 
@@ -201,7 +213,10 @@ class DetectLoop:
         self.excluded_seen: set[tuple[str, str]] = set()
         self.cycles = 0
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # wakes the wait between cycles: a stop, or a condition fault arrived
+        self._stopping = threading.Event()
+        self._arrived: dict[str, float] = {}  # nodes whose conditions turned to a fault, since when (monotonic)
+        self._arrived_lock = threading.Lock()  # the watch's thread adds, the loop's thread takes
         self._monotonic = time.monotonic  # the fast path's poll clock (a test's own)
         self.workers = DECIDE_WORKERS  # replay decides one node at a time: 1
         self._state_counts: dict[str, int] = {}  # the nodes gauge as last computed, moved by each transition
@@ -228,6 +243,7 @@ class DetectLoop:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -254,7 +270,7 @@ class DetectLoop:
             except Exception:
                 log.exception("detect cycle failed; next cycle in one interval")
             self._between_cycles(started + interval)
-            if self._wake.is_set():
+            if self._stopping.is_set():
                 return
 
     def _between_cycles(self, deadline: float) -> None:
@@ -262,15 +278,74 @@ class DetectLoop:
         pacer allows: at once when it is due (a fault that came during the full read waits no poll more), one
         poll every ``fault_poll_s`` from start to start, further apart when Prometheus is slow or failing."""
         poll = self._poll_period()
-        while (now := self._monotonic()) < deadline and not self._wake.is_set():
+        while (now := self._monotonic()) < deadline and not self._stopping.is_set():
             look_in = self._look_due_in()
+            arrived_in = self._arrivals_due_in(now)
             if look_in is not None and look_in <= 0:
                 self._settle_look_logged()
+            elif arrived_in is not None and arrived_in <= 0:
+                self._check_arrivals_logged()
             elif poll and now >= self._pace.next_at:
                 self._fast_cycle_logged()
             elif self._wake.wait(min([deadline - now, *([self._pace.next_at - now] if poll else []),
-                                      *([look_in] if look_in is not None else [])])):
-                return
+                                      *([look_in] if look_in is not None else []),
+                                      *([arrived_in] if arrived_in is not None else [])])):
+                if self._stopping.is_set():
+                    return
+                self._wake.clear()  # a condition arrived: its window is counted from the dict, not from here
+
+    # ---- conditions from the Node watch ----------------------------------------------------------------
+
+    def condition_arrived(self, old: Node, new: Node) -> bool:
+        """The Node watch's update (its thread): when ``new``'s conditions give an actionable finding ``old``'s
+        did not (a condition turned to a fault), the node is checked within ``CONDITION_WINDOW_S``. True then."""
+        if conditions_of(old) == conditions_of(new) or not self.ctx.owns(name_of(new)):
+            return False
+        now, policy = self.ctx.clock(), self.ctx.policy_for(new)
+        rules, more = policy.conditions, condition_rules(policy.network)
+        fresh = _actionable(condition_view(new, rules, now, more).findings)
+        if not fresh or fresh <= _actionable(condition_view(old, rules, now, more).findings):
+            return False
+        with self._arrived_lock:
+            self._arrived.setdefault(name_of(new), self._monotonic())
+        self._wake.set()
+        return True
+
+    def _arrivals_due_in(self, now: float) -> float | None:
+        with self._arrived_lock:
+            first = min(self._arrived.values(), default=None)
+        return None if first is None else first + CONDITION_WINDOW_S - now
+
+    def _check_arrivals_logged(self) -> None:
+        try:
+            self.check_arrivals()
+        except (errors.ApiError, errors.TransportError) as exc:  # the next cycle reads their conditions anyway
+            self.ctx.metrics.count_api_error(exc)
+            log.warning("checking nodes whose conditions turned to a fault failed; the next cycle checks them",
+                        extra={"error": str(exc)})
+        except Exception:
+            log.exception("checking nodes whose conditions turned to a fault failed; the next cycle checks them")
+
+    def _condition_findings(self, node: Node, now: float) -> list[Finding]:
+        policy = self.ctx.policy_for(node)
+        return list(condition_view(node, policy.conditions, now, condition_rules(policy.network)).findings)
+
+    def check_arrivals(self) -> list[str]:
+        """The nodes whose conditions turned to a fault, checked as one batch (``check_nodes``) on their conditions
+        alone: the metrics wait for their own read (no readings: their fingerprints are neither judged nor pruned).
+        A node whose conditions no longer give an actionable finding is left to the cycle. Returns those checked."""
+        with self._arrived_lock:
+            names, self._arrived = sorted(self._arrived), {}
+        now = self.ctx.clock()
+        nodes = [n for n in (self.ctx.nodes.get(name) for name in names) if n is not None]
+        batch = [n for n in self.ctx.owned_of(nodes) if _actionable(self._condition_findings(n, now))]
+        if not batch:
+            return []
+        started = time.monotonic()
+        self.check_nodes(batch, {})
+        log.info("conditions turned to a fault: checked", extra={  # rare: the moment agents report faults
+            "nodes": len(batch), "check_s": round(time.monotonic() - started, 3)})
+        return [name_of(n) for n in batch]
 
     def _poll_period(self) -> float | None:
         """The source's fault poll period (None: no fast path), handed to the pacer as it is now."""
@@ -594,12 +669,12 @@ class DetectLoop:
                 waits.append(look_in)
             if done.wait(max(0.0, min(waits)) if waits else None):
                 break
-            if look_in is not None and not self._wake.is_set():
+            if look_in is not None and not self._stopping.is_set():
                 self._settle_look_logged()  # a look's held faults go on at its end, not after the read
             if watch_until is not None and time.monotonic() >= watch_until:
                 self._slow(time.monotonic() - started, done=False)
                 watch_until = None
-            if poll and not self._wake.is_set() and self._monotonic() >= self._pace.next_at:  # stopping: the read
+            if poll and not self._stopping.is_set() and self._monotonic() >= self._pace.next_at:  # stopping: the read
                 polled.update(self._fast_cycle_logged())                                     # is waited for
         if poll:
             self._pace.at_once(self._monotonic())
@@ -1222,6 +1297,10 @@ def _hold_ends(memory: PolicyMemory, hold_s: float) -> dict[str, float]:
     """The GPUs running hot within their thermal hold, each with when the hold ends."""
     return {key: min(timer.hot_since + hold_s, MAX_TIMESTAMP) for key, timer in memory.thermal.items()
             if timer.hot_since is not None and timer.cordoned_since is None}
+
+
+def _actionable(findings: Sequence[Finding]) -> frozenset[str]:
+    return frozenset(f.fingerprint for f in findings if f.action != ACTION_NONE)
 
 
 def _watched(policy_memory: Mapping[str, Any]) -> frozenset[str]:

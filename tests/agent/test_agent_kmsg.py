@@ -7,7 +7,9 @@ nvswitch driver's SXID_PRINT format ("nvidia-%s: SXid (PCI:%s): %05d, " + Fatal/
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,68 @@ def test_a_mig_attribution_survives_the_state_file(tmp_path: Path) -> None:
     kmsg.save_state(path, ResumePoint("boot-1", 5, (event,)))
     point, note = kmsg.load_state(path, "boot-1")
     assert note == "" and point.recent == (event,)
+
+
+class ScriptedKmsg(KmsgReader):
+    """/dev/kmsg's read(2) as the kernel answers it (devkmsg_read): one record per read, EPIPE once when the ring
+    overwrote the record we were to read next (then the oldest one left), EINVAL while the buffer is smaller than
+    the record (which stays unread), EAGAIN when caught up."""
+
+    def __init__(self, path: str, script: list[str | int], after_seq: int = -1) -> None:
+        super().__init__(path, after_seq)
+        self.script = list(script)
+        self.sizes: list[int] = []
+
+    def _read(self, size: int) -> bytes:
+        self.sizes.append(size)
+        if not self.script:
+            raise BlockingIOError(errno.EAGAIN, "caught up")
+        step = self.script[0]
+        if isinstance(step, int):
+            self.script.pop(0)
+            raise OSError(step, os.strerror(step))
+        data = step.encode()
+        if len(data) > size:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        self.script.pop(0)
+        return data
+
+
+def test_epipe_resynchronises_to_the_oldest_record_left_and_counts_the_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text("")
+    reader = ScriptedKmsg(str(tmp_path / "kmsg"), [rec(0, "boot"), rec(1, XID_79), errno.EPIPE, rec(5, XID_79),
+                                                   rec(6, "x")])
+    polled = reader.poll()
+    assert [e.seq for e in polled.events] == [1, 5]
+    assert (polled.records, polled.lost, polled.last_seq) == (4, 3, 6)
+    reader.script = [errno.EPIPE, rec(9, XID_79)]  # and again on a later poll: the reader goes on, never dies
+    again = reader.poll()
+    assert ([e.seq for e in again.events], again.lost) == ([9], 2)
+
+
+def test_a_record_larger_than_the_buffer_is_read_again_with_a_larger_one(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text("")
+    long = rec(0, XID_79 + " " + "x" * (kmsg.READ_SIZE + 100))
+    reader = ScriptedKmsg(str(tmp_path / "kmsg"), [long, rec(1, XID_79)])
+    polled = reader.poll()
+    assert [e.seq for e in polled.events] == [0, 1]
+    assert reader.sizes[:3] == [kmsg.READ_SIZE, 2 * kmsg.READ_SIZE, 2 * kmsg.READ_SIZE]
+
+
+def test_an_error_other_than_epipe_or_einval_is_the_callers(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text("")
+    reader = ScriptedKmsg(str(tmp_path / "kmsg"), [errno.EIO])
+    with pytest.raises(OSError):
+        reader.poll()
+
+
+def test_wait_on_a_plain_file_says_whether_it_grew(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    write(log, rec(0, "boot"))
+    reader = KmsgReader(str(log))
+    assert reader.wait(0.0) is True  # nothing read yet
+    reader.poll()
+    assert reader.wait(0.0) is False
+    write(log, rec(1, XID_79))
+    assert reader.wait(0.0) is True
+    reader.close()

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuremediate.actions.node_status import find_condition
+from gpuremediate.agent import kmsg
 from gpuremediate.agent.run import Agent, AgentSettings, SmiRunner
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
@@ -23,6 +25,7 @@ from gpuremediate.policy import conditions as c
 from gpuremediate.policy.config import default_policy
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 NODE = "gpu-node-1"
 XID_79 = "NVRM: Xid (PCI:0000:83:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
@@ -303,3 +306,98 @@ def test_an_xid_logged_before_the_window_is_counted_but_not_a_fault(world: World
     agent.cycle()
     assert agent.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="79") == 1.0
     assert world.condition(c.GPU_HEALTHY)["status"] == "True"
+
+
+# ---- the follower (issue 48): the kernel log as it is written, one write a spacing ----------------------------
+
+XID_48 = "NVRM: Xid (PCI:0000:83:00): 48, pid=1234, name=python3, An uncorrectable double bit error"
+
+
+def following(world: World, **settings: Any) -> Agent:
+    agent = world.agent(**settings)
+    agent.following = True  # as run() sets it: the cycle takes the follower's window, reads no log itself
+    agent.cycle()
+    return agent
+
+
+def writes(agent: Agent) -> float:
+    return agent.metrics.status_writes.value(result="ok")
+
+
+def test_the_follower_publishes_a_fatal_xid_without_waiting_for_a_cycle(world: World) -> None:
+    agent = following(world)
+    before = writes(agent)
+    world.log(1, XID_79)
+    assert agent.follow_once() is True
+    faulty = world.condition(c.GPU_HEALTHY)
+    assert faulty["status"] == "False" and "XID 79" in faulty["message"]
+    assert writes(agent) == before + 1
+    assert world.condition(c.GPU_DRIVER_RESPONSIVE)["status"] == "True"  # the last cycle's nvidia-smi, reused
+
+
+def test_a_flood_of_xid_lines_is_a_few_writes_and_every_line_is_counted(world: World) -> None:
+    agent = following(world, write_spacing_s=0.05)
+    before = writes(agent)
+    seq = 0
+    for code_line in (XID_79, XID_48, XID_79):
+        for _ in range(150):
+            seq += 1
+            world.log(seq, code_line)
+        agent.follow_once()  # at most one write per call: one write carries the 150 lines read meanwhile
+    while agent.follow_once():
+        pass
+    assert agent.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="79") == 300.0
+    assert agent.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="48") == 150.0
+    assert 1 <= writes(agent) - before <= 3
+    assert "XID 48" in world.condition(c.GPU_HEALTHY)["message"]
+
+
+def test_a_line_within_the_spacing_waits_for_it_and_then_goes_in_one_write(world: World) -> None:
+    agent = following(world, write_spacing_s=0.2)
+    world.log(1, XID_79)
+    assert agent.follow_once() is True
+    world.log(2, XID_48)
+    assert agent.follow_once() is False  # read, but a write was made less than the spacing ago
+    assert "XID 48" not in world.condition(c.GPU_HEALTHY)["message"]
+    assert agent.follow_once() is True  # the spacing waited out: it goes now
+    assert "XID 48" in world.condition(c.GPU_HEALTHY)["message"]
+
+
+def test_the_resume_point_is_saved_before_the_write_so_a_restart_reports_nothing_again(world: World) -> None:
+    first = following(world)
+    world.log(1, XID_79)
+    assert first.follow_once() is True
+    saved, _ = kmsg.load_state(world.tmp / "state.json", "boot-a")
+    assert saved.seq == 1 and [e.seq for e in saved.recent] == [1]
+    first.reader.close()  # type: ignore[union-attr]
+    reported = world.condition(c.GPU_HEALTHY)
+    world.clock.advance(10)
+    restarted = following(world)
+    assert restarted.metrics.xid.value(pci_bus_id="0000:83:00.0", xid="79") == 0.0  # not counted again
+    again = world.condition(c.GPU_HEALTHY)
+    assert again["status"] == "False"  # the window survived the restart
+    assert again["lastTransitionTime"] == reported["lastTransitionTime"]  # the same occurrence, not a new one
+
+
+def test_before_the_first_cycle_the_follower_reads_but_leaves_publishing_to_the_cycle(world: World) -> None:
+    agent = world.agent()
+    agent.following = True
+    world.log(1, XID_79)
+    assert agent.follow_once() is False
+    assert find_condition(world.node(), c.GPU_HEALTHY) is None
+    agent.cycle()
+    assert world.condition(c.GPU_HEALTHY)["status"] == "False"
+
+
+def test_run_follows_the_log_while_the_cycle_waits_its_interval(world: World) -> None:
+    agent = world.agent(interval_s=3600.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: find_condition(world.node(), c.GPU_HEALTHY) is not None, 20, "the first cycle's write")
+        world.log(1, XID_79)
+        wait_for(lambda: world.condition(c.GPU_HEALTHY)["status"] == "False", 20, "the follower's write")
+    finally:
+        stop.set()
+        thread.join(10)
