@@ -13,6 +13,7 @@ Errors name the key path: ``groups[1].thermal.gpu_cordon_c: expected a number, g
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -348,13 +349,22 @@ def _parse_group(index: int, raw: Any, defaults: Policy) -> NodeGroup:
     return NodeGroup(name=name, selector=selector, policy=merge_section(defaults, rest, path))
 
 
+def _known_sections(key: str, sections: Collection[str]) -> str:
+    """The close section names of a mistyped key, or all of them; a key too long to be a typo gets the page."""
+    close = difflib.get_close_matches(key, sections, n=3, cutoff=0.75)
+    if close:
+        return "did you mean " + " or ".join(close) + "?"
+    if len(key) > 40:
+        return "not a section of the policy: docs/policy-reference.md lists them"
+    return "known: " + ", ".join(sorted({*sections, "groups"}))
+
+
 def parse_policy(data: Mapping[str, Any], source: str = "<data>") -> PolicyFile:
     """A parsed TOML document → PolicyFile; raises PolicyError naming the key path."""
     policy_keys, cluster_keys = _field_names(Policy), _field_names(ClusterSettings)
     for key in data:
         if key not in policy_keys | cluster_keys | {"groups"}:
-            known = ", ".join(sorted(policy_keys | cluster_keys | {"groups"}))
-            raise PolicyError(f"{_join('', key)}: unknown key (known: {known})")
+            raise PolicyError(f"{_join('', key)}: unknown key ({_known_sections(key, policy_keys | cluster_keys)})")
     defaults = merge_section(Policy(), {k: v for k, v in data.items() if k in policy_keys}, "")
     cluster = merge_section(ClusterSettings(), {k: v for k, v in data.items() if k in cluster_keys}, "")
     raw_groups = data.get("groups", [])

@@ -17,7 +17,7 @@ from typing import Any
 from gpuremediate.signals.workload import PREFLIGHT, Failure, WorkloadSignal
 from gpuremediate.vocab.findings import ACTION_RESET_GPU, Finding
 from gpuremediate.vocab.preflight import KIND_PREFLIGHT, parse_message
-from gpuremediate.vocab.schema import PolicyError, between, duration, one_of, setting
+from gpuremediate.vocab.schema import PolicyError, _show, between, duration, one_of, setting
 
 PREFLIGHT_ONLY = frozenset({PREFLIGHT})
 
@@ -26,7 +26,7 @@ def _words_or_empty(value: Any, path: str) -> None:
     try:
         shlex.split(value)
     except ValueError as exc:
-        raise PolicyError(f"{path}: cannot split {value!r} like a shell: {exc}") from None
+        raise PolicyError(f"{path}: cannot split {_show(value)} like a shell: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from gpuremediate.controller import Controller
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, NODES
+from gpuremediate.policy import conditions as c
 from gpuremediate.policy.config import loads_policy
-from gpuremediate.signals import conditions as c
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import record_from_node

@@ -167,3 +167,10 @@ def test_custom_actions_are_collected_for_the_actions_hook() -> None:
     policy_file.check_custom_actions({"my-fix", "slow-fix"})
     with pytest.raises(PolicyError, match=r'^groups\[2\]\.row_remap\.pending_action: custom action "slow-fix" is not'):
         policy_file.check_custom_actions({"my-fix"})
+
+
+def test_a_mistyped_section_is_answered_with_the_close_names() -> None:
+    with pytest.raises(PolicyError, match=r"^thermall: unknown key \(did you mean thermal\?\)$"):
+        loads_policy("[thermall]\nhold_s = 1", "typo")
+    with pytest.raises(PolicyError, match=r"^foo: unknown key \(known: actions, .*preflight.*\)$"):
+        loads_policy("[foo]\nx = 1", "unknown")
