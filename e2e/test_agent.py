@@ -171,3 +171,4 @@ def test_an_xid_flood_is_a_few_status_writes(world: World) -> None:
     assert agent.metrics.xid.value(pci_bus_id=bus, xid="79") == 200  # every line counted
     # the fault (the flood coalesced), healthy again after the reboot, and little else: not 200
     assert agent.metrics.status_writes.value(result="ok") - writes_before <= 6
+    assert world.jobs(node, "reboot") == 1  # a read begun before the reboot says nothing of the node after it

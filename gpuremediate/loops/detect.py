@@ -707,6 +707,8 @@ class DetectLoop:
         if isinstance(record, RecordError):
             self._apply(node, decide.on_malformed(record, node_unschedulable_of(node), now))
             return None
+        if readings is not None and _read_before_return(readings, record):
+            readings = None  # begun before the node came back from its repair: it shows the node before the repair
         memory = self._memory_for(name, record)
         metric_findings: Sequence[Finding] = ()
         if readings is not None:
@@ -1253,6 +1255,14 @@ def _created_after(node: Node, when: float) -> bool:
         return parse_rfc3339(stamp) > when + 1.0  # whole seconds on the server's clock
     except errors.ConfigError:
         return False
+
+
+def _read_before_return(readings: NodeReadings, record: NodeRecord | None) -> bool:
+    """A read begun before the node's record came back to healthy (a repair faster than one read: the agent's
+    condition path) shows the node before its repair: an XID the reboot cleared would open a second flow. Its
+    metrics count as unknown for this pass (nothing judged, nothing pruned); the next read tells. With Prometheus
+    the time is its evaluation's, so a server clock behind ours delays a new fault's read by that much, never more."""
+    return record is not None and record.state == states.HEALTHY and 0.0 < readings.observed_at < record.since
 
 
 def _isolated_in_flow(record: NodeRecord) -> bool:

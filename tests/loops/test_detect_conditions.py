@@ -40,6 +40,7 @@ class ScriptedSource:
     def __init__(self) -> None:
         self.down: set[str] = set()
         self.xid: set[str] = set()
+        self.observed: dict[str, float] = {}  # node -> when its reading's scrape began (0: unsaid)
 
     def read(self) -> list[NodeReadings]:
         out = []
@@ -48,7 +49,8 @@ class ScriptedSource:
                 out.append(unknown(node, "exporter", "scrape failed: timed out", 1.0))
                 continue
             gpu = GpuReading(node=node, gpu="0", uuid=f"GPU-{node}", xid=79 if node in self.xid else None)
-            out.append(NodeReadings(node=node, source="exporter", status=SOURCE_OK, gpus=(gpu,)))
+            out.append(NodeReadings(node=node, source="exporter", status=SOURCE_OK, gpus=(gpu,),
+                                    observed_at=self.observed.get(node, 0.0)))
         return out
 
 
@@ -134,3 +136,25 @@ def test_metric_fingerprints_stay_handled_while_only_the_conditions_are_known(wo
     assert record is not None
     assert "xid/GPU-gpu-4/79" in record.handled  # the exporter cannot say it is gone
     assert handled[1] not in record.handled  # the conditions are current: that one is gone
+
+
+def test_a_read_begun_before_the_node_came_back_does_not_open_a_second_flow(world: World) -> None:
+    """A node repaired faster than one read (the agent's condition path, issue 48) comes back healthy while a scrape
+    begun before its reboot is still answering with the XID the reboot cleared: that reading shows the node before
+    its repair, never a new fault. A read begun after its return with the XID is one."""
+    node = "gpu-2"
+    back = world.controller.ctx.clock()
+    world.client.patch(NODES, node, node_patch(NodeRecord(state=states.HEALTHY, since=back),
+                                               owner=world.client.get(NODES, node)))
+    wait_for(lambda: record_from_node(world._cached(node)) is not None, 10, "the record in the node cache")
+    world.source.xid.add(node)
+    world.source.observed[node] = back - 2.0
+    world.cycle()
+    record = world.record(node)
+    assert record is not None and record.state == states.HEALTHY and record.fault is None
+    assert not world.client.get(NODES, node).get("spec", {}).get("unschedulable")
+    world.source.observed[node] = back + 1.0
+    world.cycle()
+    record = world.record(node)
+    assert record is not None and record.state != states.HEALTHY
+    assert record.fault is not None and record.fault.code == "79"

@@ -75,7 +75,7 @@ def test_the_setting_defaults_to_node_and_is_checked() -> None:
     assert loaded.defaults.isolation.by_device_plugin and loaded.defaults.isolation.device_plugin_wait_s == 30
     with pytest.raises(PolicyError, match=r"isolation\.without_dra: expected one of node, device-plugin, got 'dp'"):
         loads_policy('[isolation]\nwithout_dra = "dp"\n')
-    with pytest.raises(PolicyError, match=r"isolation\.device_plugin_wait_s: must be at least 1"):
+    with pytest.raises(PolicyError, match=r"isolation\.device_plugin_wait_s: must be between 1 and "):
         loads_policy('[isolation]\ndevice_plugin_wait_s = 0\n')
 
 
