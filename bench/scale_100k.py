@@ -298,7 +298,7 @@ def api_by_resource(srv: KubeAPIServer, since: int, seconds: float) -> dict[str,
 def spread(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    return {"p50": round(percentile(values, 50), 2), "p90": round(percentile(values, 90), 2),
+    return {"p50": round(percentile(values, 0.5), 2), "p90": round(percentile(values, 0.9), 2),
             "max": round(max(values), 2), "count": len(values)}
 
 
@@ -373,7 +373,7 @@ def figures(result: dict[str, Any], srv: KubeAPIServer, client: KubeClient, watc
         has_it = prom.recv()
         wait(lambda: alive() or node in watch.cordons, 120, f"{node} cordoned")  # noqa: B023 (waited on here)
         latencies.append(watch.cordons[node][0][0] - has_it)
-    result["single_fault_has_it_to_cordon_s"] = spread(latencies)
+    result["single_fault_has_it_to_cordon_s"] = {**spread(latencies), "each": [round(v, 2) for v in latencies]}
     log(f"single faults: {result['single_fault_has_it_to_cordon_s']}")
     if burst:
         burst_phase(result, srv, client, watch, prom, alive, shards, shard, n, burst, set(singles))
