@@ -29,6 +29,7 @@ is S x the replica's, printed beside.
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import multiprocessing
@@ -286,6 +287,10 @@ def emulator(n: int) -> tuple[KubeAPIServer, KubeClient]:
     nodes = srv.type_for("", "nodes")
     for name in names(n):  # straight into the store: 100,000 creates over HTTP would be this bench's longest part
         srv.store.create(nodes, node_body(name), "")
+    # The store's millions of objects live to the end: out of the collector's sight, or each full collection walks
+    # them all while the emulator's threads wait (a LIST page took over the controller's 60 s sync limit once).
+    gc.collect()
+    gc.freeze()
     return srv, client
 
 
