@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-burst bench-burst-sources bench-kmsg bench-isolation bench-degradation e2e e2e-kind image clean help
+.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-isolation bench-degradation e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
@@ -14,6 +14,7 @@ help:
 	@echo "make lint      ruff + mypy on gpuremediate/, shellcheck on e2e/kind/ when installed (INSTALL_SHELLCHECK=1: apt-get it)"
 	@echo "make bench     benchmarks (bench/)"
 	@echo "make bench-scale  the controller at 1,000 / 2,500 / 5,000 GPU nodes on a real Prometheus (N=... for one size)"
+	@echo "make bench-100k  100,000 nodes: one replica of --shards 20 (then 10) reading only its shard (N=... for another size)"
 	@echo "make bench-burst  750 of 5,000 nodes faulting within 10 s: time to cordon (issue 27)"
 	@echo "make bench-burst-sources  the same burst through a real Prometheus and through direct scraping"
 	@echo "make bench-kmsg   Xid line in a node's kernel log -> cordoned, at 5,000 nodes: one at a time, 750 in 10 s, a storm (issue 48)"
@@ -80,6 +81,11 @@ bench-scale: $(STAMP)
 		{ echo "bench-scale needs Debian's prometheus package (apt-get install -y prometheus, as root)" >&2; exit 2; }
 	$(PY) bench/scale.py $(if $(N),$(N),1000 2500 5000)
 	$(PY) bench/scale.py --direct $(if $(N),$(N),1000)
+
+# 100,000 nodes measured (issue 48): one replica of S = 20, then S = 10, with per-shard Prometheus reads against a
+# stand-in serving only its shard, the other replicas' Leases and budget claims simulated; ~15 minutes per S.
+bench-100k: $(STAMP)
+	$(PY) bench/scale_100k.py $(if $(N),$(N),100000) --shards 20 10
 
 # Mass failure (issue 27): the cordon burst on the API emulator; `bench/burst.py --help` for the other shapes.
 bench-burst: $(STAMP)

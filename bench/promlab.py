@@ -6,6 +6,7 @@ Debian's ``prometheus`` package provides both binaries (``apt-get install -y pro
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 Labels = Mapping[str, str]
 Point = tuple[float, float]  # (unix seconds, value)
@@ -76,6 +78,7 @@ class PromServer:
     honor_labels: bool = False
     rule_files: Sequence[Path] = ()
     evaluation_interval: str = "15s"
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = ()  # the scrape job's, as in prometheus.yml
     url: str = ""
     proc: subprocess.Popen[bytes] | None = None
 
@@ -86,8 +89,10 @@ class PromServer:
             lines += ["rule_files:"] + [f'  - "{path}"' for path in self.rule_files]
         lines.append("scrape_configs:")
         if self.targets:
-            lines += ["  - job_name: dcgm", f"    honor_labels: {str(self.honor_labels).lower()}",
-                      "    static_configs:"]
+            lines += ["  - job_name: dcgm", f"    honor_labels: {str(self.honor_labels).lower()}"]
+            if self.metric_relabel_configs:  # JSON is YAML's flow style
+                lines.append(f"    metric_relabel_configs: {json.dumps(list(self.metric_relabel_configs))}")
+            lines.append("    static_configs:")
             for t in self.targets:
                 labels = ", ".join(f'{k}: "{v}"' for k, v in t.labels.items())
                 lines += [f'      - targets: ["{t.address}"]', f"        labels: {{{labels}}}"]

@@ -33,6 +33,7 @@ from gpuremediate.kube import miniyaml
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, load_config
 from gpuremediate.kube.errors import Forbidden, KubeError
+from gpuremediate.kube.handover import SHARD_HASHES
 from gpuremediate.kube.shards import list_shard_leases, shard_status_lines
 from gpuremediate.obs.log import add_log_flags, setup_logging
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
@@ -127,6 +128,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, default=1,
                    help="split the GPU nodes into this many shards, one Lease gpuremediate-shard-<i> each; every "
                         "replica acts on the shards it holds (default 1: one leader, with --leader-elect)")
+    p.add_argument("--shard-hash", choices=SHARD_HASHES, default=SHARD_HASHES[0],
+                   help="how a node's name picks its shard: sha256 (the default), or hashmod, as Prometheus' hashmod "
+                        "relabelling of the node name mod --shards (for --prometheus-shard-label; a change of hash "
+                        "hands over as a change of --shards does)")
     p.add_argument("--source", choices=SOURCES, default="exporter", help="where GPU health comes from")
     p.add_argument("--exporter-namespace", default="gpu-operator", help="where the dcgm-exporter pods run")
     p.add_argument("--exporter-selector", default="app=nvidia-dcgm-exporter",
@@ -150,6 +155,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="how often new faults are asked for between reads (default 1s; one small query, never two "
                         "at once; a slow answer spaces the next by 20 times its length, a failure doubles the "
                         "spacing up to --scrape-interval; off: never)")
+    p.add_argument("--prometheus-shard-label", default="",
+                   help="with --shards and --shard-hash=hashmod: the label a hashmod relabelling of the node name "
+                        "gives every GPU series (docs/sizing.md); each replica asks Prometheus for its own shards' "
+                        "series only (default: every replica reads the fleet's answers)")
     p.add_argument("--scrape-interval", default="",
                    help="how often GPU health is read in full (default 15s; with --source=prometheus 60s: its fault "
                         "poll finds faults between reads, and a full read costs Prometheus a read of every GPU's "
@@ -201,6 +210,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                                         MAX_LEASE_S),
         retry_period_s=parse_duration(args.leader_elect_retry_period, "--leader-elect-retry-period", MAX_LEASE_S),
         shards=args.shards,
+        shard_hash=args.shard_hash,
         identity=args.identity,
         source=args.source,
         exporter_namespace=args.exporter_namespace,
@@ -215,6 +225,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prometheus_query_timeout_s=(parse_duration(args.prometheus_query_timeout, "--prometheus-query-timeout",
                                                    MAX_SCRAPE_TIMEOUT_S) if args.prometheus_query_timeout else 0.0),
         prometheus_max_bytes=args.prometheus_max_bytes,
+        prometheus_shard_label=args.prometheus_shard_label,
         prometheus_fault_poll_s=(0.0 if args.prometheus_fault_poll == "off" else
                                  parse_duration(args.prometheus_fault_poll, "--prometheus-fault-poll", MAX_INTERVAL_S)),
         scrape_interval_s=(parse_duration(args.scrape_interval, "--scrape-interval", MAX_INTERVAL_S)

@@ -10,6 +10,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gpuremediate.kube.handover import SHARD_HASHES
 from gpuremediate.kube.shards import MAX_SHARDS
 from gpuremediate.vocab.schema import DNS_LABEL_WANTED, DNS_SUBDOMAIN_WANTED, is_dns_label, is_dns_subdomain
 
@@ -53,6 +54,7 @@ class Settings:
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     shards: int = 1  # >1: each replica owns the nodes of the gpuremediate-shard-<i> Leases it holds
+    shard_hash: str = "sha256"  # how a node's name picks its shard; hashmod: as Prometheus' hashmod relabelling
     identity: str = ""
     source: str = "exporter"
     exporter_namespace: str = "gpu-operator"
@@ -67,6 +69,7 @@ class Settings:
     prometheus_query_timeout_s: float = 0.0  # 0: scales with the fleet (the source's own default)
     prometheus_max_bytes: int = 0  # 0: scales with the fleet (the source's own default)
     prometheus_fault_poll_s: float = 1.0  # the fault fast path between reads; 0: off
+    prometheus_shard_label: str = ""  # the series' hashmod shard label: a sharded replica asks for its shards only
     scrape_interval_s: float = 15.0  # --scrape-interval; without it PROMETHEUS_READ_INTERVAL_S for that source
     resync_s: float = 10.0
     # Workers per node loop (drain, repair, validate, quarantine): nodes stepped at once. A step is a few API calls
@@ -105,6 +108,10 @@ class Settings:
             raise SettingsError(f"--loop-workers: expected 1 to {MAX_LOOP_WORKERS}, got {self.loop_workers}")
         if not 1 <= self.shards <= MAX_SHARDS:
             raise SettingsError(f"--shards: expected 1 to {MAX_SHARDS}, got {self.shards}")
+        if self.shard_hash not in SHARD_HASHES:
+            raise SettingsError(f"--shard-hash: expected one of {', '.join(SHARD_HASHES)}, got {self.shard_hash!r}")
+        if self.prometheus_shard_label:
+            self._validate_shard_label()
         if any(c.isspace() for c in self.identity) or len(self.identity) > 253:
             raise SettingsError(f"--identity: no whitespace allowed, at most 253 characters, got {self.identity!r}")
         check_host(self.metrics_host, "--metrics-addr")
@@ -142,6 +149,15 @@ class Settings:
             ("--leader-elect-renew-deadline", self.renew_deadline_s, MAX_LEASE_S),
             ("--leader-elect-retry-period", self.retry_period_s, MAX_LEASE_S),
         ]
+
+    def _validate_shard_label(self) -> None:
+        label = self.prometheus_shard_label
+        if not LABEL_NAME.fullmatch(label) or label.startswith("__"):
+            raise SettingsError(f"--prometheus-shard-label: not a Prometheus label name: {label!r}")
+        if self.source != "prometheus" or not self.sharded or self.shard_hash != "hashmod":
+            raise SettingsError("--prometheus-shard-label needs --source=prometheus, --shards above 1 and "
+                                "--shard-hash=hashmod (the label is Prometheus' hashmod of the node name mod --shards: "
+                                "docs/sizing.md)")
 
     def _validate_prometheus(self) -> None:
         if self.prometheus_max_bytes and not 1024 <= self.prometheus_max_bytes <= 4 * 1024**3:

@@ -46,7 +46,7 @@ from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.shutdown import Shutdown
 from gpuremediate.signals.alerts import AlertsError, AlertsReader
-from gpuremediate.signals.sources import ExporterSource, PrometheusSource, Source
+from gpuremediate.signals.sources import ExporterSource, PrometheusSource, ShardScope, Source
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, record_from_node
 from gpuremediate.webhook.mutate import Settings as WebhookSettings
@@ -97,8 +97,10 @@ class ShardExporterSource(ExporterSource):
 
 def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetrics, view: NodeView,
                  owns: Callable[[str], bool] = lambda _node: True,
-                 clock: Callable[[], float] = time.time) -> Source:
-    """The GPU-metrics source; ``owns`` narrows it to the nodes this replica acts on (--shards)."""
+                 clock: Callable[[], float] = time.time,
+                 held: Callable[[], frozenset[int]] = frozenset) -> Source:
+    """The GPU-metrics source; ``owns`` narrows it to the nodes this replica acts on (--shards), ``held`` the shards
+    it holds (--prometheus-shard-label: the queries select those shards' series)."""
 
     def expected() -> list[str]:
         return [name_of(n) for n in view.gpu_nodes() if not is_excluded(n) and owns(name_of(n))]
@@ -112,6 +114,8 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
             fault_poll_s=settings.prometheus_fault_poll_s, clock=clock,
             fleet_size=lambda: len(view.gpu_nodes()),  # every replica asks for the whole fleet (--shards too)
             keep=owns if settings.sharded else None,
+            shard_scope=ShardScope(settings.prometheus_shard_label, settings.shards, held)
+            if settings.prometheus_shard_label else None,
         )
     sharded: dict[str, Any] = {"owns": owns} if settings.sharded else {}
     return (ShardExporterSource if settings.sharded else ExporterSource)(
@@ -211,8 +215,10 @@ class Controller:
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,
                                events=events, nodes=view, writer=writer, breakers=breakers, clock=clock,
                                shards=self.shards, claims=claims)
-        self.detect = DetectLoop(self.ctx, source or build_source(settings, self.client, self.metrics, view,
-                                                                  self.ctx.owns, clock))
+        shards = self.shards
+        self.detect = DetectLoop(self.ctx, source or build_source(
+            settings, self.client, self.metrics, view, self.ctx.owns, clock,
+            held=shards.owned if shards is not None else frozenset))
         alerts, alerts_problem = build_alerts(settings, policy)
         if alerts_problem:
             log.error("blocking alerts cannot be read: drains wait while this lasts",
@@ -475,7 +481,8 @@ class Controller:
         return ShardSet(self.client, settings.namespace, settings.who, settings.shards,
                         lease_duration=settings.lease_duration_s, renew_deadline=settings.renew_deadline_s,
                         retry_period=settings.retry_period_s, on_change=self._shards_changed,
-                        leader_lease=settings.lease_name, on_conflict=self._mode_conflict)
+                        leader_lease=settings.lease_name, on_conflict=self._mode_conflict,
+                        shard_hash=settings.shard_hash)
 
     def _mode_conflict(self, why: str) -> None:
         """Replicas of another mode (a rollout changing --leader-elect / --shards) act instead of this one."""

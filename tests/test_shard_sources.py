@@ -3,17 +3,19 @@ expects readings only for those nodes (another replica reads the rest)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gpuremediate.config import Settings
+from gpuremediate.config import Settings, SettingsError
 from gpuremediate.controller import ShardExporterSource, build_source
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, PODS
 from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.signals.sources import PrometheusSource
 from sim.kubeapi import KubeAPIServer
 
 NODES = ("gpu-a", "gpu-b", "gpu-c")
@@ -61,3 +63,37 @@ def test_unsharded_every_node_is_read(client: KubeClient) -> None:
         assert {r.node for r in source.read()} == {*NODES, "gpu-d"}
     finally:
         source.stop()
+
+
+def test_per_shard_prometheus_reads_select_the_shards_held(client: KubeClient) -> None:
+    """--prometheus-shard-label: every query of a read selects the held shards' series by that label."""
+    settings = Settings(source="prometheus", prometheus_url="http://prometheus:9090", shards=4,
+                        shard_hash="hashmod", prometheus_shard_label="gpuremediate_shard").validate()
+    source = build_source(settings, client, ControllerMetrics(), Nodes(),  # type: ignore[arg-type]
+                          owns=lambda _node: True, held=lambda: frozenset({3, 1}))
+    assert isinstance(source, PrometheusSource) and source.shard_scope is not None
+    asked: list[str] = []
+
+    def answer(query: str, what: str, timeout: float | None = None) -> tuple[list[Any], float]:
+        asked.append(query)
+        return [], 0.0
+
+    source._query = answer  # type: ignore[method-assign]
+    source.read()
+    source.reads = 1
+    source.changed_nodes()
+    assert asked and source.mode == "raw"  # the recording rules aggregate the shard label away: not looked for
+    for query in asked:
+        selectors = re.findall(r"\{[^}]*\}", query)
+        assert selectors and all('gpuremediate_shard=~"1|3"' in s for s in selectors), query
+
+
+@pytest.mark.parametrize(("flags", "error"), [
+    ({"prometheus_shard_label": "gpuremediate_shard", "shards": 4}, "--prometheus-shard-label needs"),
+    ({"prometheus_shard_label": "gpuremediate_shard", "shard_hash": "hashmod"}, "--prometheus-shard-label needs"),
+    ({"prometheus_shard_label": "gpu-shard", "shards": 4, "shard_hash": "hashmod"}, "not a Prometheus label name"),
+    ({"shard_hash": "md5", "shards": 4}, "--shard-hash: expected one of sha256, hashmod"),
+])
+def test_per_shard_flags_are_checked(flags: dict[str, Any], error: str) -> None:
+    with pytest.raises(SettingsError, match=error):
+        Settings(source="prometheus", prometheus_url="http://prometheus:9090", **flags).validate()

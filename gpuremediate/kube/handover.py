@@ -33,6 +33,15 @@ SHARDS_ANNOTATION = "gpuremediate.io/shards"  # the holder's --shards: its node 
 LEADER_MODE = "leader"
 
 
+SHARD_HASHES = ("sha256", "hashmod")  # how a node's name picks its shard (kube/shards.py); the first is the default
+
+
+def shards_value(shards: int, shard_hash: str = SHARD_HASHES[0]) -> str:
+    """The ``gpuremediate.io/shards`` annotation of a shard Lease: the holder's --shards, and its --shard-hash when
+    that is not the default (``20/hashmod``). Two hashes map nodes differently: they are two modes."""
+    return str(shards) if shard_hash == SHARD_HASHES[0] else f"{shards}/{shard_hash}"
+
+
 def shards_mode(shards: int | str) -> str:
     return f"shards={shards}"
 
@@ -135,4 +144,7 @@ class ModeGuard:
 
 
 def describe(mode: str) -> str:
-    return "--leader-elect" if mode == LEADER_MODE else f"--{mode}"
+    if mode == LEADER_MODE:
+        return "--leader-elect"
+    shards, _, shard_hash = mode.partition("/")
+    return f"--{shards} --shard-hash={shard_hash}" if shard_hash else f"--{shards}"

@@ -1,7 +1,11 @@
 """Sharding on Kubernetes itself: ``--shards S`` replicas, each owning the GPU nodes of the shards whose
 ``coordination.k8s.io/v1`` Lease (``gpuremediate-shard-<i>``) it holds.
 
-A node's shard is ``sha256(name) mod S`` (stable across processes and restarts; Python's ``hash()`` is salted).
+A node's shard is ``sha256(name) mod S`` (stable across processes and restarts; Python's ``hash()`` is salted), or
+with ``--shard-hash=hashmod`` Prometheus' ``hashmod`` relabelling of the name (the last 8 bytes of its MD5, big-endian,
+mod S), so that a scrape configuration can label each series with its node's shard and a replica asks Prometheus for
+its own shards' series only (signals/sources.py, docs/sizing.md). The hash is part of the mode: its Leases say
+``gpuremediate.io/shards: S/hashmod``, and a rollout that changes it hands over as one that changes S.
 Each shard Lease is held with the leader Lease's rules (``leader.LeaseLock``: acquire/renew by our clock, the
 holder's promise judged by its ``leaseDurationSeconds``, release on shutdown as client-go's ReleaseOnCancel).
 
@@ -46,11 +50,13 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.handover import (
     HANDOVER_ANNOTATION,
     HANDOVER_VERSION,
+    SHARD_HASHES,
     SHARD_LEASE_PREFIX,
     SHARDS_ANNOTATION,
     ModeGuard,
     shard_index_of,
     shards_mode,
+    shards_value,
 )
 from gpuremediate.kube.leader import JITTER_FACTOR, LeaseLock, duration_of, lease_clock, micro_time
 from gpuremediate.kube.resources import LEASES, NODES
@@ -69,8 +75,20 @@ def _hash_mod(text: str, modulus: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % modulus
 
 
-def shard_of(node: str, shards: int) -> int:
-    """The shard of a node: ``sha256(name) mod shards`` (the same in every process, unlike ``hash()``)."""
+def prometheus_hashmod(text: str, modulus: int) -> int:
+    """Prometheus' ``hashmod`` relabel action on one source label's value: the last 8 bytes of its MD5 digest as a
+    big-endian unsigned integer, mod ``modulus`` (model/relabel/relabel.go: ``binary.BigEndian.Uint64(hash[8:]) %
+    cfg.Modulus``; several source labels would be joined by the separator first: we hash the node name alone)."""
+    return int.from_bytes(hashlib.md5(text.encode(), usedforsecurity=False).digest()[8:], "big") % modulus
+
+
+def shard_of(node: str, shards: int, shard_hash: str = SHARD_HASHES[0]) -> int:
+    """The shard of a node: ``sha256(name) mod shards`` (the same in every process, unlike ``hash()``), or with
+    ``hashmod`` the shard Prometheus' hashmod relabelling gives the name."""
+    if shard_hash == "hashmod":
+        return prometheus_hashmod(node, shards)
+    if shard_hash != SHARD_HASHES[0]:
+        raise ValueError(f"shard hash: expected one of {', '.join(SHARD_HASHES)}, got {shard_hash!r}")
     return _hash_mod(node, shards)
 
 
@@ -126,15 +144,20 @@ class ShardSet:
         on_change: Callable[[frozenset[int]], None] | None = None,
         leader_lease: str = "gpuremediate",
         on_conflict: Callable[[str], None] | None = None,
+        shard_hash: str = SHARD_HASHES[0],
     ) -> None:
         """``on_change(owned)``: the shards ours to act on changed; ``on_conflict(why)``: we started ("" :
-        stopped) waiting for replicas of another mode (``leader_lease``: the --leader-elect Lease's name)."""
+        stopped) waiting for replicas of another mode (``leader_lease``: the --leader-elect Lease's name);
+        ``shard_hash``: how a node's name picks its shard (``sha256`` or Prometheus' ``hashmod``)."""
         if not identity:
             raise ValueError("shard leases need a non-empty identity")
         if not 1 <= shards <= MAX_SHARDS:
             raise ValueError(f"shards: expected 1 to {MAX_SHARDS}, got {shards}")
         if not lease_duration > renew_deadline > retry_period * JITTER_FACTOR > 0:
             raise ValueError("need lease_duration > renew_deadline > retry_period * 1.2 > 0 (client-go's rule)")
+        if shard_hash not in SHARD_HASHES:
+            raise ValueError(f"shard hash: expected one of {', '.join(SHARD_HASHES)}, got {shard_hash!r}")
+        self.shard_hash = shard_hash
         self.client = client
         self.namespace = namespace
         self.identity = identity
@@ -146,7 +169,8 @@ class ShardSet:
         self.on_conflict = on_conflict
         self._clock = clock or lease_clock
         self.locks = [self._lock_for(i) for i in range(shards)]
-        self.guard = ModeGuard(namespace, identity, shards_mode(shards), leader_lease, self._watcher)
+        self.guard = ModeGuard(namespace, identity, shards_mode(shards_value(shards, shard_hash)), leader_lease,
+                               self._watcher)
         self.preferred = preferred_shard(identity, shards)
         self._held: set[int] = set()  # acquired and not yet given up or lost
         self._settled: set[int] = set()  # held since before the last round's read: ours to act on
@@ -172,10 +196,10 @@ class ShardSet:
         return frozenset(i for i in settled if self.locks[i].valid_for_me())
 
     def owns(self, node: str) -> bool:
-        return shard_of(node, self.shards) in self.owned()
+        return self.shard_index(node) in self.owned()
 
     def shard_index(self, node: str) -> int:
-        return shard_of(node, self.shards)
+        return shard_of(node, self.shards, self.shard_hash)
 
     def fence(self, method: str, path: str) -> None:
         """A KubeClient write fence: refuse (errors.NotLeader) a write for a node whose shard is not ours now."""
@@ -185,7 +209,7 @@ class ShardSet:
         owned = self.owned()
         if node is None and owned:
             return
-        if node is not None and shard_of(node, self.shards) in owned:
+        if node is not None and self.shard_index(node) in owned:
             return
         with self._lock:
             self.refused_writes += 1
@@ -194,7 +218,7 @@ class ShardSet:
         elif node is None:
             why = f"{self.identity} holds no shard lease (of {self.shards}) within its renew deadline"
         else:
-            index = shard_of(node, self.shards)
+            index = self.shard_index(node)
             why = (f"node {node} is in shard {index}: {self.identity} does not hold lease "
                    f"{self.namespace}/{shard_lease_name(index)} within its {self.renew_deadline:g}s renew deadline")
         raise errors.NotLeader(method, path, why)
@@ -301,7 +325,8 @@ class ShardSet:
     def _lock_for(self, index: int) -> LeaseLock:
         return LeaseLock(self.client, self.namespace, shard_lease_name(index), self.identity, self.lease_duration,
                          self.renew_deadline, self._clock, takeover_drops=(WANTED_ANNOTATION,),
-                         annotations={SHARDS_ANNOTATION: str(self.shards), HANDOVER_ANNOTATION: HANDOVER_VERSION})
+                         annotations={SHARDS_ANNOTATION: shards_value(self.shards, self.shard_hash),
+                                      HANDOVER_ANNOTATION: HANDOVER_VERSION})
 
     def _watcher(self, name: str) -> LeaseLock:
         """An observe-only lock for the mode guard (it never writes)."""

@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
+from gpuremediate.kube.shards import prometheus_hashmod
 from gpuremediate.signals import dcgm, exposition, prom_degradation
 from gpuremediate.signals.degradation_fields import PeerStats
 from gpuremediate.signals.exposition import Labels, Sample
@@ -557,12 +558,35 @@ MODE_CHECK_EVERY = 10  # full reads between two looks for the recording rules
 
 def _selector(metric: str, matcher: str = "", extra: str = "") -> str:
     """``metric{...}`` with the node matcher's (``{Hostname=~"a|b"}``) and ``extra``'s label matchers."""
-    inner = ", ".join(part for part in (matcher[1:-1] if matcher else "", extra) if part)
-    return f"{metric}{{{inner}}}" if inner else metric
+    return metric + and_matcher(matcher, extra)
 
 
 def _by(node_labels: Sequence[str], metric: str) -> str:
     return ", ".join((*node_labels, *KEY_LABELS, *(XID_LABELS if metric in XID_SERIES else ())))
+
+
+def and_matcher(matcher: str, extra: str) -> str:
+    """Two label matchers as one (`{Hostname=~"a"}` and `shard=~"3"`: `{Hostname=~"a", shard=~"3"}`)."""
+    inner = ", ".join(part for part in (matcher[1:-1] if matcher else "", extra) if part)
+    return f"{{{inner}}}" if inner else ""
+
+
+@dataclass(frozen=True)
+class ShardScope:
+    """Per-shard reads (``--prometheus-shard-label``): every GPU series carries ``label``, Prometheus' hashmod of its
+    node name mod ``shards`` (a relabelling in the scrape configuration, docs/sizing.md), and ``held()`` are the
+    shards this replica holds: each query selects those shards' series only, so a read costs the shard, not the
+    fleet. The controller's node -> shard hash is the same hashmod (``--shard-hash=hashmod``)."""
+
+    label: str
+    shards: int
+    held: Callable[[], frozenset[int]]
+
+    def matcher(self, held: frozenset[int]) -> str:
+        return f'{self.label}=~"{"|".join(str(i) for i in sorted(held))}"'
+
+    def holds(self, node: str, held: frozenset[int]) -> bool:
+        return prometheus_hashmod(node, self.shards) in held
 
 
 def fault_selector(metric: str, matcher: str = "", recorded: bool = False) -> str:
@@ -609,14 +633,16 @@ def policy_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES,
     return " or ".join(parts)
 
 
-def identity_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES, nodes: Sequence[str] = ()) -> str:
-    """Each GPU's identity and workload labels (all nodes, or only ``nodes`` by the first node label)."""
+def identity_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES, nodes: Sequence[str] = (),
+                   scope: str = "") -> str:
+    """Each GPU's identity and workload labels (all nodes, or only ``nodes`` by the first node label; ``scope``: a
+    label matcher every series must meet as well, a shard's)."""
     by = ", ".join((*node_labels, *KEY_LABELS, *IDENTITY_LABELS))
     if nodes:
-        series = " or ".join(f'{m}{{{node_labels[0]}="{_promql_string(n)}"}}' for m in IDENTITY_METRICS
-                             for n in nodes)
+        series = " or ".join(m + and_matcher(f'{{{node_labels[0]}="{_promql_string(n)}"}}', scope)
+                             for m in IDENTITY_METRICS for n in nodes)
     else:
-        series = '{__name__=~"' + "|".join(IDENTITY_METRICS) + '"}'
+        series = and_matcher('{__name__=~"' + "|".join(IDENTITY_METRICS) + '"}', scope)
     return f"group by ({by}) ({series})"
 
 
@@ -631,11 +657,12 @@ def polled_metrics(recorded: bool) -> tuple[str, ...]:
     return FAULT_METRICS if recorded else (dcgm.XID_FIELD,)
 
 
-def fault_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES, recorded: bool = False) -> str:
+def fault_query(node_labels: Sequence[str] = dcgm.NODE_LABEL_CANDIDATES, recorded: bool = False,
+                matcher: str = "") -> str:
     """The fast path's query (``PrometheusSource.changed_nodes``): the readings query's non-zero fault series of
     ``polled_metrics`` alone. A healthy fleet answers with nothing, and the XIDs dcgm-exporter puts in labels
     come from Prometheus' index, so it is cheap to ask often."""
-    return policy_query(node_labels, polled_metrics(recorded), recorded=recorded)
+    return policy_query(node_labels, polled_metrics(recorded), matcher=matcher, recorded=recorded)
 
 
 def node_matcher(label: str, nodes: Sequence[str]) -> str:
@@ -677,8 +704,11 @@ class PrometheusSource:
     target is down: Prometheus marks the series stale and drops them from instant queries).
 
     ``keep`` (a sharded replica's ``owns``) narrows what is made of each answer to its nodes: the queries are
-    the fleet's (no PromQL selects by our shard hash), but readings, identity and the faults remembered are
-    made and kept for the replica's own nodes only, so their cost is the shard's, not the fleet's.
+    the fleet's, but readings, identity and the faults remembered are made and kept for the replica's own nodes
+    only. With ``shard_scope`` (``--prometheus-shard-label``) the queries themselves select the shards held when
+    each begins (Prometheus transfers and we decode the shard's series only), and only those shards' nodes are
+    read, or unknown when Prometheus has nothing for them: a shard taken while a read runs is read from the next.
+    Such reads use the raw series: the recording rules aggregate the shard label away.
     """
 
     name = "prometheus"
@@ -699,6 +729,7 @@ class PrometheusSource:
         fleet_size: Callable[[], int] | None = None,
         recording_rules: bool = True,
         keep: Callable[[str], bool] | None = None,
+        shard_scope: ShardScope | None = None,
     ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -730,7 +761,12 @@ class PrometheusSource:
         self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
         self.mode = ""  # MODE_RECORDED while Prometheus has our recording rules, else MODE_RAW ("": not looked yet)
         self.mode_detail = ""  # what the last look found, in words
-        if not recording_rules:  # never looked for: the raw series, always
+        self.shard_scope = shard_scope
+        if shard_scope is not None and recording_rules:
+            recording_rules = False
+            self.mode, self.mode_detail = MODE_RAW, (f"per-shard reads (series labelled {shard_scope.label}) use the "
+                                                     "raw series: the recording rules aggregate that label away")
+        elif not recording_rules:  # never looked for: the raw series, always
             self.mode, self.mode_detail = MODE_RAW, "recording rules not looked for"
         self.recording_rules = recording_rules
         # [degradation] (signals/prom_degradation.py): what to ask for, set by the detect loop from the policy; the
@@ -818,23 +854,26 @@ class PrometheusSource:
         if self.recording_rules and not nodes and (not self.mode or self.reads % MODE_CHECK_EVERY == 0):
             self.detect_mode()
         recorded = self.recorded
+        held = self._held()
+        if held is not None and not held:
+            return []  # no shard held: nothing of ours to ask for (an empty matcher would select the fleet)
+        matcher, mine = self._scoped(matcher, held)
         plan = None if nodes else self.degradation_plan  # the fast path's follow-up reads hard faults only
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="prometheus") as pool:  # evaluated side by side
             asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher, recorded=recorded),
                                 "freshness")
-            degraded = pool.submit(self._degradation, plan) if plan is not None else None
+            degraded = pool.submit(self._degradation, plan, mine) if plan is not None else None
             values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher, recorded=recorded),
                                             "readings")
             stamps, _ = asked.result()
             extra = degraded.result() if degraded is not None else []
-        mine = self._keeper()
         raw: dict[str, list[Sample]] = {}
         for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
             if (node := self._node_of(sample.label)) and mine(node):
                 raw.setdefault(node, []).append(sample)
         self._remember_faults(raw, whole=not nodes)
         self._refresh_identity({node for node, got in raw.items() if any(s.name not in DENSE_METRICS for s in got)},
-                               fleet=not nodes, mine=mine)
+                               fleet=not nodes, mine=mine, scope=self._scope_matcher(held))
         for sample in extra:  # per-GPU degradation fields: values, not faults (remembered or not, above)
             if (node := self._node_of(sample.label)) and node in raw:
                 raw[node].append(sample)
@@ -846,12 +885,13 @@ class PrometheusSource:
             readings.append(self._node_readings(node, samples, newest.get(node), eval_time))
         if nodes:
             return readings
-        readings += self._missing(set(found), eval_time)
+        readings += self._missing(set(found), eval_time, mine if held is not None else None)
         self.nodes_seen = len(readings)
         self.reads += 1
         return readings
 
-    def _degradation(self, plan: prom_degradation.DegradationPlan) -> list[Sample]:
+    def _degradation(self, plan: prom_degradation.DegradationPlan,
+                     mine: Callable[[str], bool] = lambda _node: True) -> list[Sample]:
         """The nodes query, then the marked nodes' fields (and the fleet's peers while there are slow suspects,
         kept in ``fleet_peers``): per-GPU samples for the readings. A failed query is logged (once until it
         changes) and reads no degradation field: those GPUs look idle and quiet to the detector for this read."""
@@ -868,7 +908,7 @@ class PrometheusSource:
                 result, _ = self._query(prom_degradation.peers_query(plan, self.node_labels), "degradation peers")
                 self.fleet_peers = prom_degradation.fleet_peers(_drain_samples(result))
                 self._peers_at = time.monotonic()
-            fields = self._degradation_fields(plan, marked)
+            fields = self._degradation_fields(plan, {node: label for node, label in marked.items() if mine(node)})
         except PrometheusError as exc:
             if str(exc) != self.degradation_error:
                 log.warning("degradation query failed; no slow-GPU, link or trend field this read",
@@ -892,18 +932,30 @@ class PrometheusSource:
             samples += _drain_samples(result)
         return samples
 
-    def _keeper(self) -> Callable[[str], bool]:
-        """``keep``, asked once per node for one answer (a shard's hash per series would cost more than the
-        series)."""
-        keep = self.keep
-        if keep is None:
+    def _held(self) -> frozenset[int] | None:
+        """The shards the queries select now (None: no per-shard reads, the fleet's series)."""
+        return None if self.shard_scope is None else self.shard_scope.held()
+
+    def _scope_matcher(self, held: frozenset[int] | None) -> str:
+        return "" if held is None or self.shard_scope is None else self.shard_scope.matcher(held)
+
+    def _scoped(self, matcher: str, held: frozenset[int] | None) -> tuple[str, Callable[[str], bool]]:
+        """The selector's matcher with the held shards' label matcher, and which nodes of the answer are ours."""
+        return and_matcher(matcher, self._scope_matcher(held)), self._keeper(held)
+
+    def _keeper(self, held: frozenset[int] | None = None) -> Callable[[str], bool]:
+        """``keep`` (and, for per-shard reads, a node of the shards ``held``), asked once per node for one answer (a
+        shard's hash per series would cost more than the series)."""
+        keep, scope = self.keep, self.shard_scope
+        if keep is None and (held is None or scope is None):
             return lambda _node: True
         kept: dict[str, bool] = {}
 
         def mine(node: str) -> bool:
             answer = kept.get(node)
             if answer is None:
-                answer = kept[node] = keep(node)
+                answer = kept[node] = ((keep is None or keep(node))
+                                       and (held is None or scope is None or scope.holds(node, held)))
             return answer
 
         return mine
@@ -915,8 +967,12 @@ class PrometheusSource:
         node with an old XID changed, and ask for all of them in one selector)."""
         if self.reads == 0:
             return set()
+        held = self._held()
+        if held is not None and not held:
+            return set()
+        matcher, mine = self._scoped("", held)
         try:
-            values, _ = self._query(fault_query(self.node_labels, recorded=self.recorded), "fault",
+            values, _ = self._query(fault_query(self.node_labels, recorded=self.recorded, matcher=matcher), "fault",
                                     timeout=min(self.timeout_s, FAULT_QUERY_TIMEOUT_S))
         except PrometheusError as exc:  # said once: the full read reports Prometheus' trouble every cycle
             if not self.fault_error:
@@ -927,7 +983,6 @@ class PrometheusSource:
         self.fault_error = ""
         now: dict[str, set[_Fault]] = {}
         named_by: dict[str, str] = {}
-        mine = self._keeper()
         for sample in _drain_samples(values):
             if (named := self._naming_label(sample.label)) and mine(named[1]):
                 now.setdefault(named[1], set()).add((sample.name, sample.labels, sample.value))
@@ -949,7 +1004,7 @@ class PrometheusSource:
                 self._faults_seen.update(seen)
 
     def _refresh_identity(self, faulty: set[str], fleet: bool = True,
-                          mine: Callable[[str], bool] = lambda _node: True) -> None:
+                          mine: Callable[[str], bool] = lambda _node: True, scope: str = "") -> None:
         """Every ``identity_every`` fleet reads for the fleet; at once for nodes showing a fault (their pods
         are what a drain reads next). A failed identity query keeps what was known: values still count."""
         full = fleet and self.reads % self.identity_every == 0
@@ -957,7 +1012,7 @@ class PrometheusSource:
         if not full and not nodes:
             return
         try:
-            result, _ = self._query(identity_query(self.node_labels, nodes), "identity")
+            result, _ = self._query(identity_query(self.node_labels, nodes, scope), "identity")
         except PrometheusError as e:
             log.warning("GPU identity query failed; keeping what was known", extra={"error": str(e)})
             return
@@ -996,12 +1051,16 @@ class PrometheusSource:
             return unknown(node, self.name, "no GPU series of the policy for this node in Prometheus", eval_time)
         return found[0]
 
-    def _missing(self, covered: set[str], eval_time: float) -> list[NodeReadings]:
+    def _missing(self, covered: set[str], eval_time: float,
+                 asked: Callable[[str], bool] | None = None) -> list[NodeReadings]:
+        """The expected nodes Prometheus had nothing for (with per-shard reads, of the shards ``asked`` for)."""
         if self.expected_nodes is None:
             return []
-        reason = (f"no series for this node in Prometheus ({'/'.join(self.node_labels[:1])} label): its exporter "
-                  "is not scraped, or its target is down and the series went stale")
-        return [unknown(n, self.name, reason, eval_time) for n in sorted(set(self.expected_nodes()) - covered)]
+        label = "/".join(self.node_labels[:1]) + (f" and {self.shard_scope.label}" if self.shard_scope else "")
+        reason = (f"no series for this node in Prometheus ({label} label): its exporter is not scraped, or its "
+                  "target is down and the series went stale")
+        return [unknown(n, self.name, reason, eval_time) for n in sorted(set(self.expected_nodes()) - covered)
+                if asked is None or asked(n)]
 
     def _newest(self, stamps: Sequence[Any], mine: Callable[[str], bool]) -> dict[str, float]:
         newest: dict[str, float] = {}

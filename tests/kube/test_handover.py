@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.handover import HANDOVER_ANNOTATION, HANDOVER_VERSION, LEADER_MODE, ModeGuard
+from gpuremediate.kube.handover import (
+    HANDOVER_ANNOTATION,
+    HANDOVER_VERSION,
+    LEADER_MODE,
+    SHARDS_ANNOTATION,
+    ModeGuard,
+)
 from gpuremediate.kube.leader import LeaderElector, LeaseLock
 from gpuremediate.kube.resources import LEASES
 from gpuremediate.kube.shards import WANTED_ANNOTATION, ShardSet, list_shard_leases, shard_lease_name
@@ -29,9 +35,10 @@ def clock() -> FakeClock:
 
 
 def _shards(target: KubeTarget, identity: str, clock: FakeClock, shards: int,
-            on_conflict: Callable[[str], None] | None = None) -> ShardSet:
+            on_conflict: Callable[[str], None] | None = None, shard_hash: str = "sha256") -> ShardSet:
     return ShardSet(target.client(), target.namespace, identity, shards, lease_duration=15, renew_deadline=10,
-                    retry_period=2, clock=clock, leader_lease=LEADER_LEASE, on_conflict=on_conflict)
+                    retry_period=2, clock=clock, leader_lease=LEADER_LEASE, on_conflict=on_conflict,
+                    shard_hash=shard_hash)
 
 
 def _elector(target: KubeTarget, identity: str, clock: FakeClock) -> LeaderElector:
@@ -168,6 +175,35 @@ def test_replicas_of_two_shard_counts_converge_on_the_incumbent(kube_target: Kub
     assert narrow.owned() == frozenset() and "acts since before us" in narrow.conflict
     assert not any(WANTED_ANNOTATION in (lease["metadata"].get("annotations") or {})
                    for lease in kube_target.client().list(LEASES, kube_target.namespace)["items"])
+
+
+def test_a_change_of_shard_hash_hands_over_as_a_change_of_shard_count(kube_target: KubeTarget,
+                                                                        clock: FakeClock) -> None:
+    """--shards 4 → --shards 4 --shard-hash=hashmod (per-shard Prometheus reads turned on): the same Lease names,
+    another node -> shard mapping. The new replica waits while the old one's Leases live, then takes them, and its
+    Leases say its hash (``4/hashmod``); the old replica, were it still there, would now wait for it."""
+    old = _shards(kube_target, "old", clock, 4)
+    for _ in range(4):
+        _step(clock, old.round)
+    assert old.owned() == frozenset({0, 1, 2, 3})
+    new = _shards(kube_target, "new", clock, 4, shard_hash="hashmod")
+    for _ in range(10):
+        _step(clock, new.round, old.round)
+        assert new.owned() == frozenset()
+    assert "--shards=4, a controller" not in new.conflict and "(--shards=4)" in new.conflict
+    assert "ours is --shards=4 --shard-hash=hashmod" in new.conflict
+    old.stop(timeout=0)
+    old.run()  # stopped: releases its Leases at once, as a terminated replica does
+    for _ in range(4):
+        _step(clock, new.round)
+    assert new.owned() == frozenset({0, 1, 2, 3}) and new.conflict == ""
+    leases = kube_target.client().list(LEASES, kube_target.namespace)["items"]
+    assert {lease["metadata"]["annotations"][SHARDS_ANNOTATION] for lease in leases} == {"4/hashmod"}
+    assert new.shard_index("gpu-node-7") == 2 and new.owns("gpu-node-7")  # Prometheus' hashmod of the name
+    again = _shards(kube_target, "old-again", clock, 4)
+    for _ in range(3):
+        _step(clock, again.round, new.round)
+    assert again.owned() == frozenset() and "--shard-hash=hashmod" in again.conflict
 
 
 def test_two_modes_taking_their_leases_in_the_same_round_settle_on_the_first(kube_target: KubeTarget,

@@ -72,6 +72,16 @@ def test_a_node_s_shard_is_sha256_of_its_name_the_same_in_every_process() -> Non
     assert all(400 < count < 600 for count in counts), counts
 
 
+def test_with_hashmod_a_node_s_shard_is_prometheus_hashmod_of_its_name() -> None:
+    # `printf %s gpu-node-7 | md5sum`: ...e80b7c1b34dd5e52 (its last 8 bytes) mod 4 is 2, mod 20 18; what
+    # Prometheus 2.42's hashmod relabel wrote for these names (tests/signals/test_prometheus_shards_real.py checks)
+    assert [shard_of(n, 4, "hashmod") for n in ("gpu-node-0", "gpu-node-7", "a100-rack7-u12",
+                                                "h100.pool-b.example.com")] == [0, 2, 2, 0]
+    assert shard_of("gpu-node-7", 20, "hashmod") == 18 and shard_of("gpu-node-7", 20) != 18
+    with pytest.raises(ValueError, match="shard hash: expected one of sha256, hashmod"):
+        shard_of("gpu-node-7", 4, "md5")
+
+
 def test_the_fair_cap_is_the_ceiling_of_shards_over_live_replicas() -> None:
     assert [fair_cap(4, live) for live in (1, 2, 3, 4, 5)] == [4, 2, 2, 1, 1]
 
