@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-isolation bench-degradation e2e e2e-kind image clean help
+.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-slow-api bench-isolation bench-degradation e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-burst  750 of 5,000 nodes faulting within 10 s: time to cordon (issue 27)"
 	@echo "make bench-burst-sources  the same burst through a real Prometheus and through direct scraping"
 	@echo "make bench-kmsg   Xid line in a node's kernel log -> cordoned, at 5,000 nodes: one at a time, 750 in 10 s, a storm (issue 48)"
+	@echo "make bench-slow-api  8 nodes faulting at once on an API server taking 3 s a request: --loop-workers 1 vs 4 (issue 41)"
 	@echo "make bench-isolation  a month of 1,000 nodes replayed node-level and GPU-level: GPU-hours (issue 26)"
 	@echo "make bench-degradation  slow-gpu / link-degraded precision, recall, latency on a labelled fleet (FULL=1: 1,000 nodes x 7 days)"
 	@echo "make e2e-kind  the e2e scenarios on a kind cluster (needs Docker + kind + kubectl)"
@@ -100,6 +101,10 @@ bench-burst-sources: $(STAMP)
 	$(PY) bench/scale.py --direct 5000 --burst 750
 
 # Kernel fault -> cordon (issue 48): the agents' kmsg followers, their conditions, the controller's Node watch.
+# A uniformly slow API server (issue 41): each node's milestones with 1 and 4 workers per loop.
+bench-slow-api: $(STAMP)
+	$(PY) bench/slow_api.py
+
 bench-kmsg: $(STAMP)
 	$(PY) bench/kmsg_latency.py
 
