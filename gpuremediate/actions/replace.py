@@ -78,9 +78,14 @@ def provider_of(node: Mapping[str, Any]) -> str:
     return ""
 
 
-def find_target(client: KubeClient, node: Mapping[str, Any]) -> Target | NoTarget:
-    """The object to delete for ``node``, read from the API server now (its uid pins it); or why there is none."""
-    provider = provider_of(node)
+def find_target(client: KubeClient, node: Mapping[str, Any], provider: str = "auto") -> Target | NoTarget:
+    """The object to delete for ``node``, read from the API server now (its uid pins it); or why there is none.
+    ``provider``: "auto" (what the Node names) or the one the policy asks for."""
+    named = provider_of(node)
+    if provider not in ("auto", named):
+        return NoTarget(provider, f"the policy's provider is {provider}, but the node names "
+                                  f"{named or 'no Cluster API Machine and no Karpenter NodeClaim'}")
+    provider = named
     if provider == PROVIDER_CLUSTER_API:
         return _machine(client, node)
     if provider == PROVIDER_KARPENTER:

@@ -120,13 +120,17 @@ class Replacer:
         self.history = history
         self.dry_run = dry_run
 
-    def replace(self, node: Mapping[str, Any], fault: str, now: float) -> Outcome:
+    def replace(self, node: Mapping[str, Any], fault: str, now: float, provider: str = "auto") -> Outcome:
         meta = node.get("metadata") or {}
         name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
         known = self.history.find(uid) if uid else None
         if known is not None and known.state == DELETED:
             return Outcome(True, f"{known.target} was deleted at {known.at:.0f} (the history says so): not again")
-        found = find_target(self.client, node)
+        found = find_target(self.client, node, provider)
+        if isinstance(found, NoTarget) and known is not None and not self.dry_run:
+            # written before a delete a restart interrupted: the delete went (the object is gone), nothing to send
+            self.history.update(lambda entries: _marked(entries, uid))
+            return Outcome(True, f"{known.target} is gone since the history's entry: not deleted again")
         if isinstance(found, NoTarget):
             return Outcome(False, found.why)
         if self.dry_run:

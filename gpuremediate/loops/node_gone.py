@@ -12,7 +12,8 @@ last state it saw here (off the informer's thread), and this
 
 The budget slot needs nothing: the budget counts the nodes the informer lists, and a sharded replica's claim in
 ``gpuremediate-budget`` is pruned once a fresh read finds no such node (``actions.budget_claims``). A node our own
-``replace`` took away is not "someone else's": only its objects are cleaned here, the replacement says the rest.
+``replace`` took away is not "someone else's": its objects are cleaned, and its flow ends as replaced
+(``GPUNodeReplaced``, ``gpuremediate_nodes_replaced_total``).
 In a dry run nothing is deleted.
 """
 
@@ -32,7 +33,7 @@ from gpuremediate.actions.custom import (
     label_value,
 )
 from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
-from gpuremediate.actions.events import WARNING
+from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import delete_job
 from gpuremediate.actions.nodes import name_of
 from gpuremediate.kube import errors
@@ -44,6 +45,7 @@ from gpuremediate.vocab.record import NodeRecord, record_from_node
 log = logging.getLogger(__name__)
 
 EVENT_REASON = "GPUNodeDeletedMidFlow"
+REPLACED_REASON = "GPUNodeReplaced"
 
 
 class NodeGone:
@@ -69,6 +71,7 @@ class NodeGone:
             log.exception("cleanup after a node's deletion failed", extra={"node": name, "error": str(exc)})
             cleaned = [f"cleanup failed ({exc})"]
         if ours:
+            self.report_replaced(node, record, cleaned)
             if self.replaced is not None:
                 self.replaced(node, record)
             return
@@ -86,6 +89,17 @@ class NodeGone:
         log.warning("node deleted mid-flow", extra={"node": name, "state": record.state, "detail": message})
         self.ctx.metrics.nodes_deleted_mid_flow.inc(state=record.state)
         self.ctx.events.node_event(name, EVENT_REASON, message, WARNING, uid=uid)
+
+    def report_replaced(self, node: Mapping[str, Any], record: NodeRecord, cleaned: list[str]) -> None:
+        """Our own replace took the node away: its flow ends as replaced (a Normal Event on the old Node)."""
+        name = name_of(node)
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        what = record.action.name if record.action is not None else "its owner's object"
+        message = (f"replaced: {what} was deleted and the Node went away; its flow ends here (cleaned: "
+                   f"{', '.join(cleaned) or 'nothing left'}); the new node starts fresh")
+        log.warning("node replaced", extra={"node": name, "detail": message})
+        self.ctx.metrics.nodes_replaced.inc()
+        self.ctx.events.node_event(name, REPLACED_REASON, message, NORMAL, uid=uid)
 
     def clean(self, name: str, node: Mapping[str, Any], record: NodeRecord) -> list[str]:
         """Deletes what the flow made for ``name``; returns what it found (each as "kind name")."""

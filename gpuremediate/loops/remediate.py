@@ -146,3 +146,14 @@ class RepairView(LoopView):
     @property
     def actions(self) -> Mapping[str, CustomAction]:
         return self._ctx.policy.cluster.actions
+
+    @property
+    def namespace(self) -> str:
+        return self._ctx.settings.namespace
+
+    @property
+    def resync_s(self) -> float:
+        return self._ctx.settings.resync_s
+
+    def breaker_open(self) -> bool:
+        return self._ctx.breakers.latest().is_open

@@ -81,6 +81,15 @@ class RepairContext(StepContext, Protocol):
     def actions(self) -> Mapping[str, CustomAction]:
         """The cluster's ``[actions.<name>]``."""
 
+    @property
+    def namespace(self) -> str:
+        """The controller's namespace (its ConfigMaps: ``gpuremediate-replaced``)."""
+
+    @property
+    def resync_s(self) -> float: ...
+
+    def breaker_open(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class RepairRequest:

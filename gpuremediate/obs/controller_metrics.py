@@ -157,6 +157,16 @@ class ControllerMetrics:
             "GPU nodes deleted by someone else while in a flow, by the state they were in (the flow ended there).",
             ["state"],
         )
+        self.replacements = Counter(
+            PREFIX + "replacements_total",
+            "GPU nodes whose owner was told to replace them (the replace rung: a Machine or NodeClaim deleted), by "
+            "provider.",
+            ["provider"],
+        )
+        self.nodes_replaced = Counter(
+            PREFIX + "nodes_replaced_total",
+            "GPU nodes gone after our own replace (their flow ended as replaced).",
+        )
         self.mode_waiting = Gauge(
             PREFIX + "mode_handover_waiting",
             "1 while this replica acts on nothing because replicas of another --leader-elect / --shards mode act.",
@@ -210,6 +220,8 @@ class ControllerMetrics:
             self.mode_waiting,
             self.records_refused,
             self.nodes_deleted_mid_flow,
+            self.replacements,
+            self.nodes_replaced,
             self.clock_offset,
         ):
             r.register(metric)

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.policy.selector import SelectorError, check_label_key, parse_selector
-from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE
+from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE, ACTION_REPLACE, BUILTIN_ACTIONS
 from gpuremediate.vocab.schema import (
     PolicyError,
     _join,
@@ -258,6 +258,45 @@ class DiagnosticsPolicy:
     job: JobPolicy = field(default_factory=_diagnostics_job, metadata={"doc": "the diagnostics Job"})
 
 
+# --- replace, the last rung before a person ([remediation.replace]) -----------------------------------
+
+REPLACE_PROVIDERS = ("auto", "cluster-api", "karpenter", "custom")
+
+
+@dataclass(frozen=True)
+class ReplacePolicy:
+    enabled: bool = setting(False, "replace the node after the ladder's last repair rung fails, before a person: its "
+                            "Cluster API Machine or Karpenter NodeClaim is deleted (once per Node) and its owner makes "
+                            "a new node")
+    provider: str = setting("auto", "auto (what the Node names: the cluster.x-k8s.io/machine annotation, else a "
+                            "karpenter.sh NodeClaim), cluster-api, karpenter, or custom (the [actions.<action>] "
+                            "custom remediation resource)", check=one_of(*REPLACE_PROVIDERS))
+    action: str = setting("", "provider = custom: the [actions.<name>] that replaces the node")
+    timeout_s: float = setting(1800.0, "seconds after the delete for the owner to take the node away (the "
+                               "replacement joins as a new Node); past it a person decides", check=duration(1))
+
+    def validate(self, path: str) -> None:
+        if self.provider == "custom":
+            if not self.action:
+                raise PolicyError(f"{path}.action: required with provider = \"custom\" (an [actions.<name>])")
+            check_action(self.action, f"{path}.action")
+            if self.action in BUILTIN_ACTIONS or self.action == ACTION_REPLACE:
+                raise PolicyError(f"{path}.action: a custom action's name, got {_show(self.action)}")
+        elif self.action:
+            raise PolicyError(f"{path}.action: only with provider = \"custom\" (provider is {_show(self.provider)})")
+
+    def rung(self) -> Rung | None:
+        """The rung it adds at the end of every ladder (None: off). One attempt: a replace is never retried."""
+        if not self.enabled:
+            return None
+        return Rung(self.action if self.provider == "custom" else ACTION_REPLACE, attempts=1,
+                    timeout_s=self.timeout_s)
+
+    def action_refs(self, path: str) -> Iterator[tuple[str, str]]:
+        if self.provider == "custom":
+            yield _join(path, "action"), self.action
+
+
 @dataclass(frozen=True)
 class RemediationPolicy:
     max_attempts: int = setting(2, "repair attempts before the node is quarantined", check=between(1, MAX_ATTEMPTS))
@@ -274,11 +313,18 @@ class RemediationPolicy:
         "parse": parse_ladders})
     diagnostics: DiagnosticsPolicy = field(default_factory=DiagnosticsPolicy, metadata={
         "doc": "diagnostics (nvidia-bug-report.sh) before the first repair of a fault"})
+    replace: ReplacePolicy = field(default_factory=ReplacePolicy, metadata={
+        "doc": "replace the node as the last rung of every ladder, before a person (off by default)"})
 
     def ladder_for(self, action: str) -> tuple[Rung, ...]:
-        """The repair rungs for a fault recommending ``action`` (a trailing quarantine rung is the implicit end)."""
+        """The repair rungs for a fault recommending ``action`` (a trailing quarantine rung is the implicit end),
+        then ``[remediation.replace]``'s rung where it is on."""
         rungs = self.ladders.get(action) or (Rung(action),)
-        return tuple(r for r in rungs if r.action != ACTION_QUARANTINE) or (Rung(action),)
+        repairs = tuple(r for r in rungs if r.action != ACTION_QUARANTINE) or (Rung(action),)
+        last = self.replace.rung()
+        if last is None or any(r.action == last.action for r in repairs):
+            return repairs
+        return (*repairs, last)
 
     def attempts_of(self, rung: Rung, actions: Mapping[str, CustomAction]) -> int:
         """A rung's attempts: its own, else its action's (max_attempts, or actions.<name>.maxAttempts)."""

@@ -64,6 +64,10 @@ ALLOWED_UNUSED: dict[Permission, str] = {
     ("nvsentinel.nvidia.com", "drainrequests", "delete"): "custom drain is off in this flow",
     # [isolation] scope = "gpu" is off by default (node-level); e2e/test_gpu_isolation.py drives these calls
     # and tests/manifests/test_rbac_isolation.py runs that flow under the shipped role.
+    ("cluster.x-k8s.io", "machines", "get"): "replace is off in this flow (tests/loops/test_remediate_replace.py)",
+    ("cluster.x-k8s.io", "machines", "delete"): "replace is off in this flow",
+    ("karpenter.sh", "nodeclaims", "get"): "replace is off in this flow (tests/actions/test_replace.py)",
+    ("karpenter.sh", "nodeclaims", "delete"): "replace is off in this flow",
     ("resource.k8s.io", "devicetaintrules", "get"): "GPU-level isolation is off in this flow",
     ("resource.k8s.io", "devicetaintrules", "list"): "GPU-level isolation is off in this flow",
     ("resource.k8s.io", "devicetaintrules", "create"): "GPU-level isolation is off in this flow",
