@@ -222,6 +222,7 @@ class SimCluster:
         self.operator: OperatorSim | None = None
         self.products = dict(products or {})
         self.reset_refusals: list[tuple[str, str]] = []  # (node, why the reset Job failed), as nvidia-smi says it
+        self.controller_flags: list[str] = []  # more ``gpuremediate run`` flags a scenario asks for
         self.preflights: list[tuple[str, int, str]] = []  # (node, exit code, termination message), each played
         self.dra = dra
         self.device_plugin_mode = device_plugin
@@ -415,6 +416,7 @@ class SimCluster:
             "--kubeconfig", self.kubeconfig,
             "--exporter-namespace", EXPORTER_NAMESPACE,
             "--exporter-port", str(self.exporter_port),
+            *self.controller_flags,
         ]
 
     # ---- the world -----------------------------------------------------------------------------------
