@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-slow-api bench-isolation bench-degradation e2e e2e-kind image clean help
+.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-slow-api bench-preflight bench-isolation bench-degradation e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-burst-sources  the same burst through a real Prometheus and through direct scraping"
 	@echo "make bench-kmsg   Xid line in a node's kernel log -> cordoned, at 5,000 nodes: one at a time, 750 in 10 s, a storm (issue 48)"
 	@echo "make bench-slow-api  8 nodes faulting at once on an API server taking 3 s a request: --loop-workers 1 vs 4 (issue 41)"
+	@echo "make bench-preflight  pod creations at 100/s through the emulator calling the preflight webhook: admission P50/P99 (issue 46)"
 	@echo "make bench-isolation  a month of 1,000 nodes replayed node-level and GPU-level: GPU-hours (issue 26)"
 	@echo "make bench-degradation  slow-gpu / link-degraded precision, recall, latency on a labelled fleet (FULL=1: 1,000 nodes x 7 days)"
 	@echo "make e2e-kind  the e2e scenarios on a kind cluster (needs Docker + kind + kubectl)"
@@ -109,6 +110,9 @@ bench-kmsg: $(STAMP)
 	$(PY) bench/kmsg_latency.py
 
 # GPU-level isolation (issue 26): GPU-hours out of service per fault class, node-level vs GPU-level.
+bench-preflight: $(STAMP)
+	$(PY) bench/preflight_admission.py
+
 bench-isolation: $(STAMP)
 	$(PY) bench/isolation_month.py
 

@@ -56,8 +56,10 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import load_config
 from gpuremediate.kube.resources import DAEMONSETS, NAMESPACES, NODES, PDBS, PODS, SERVICEACCOUNTS
 from gpuremediate.policy.config import default_policy, parse_policy
+from gpuremediate.preflight import EXIT_UNKNOWN, run_preflight
 from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
+from gpuremediate.vocab.preflight import CONTAINER_NAME as PREFLIGHT_CONTAINER
 from sim.busy import BusyWriter, writes_from_env
 from sim.device_plugin import DevicePluginHealth
 from sim.dra_claims import ensure_device_class
@@ -220,6 +222,8 @@ class SimCluster:
         self.operator: OperatorSim | None = None
         self.products = dict(products or {})
         self.reset_refusals: list[tuple[str, str]] = []  # (node, why the reset Job failed), as nvidia-smi says it
+        self.controller_flags: list[str] = []  # more ``gpuremediate run`` flags a scenario asks for
+        self.preflights: list[tuple[str, int, str]] = []  # (node, exit code, termination message), each played
         self.dra = dra
         self.device_plugin_mode = device_plugin
         self.device_plugin: DevicePluginHealth | None = None
@@ -246,6 +250,7 @@ class SimCluster:
             ensure_device_class(self.kube)
         self.nodesim.on_job_finished = self._job_finished
         self.nodesim.job_succeeds = self.job_succeeds
+        self.nodesim.preflight = self.run_preflight
         served = self._served_nodes()
         for name in self.node_names:
             # Each exporter pod exists before its node: a real DaemonSet controller finds the node served.
@@ -411,6 +416,7 @@ class SimCluster:
             "--kubeconfig", self.kubeconfig,
             "--exporter-namespace", EXPORTER_NAMESPACE,
             "--exporter-port", str(self.exporter_port),
+            *self.controller_flags,
         ]
 
     # ---- the world -----------------------------------------------------------------------------------
@@ -478,6 +484,20 @@ class SimCluster:
         self.validation_ok[node] = ok
 
     # ---- what Jobs do ----------------------------------------------------------------------------------
+
+    def run_preflight(self, node: str, pod: dict[str, Any]) -> tuple[int, str]:
+        """The preflight init container on ``node``: ``gpuremediate preflight``'s check against gpu-sim's
+        nvidia-smi for that node (every GPU of the node: the simulation assigns no device to a pod) and the
+        built-in policy; (exit code, termination message), ``--on-unknown pass`` read from its args."""
+        source = NvidiaSmiSource(str(Path(self.gpusim.host_dir(node)) / "nvidia-smi"), node, 5.0,
+                                 runner=self.gpusim.nvidia_smi_runner(node))
+        outcome = run_preflight(source, default_policy().for_node({}), None)
+        args = next((c.get("args") or [] for c in pod["spec"].get("initContainers") or []
+                     if c.get("name") == PREFLIGHT_CONTAINER), [])
+        passes = outcome.exit_code == EXIT_UNKNOWN and "--on-unknown" in args \
+            and args[args.index("--on-unknown") + 1:][:1] == ["pass"]
+        self.preflights.append((node, outcome.exit_code, outcome.message))
+        return (0, outcome.message) if passes else (outcome.exit_code, outcome.message)
 
     def job_succeeds(self, node: str, pod: dict[str, Any]) -> bool:
         kind = (pod["metadata"].get("labels") or {}).get(JOB_LABEL, "")

@@ -4,7 +4,8 @@ little more (enough for typical structural rules), with CEL's semantics where th
 Supported: literals (int, double, 'string' / "string", true, false, null, [lists]), `self` / `oldSelf`
 and field selection, indexing, `! - * / % + - < <= > >= == != in && || ?:`, the macro `has(a.b)`,
 `size(x)` / `x.size()`, `x.startsWith(s)`, `x.endsWith(s)`, `x.contains(s)`, `x.matches(re)`,
-`int(x)`, `string(x)`. Anything else is a CelError naming what is not supported.
+`int(x)`, `string(x)`, the macros `l.exists(v, p)` and `l.all(v, p)` over lists (map keys for maps; used by
+admission webhooks' matchConditions, sim.kube_webhooks). Anything else is a CelError naming what is not supported.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ Node = tuple[Any, ...]  # ("lit", v) ("id", name) ("sel", obj, field) ("has", se
 #                         ("call", name, target | None, args) ("un", op, x) ("bin", op, a, b) ("cond", c, a, b)
 #                         ("list", items)
 
+_MACROS = ("exists", "all")
 _BINARY = [("||",), ("&&",), ("==", "!=", "<", "<=", ">", ">=", "in"), ("+", "-"), ("*", "/", "%")]
 
 
@@ -107,8 +109,17 @@ class _Parser:
                 node = ("idx", node, key)
                 continue
             name = self.take().text
-            node = ("call", name, node, self.args()) if self.peek().text == "(" else ("sel", node, name)
+            if self.peek().text != "(":
+                node = ("sel", node, name)
+                continue
+            args = self.args()
+            node = self._macro(name, node, args) if name in _MACROS else ("call", name, node, args)
         return node
+
+    def _macro(self, name: str, target: Node, args: list[Node]) -> Node:
+        if len(args) != 2 or args[0][0] != "id":
+            raise CelError(f"{name}() takes a variable name and a predicate, in {self.text!r}")
+        return ("macro", name, target, args[0][1], args[1])
 
     def args(self) -> list[Node]:
         self.take("(")
@@ -205,10 +216,31 @@ def evaluate(node: Node, scope: dict[str, Any]) -> Any:
         return evaluate(node[2] if _bool(evaluate(node[1], scope), "?:") else node[3], scope)
     if kind == "bin":
         return _binary(node[1], node[2], node[3], scope)
+    if kind == "macro":
+        return _macro(node, scope)
     if kind == "call":
         return _call(node[1], None if node[2] is None else evaluate(node[2], scope),
                      [evaluate(a, scope) for a in node[3]])
     raise CelError(f"unsupported expression {kind}")
+
+
+def _macro(node: Node, scope: dict[str, Any]) -> bool:
+    """``exists``/``all`` with CEL's error absorption: a decisive element wins over an element that errs."""
+    _, name, target_node, var, body = node
+    target = evaluate(target_node, scope)
+    if not isinstance(target, (list, dict)):
+        raise CelError(f"no such overload: {name}")
+    decisive = name == "exists"
+    error: CelError | None = None
+    for item in target:
+        try:
+            if _bool(evaluate(body, {**scope, var: item}), name) == decisive:
+                return decisive
+        except CelError as err:
+            error = error or err
+    if error is not None:
+        raise error
+    return not decisive
 
 
 def _bool(value: Any, op: str) -> bool:

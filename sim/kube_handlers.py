@@ -281,6 +281,8 @@ class Verbs:
             add_not_ready_taint(obj)
         if t.rt.resource == "pods" and not t.rt.custom:
             adm.check_service_account(self.store, self.api.type_for("", "serviceaccounts"), obj, t.namespace)
+        obj = self._mutating_webhooks(req, t, obj, dry)
+        meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             obj["metadata"]["name"] = meta["generateName"] + "xxxxx"
             adm.validate(t.rt, obj, None, kube_dra.validate)
@@ -300,6 +302,16 @@ class Verbs:
         if dry:
             created["metadata"].pop("resourceVersion", None)
         return created
+
+    def _mutating_webhooks(self, req: Request, t: Target, obj: Obj, dry: bool) -> Obj:
+        """MutatingAdmissionWebhook (after the built-in mutating plugins), then defaulting again on a patched
+        object, as the API server's mutation dispatcher does."""
+        admitted = self.api.webhooks.admit(
+            self.store, self.api.type_for("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+            self.api.type_for("", "namespaces"), t.rt, obj, t.namespace, "CREATE", req.user, req.groups, dry)
+        if admitted is obj:
+            return obj
+        return adm.prepare_create(t.rt, admitted, self.api.default_toleration_s)
 
     def _to_event_storage(self, t: Target, obj: Obj) -> Obj:
         obj.setdefault("metadata", {})["namespace"] = t.namespace

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from sim.kube_http import Request
     from sim.kube_resources import ResourceType
     from sim.kube_store import Obj, Store
+    from sim.kube_webhooks import Dispatcher
 
 
 class Types(Protocol):
@@ -60,6 +61,9 @@ class VerbsHost(EventHost, CrdRegistry, Protocol):
 
     @property
     def stopping(self) -> bool: ...
+
+    @property
+    def webhooks(self) -> Dispatcher: ...
 
     def wait_for_cr_storage(self, rt: ResourceType) -> None: ...
 

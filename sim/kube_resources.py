@@ -107,6 +107,9 @@ def builtin_types() -> list[ResourceType]:
                      top_fields=_fields("subjects", "roleRef")),
         ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False,
                      top_fields=_fields("subjects", "roleRef")),
+        # Called on create (sim.kube_webhooks); stored as given (no defaulting of sideEffects, matchPolicy...).
+        ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                     "MutatingWebhookConfiguration", False, generation=True, top_fields=_fields("webhooks")),
         ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                      False, short_names=("crd", "crds"), subresources=("status",), generation=True,
                      create_status="clear", top_fields=spec_status),

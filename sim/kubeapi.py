@@ -14,7 +14,9 @@ from the real server is listed in sim.kube_dra, sim.kube_dra_eviction and docs/d
 Behaviour follows v1.28 (shared/data/kube-apiserver) where v1.36 (shared/data/kube-apiserver-1.36) does
 not differ, and v1.36 where it does (Job conditions, CEL message text, the mux's plain-text 404).
 Tables (``kubectl get``'s columns) and PartialObjectMetadata for get and list: sim.kube_tables.
-Not implemented: protobuf answers; admission webhooks; CEL beyond the subset in sim.kube_cel.
+Mutating admission webhooks are called on create (sim.kube_webhooks; ``webhooks.routes`` says where a Service
+listens). Not implemented: protobuf answers; validating admission webhooks; CEL beyond the subset in
+sim.kube_cel.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sim.kube_http import HANG_UPS, Handler, Request, Server
 from sim.kube_nodes import DEFAULT_GRACE_S
 from sim.kube_resources import ResourceType, builtin_types, dra_types, from_crd
 from sim.kube_store import Obj, Store
+from sim.kube_webhooks import Dispatcher
 
 VERSION_INFO = {"major": "1", "minor": "28", "gitVersion": "v1.28.7-sim", "gitTreeState": "clean",
                 "goVersion": "go1.21.7", "compiler": "gc", "platform": "linux/amd64"}
@@ -104,6 +107,7 @@ class KubeAPIServer:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         for rt in builtin_types() + (dra_types(taint_rule_versions=device_taint_rule_versions) if dra else []):
             self.types[(rt.group, rt.version, rt.resource)] = rt
+        self.webhooks = Dispatcher()
         self.verbs = Verbs(self.store, self)
         self.controllers = Controllers(self.store, self)
         self.controllers.nodes.grace_s = node_monitor_grace_s

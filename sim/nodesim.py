@@ -10,6 +10,14 @@ discovery show it in capacity, allocatable and labels) and GPUs the device plugi
 (``set_unhealthy``: in capacity, not in allocatable). Such a node admits pods as a kubelet does: one asking
 for more of an extended resource than allocatable leaves is Failed with reason ``OutOf<resource>``.
 
+It plays the preflight init container the webhook adds (``gpuremediate-preflight``, issue 46) as a kubelet runs
+an init container: before the pod's containers, through the ``preflight`` hook (node, pod) -> (exit code,
+termination message) that a simulated cluster sets (sim.cluster: ``gpuremediate preflight``'s check against
+gpu-sim's nvidia-smi); no hook: it passes. Exit 0: the pod runs on, the init container Completed. Otherwise the
+init container is terminated with that exit code and message: a ``restartPolicy: Never`` pod is Failed; any other
+stays Pending (``Init:CrashLoopBackOff``: state waiting, lastState terminated, restartCount 1), as the kubelet
+leaves it (NodeSim does not run the check again).
+
 With ``dra=True`` it also publishes each node's ResourceSlice as NVIDIA's DRA driver for GPUs would (driver
 ``gpu.nvidia.com``, pool = node, devices ``gpu-0``.. with the ``uuid`` gpu-sim uses: sim.nodesim_dra); off by default.
 
@@ -33,6 +41,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.leader import micro_time
 from gpuremediate.kube.resources import LEASES, NODES, PODS, RESOURCE_SLICES
+from gpuremediate.vocab.preflight import CONTAINER_NAME as PREFLIGHT_CONTAINER
 from sim import nodesim_dra
 from sim.kube_controllers import is_ready
 from sim.kube_store import now_time
@@ -130,6 +139,7 @@ class NodeSim:
         # Hooks for a simulated cluster: decide a Job pod's outcome, and act on it (e.g. reset gpu-sim's GPUs).
         self.job_succeeds: Callable[[str, dict[str, Any]], bool] | None = None
         self.on_job_finished: Callable[[str, dict[str, Any], bool], None] | None = None
+        self.preflight: Callable[[str, dict[str, Any]], tuple[int, str]] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -389,6 +399,8 @@ class NodeSim:
                 return
         if phase == "Pending" and self._pulling(node, pod):
             return
+        if phase == "Pending" and self._preflight_holds(node, pod):
+            return
         if phase == "Pending" or (phase == "Running" and not is_ready(pod)):
             self._run_pod(node, pod)
         elif phase == "Running" and _job_owned(pod):
@@ -408,6 +420,40 @@ class NodeSim:
                         f"{wanted}, used: {used}, capacity: {allocatable.get(name, 0)}")
         return None
 
+    def _preflight_holds(self, node: SimNode, pod: dict[str, Any]) -> bool:
+        """True when the pod's preflight init container failed (now or before): its containers do not start."""
+        if not any(c.get("name") == PREFLIGHT_CONTAINER for c in pod["spec"].get("initContainers") or []):
+            return False
+        seen = [c for c in (pod.get("status") or {}).get("initContainerStatuses") or []
+                if c.get("name") == PREFLIGHT_CONTAINER]
+        if seen:
+            return not seen[0].get("ready")
+        code, message = self.preflight(node.name, pod) if self.preflight is not None else (0, "")
+        if code == 0:
+            return False
+        self._fail_preflight(node, pod, code, message)
+        return True
+
+    def _fail_preflight(self, node: SimNode, pod: dict[str, Any], code: int, message: str) -> None:
+        now = now_time()
+        ended = {"terminated": {"exitCode": code, "reason": "Error", "message": message, "startedAt": now,
+                                "finishedAt": now}}
+        never = pod["spec"].get("restartPolicy") == "Never"
+        status: dict[str, Any] = {"name": PREFLIGHT_CONTAINER, "ready": False, "image": "", "imageID": "",
+                                  "started": False}
+        if never:
+            status.update(restartCount=0, state=ended)
+        else:
+            status.update(restartCount=1, lastState=ended,
+                          state={"waiting": {"reason": "CrashLoopBackOff",
+                                             "message": f"back-off 10s restarting failed container="
+                                                        f"{PREFLIGHT_CONTAINER} pod={pod['metadata']['name']}"}})
+        initialized = {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+                       "message": f"containers with incomplete status: [{PREFLIGHT_CONTAINER}]",
+                       "lastTransitionTime": now}
+        self._patch_status(pod, {"phase": "Failed" if never else "Pending", "hostIP": f"10.0.0.{node.index}",
+                                 "startTime": now, "conditions": [initialized], "initContainerStatuses": [status]})
+
     def _finish_deletion(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
         first = self.terminating_since.setdefault(uid, time.monotonic())
@@ -421,9 +467,16 @@ class NodeSim:
                      "imageID": "", "started": True, "state": {"running": {"startedAt": now}}}
                     for c in pod.get("spec", {}).get("containers") or []]
         ip = self._pod_ip(node, pod)
-        self._patch_status(pod, {"phase": "Running", "hostIP": f"10.0.0.{node.index}", "podIP": ip,
-                                 "podIPs": [{"ip": ip}], "startTime": now, "conditions": _pod_conditions(True),
-                                 "containerStatuses": statuses})
+        status = {"phase": "Running", "hostIP": f"10.0.0.{node.index}", "podIP": ip, "podIPs": [{"ip": ip}],
+                  "startTime": now, "conditions": _pod_conditions(True), "containerStatuses": statuses}
+        inits = pod.get("spec", {}).get("initContainers") or []
+        if inits:  # each ran to completion before the containers started
+            status["initContainerStatuses"] = [
+                {"name": c["name"], "ready": True, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
+                 "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                                            "startedAt": now, "finishedAt": now}}}
+                for c in inits]
+        self._patch_status(pod, status)
         self.started_at[pod["metadata"]["uid"]] = time.monotonic()
 
     def _pod_ip(self, node: SimNode, pod: dict[str, Any]) -> str:

@@ -1,0 +1,127 @@
+"""The preflight (issue 46) end to end on the emulator: the controller serves its mutating webhook over HTTPS (a
+test certificate made with openssl), the emulator calls it as kube-apiserver would from the kustomize component's
+MutatingWebhookConfiguration (sim.kube_webhooks), NodeSim plays the init container from gpu-sim's GPUs, and a
+failed preflight makes the node's ``preflight-failed`` finding, cordoned and repaired per the policy."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.harness import WORKLOAD_NS, Cluster, target_name
+from gpuremediate.kube import errors, miniyaml
+from gpuremediate.kube.resources import NAMESPACES, PODS, Resource
+from gpuremediate.vocab.preflight import CONTAINER_NAME, KIND_PREFLIGHT
+from sim.gpusim import gpu_uuid
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICE = "gpuremediate-preflight"
+SERVICE_NS = "gpuremediate-system"
+CONFIGS = Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                   "MutatingWebhookConfiguration", False)
+OPTED_IN = "train"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def preflight(cluster: Cluster, tmp_path: Path) -> Iterator[Cluster]:
+    """The controller with its webhook on, the webhook configuration installed, namespace ``train`` opted in."""
+    cluster.require("route the webhook Service to the controller's port (the emulator's routes)")
+    if target_name() != "emulator" or shutil.which("openssl") is None:
+        pytest.skip("needs the emulator (its webhook routes) and openssl")
+    certs = tmp_path / "webhook-tls"
+    certs.mkdir()
+    name = f"{SERVICE}.{SERVICE_NS}.svc"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(certs / "tls.key"),
+                    "-out", str(certs / "tls.crt")], check=True, capture_output=True)
+    port = free_port()
+    sim: Any = cluster.sim  # type: ignore[attr-defined]  # EmulatorCluster
+    sim.controller_flags = ["--preflight-webhook-port", str(port), "--preflight-webhook-cert-dir", str(certs),
+                            "--preflight-image", "gpuremediate:e2e"]
+    sim.api.webhooks.routes[f"{SERVICE_NS}/{SERVICE}:443"] = f"127.0.0.1:{port}"
+    config = miniyaml.loads((ROOT / "manifests/components/preflight/mutatingwebhookconfiguration.yaml").read_text())
+    config["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode((certs / "tls.crt").read_bytes()).decode()
+    cluster.kube.create(CONFIGS, config)
+    opted_in = {"metadata": {"name": OPTED_IN, "labels": {"gpuremediate.io/preflight": "enabled"}}}
+    cluster.kube.create(NAMESPACES, opted_in)
+    sim._wait_for_default_service_account(OPTED_IN)
+    yield cluster
+    cluster.stop_controller()
+    assert cluster.log_problems() == []
+
+
+def gpu_pod(cluster: Cluster, name: str, node: str, namespace: str = OPTED_IN, **meta: Any) -> dict[str, Any]:
+    return cluster.kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, **meta},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "train", "image": cluster.workload_image(),
+                                 "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}, namespace)
+
+
+def init_names(pod: dict[str, Any]) -> list[str]:
+    return [c["name"] for c in pod["spec"].get("initContainers") or []]
+
+
+def phase(cluster: Cluster, name: str) -> str:
+    try:
+        return str((cluster.kube.get(PODS, name, OPTED_IN).get("status") or {}).get("phase"))
+    except errors.NotFound:
+        return "gone"
+
+
+def test_a_failed_preflight_names_the_gpu_and_the_node_is_repaired(preflight: Cluster) -> None:
+    cluster = preflight
+    good, bad = cluster.nodes[0], cluster.nodes[1]
+    cluster.start_controller()
+    cluster.exporter_down(bad)  # the exporter says nothing of it: only the preflight can find the fault
+    cluster.sim.gpusim.inject_dbe(bad, 2, 1)  # type: ignore[attr-defined]  # in process: its listener refuses
+
+    healthy = gpu_pod(cluster, "on-good", good)
+    assert init_names(healthy) == [CONTAINER_NAME]
+    assert healthy["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    cluster.wait(lambda: phase(cluster, "on-good") == "Running", 15, "the healthy node's pod running")
+
+    assert init_names(gpu_pod(cluster, "on-bad", bad)) == [CONTAINER_NAME]
+    cluster.wait(lambda: cluster.unschedulable(bad), 30, f"{bad} cordoned for its failed preflight",
+                 seen=lambda: cluster.summary(bad))
+    record = cluster.record(bad)
+    assert record is not None and record.fault is not None and record.fault.kind == KIND_PREFLIGHT, record
+    assert gpu_uuid(bad, 2) in record.fault.message, record.fault.message
+    played = {(node, code) for node, code, _ in cluster.sim.preflights}  # type: ignore[attr-defined]
+    assert {(good, 0), (bad, 1)} <= played, played
+    cluster.wait(lambda: cluster.record(bad) is not None and cluster.record(bad).state == "healthy"  # type: ignore
+                 and not cluster.unschedulable(bad), 60, f"{bad} repaired and validated",
+                 seen=lambda: cluster.summary(bad))
+    assert not cluster.unschedulable(good) and phase(cluster, "on-good") == "Running"
+
+
+def test_opted_out_daemonset_and_other_namespaces_untouched_and_a_down_webhook_blocks_nothing(
+        preflight: Cluster) -> None:
+    cluster = preflight
+    node = cluster.nodes[0]
+    cluster.start_controller()
+    skipped = gpu_pod(cluster, "opted-out", node, annotations={"gpuremediate.io/preflight": "skip"})
+    owner = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "controller": True,
+              "uid": "0b6f3c8e-4e7a-4f39-9d1e-5c1f3a7b2d10"}]
+    daemon = gpu_pod(cluster, "daemon-pod", node, ownerReferences=owner)
+    elsewhere = gpu_pod(cluster, "not-opted-in", node, namespace=WORKLOAD_NS)
+    assert [init_names(p) for p in (skipped, daemon, elsewhere)] == [[], [], []]
+    assert init_names(gpu_pod(cluster, "checked", node)) == [CONTAINER_NAME]  # the webhook is up
+
+    cluster.stop_controller()  # the webhook with it: failurePolicy Ignore lets pods be created as they are
+    during = gpu_pod(cluster, "webhook-down", node)
+    assert init_names(during) == []
+    cluster.wait(lambda: phase(cluster, "webhook-down") == "Running", 15, "the pod made while the webhook is down")

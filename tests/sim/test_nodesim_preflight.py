@@ -1,0 +1,78 @@
+"""NodeSim plays the preflight init container (issue 46) from the node's simulated GPUs: the real check
+(``gpuremediate.preflight.run_preflight``) against gpu-sim's nvidia-smi, as sim.cluster wires it."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from test_nodesim import env, wait
+
+from gpuremediate.kube.client import KubeClient
+from gpuremediate.kube.resources import PODS
+from gpuremediate.policy.config import default_policy
+from gpuremediate.preflight import run_preflight
+from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
+from gpuremediate.signals.workload import PREFLIGHT, failure_of, reduce
+from gpuremediate.vocab.preflight import CONTAINER_NAME, FAILED, parse_message
+from sim.gpusim import GpuSim, gpu_uuid
+from sim.kubeapi import KubeAPIServer
+from sim.nodesim import NodeSim
+
+__all__ = ["env"]
+Env = tuple[KubeAPIServer, KubeClient, NodeSim]
+
+
+def with_gpusim(sim: NodeSim) -> GpuSim:
+    gpus = GpuSim(port=0, files_dir=tempfile.mkdtemp(prefix="gpusim-"))
+
+    def check(node: str, _pod: dict[str, Any]) -> tuple[int, str]:
+        source = NvidiaSmiSource(gpus.host_dir(node) + "/nvidia-smi", node, 5.0, runner=gpus.nvidia_smi_runner(node))
+        outcome = run_preflight(source, default_policy().for_node({}), None)
+        return outcome.exit_code, outcome.message
+
+    sim.preflight = check
+    for name in ("gpu-1", "gpu-2"):
+        sim.add_node(name)
+        gpus.add_node(name, gpus=8)
+    return gpus
+
+
+def preflight_pod(name: str, node: str, restart: str = "Always") -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"gpuremediate.io/preflight": "injected"}},
+            "spec": {"nodeName": node, "restartPolicy": restart,
+                     "initContainers": [{"name": CONTAINER_NAME, "image": "gpuremediate:test", "args": ["preflight"]}],
+                     "containers": [{"name": "train", "image": "trainer:1"}]}}
+
+
+def test_a_healthy_gpu_passes_and_the_pod_runs(env: Env) -> None:
+    _, client, sim = env
+    with_gpusim(sim)
+    client.create(PODS, preflight_pod("job", "gpu-1"), "work")
+    sim.start()
+    pod = wait(lambda: (p := client.get(PODS, "job", "work"))["status"]["phase"] == "Running" and p)
+    init = pod["status"]["initContainerStatuses"][0]
+    assert init["name"] == CONTAINER_NAME and init["state"]["terminated"]["exitCode"] == 0
+
+
+def test_a_faulted_gpu_fails_the_init_container_naming_it(env: Env) -> None:
+    _, client, sim = env
+    gpus = with_gpusim(sim)
+    gpus.inject_dbe("gpu-2", 2, 1)
+    client.create(PODS, preflight_pod("crashing", "gpu-2"), "work")
+    client.create(PODS, preflight_pod("once", "gpu-2", restart="Never"), "work")
+    sim.start()
+    failed = wait(lambda: (p := client.get(PODS, "once", "work"))["status"]["phase"] == "Failed" and p)
+    ended = failed["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    message = parse_message(ended["message"])
+    assert ended["exitCode"] == 1 and message is not None
+    assert (message.result, message.gpus, message.check) == (FAILED, (gpu_uuid("gpu-2", 2),), "ecc-dbe")
+    pending = wait(lambda: (p := client.get(PODS, "crashing", "work"))["status"].get("initContainerStatuses") and p)
+    status = pending["status"]["initContainerStatuses"][0]
+    assert pending["status"]["phase"] == "Pending" and status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert status["lastState"]["terminated"]["message"] == ended["message"]
+    assert not pending["status"].get("containerStatuses")  # the job's containers never started
+    found = failure_of(reduce(pending))  # what the controller's watch of Pending preflight pods reads
+    assert found is not None and (found.how, found.node) == (PREFLIGHT, "gpu-2")
+    sim.tick()
+    assert client.get(PODS, "crashing", "work")["status"]["phase"] == "Pending"  # not run later either
