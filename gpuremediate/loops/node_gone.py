@@ -5,8 +5,12 @@ last state it saw here (off the informer's thread), and this
 
 - says it: a Warning Event ``GPUNodeDeletedMidFlow`` on the Node (its name and uid: the Event outlives it), a log
   line and ``gpuremediate_nodes_deleted_mid_flow_total{state}``;
-- cleans what the flow made for that node: our Jobs on it (a validation Job's ResourceClaim is owned by its Job and
-  goes with it), its DrainRequests (``[customDrain]``), its DeviceTaintRules;
+- cleans what the flow made for that node: its DrainRequests (``[customDrain]``), its DeviceTaintRules, and, once
+  ``job_grace_s`` has passed with no Node of that name back, our Jobs on it (a validation Job's ResourceClaim is
+  owned by its Job and goes with it). A deleted Node often comes back: ``kubectl delete node`` on a live machine, and
+  its kubelet registers it again within seconds (a new uid, no record). The new flow then follows a reboot Job still
+  running there (``JobLoop.start_job``); deleting that Job first would make the new flow start a second one and
+  reboot the node twice;
 - forgets what the controller kept about the name in memory, so a Node that joins later under the same name (a new
   uid) starts fresh, as its missing record says.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +42,7 @@ from gpuremediate.actions.events import NORMAL, WARNING
 from gpuremediate.actions.jobs import delete_job
 from gpuremediate.actions.nodes import name_of
 from gpuremediate.kube import errors
+from gpuremediate.kube.shards import acting_for
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.vocab import states
 from gpuremediate.vocab.findings import ACTION_REPLACE
@@ -45,6 +51,7 @@ from gpuremediate.vocab.record import NodeRecord, record_from_node
 log = logging.getLogger(__name__)
 
 EVENT_REASON = "GPUNodeDeletedMidFlow"
+JOB_GRACE_S = 120.0  # a kubelet registers its Node again within seconds; an autoscaler's node never comes back
 REPLACED_REASON = "GPUNodeReplaced"
 
 
@@ -56,6 +63,7 @@ class NodeGone:
         self.ctx = ctx
         self.forget = forget
         self.replaced = replaced
+        self.job_grace_s = JOB_GRACE_S
 
     def on_deleted(self, node: Mapping[str, Any]) -> None:
         """The informer's last view of a deleted Node. Never raises (it runs on the report queue's thread)."""
@@ -66,7 +74,7 @@ class NodeGone:
             return
         ours = record.action is not None and record.action.kind == ACTION_REPLACE
         try:
-            cleaned = self.clean(name, node, record)
+            cleaned = self.clean(name, node, record) if ours else [*self._objects(name, node), *self._jobs_later(name)]
         except Exception as exc:  # one node's cleanup never stops the queue's thread
             log.exception("cleanup after a node's deletion failed", extra={"node": name, "error": str(exc)})
             cleaned = [f"cleanup failed ({exc})"]
@@ -103,7 +111,32 @@ class NodeGone:
 
     def clean(self, name: str, node: Mapping[str, Any], record: NodeRecord) -> list[str]:
         """Deletes what the flow made for ``name``; returns what it found (each as "kind name")."""
-        return [*self._jobs(name), *self._drain_requests(name, node), *self._device_taint_rules(name)]
+        return [*self._jobs(name), *self._objects(name, node)]
+
+    def _objects(self, name: str, node: Mapping[str, Any]) -> list[str]:
+        return [*self._drain_requests(name, node), *self._device_taint_rules(name)]
+
+    def _jobs_later(self, name: str) -> list[str]:
+        """The node's Jobs, deleted after ``job_grace_s`` unless a Node of that name is back by then (its flow
+        follows or waits for them). Returns them as the report names them."""
+        names = [name_of(job) for job in self.ctx.jobs.on_node(name)]
+        if names:
+            timer = threading.Timer(self.job_grace_s, self._jobs_if_still_gone, args=(name,))
+            timer.daemon = True
+            timer.start()
+        return [f"Job {job} (in {self.job_grace_s:g} s unless the Node is back)" for job in names]
+
+    def _jobs_if_still_gone(self, name: str) -> None:
+        if self.ctx.stop.is_set():
+            return
+        if self.ctx.nodes.get(name) is not None:
+            log.info("a deleted node is back: its Jobs are left to its new flow", extra={"node": name})
+            return
+        try:
+            with acting_for(name):
+                self._jobs(name)
+        except Exception as exc:  # a timer's thread: said, never raised
+            log.warning("deleting a deleted node's Jobs failed", extra={"node": name, "error": str(exc)})
 
     def _jobs(self, name: str) -> list[str]:
         dry = self.ctx.writer.dry_run

@@ -45,6 +45,7 @@ def test_a_node_deleted_mid_drain_ends_its_flow_cleans_its_objects_and_comes_bac
     kube = world.kube
     res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
     controller = world.start(drain_policy(timeout=300.0), xid=79)
+    controller.node_gone.job_grace_s = 1.0  # the Node does not come back: its Jobs go after the grace
     wait_for(lambda: bool(_requests(kube, res)), 20, f"the DrainRequest (state {_state(kube)})")
     annotations = kube.get(NODES, NODE)["metadata"]["annotations"]
     assert annotations.get(KARPENTER_DO_NOT_DISRUPT) == "true" and annotations.get(CA_SCALE_DOWN_DISABLED) == "true"
