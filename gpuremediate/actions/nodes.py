@@ -127,6 +127,11 @@ def boot_id(node: Mapping[str, Any]) -> str:
     return str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID", ""))
 
 
+# A 409 whose Node changed in nothing a decision reads is written again under the new version, this many times (a
+# heartbeat or our own status write can land between the re-read and the write, more so on a slow server).
+RESEND_ATTEMPTS = 3
+
+
 class NodeView:
     """The nodes as the loops see them: the informer's cache, corrected by our own recent writes.
 
@@ -337,19 +342,20 @@ class NodeWriter:
         raised: the caller re-reads and decides again. Returns the node as written and the version it was based
         on (the informer may still show that one)."""
         name = name_of(node)
-        try:
-            result: Node = self.client.patch(NODES, name, patch)
-            return result, _rv(node)
-        except errors.Conflict:
-            if not _rv(node):
-                raise
-            fresh: Node = self.client.get(NODES, name)
-            if decision_inputs(fresh) != decision_inputs(node):
-                raise
-        log.info("node changed since read, not what the decision read: written again", extra={"node": name})
-        patch["metadata"]["resourceVersion"] = _rv(fresh)
-        again: Node = self.client.patch(NODES, name, patch)
-        return again, _rv(fresh)
+        based_on = node
+        for attempt in range(RESEND_ATTEMPTS + 1):
+            try:
+                result: Node = self.client.patch(NODES, name, patch)
+                return result, _rv(based_on)
+            except errors.Conflict:
+                if not _rv(node) or attempt == RESEND_ATTEMPTS:
+                    raise
+                based_on = self.client.get(NODES, name)
+                if decision_inputs(based_on) != decision_inputs(node):
+                    raise
+            log.info("node changed since read, not what the decision read: written again", extra={"node": name})
+            patch["metadata"]["resourceVersion"] = _rv(based_on)
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     # ---- a record that does not fit (actions/held.py) -------------------------------------------------------
 

@@ -178,6 +178,30 @@ def test_a_write_that_met_only_a_heartbeat_is_sent_again_not_decided_again(rig: 
     assert isinstance(record, NodeRecord) and record.state == states.DRAINING
 
 
+def test_a_write_that_meets_a_heartbeat_again_after_its_re_read_is_sent_again(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat can land between the re-read and the write sent again (two in a row on a slow server, under a
+    loaded controller): still nothing a decision reads, so the write is sent again, a bounded number of times."""
+    _heartbeat(rig.client, "gpu-1", "2026-12-06T11:00:00Z")
+    seen = rig.node()
+    _heartbeat(rig.client, "gpu-1", "2026-12-06T11:00:05Z")  # the version moved since the read
+    real_get, beats = rig.client.get, iter(["2026-12-06T11:00:10Z", "2026-12-06T11:00:20Z"])
+
+    def get_then_heartbeat(resource: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        found = real_get(resource, name, *args, **kwargs)
+        beat = next(beats, None)
+        if beat is not None:
+            _heartbeat(rig.client, "gpu-1", beat)  # lands after the re-read: the write sent again meets a 409 too
+        return found
+
+    monkeypatch.setattr(rig.client, "get", get_then_heartbeat)
+    written = rig.writer.write(seen, HELD, cordon=True)
+    assert written is not None
+    assert next(beats, None) is None  # both heartbeats landed between a re-read and its write
+    record = record_from_node(real_get(NODES, "gpu-1"))
+    assert isinstance(record, NodeRecord) and record.state == states.DRAINING
+
+
 def test_a_write_whose_node_changed_in_what_decisions_read_is_decided_again(rig: Rig) -> None:
     """A label, an annotation of ours, a condition's status or the spec changed since the read: the 409 stands, the loop
     reads again and decides again (the label may move the node to another group's policy)."""
