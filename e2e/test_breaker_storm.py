@@ -326,9 +326,13 @@ def test_a_storm_through_prometheus_in_installments_opens_the_breaker_with_nothi
                       "nothing cordoned after the breaker opened")
     metrics = world.metrics()
     assert metrics.value("gpuremediate_circuit_breaker_open") == 1
-    assert metrics.value("gpuremediate_breaker_looks_total", outcome="opened") == 1, \
-        [line for line in world.log if "storm look" in line or "breaker" in line][-5:]
-    assert metrics.value("gpuremediate_breaker_looks_total", outcome="breaker-open") == 1
+    # The installments arrive as Prometheus scrapes each endpoint (1 s apart): usually the first is held by a storm
+    # look that ends with the breaker open. On a loaded machine the fault poll can find all twelve in one read, and
+    # the breaker opens from that batch with no look. Either way: no look released its faults to be cordoned.
+    looks = metrics.value("gpuremediate_breaker_looks_total", outcome="opened")
+    assert looks <= 1, [line for line in world.log if "storm look" in line or "breaker" in line][-5:]
+    assert metrics.value("gpuremediate_breaker_looks_total", outcome="breaker-open") == looks
+    assert metrics.value("gpuremediate_breaker_looks_total", outcome="released") == 0
 
 
 def test_a_small_burst_through_prometheus_is_cordoned_at_once(prom_world: PromWorld) -> None:
