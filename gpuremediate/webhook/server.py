@@ -76,6 +76,7 @@ class _TLSServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
                  certs: CertificateFiles | None) -> None:
         self.certs = certs
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET  # before the bind
         super().__init__(address, handler)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -98,8 +99,6 @@ class WebhookServer:
                  port: int = 9443, observe: Callable[[str, float], None] | None = None) -> None:
         self.settings = settings
         self.observe = observe or (lambda _result, _seconds: None)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        _TLSServer.address_family = family
         self._httpd = _TLSServer((host, port), self._handler(), certs)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="webhook-https", daemon=True)
 
