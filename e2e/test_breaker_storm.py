@@ -6,6 +6,7 @@ it before either acts. Faults are injected before the controller starts, so its 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.request
@@ -183,7 +184,10 @@ def test_a_storm_of_node_conditions_in_installments_opens_the_breaker_with_nothi
     assert cluster.metrics().value("gpuremediate_breaker_looks_total", outcome="breaker-open") == 1
     cluster.wait_event(first[0], "GPURemediationBreakerLook", "4 GPU nodes faulted within 30s", timeout=10)
     out = cluster.cli("breaker", "status").stdout
-    assert "circuit breaker: open (8 of 20 GPU nodes faulted" in out and "with the breaker open" in out, out
+    # It opens at the 7th fault (past 30 % of 20); the second installment's 4 reach it in one read or in two (a
+    # detect cycle between two patches), so the count it opened at is 7 or 8: both are the policy's.
+    assert re.search(r"circuit breaker: open \([78] of 20 GPU nodes faulted", out), out
+    assert "with the breaker open" in out, out
 
 
 def test_a_small_burst_of_node_conditions_passes_at_once_and_a_larger_one_after_the_look(
