@@ -78,7 +78,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
                     summaries.append(c.summary(node))
                 except Exception as exc:  # the cluster may be what broke
                     summaries.append(f"{node}: {exc}")
-            tail = c.controller_log().splitlines()[-LOG_TAIL_LINES:]
+            stacks = c.controller_stacks()
+            dumped = set(stacks.splitlines())
+            tail = [line for line in c.controller_log().splitlines() if line not in dumped]
             print(f"\n---- nodes ({c.target})\n" + "\n".join(summaries))
-            print(f"---- controller log (last {LOG_TAIL_LINES} lines)\n" + "\n".join(tail))
+            print(f"---- controller log (last {LOG_TAIL_LINES} lines)\n" + "\n".join(tail[-LOG_TAIL_LINES:]))
+            if stacks:
+                print(f"---- controller threads at the failure\n{stacks}")
         c.stop()

@@ -261,6 +261,10 @@ class Cluster:
     def controller_log(self) -> str:
         raise NotImplementedError
 
+    def controller_stacks(self) -> str:
+        """The running controller's thread stacks ("" where it does not run here): for a failure's report."""
+        return ""
+
     def gpusim(self, node: str, endpoint: str, body: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -612,6 +616,15 @@ class ControllerProcess:
         self._reader.join(2)
         return self.proc.returncode
 
+    def thread_stacks(self, wait_s: float = 1.0) -> str:
+        """Every thread's stack of the running controller (its SIGUSR1 handler writes them to its log)."""
+        if self.proc.poll() is not None:
+            return ""
+        before = len(self.log)
+        self.proc.send_signal(signal.SIGUSR1)
+        time.sleep(wait_s)
+        return "\n".join(self.log[before:])
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -724,6 +737,9 @@ class EmulatorCluster(Cluster):
 
     def controller_log(self) -> str:
         return "\n".join(self.log)
+
+    def controller_stacks(self) -> str:
+        return self.proc.thread_stacks() if self.proc is not None else ""
 
     # the simulated world
     def gpusim(self, node: str, endpoint: str, body: dict[str, Any]) -> None:

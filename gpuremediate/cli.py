@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import getpass
 import io
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -506,6 +508,8 @@ def _run(args: argparse.Namespace, shutdown: Shutdown) -> int:
 
     settings, policy, config = prepare_run(args)
     setup_logging(settings.log_format, settings.log_level)
+    # `kill -USR1 <pid>` writes every thread's stack to stderr: what a stuck controller waits on, without a debugger
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     controller = Controller(settings, policy, client=KubeClient(config, qps=settings.qps, burst=settings.burst))
     return 0 if shutdown.requested else controller.run(shutdown)
 

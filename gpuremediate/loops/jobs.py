@@ -112,11 +112,12 @@ class JobLoop(NodeLoop):
         twice for one fault); any other is waited for. None: nothing in flight, start as usual."""
         if self.ctx.writer.dry_run:
             return None
+        fingerprint = self.fingerprint(record)
         others = [job for job in self.ctx.jobs.on_node(name_of(node))
-                  if not finished(job) and job["metadata"]["name"] != name]
+                  if not finished(job) and job["metadata"]["name"] != name
+                  and not self.concluded_by_this_flow(job, record)]
         if not others:
             return None
-        fingerprint = self.fingerprint(record)
         same = [job for job in others if not job["metadata"].get("deletionTimestamp")
                 and (job["metadata"].get("labels") or {}).get(JOB_LABEL) == kind
                 and (job["metadata"].get("annotations") or {}).get(FAULT_ANNOTATION) != fingerprint]
@@ -130,6 +131,11 @@ class JobLoop(NodeLoop):
             self.ctx.events.node_event(name_of(node), "GPURemediationWaiting",
                                        f"{kind} waits for Job(s) {names} of ours still running on the node", NORMAL)
         return EARLIER_JOB_POLL_S
+
+    def concluded_by_this_flow(self, job: Mapping[str, Any], record: NodeRecord) -> bool:
+        """``job`` is an earlier step of this very flow that the flow has already concluded (so not in flight, even
+        while its status still reads running). None by default: a loop that knows says which."""
+        return False
 
     def _take_over(self, node: Node, record: NodeRecord, job: Mapping[str, Any], kind: str, attempt: int,
                    timeout_s: float) -> float | None:

@@ -43,7 +43,7 @@ from gpuremediate.actions.device_taints import (
     validation_claim,
 )
 from gpuremediate.actions.events import NORMAL, WARNING
-from gpuremediate.actions.jobs import FAILED, SUCCEEDED
+from gpuremediate.actions.jobs import FAILED, FAULT_ANNOTATION, JOB_LABEL, SUCCEEDED
 from gpuremediate.actions.nodes import Node, labels_of, name_of, unschedulable_before_us
 from gpuremediate.actions.pods import list_node_pods, never_drained, pod_key
 from gpuremediate.gpu_resources import GpuHold, GpuResourcesPolicy, requests_gpu, validation_hold
@@ -101,6 +101,15 @@ class ValidateLoop(JobLoop):
         super().__init__(ctx)
         self._claims_made: set[str] = set()  # validation claims this process made or found (one look each)
         self._claim_failed: dict[str, float] = {}  # claim -> monotonic time of its last failed create
+
+    def concluded_by_this_flow(self, job: Mapping[str, Any], record: NodeRecord) -> bool:
+        """A repair Job of the fault being validated: the flow reached Validating only once that repair was over
+        (a reboot by the node's new boot, its pod run). A real Job's status follows its pods a second or more
+        later (SyncJobBatchPeriod), so it may still read running here; a repair Job being deleted is waited for."""
+        meta = job.get("metadata") or {}
+        return (not meta.get("deletionTimestamp")
+                and (meta.get("annotations") or {}).get(FAULT_ANNOTATION) == occurrence(record)
+                and (meta.get("labels") or {}).get(JOB_LABEL) != VALIDATE)
 
     def reconcile(self, node: Node, record: NodeRecord) -> float | None:
         held = self.held_by_pause(node, record)

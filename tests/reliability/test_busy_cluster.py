@@ -133,6 +133,10 @@ def test_a_reboot_job_whose_status_lags_its_pod_is_done_not_deleted(reboot_rig: 
              f"{NODE} past its repair (it is {_state(rig.kube, NODE)})")
     assert rig.kube.get(JOBS, job, JOBS_NS)["metadata"].get("deletionTimestamp") is None
     assert job in rig.jobs_named(), "the reboot Job was deleted"
+    # Validation starts at once: the reboot Job reading running is this flow's concluded step, not a Job in flight.
+    wait_for(lambda: bool(_jobs(rig, "validate")), 10, "the validation Job")
+    assert not rig.kube.get(JOBS, job, JOBS_NS).get("status", {}).get("conditions"), "the reboot Job finished"
+    assert _node_events(rig, "GPURemediationWaiting") == []
 
 
 def test_a_person_draining_the_node_during_validation_does_not_quarantine_it(rig: Rig) -> None:
