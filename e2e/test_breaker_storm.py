@@ -287,7 +287,8 @@ class PromWorld:
             metrics = self.metrics()
         except OSError:
             return False
-        return metrics.has("gpuremediate_nodes_unknown") and metrics.value("gpuremediate_nodes_unknown") == 0 \
+        return metrics.value("gpuremediate_detect_cycles_total") >= 1 \
+            and metrics.value("gpuremediate_nodes_unknown") == 0 \
             and metrics.value("gpuremediate_fleet_health_unknown") == 0
 
 

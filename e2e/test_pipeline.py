@@ -420,7 +420,7 @@ def test_exporter_down_is_not_unhealthy(cluster: Cluster) -> None:
     node = cluster.nodes[2]
     cluster.workload("w", node)
     cluster.start_controller()
-    cluster.wait(lambda: cluster.metrics().has("gpuremediate_nodes_unknown"), 5, "the first detect cycle")
+    cluster.wait(lambda: cluster.metrics().value("gpuremediate_detect_cycles_total") >= 1, 5, "the first detect cycle")
     cluster.exporter_down(node, "refuse")
     cluster.wait(lambda: cluster.metrics().value("gpuremediate_nodes_unknown") == 1, 5, "nodes_unknown = 1")
     cluster.wait(lambda: "GPUHealthUnknown" in cluster.event_reasons(node), 5, "a GPUHealthUnknown Event")

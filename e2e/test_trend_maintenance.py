@@ -50,13 +50,14 @@ def wait_filed(c: Cluster, node: str, timeout: float = 20.0) -> dict[str, Any]:
 
 
 def start_errors(c: Cluster, node: str) -> None:
-    """A first read of the GPU's counter (its base), then 500 single-bit errors on GPU 3. The base is a detect cycle
-    that read every node (``gpuremediate_nodes_unknown`` 0), not merely the first cycle: a cycle that ran before
-    the exporters' pods had their IPs (seconds on a real server) sets that gauge too, with every node unknown, and
-    errors injected then are in the counter's first reading, so no increase, no trend, no request (issue 43)."""
+    """A first read of the GPU's counter (its base), then 500 single-bit errors on GPU 3. The base is a completed
+    detect cycle that read every node (``gpuremediate_nodes_unknown`` 0 once a cycle is counted): the gauge reads 0
+    before any cycle ran, and a cycle that ran before the exporters' pods had their IPs (seconds on a real server)
+    read no node; errors injected then are in the counter's first reading, so no increase, no trend (issue 43)."""
     def every_node_read() -> bool:
-        metrics = c.metrics()
-        return metrics.has("gpuremediate_nodes_unknown") and metrics.value("gpuremediate_nodes_unknown") == 0
+        metrics = c.metrics()  # one scrape: the cycle's gauges are set before the cycle is counted
+        return (metrics.value("gpuremediate_detect_cycles_total") >= 1
+                and metrics.value("gpuremediate_nodes_unknown") == 0)
     c.wait(every_node_read, 15, "a detect cycle that read every node (the counter's base)",
            seen=lambda: c.metrics().value("gpuremediate_nodes_unknown"))
     c.inject(node, GPU, "sbe", 500)

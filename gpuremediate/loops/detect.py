@@ -420,6 +420,7 @@ class DetectLoop:
         self._gauges()
         self._save_source_problem()
         self.cycles += 1
+        self.ctx.metrics.detect_cycles.inc()  # after the gauges: a scrape that counts a cycle shows its gauges
 
     def check_nodes(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings]) -> None:
         """Decide for these nodes from these readings, as one batch (replay drives the loop through this). The

@@ -29,6 +29,9 @@ class ControllerMetrics:
             PREFIX + "transitions_total", "Node state transitions.", ["from", "to", "reason", "dry_run"]
         )
         self.faults = Counter(PREFIX + "faults_total", "GPU faults detected (new occurrences).", ["kind", "code"])
+        self.detect_cycles = Counter(
+            PREFIX + "detect_cycles_total", "Detect cycles completed (each read every GPU node this replica owns)."
+        )
         self.evictions = Counter(PREFIX + "evictions_total", "Pod eviction attempts by result.", ["result", "dry_run"])
         self.drain_seconds = Histogram(PREFIX + "drain_seconds", "Time from drain start to drain complete.")
         self.remediation_seconds = Histogram(
@@ -177,6 +180,7 @@ class ControllerMetrics:
             self.node_unknown,
             self.transitions,
             self.faults,
+            self.detect_cycles,
             self.evictions,
             self.drain_seconds,
             self.remediation_seconds,
