@@ -22,7 +22,8 @@ The owner controller (``OwnerSim``), one thread, playing what the real ones do t
   ``status.nodeName``/``providerID``, and on the Node what Karpenter's registration controller sets
   (``pkg/controllers/nodeclaim/lifecycle/registration.go``): an ownerReference to the NodeClaim, the labels
   ``karpenter.sh/nodepool`` and ``karpenter.sh/registered``;
-- a Machine or NodeClaim being deleted (its ``deletionTimestamp``): the Node is deleted (with its exporter pod, as the
+- a Machine or NodeClaim being deleted (its ``deletionTimestamp``): after ``drain_s`` (the time the real ones take
+  to drain, not the drain itself) the Node is deleted (with its exporter pod, as the
   pod garbage collector would) and the finalizer removed; after ``replace_delay_s`` a replacement object is created
   (the MachineSet's replica count restored; for Karpenter as if pods were left pending) and a new Node registers
   under a new name (NodeSim, gpu-sim and an exporter pod for it), optionally with a startup taint.
@@ -193,7 +194,8 @@ Leave = Callable[[str], None]
 
 class OwnerSim:
     def __init__(self, client: KubeClient, provider: str, join: Join, leave: Leave, *, replace_delay_s: float = 0.5,
-                 startup_taint: dict[str, Any] | None = None, tick_s: float = 0.1) -> None:
+                 startup_taint: dict[str, Any] | None = None, drain_s: float = 0.0,
+                 tick_s: float = 0.1) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"node owner provider: expected one of {', '.join(PROVIDERS)}, got {provider!r}")
         self.client = client
@@ -202,6 +204,8 @@ class OwnerSim:
         self.leave = leave
         self.replace_delay_s = replace_delay_s
         self.startup_taint = startup_taint
+        self.drain_s = drain_s
+        self._deleting_since: dict[str, float] = {}  # owner object name -> when first seen deleted
         self.tick_s = tick_s
         self.owned: dict[str, Owned] = {}  # by the owner object's name
         self.replaced: list[tuple[str, str]] = []  # (old node, new node), in order
@@ -250,11 +254,13 @@ class OwnerSim:
                 self.errors.append(str(exc))
 
     def tick(self) -> None:
+        now = time.monotonic()
         for owned in list(self.owned.values()):
             obj = self._get(owned.name)
             if obj is None or obj["metadata"].get("uid") != owned.uid or obj["metadata"].get("deletionTimestamp"):
-                self._terminate(owned, obj)
-        now = time.monotonic()
+                since = self._deleting_since.setdefault(owned.name, now)
+                if now - since >= self.drain_s:
+                    self._terminate(owned, obj)
         while self._due and self._due[0] <= now:
             self._due.pop(0)
             self._replacement()
@@ -349,6 +355,7 @@ class OwnerSim:
                     "finalizers": finalizers, "resourceVersion": obj["metadata"]["resourceVersion"]}},
                     self.namespace)
         del self.owned[owned.name]
+        self._deleting_since.pop(owned.name, None)
         self.replaced.append((owned.node, ""))
         self._due.append(time.monotonic() + self.replace_delay_s)
 
