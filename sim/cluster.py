@@ -65,6 +65,7 @@ from sim.device_plugin import DevicePluginHealth
 from sim.dra_claims import ensure_device_class
 from sim.gpusim import NVL72_GPUS, NVL72_MODEL, GpuSim, gpu_uuid
 from sim.kubeapi import KubeAPIServer
+from sim.node_owners import OwnerSim
 from sim.nodesim import NodeSim
 
 EXPORTER_NAMESPACE = "gpu-operator"
@@ -89,7 +90,8 @@ NODESIM_USER = "system:node-sim"
 BUSY_USER = "system:busy-writer"
 AGENT_USER = "system:serviceaccount:gpuremediate-agent:gpuremediate-agent"
 OPERATOR_USER = "system:serviceaccount:gpu-operator:gpu-operator"
-BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER, AGENT_USER, OPERATOR_USER})
+OWNERS_USER = "system:serviceaccount:capi-system:capi-manager"  # sim.node_owners (Karpenter's too)
+BACKGROUND_USERS = frozenset({NODESIM_USER, BUSY_USER, AGENT_USER, OPERATOR_USER, OWNERS_USER})
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 NVL72_PRODUCT = "NVIDIA-GB200"  # GPU feature discovery's nvidia.com/gpu.product of a GB200 NVL72 tray
@@ -184,6 +186,7 @@ class SimCluster:
         dra: bool = False,
         nvl72: tuple[int, ...] = (),
         device_plugin: str = "",
+        node_owners: str = "",
         client_class: type[KubeClient] = KubeClient,
     ) -> None:
         """``tls``: the emulator serves https (a self-signed certificate; ``api.write_kubeconfig(path,
@@ -191,8 +194,10 @@ class SimCluster:
         each node's ResourceSlice as NVIDIA's DRA driver does (sim.nodesim_dra) and the DeviceClass exists.
         ``device_plugin``: "" (allocatable stays as set), ``health`` (NVIDIA's device plugin takes a GPU with a
         critical XID out of allocatable nvidia.com/gpu until it is reset: sim.device_plugin) or ``blind`` (it
-        never does). ``client_class``: the client every part of the simulated cluster talks to the server with (the
-        e2e harness's notes each create: e2e/ledger.py)."""
+        never does). ``node_owners``: "" (nobody owns the nodes), ``cluster-api`` (a Machine of a MachineSet each) or
+        ``karpenter`` (a NodeClaim each): sim.node_owners serves the kinds and replaces a deleted one by a new node
+        (``owners.replaced``). ``client_class``: the client every part of the simulated cluster talks to the server
+        with (the e2e harness's notes each create: e2e/ledger.py)."""
         self.client_class = client_class
         self.node_names = [node_name(i) for i in range(1, nodes + 1)]
         # NVL72 racks (issue 28): trays per rack (18 a full one; 1 a single-tray domain), after the other nodes
@@ -227,6 +232,9 @@ class SimCluster:
         self.dra = dra
         self.device_plugin_mode = device_plugin
         self.device_plugin: DevicePluginHealth | None = None
+        self.node_owners = node_owners
+        self.owners: OwnerSim | None = None
+        self.joined: list[str] = []  # nodes registered after the start (replacements)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -273,6 +281,9 @@ class SimCluster:
             agent_client = self._client_as(AGENT_USER)
             for name in self.node_names:
                 self.agents[name] = self._start_agent(name, agent_client, self.agent_options)
+        if self.node_owners:
+            self.owners = OwnerSim(self._client_as(OWNERS_USER), self.node_owners, self.join_node,
+                                   self.leave_node).adopt(list(self.node_names)).start()
         if self.busy_writes_per_s > 0:
             self.busy = BusyWriter(self._client_as(BUSY_USER), self.node_names, writes_per_s=self.busy_writes_per_s,
                                    taints=self.api is not None and not _emulator_taints_nodes(self.api)).start()
@@ -379,6 +390,8 @@ class SimCluster:
 
     def stop(self) -> None:
         self._stop_agents()
+        if self.owners is not None:
+            self.owners.stop()
         if self.operator is not None:
             self.operator.stop()
         if self.busy is not None:
@@ -460,6 +473,26 @@ class SimCluster:
             "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "gpu-sim:dev"}],
                      "tolerations": [{"operator": "Exists"}]},
         }, EXPORTER_NAMESPACE)
+
+    def join_node(self, name: str, taints: list[dict[str, Any]]) -> None:
+        """A new GPU node: gpu-sim serves it, the exporters' DaemonSet has a pod there, NodeSim registers it."""
+        assert self.nodesim is not None
+        self.gpusim.add_node(name, gpus=self.gpus, ip=f"127.0.0.{self.ip_base + len(self.gpusim.nodes())}")
+        self._exporter_pod(name, set())
+        self.nodesim.add_node(name, gpus=self.gpus, labels=self._node_labels(name), taints=taints)
+        self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)
+        self.joined.append(name)
+
+    def leave_node(self, name: str) -> None:
+        """The machine under ``name`` is gone: NodeSim stops playing its kubelet, and its pods are deleted as the
+        pod garbage collector deletes those bound to a Node that no longer exists (no kubelet to finish them)."""
+        assert self.nodesim is not None
+        self.nodesim.remove_node(name)
+        for pod in self.kube.list(PODS)["items"]:
+            if pod["spec"].get("nodeName") == name:
+                with contextlib.suppress(errors.NotFound):
+                    self.kube.delete(PODS, pod["metadata"]["name"], pod["metadata"]["namespace"],
+                                     grace_period_seconds=0)
 
     def workload(self, name: str, node: str, *, gpus: int = 1, namespace: str = "workloads",
                  labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -145,10 +145,15 @@ class NodeSim:
         self._thread: threading.Thread | None = None
 
     # --- configuration -----------------------------------------------------------------------------
-    def add_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    def add_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None,
+                 taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Register the node (``taints``: a kubelet's ``--register-with-taints``)."""
         with self._lock:
-            node = self.nodes.setdefault(name, SimNode(name, len(self.nodes) + 1, gpus))
+            index = max((n.index for n in self.nodes.values()), default=0) + 1  # unique after a removal too
+            node = self.nodes.setdefault(name, SimNode(name, index, gpus))
         body = self._node_body(node, labels or {})
+        if taints:
+            body["spec"]["taints"] = list(taints)
         try:
             created = self.client.create(NODES, body)
         except errors.AlreadyExists:
@@ -159,6 +164,11 @@ class NodeSim:
         if self.dra:
             self.publish_resource_slice(name, created["metadata"]["uid"])
         return created
+
+    def remove_node(self, name: str) -> None:
+        """The machine is gone: no more Lease, heartbeats or pods for it (its Node is someone else's to delete)."""
+        with self._lock:
+            self.nodes.pop(name, None)
 
     # --- DRA: the ResourceSlice NVIDIA's kubelet plugin publishes -------------------------------------
     def resource_slices(self, node: str) -> list[dict[str, Any]]:

@@ -1,0 +1,154 @@
+"""Replace as the ladder's last rung (issue 47): a node whose repairs are exhausted is replaced through its owner,
+the Cluster API Machine of a MachineSet or the Karpenter NodeClaim the emulator serves (sim.node_owners: a deleted
+one's node goes away and a new node registers under a new name); a node no owner would replace is quarantined with
+the reason.
+
+The owner is simulated in the test process on the emulator only: on the ``apiserver`` and ``kubeconfig`` targets the
+scenarios with an owner skip (make_cluster says why); the no-owner one runs everywhere a Job outcome can be chosen.
+
+Run: ``python -m pytest e2e/test_replace.py -x -q``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.harness import SYSTEM_NS, Cluster, EmulatorCluster, make_cluster
+from e2e.test_escalation import fail_jobs
+from gpuremediate.actions.replaced import DELETED, REPLACED_CONFIGMAP, REPLACED_KEY
+from gpuremediate.kube import errors
+from gpuremediate.kube.resources import CONFIGMAPS, NODES
+from sim.node_owners import CAPI_GROUP, KARPENTER_GROUP, OwnerSim
+
+NODE = "gpu-node-1"
+REPLACE: dict[str, dict[str, Any]] = {
+    "remediation.ladders": {"reset-gpu": [{"action": "reset-gpu", "attempts": 1}]},
+    "remediation.replace": {"enabled": True, "timeout_s": 30},
+}
+REPLACED = "GPUNodeReplaced"
+
+
+@pytest.fixture
+def owned(tmp_path: Path) -> Iterator[Callable[[str], EmulatorCluster]]:
+    """A cluster whose nodes the simulated ``provider`` owns (skipped where it is not simulated)."""
+    made: list[EmulatorCluster] = []
+
+    def make(provider: str) -> EmulatorCluster:
+        c = make_cluster(tmp_path, node_owners=provider)
+        assert isinstance(c, EmulatorCluster), c
+        made.append(c.start())
+        return c
+
+    yield make
+    for c in made:
+        tail = c.controller_log().splitlines()[-40:]
+        c.stop_controller()
+        problems = c.log_problems()
+        c.stop()
+        if problems:
+            print("\n".join(tail))
+        assert problems == []
+
+
+def owners(c: EmulatorCluster) -> OwnerSim:
+    assert c.sim.owners is not None
+    return c.sim.owners
+
+
+def history(c: Cluster) -> list[dict[str, Any]]:
+    try:
+        cm = c.kube.get(CONFIGMAPS, REPLACED_CONFIGMAP, SYSTEM_NS)
+    except errors.NotFound:
+        return []
+    entries: list[dict[str, Any]] = json.loads((cm.get("data") or {}).get(REPLACED_KEY) or "[]")
+    return entries
+
+
+def owner_deletes(c: Cluster, mark: int, group: str) -> list[tuple[str, ...]]:
+    """The controller's deletes of owner objects (Machines, NodeClaims) since ``mark``."""
+    return [m for m in c.mutations_since(mark) if m[0] == "delete" and m[1] == group]
+
+
+def node_gone(c: Cluster, name: str) -> bool:
+    try:
+        c.kube.get(NODES, name)
+    except errors.NotFound:
+        return True
+    return False
+
+
+def replacement(c: EmulatorCluster) -> str:
+    sim = owners(c)
+    c.wait(lambda: bool(sim.replaced and sim.replaced[-1][1]), 20, "the replacement node registered")
+    old, new = sim.replaced[-1]
+    assert old == NODE
+    return new
+
+
+def exhaust_ladder(c: Cluster) -> None:
+    fail_jobs(c, NODE, "reset-gpu")
+    c.start_controller(REPLACE)
+    c.inject(NODE, 2, "dbe", 1)
+
+
+def left_alone(c: EmulatorCluster, new: str) -> None:
+    """The replacement stays in service: no record beyond healthy, not cordoned, no Job of ours."""
+    c.holds(lambda: c.state(new) == "healthy" and not c.unschedulable(new) and not c.jobs(new), 3,
+            f"the replacement {new} left alone")
+
+
+@pytest.mark.parametrize("provider, group, kind", [("cluster-api", CAPI_GROUP, "Machine"),
+                                                   ("karpenter", KARPENTER_GROUP, "NodeClaim")])
+def test_an_exhausted_ladder_replaces_the_node_through_its_owner(
+        owned: Callable[[str], EmulatorCluster], provider: str, group: str, kind: str) -> None:
+    c = owned(provider)
+    before = owners(c).owner_of(NODE)
+    assert before is not None
+    node_uid = c.node(NODE)["metadata"]["uid"]
+    mark = c.audit_mark()
+    exhaust_ladder(c)
+    event = c.wait_event(NODE, REPLACED, timeout=60)
+    assert f"{kind} " in event["message"] and before.name in event["message"], event["message"]
+    assert event["involvedObject"]["uid"] == node_uid
+    assert node_gone(c, NODE)
+    [entry] = history(c)
+    assert (entry["node"], entry["node_uid"], entry["provider"], entry["target_uid"], entry["state"]) == \
+        (NODE, node_uid, provider, before.uid, DELETED)
+    assert before.name in entry["target"] and entry["provider_id"] == f"sim://{NODE}"
+    new = replacement(c)
+    left_alone(c, new)
+    assert len(owner_deletes(c, mark, group)) == 1, owner_deletes(c, mark, group)
+    assert c.event_reasons(NODE).count(REPLACED) == 1 and "GPUNodeDeletedMidFlow" not in c.event_reasons(NODE)
+    c.wait_metric("gpuremediate_replacements_total", 1, provider=provider)
+    c.wait_metric("gpuremediate_nodes_replaced_total", 1)
+
+
+def test_a_restart_while_the_machine_drains_never_deletes_twice(owned: Callable[[str], EmulatorCluster]) -> None:
+    c = owned("cluster-api")
+    owners(c).drain_s = 4.0  # the Machine stays (deletionTimestamp set) and its node with it for a while
+    before = owners(c).owner_of(NODE)
+    assert before is not None
+    mark = c.audit_mark()
+    exhaust_ladder(c)
+    c.wait(lambda: owner_deletes(c, mark, CAPI_GROUP), 60, "the Machine deleted")
+    assert not node_gone(c, NODE)
+    c.restart_controller()  # killed (SIGKILL) with the delete sent and the node still here
+    c.wait_event(NODE, REPLACED, timeout=30)
+    new = replacement(c)
+    left_alone(c, new)
+    assert len(owner_deletes(c, mark, CAPI_GROUP)) == 1, owner_deletes(c, mark, CAPI_GROUP)
+    assert [e["state"] for e in history(c)] == [DELETED]
+    assert owners(c).replaced == [(NODE, new)]
+
+
+def test_a_node_no_owner_would_replace_is_quarantined_with_the_reason(cluster: Cluster) -> None:
+    exhaust_ladder(cluster)
+    rec = cluster.wait_state(NODE, "quarantined", 60)
+    assert "no owner would replace this node" in rec.message, rec.message
+    assert "no Cluster API Machine" in rec.message and "no Karpenter" in rec.message, rec.message
+    assert history(cluster) == [] and not node_gone(cluster, NODE)
