@@ -1332,6 +1332,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", help="JSON timeline of faults to play once serving")
     p.add_argument("--files-dir", help="write the host's files for the node agent here (kmsg, boot_id, nvidia-smi; "
                                        "one directory per node with --nodes)")
+    p.add_argument("--nics", action="store_true", help="give each node one InfiniBand NIC per GPU, a sysfs tree under "
+                                                       "--files-dir's sys/ (sim/nic_sysfs.py; the agent's --sysfs)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _client_parser(sub, "inject", "inject a fault into a running sim", with_gpu=True, with_fault=True)
     reset = _client_parser(sub, "reset", "reset GPUs (XID cleared, volatile ECC zeroed)")
@@ -1419,7 +1421,7 @@ def sim_from_args(args: argparse.Namespace) -> GpuSim:
             sim.add_node(f"gpu-node-{i}", gpus=args.gpus, model=args.model, driver=args.driver)
         for r in range(1, args.nvl72_racks + 1):
             sim.add_nvl72_rack(f"rack-{r}")
-        return sim
+        return _with_nics(sim, args)
     if not args.node:
         raise SimError("no node name: pass --node, set NODE_NAME, or use --nodes N")
     sim = GpuSim(port=args.port, host=args.host or "0.0.0.0", control_port=args.control_port,
@@ -1430,6 +1432,15 @@ def sim_from_args(args: argparse.Namespace) -> GpuSim:
         if not cluster or not clique.isdigit():
             raise SimError(f"--clique: expected <ClusterUUID>.<CliqueId>, got {args.clique!r}")
         sim.set_fabric(args.node, cluster, int(clique))
+    return _with_nics(sim, args)
+
+
+def _with_nics(sim: GpuSim, args: argparse.Namespace) -> GpuSim:
+    if args.nics:
+        if not args.files_dir:
+            raise SimError("--nics writes a sysfs tree under --files-dir: pass --files-dir")
+        for name in sim.nodes():
+            sim.add_nics(name)
     return sim
 
 

@@ -60,7 +60,7 @@ from gpuremediate.loops.validate import VALIDATE
 from gpuremediate.obs import notify
 from gpuremediate.obs.event_queue import EventQueue, own_pod, pod_event_body
 from gpuremediate.policy import safety
-from gpuremediate.policy.conditions import condition_view, conditions_of, merge_node
+from gpuremediate.policy.conditions import KIND_CONDITION, condition_view, conditions_of, merge_node
 from gpuremediate.policy.config import Policy
 from gpuremediate.policy.degradation import DegradationDetector, NodeContext
 from gpuremediate.policy.evaluate import PolicyMemory, PolicyMemoryError, evaluate
@@ -74,11 +74,12 @@ from gpuremediate.policy.fabric import (
     domains_out,
 )
 from gpuremediate.policy.isolation import node_level_reason
-from gpuremediate.policy.network import condition_rules
+from gpuremediate.policy.network import NetworkJudges, condition_rules
 from gpuremediate.policy.preflight import PreflightJudge, PreflightPolicy
 from gpuremediate.policy.workload import WorkloadJudge, WorkloadPolicy
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
 from gpuremediate.signals.prom_degradation import ServesPeers, plan_for
+from gpuremediate.signals.prom_nic import ServesNetwork, wanted_counters
 from gpuremediate.signals.sources import FaultFastPath, InWaves, Source
 from gpuremediate.signals.workload import FailedPodsWatch, WorkloadSignal
 from gpuremediate.state import decide
@@ -188,6 +189,7 @@ class DetectLoop:
         self.breakers = ctx.breakers
         self.memory: dict[str, PolicyMemory] = {}
         self.degradation = DegradationDetector()  # the fleet's peers: one per controller, fed once per pass
+        self.network = NetworkJudges()  # [network] prometheus: node_exporter's InfiniBand series, judged here
         self.workload = WorkloadSignal()  # pods failing with GPU errors, by node (fed by the Failed pods' watch)
         self.workload_judge = WorkloadJudge(self.workload)
         self.preflight_judge = PreflightJudge(self.workload)  # failed preflights (issue 46), from the same watch
@@ -398,11 +400,15 @@ class DetectLoop:
         self._forget_others(nodes)
         owned = {name_of(n) for n in nodes}
         self.degradation.forget(owned.__contains__)  # nodes gone (or another shard's): their GPUs too
+        self.network.forget(owned.__contains__)
         self.breakers.refresh()  # a person's reset (CLI or annotation) is seen: the watch's, or a GET
         if not self._state_counts:
             self._gauges()  # the counts a long batch then moves as it goes
         if isinstance(self.source, ServesPeers):  # the policy may have been reloaded since the last read
             self.source.degradation_plan = plan_for(p.degradation for p in self._policies())
+        if isinstance(self.source, ServesNetwork):
+            self.source.network_counters = wanted_counters((p.network.enabled and p.network.prometheus,
+                                                            p.network.error_counters) for p in self._policies())
         seen: dict[str, NodeReadings] = {}
         for wave in self._read_waves():
             nodes = self.ctx.owned_of(nodes)  # less a shard given up while the read ran: its new holder's to decide
@@ -715,7 +721,8 @@ class DetectLoop:
         if readings is not None:
             result = evaluate(readings, policy, memory, now, labels_of(node))
             self.memory[name] = memory = result.memory
-            metric_findings = [*result.findings, *self.degradation.findings(name)]
+            metric_findings = [*result.findings, *self.degradation.findings(name), *self._network_findings(
+                name, policy, now)]
         verdict = merge_node(metric_findings, readings is not None, "", view, workload)
         if is_excluded(node):
             self._report_excluded(name, verdict.findings)
@@ -728,6 +735,12 @@ class DetectLoop:
         if record is not None and record.state not in self.owned and not _isolated_in_flow(record) and not taken:
             return None  # another loop owns it; its findings wait until it is back (a GPU-level flow escalates)
         return Assessed(node, record, findings, memory, now, verdict.metrics_known, policy.thermal.hold_s)
+
+    def _network_findings(self, name: str, policy: Policy, now: float) -> list[Finding]:
+        """``[network] prometheus``: the node's NIC findings from node_exporter's series (signals/prom_nic.py)."""
+        if not isinstance(self.source, ServesNetwork) or self.source.network_counters is None:
+            return []
+        return self.network.findings(name, self.source.network_readings.get(name), policy.network, now)
 
     def _schedule_trends(self, name: str, record: NodeRecord | None, findings: Sequence[Finding],
                          readings: NodeReadings | None, policy: DegradationPolicy, now: float) -> None:
@@ -793,7 +806,8 @@ class DetectLoop:
         # Metrics unknown: only the conditions are current, so only their fingerprints may be forgotten.
         keep = None if a.metrics_known else decide.keep_metric_fingerprints
         pruned = decide.prune_handled(a.record, a.findings, keep) if a.record is not None else None
-        if pruned is not None and _thermal_cleared(pruned, a.findings):
+        if pruned is not None and _thermal_cleared(pruned, a.findings) \
+                and (a.metrics_known or _from_condition(pruned)):
             return FLOW_THERMAL_CLEARED, pruned
         if (pruned is not None and a.metrics_known and self._degradation_cleared(name_of(a.node), pruned)
                 and not _other_degradation(a.findings, pruned)):
@@ -1291,6 +1305,12 @@ def _other_degradation(findings: Sequence[Finding], record: NodeRecord) -> bool:
     node again one pass later)."""
     fault = record.fault.fingerprint if record.fault is not None else ""
     return any(f.kind in DEGRADATION_KINDS and f.action != ACTION_NONE and f.fingerprint != fault for f in findings)
+
+
+def _from_condition(record: NodeRecord) -> bool:
+    """The record's fault came from a NodeCondition (current whatever the metrics are); else from the metrics,
+    whose absence while they are unknown says nothing (a NIC cordon from node_exporter's series stays)."""
+    return record.fault is not None and record.fault.fingerprint.startswith(f"{KIND_CONDITION}:")
 
 
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:

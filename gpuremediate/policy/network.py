@@ -22,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuremediate.policy.conditions import GPU_NETWORK_HEALTHY, ConditionRule
@@ -83,6 +83,9 @@ class NetworkPolicy:
     enabled: bool = setting(True, "read /sys/class/infiniband and /sys/class/net on each node (the agent) and "
                             "publish GPUNetworkHealthy; a node without an RDMA device reports none and is never "
                             "a fault")
+    prometheus: bool = setting(False, "also judge node_exporter's node_infiniband_* series through the Prometheus "
+                               "source (the controller judges them: for nodes without the agent; no link layer, "
+                               "RoCE net device or rail in those series)")
     ignore_ports: tuple[str, ...] = field(default=(), metadata={
         "doc": "ports never judged, as <device>/<port> or <device> (fnmatch globs: mlx5_1/*): a port down by design",
         "parse": string_list(_port_glob)})
@@ -252,6 +255,8 @@ class NetworkJudge:
                        policy: NetworkPolicy) -> float:
         if policy.expected_rate_gbps:
             return policy.expected_rate_gbps
+        if not port.link_layer:  # unknown (node_exporter's series say none): an InfiniBand and a RoCE port differ
+            return memory.max_rate
         peers = [p.rate_gbps or 0.0 for n in readings.nics for p in n.ports
                  if p.up and p.link_layer == port.link_layer and not policy.ignored(p.name)]
         return max([memory.max_rate, *peers])
@@ -294,6 +299,32 @@ class NetworkJudge:
         message = f"{kind} {port}: {active.detail}{lasting}{clearing}{rail} → {action}"
         return Finding(node=self.node, kind=kind, code=device, gpus=gpus, action=action,
                        fingerprint=f"{kind}:{port}:{word}@{active.since:.0f}", message=message)
+
+
+class NetworkJudges:
+    """The controller's judges of node_exporter's InfiniBand series (``[network] prometheus``), one per node. A node
+    the read brought nothing for (node_exporter not scraped, its series stale, the query failed) keeps the findings
+    it had: a gap in Prometheus is not a link back up."""
+
+    def __init__(self) -> None:
+        self._judges: dict[str, NetworkJudge] = {}
+        self._last: dict[str, list[Finding]] = {}
+
+    def findings(self, node: str, readings: NetworkReadings | None, policy: NetworkPolicy,
+                 now: float) -> list[Finding]:
+        if not (policy.enabled and policy.prometheus):
+            self.forget(lambda name: name != node)
+            return []
+        if readings is None:
+            return list(self._last.get(node, ()))
+        judge = self._judges.setdefault(node, NetworkJudge(node))
+        found = self._last[node] = judge.judge(readings, policy, now)
+        return list(found)
+
+    def forget(self, keep: Callable[[str], bool]) -> None:
+        for name in [n for n in self._judges if not keep(n)]:
+            del self._judges[name]
+            self._last.pop(name, None)
 
 
 def reason_of(finding: Finding) -> str:

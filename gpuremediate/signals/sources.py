@@ -31,10 +31,11 @@ from gpuremediate.kube.cache import Informer
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import PODS
 from gpuremediate.kube.shards import prometheus_hashmod
-from gpuremediate.signals import dcgm, exposition, prom_degradation
+from gpuremediate.signals import dcgm, exposition, prom_degradation, prom_nic
 from gpuremediate.signals.degradation_fields import PeerStats
 from gpuremediate.signals.exposition import Labels, Sample
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+from gpuremediate.signals.nic import NetworkReadings
 from gpuremediate.signals.promapi import api_data
 
 log = logging.getLogger(__name__)
@@ -775,6 +776,11 @@ class PrometheusSource:
         self.fleet_peers: dict[str, PeerStats] | None = None
         self._peers_at = -math.inf  # when fleet_peers were asked for (monotonic: a clock step does not freeze them)
         self.degradation_error = ""  # why the last degradation query failed ("" when it did not)
+        # [network] prometheus (signals/prom_nic.py): the sysfs counters to ask node_exporter's series for (None:
+        # no query), set by the detect loop from the policy; each full read's NIC readings per node
+        self.network_counters: tuple[str, ...] | None = None
+        self.network_readings: dict[str, NetworkReadings] = {}
+        self.network_error = ""  # why the last network query failed ("" when it did not)
         # the fast path may ask while a full read runs (the detect loop polls during it): what both change
         self._state_lock = threading.Lock()
 
@@ -863,10 +869,13 @@ class PrometheusSource:
             asked = pool.submit(self._query, freshness_query(self.node_labels, matcher=matcher, recorded=recorded),
                                 "freshness")
             degraded = pool.submit(self._degradation, plan, mine) if plan is not None else None
+            counters = None if nodes else self.network_counters
+            network = pool.submit(self._network_query, counters) if counters is not None else None
             values, eval_time = self._query(policy_query(self.node_labels, matcher=matcher, recorded=recorded),
                                             "readings")
             stamps, _ = asked.result()
             extra = degraded.result() if degraded is not None else []
+            network_samples = network.result() if network is not None else None
         raw: dict[str, list[Sample]] = {}
         for sample in _drain_samples(values):  # the decoded answer is freed as it is read: a lower peak
             if (node := self._node_of(sample.label)) and mine(node):
@@ -885,6 +894,9 @@ class PrometheusSource:
             readings.append(self._node_readings(node, samples, newest.get(node), eval_time))
         if nodes:
             return readings
+        if network_samples is not None:
+            ok = {r.node for r in readings if r.status != SOURCE_UNKNOWN}
+            self.network_readings = prom_nic.network_readings(network_samples, self.node_labels, ok.__contains__)
         readings += self._missing(set(found), eval_time, mine if held is not None else None)
         self.nodes_seen = len(readings)
         self.reads += 1
@@ -917,6 +929,21 @@ class PrometheusSource:
             return []
         self.degradation_error = ""
         return fields
+
+    def _network_query(self, counters: Sequence[str]) -> list[Sample] | None:
+        """node_exporter's InfiniBand series (signals/prom_nic.py); None when the query failed (logged once until
+        the error changes: the controller then keeps each node's NIC findings as they were)."""
+        try:
+            result, _ = self._query(prom_nic.network_query(self.node_labels, counters), "network")
+        except PrometheusError as exc:
+            if str(exc) != self.network_error:
+                log.warning("network query failed; NIC findings from Prometheus stay as they were",
+                            extra={"error": str(exc)})
+            self.network_error = str(exc)
+            self.network_readings = {}
+            return None
+        self.network_error = ""
+        return list(_drain_samples(result))
 
     def _degradation_fields(self, plan: prom_degradation.DegradationPlan, marked: Mapping[str, str]) -> list[Sample]:
         if len(marked) > prom_degradation.MAX_FIELD_NODES:

@@ -18,7 +18,7 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.errors import TransportError
 from gpuremediate.kube.resources import NAMESPACES, PODS
-from gpuremediate.signals import exposition, sources
+from gpuremediate.signals import exposition, prom_nic, sources
 from gpuremediate.signals.model import SOURCE_OK, SOURCE_UNKNOWN, NodeReadings
 from gpuremediate.signals.sources import ExporterSource, PrometheusError, PrometheusSource, SourceError
 from sim.gpusim import GpuSim
@@ -271,7 +271,7 @@ class PromHandler(BaseHTTPRequestHandler):
         type(self).seen.append((parts.path, query, self.headers))
         text = query.get("query", [""])[0]
         kind = "freshness" if "timestamp(" in text else "identity" if text.startswith("group by") else \
-            "rules" if text == sources.RULES_INFO else "readings"
+            "rules" if text == sources.RULES_INFO else "network" if "node_infiniband_" in text else "readings"
         code, body = type(self).replies.get(kind) or type(self).replies["readings"]
         gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "")
         if gzipped:
@@ -327,6 +327,38 @@ def test_prometheus_readings_from_two_aggregated_queries(prom: tuple[str, type[P
     # identity is not asked again for the fleet, only for the node showing a fault (fresh-1's XID 79)
     assert [q["query"][0] for _, q, _ in handler.seen[5:]] == [sources.identity_query(src.node_labels, ["fresh-1"])]
     assert by_node(src.read())["fresh-1"].gpus[1].pods == fresh.gpus[1].pods
+
+
+def _vector(items: list[tuple[dict[str, str], float]]) -> bytes:
+    result = [{"metric": metric, "value": [EVAL_TIME, str(value)]} for metric, value in items]
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+def test_prometheus_reads_node_exporters_infiniband_series_when_asked(prom: tuple[str, type[PromHandler]]) -> None:
+    """[network] prometheus: one more query per full read; its series placed on the nodes read (instance less its
+    port), a node without GPU readings left out; a failed query reads nothing (the judges keep their findings)."""
+    url, handler = prom
+    src = PrometheusSource(url, expected_nodes=lambda: ["fresh-1", "old-1"])
+    src.read()
+    assert not any("node_infiniband_" in q["query"][0] for _, q, _ in handler.seen)  # not asked: no query
+    port = {"device": "mlx5_0", "port": "1"}
+    handler.replies["network"] = (200, _vector([
+        ({"gpuremediate_metric": "node_infiniband_state_id", "instance": "fresh-1:9100", **port}, 1),
+        ({"gpuremediate_metric": "node_infiniband_physical_state_id", "instance": "fresh-1:9100", **port}, 2),
+        ({"gpuremediate_metric": "node_infiniband_link_downed_total", "instance": "fresh-1:9100", **port}, 4),
+        ({"gpuremediate_metric": "node_infiniband_state_id", "instance": "old-1:9100", **port}, 4),  # stale node
+        ({"gpuremediate_metric": "node_infiniband_state_id", "instance": "10.0.0.9:9100", **port}, 4)]))
+    src.network_counters = ("link_downed",)
+    src.read()
+    assert [q["query"][0] for _, q, _ in handler.seen if "node_infiniband_" in q["query"][0]] == [
+        prom_nic.network_query(src.node_labels, ("link_downed",))]
+    assert list(src.network_readings) == ["fresh-1"]
+    got = src.network_readings["fresh-1"].nics[0].ports[0]
+    assert (got.name, got.state, got.phys_state, got.counters) == ("mlx5_0/1", "DOWN", "Polling", {"link_downed": 4})
+    handler.replies["network"] = (503, b'{"status":"error","errorType":"unavailable","error":"overloaded"}')
+    src.read()
+    assert src.network_readings == {} and "overloaded" in src.network_error
+    assert by_node(src.read())["fresh-1"].status == SOURCE_OK  # the GPU readings are not the network query's
 
 
 def test_prometheus_query_timeout_is_its_own(prom: tuple[str, type[PromHandler]]) -> None:

@@ -475,3 +475,40 @@ def test_down_refuse_posted_to_the_node_itself_is_answered(sim: GpuSim) -> None:
     assert post(base(sim, "gpu-node-2") + "/down", {"node": "gpu-node-2", "mode": "refuse"}) == (200, {"ok": True})
     with pytest.raises(urllib.error.URLError):
         get(sim.url_for("gpu-node-2"))
+
+
+def _image_layout(root: Path) -> Path:
+    """/app as sim/Dockerfile lays it out: the files its COPY lines name (read from the Dockerfile itself)."""
+    repo = Path(gpusim.__file__).parents[1]
+    copies = [line.split()[2:] for line in (repo / "sim" / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ")]
+    for words in copies:
+        sources, target = words[:-1], words[-1]
+        for source in sources:
+            dest = root / target.removeprefix("/app/") / Path(source).name if target.endswith("/") \
+                else root / target.removeprefix("/app/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text((repo / source).read_text())
+    return root / "gpusim.py"
+
+
+def test_the_image_layout_plays_nics(tmp_path: Path) -> None:
+    """``--nics`` in the image: sim/nic_sysfs.py is shipped beside gpusim.py, and the node's sysfs tree is written."""
+    app = tmp_path / "app"
+    script = _image_layout(app)
+    files = tmp_path / "host"
+    env = {**os.environ, "NODE_NAME": "worker-3", "PYTHONPATH": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-S", str(script), "--port", "0", "--host", "127.0.0.1", "--gpus", "2", "--nics",
+         "--files-dir", str(files)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("gpu-sim: worker-3 on "), (line, proc.stderr.read() if proc.poll() else "")
+        ports = sorted(p.relative_to(files) for p in (files / "sys" / "class" / "infiniband").glob("*/ports/1/state"))
+        assert len(ports) == 2
+        assert (files / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "state").read_text().strip() \
+            == "4: ACTIVE"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
