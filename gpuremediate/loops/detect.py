@@ -22,7 +22,9 @@ left for the next cycle: the Node watch hands the node to ``condition_arrived`` 
 (``check_nodes``) ``CONDITION_WINDOW_S`` after the first such arrival, with every node that arrived meanwhile, as one
 batch. In the loop's thread because every decision is made there (cycles, polls, looks: one node is never decided
 twice at once); as one batch because a storm's conditions come over a few hundred milliseconds, one agent write each,
-and the breaker must count them together before the first is cordoned, as it does a read's.
+and the breaker must count them together before the first is cordoned, as it does a read's. A cycle does not hold
+them back: its read, its waves and its assessing (seconds at 5,000 nodes) stop for arrivals that are due
+(``_arrivals_if_due``); a node so checked is not decided again by the cycle from its older assessment.
 """
 
 from __future__ import annotations
@@ -219,6 +221,7 @@ class DetectLoop:
         self._stopping = threading.Event()
         self._arrived: dict[str, float] = {}  # nodes whose conditions turned to a fault, since when (monotonic)
         self._arrived_lock = threading.Lock()  # the watch's thread adds, the loop's thread takes
+        self._checking_arrivals = False  # an arrivals' batch is being checked (not interleaved into itself)
         self._monotonic = time.monotonic  # the fast path's poll clock (a test's own)
         self.workers = DECIDE_WORKERS  # replay decides one node at a time: 1
         self._state_counts: dict[str, int] = {}  # the nodes gauge as last computed, moved by each transition
@@ -318,15 +321,28 @@ class DetectLoop:
             first = min(self._arrived.values(), default=None)
         return None if first is None else first + CONDITION_WINDOW_S - now
 
-    def _check_arrivals_logged(self) -> None:
+    def _check_arrivals_logged(self) -> list[str]:
+        self._checking_arrivals = True  # its own batch is not interrupted by arrivals: they wait for its end
         try:
-            self.check_arrivals()
+            return self.check_arrivals()
         except (errors.ApiError, errors.TransportError) as exc:  # the next cycle reads their conditions anyway
             self.ctx.metrics.count_api_error(exc)
             log.warning("checking nodes whose conditions turned to a fault failed; the next cycle checks them",
                         extra={"error": str(exc)})
         except Exception:
             log.exception("checking nodes whose conditions turned to a fault failed; the next cycle checks them")
+        finally:
+            self._checking_arrivals = False
+        return []
+
+    def _arrivals_if_due(self) -> set[str]:
+        """Within a cycle: the arrivals whose window is over, checked now (not after the cycle). The names checked."""
+        if not self._arrived or self._checking_arrivals:
+            return set()
+        due_in = self._arrivals_due_in(self._monotonic())
+        if due_in is None or due_in > 0:
+            return set()
+        return set(self._check_arrivals_logged())
 
     def _condition_findings(self, node: Node, now: float) -> list[Finding]:
         policy = self.ctx.policy_for(node)
@@ -417,6 +433,7 @@ class DetectLoop:
                 self._fleet_state(nodes, by_node)
             seen.update(by_node)
             self._check_batch([n for n in nodes if name_of(n) in by_node], by_node, fleet, nodes)
+            self._arrivals_if_due()
         nodes = self.ctx.owned_of(nodes)
         if not seen:
             self._fleet_state(nodes, seen)
@@ -443,12 +460,14 @@ class DetectLoop:
         self._settle_look_logged()
         self.update_degradation(batch, by_node)
         pending: list[Assessed] = []
+        checked: set[str] = set()  # arrivals checked meanwhile: decided from newer conditions than assessed here
         for node in batch:
+            checked |= self._arrivals_if_due()
             assessed = self._guarded(node, functools.partial(self._assess, node, by_node.get(name_of(node))))
             if assessed is not None:
                 pending.append(assessed)
-        pending = [p for p in pending if p.record is not None or p.findings or held_by_us(p.node)
-                   or _watched(p.memory.to_dict())]  # else: nothing to decide
+        pending = [p for p in pending if (p.record is not None or p.findings or held_by_us(p.node)
+                   or _watched(p.memory.to_dict())) and name_of(p.node) not in checked]  # else: nothing to decide
         faulted = [name_of(p.node) for p in pending if self._trips(p)]
         if faulted and not self._trip_guarded(faulted, len(fleet), owned, self.ctx.clock()):
             faulted_set = set(faulted)  # the breaker could not count them: none of them is acted on now
@@ -674,8 +693,10 @@ class DetectLoop:
                 waits.append(self._pace.next_at - self._monotonic())
             if (look_in := self._look_due_in()) is not None:
                 waits.append(look_in)
+            waits.append(CONDITION_WINDOW_S)  # conditions that turn to a fault during the read: checked in time
             if done.wait(max(0.0, min(waits)) if waits else None):
                 break
+            self._arrivals_if_due()
             if look_in is not None and not self._stopping.is_set():
                 self._settle_look_logged()  # a look's held faults go on at its end, not after the read
             if watch_until is not None and time.monotonic() >= watch_until:

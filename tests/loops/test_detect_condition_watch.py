@@ -5,6 +5,7 @@ counted by the breaker together, before any of them is cordoned."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -124,3 +125,39 @@ def test_only_a_change_to_a_fault_arrives(world: tuple[KubeClient, Controller]) 
     assert not detect.condition_arrived(faulty, faulty)  # the same fault again (a heartbeat): nothing new
     assert detect.check_arrivals() == ["gpu-7"]
     assert state(client, "gpu-7") == states.CORDONED
+
+
+class SlowRead(Healthy):
+    """A read that lasts until the test lets it end (a 5,000-node read takes seconds)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.reading = threading.Event()
+
+    def read(self) -> list[NodeReadings]:
+        self.reading.set()
+        self.release.wait(30)
+        return super().read()
+
+
+def test_a_condition_turning_to_a_fault_during_a_long_read_is_cordoned_before_the_read_ends() -> None:
+    srv = KubeAPIServer().start()
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+    client.create(NAMESPACES, {"metadata": {"name": NS}})
+    for name in NAMES:
+        client.create(NODES, {"metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}}})
+    source = SlowRead()
+    controller = Controller(Settings(namespace=NS, scrape_interval_s=3600), loads_policy(POLICY), client=client,
+                            source=source)
+    try:
+        assert controller.start_caches(timeout=20)
+        controller.start_loops()
+        assert source.reading.wait(20), "the first read began"
+        fault(client, "gpu-4")
+        wait_for(lambda: state(client, "gpu-4") == states.CORDONED, timeout=20,
+                 describe="gpu-4 cordoned while the read runs")
+        assert controller.detect.cycles == 0 and not source.release.is_set()  # the read still runs
+    finally:
+        source.release.set()
+        controller.stop()
+        srv.stop()
