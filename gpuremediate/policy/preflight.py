@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuremediate.signals.workload import PREFLIGHT, Failure, WorkloadSignal
-from gpuremediate.vocab.findings import ACTION_RESET_GPU, Finding
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU, KIND_GPU_LOST, Finding
 from gpuremediate.vocab.preflight import KIND_PREFLIGHT, parse_message
 from gpuremediate.vocab.schema import PolicyError, _show, between, duration, one_of, setting
 
@@ -75,10 +75,18 @@ class PreflightJudge:
         parsed = parse_message(last.text)
         gpus = tuple(dict.fromkeys(gpu_key(node, g) for f in found for g in _gpus(f)))
         check = parsed.check if parsed is not None else ""
+        action = action_for(check, policy.action)
         message = (f"{len(found)} pod(s)' preflight failed on this node within {policy.window_s:.0f}s (last: "
-                   f"{last.pod}: {last.text}); action {policy.action}")
-        return [Finding(node=node, kind=KIND_PREFLIGHT, code=check, gpus=gpus, action=policy.action,
+                   f"{last.pod}: {last.text}); action {action}")
+        return [Finding(node=node, kind=KIND_PREFLIGHT, code=check, gpus=gpus, action=action,
                         fingerprint=fingerprint, message=message)]
+
+
+def action_for(check: str, action: str) -> str:
+    """The policy's action, but a reboot for a lost GPU where it says reset-gpu: ``nvidia-smi --gpu-reset`` needs
+    the GPU on the bus, and only a reboot brings back one that fell off it (XID 79, whose catalog bucket is a
+    reboot); the reset would fail and quarantine the node."""
+    return ACTION_REBOOT if check == KIND_GPU_LOST and action == ACTION_RESET_GPU else action
 
 
 def _gpus(failure: Failure) -> tuple[str, ...]:
