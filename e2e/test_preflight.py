@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from e2e.harness import WORKLOAD_NS, Cluster, target_name
+from gpuremediate.fleet import explain_node
 from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.resources import NAMESPACES, PODS, Resource
 from gpuremediate.vocab.preflight import CONTAINER_NAME, KIND_PREFLIGHT
@@ -150,6 +151,8 @@ def test_an_xid_79_fails_the_preflight_naming_the_lost_gpu_and_the_node_is_acted
     record = cluster.record(bad)
     assert record is not None and record.fault is not None and record.fault.kind == KIND_PREFLIGHT, record
     assert bus in record.fault.message, record.fault.message
+    told = explain_node(cluster.kube, bad)  # type: ignore[arg-type]  # the record as the annotation keeps it
+    assert f"  Failed preflight: pod {OPTED_IN}/on-lost at " in told and f"GPU(s) pci{bus} (gpu-lost" in told, told
     cluster.wait(lambda: cluster.record(bad) is not None and cluster.record(bad).state == "healthy"  # type: ignore
                  and not cluster.unschedulable(bad), 120, f"{bad} repaired and validated",
                  seen=lambda: cluster.summary(bad))
