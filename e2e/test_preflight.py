@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from e2e.harness import WORKLOAD_NS, Cluster, target_name
+from gpuremediate.fleet import explain_node
 from gpuremediate.kube import errors, miniyaml
 from gpuremediate.kube.resources import NAMESPACES, PODS, Resource
 from gpuremediate.vocab.preflight import CONTAINER_NAME, KIND_PREFLIGHT
@@ -125,3 +126,34 @@ def test_opted_out_daemonset_and_other_namespaces_untouched_and_a_down_webhook_b
     during = gpu_pod(cluster, "webhook-down", node)
     assert init_names(during) == []
     cluster.wait(lambda: phase(cluster, "webhook-down") == "Running", 15, "the pod made while the webhook is down")
+
+
+def test_an_xid_79_fails_the_preflight_naming_the_lost_gpu_and_the_node_is_acted_on(preflight: Cluster) -> None:
+    """The GPU falls off the bus (the kernel logs XID 79; nvidia-smi names it lost, exit 15) with the exporter down
+    and no agent: only the preflight can tell. It fails the pod's init container naming the GPU (never "fit" on
+    fewer GPUs than the pod was given), the node gets preflight-failed, is cordoned and repaired (a reboot brings
+    a lost GPU back) and is healthy again."""
+    cluster = preflight
+    bad = cluster.nodes[1]
+    cluster.start_controller()
+    cluster.exporter_down(bad)
+    cluster.sim.gpusim.gpu_lost(bad, 3)  # type: ignore[attr-defined]  # in process: XID 79 in its kernel log
+
+    pod = gpu_pod(cluster, "on-lost", bad)
+    assert "--expect-gpus" in pod["spec"]["initContainers"][0]["args"]
+    cluster.wait(lambda: cluster.unschedulable(bad), 30, f"{bad} cordoned for its failed preflight",
+                 seen=lambda: cluster.summary(bad))
+    played = [(code, message) for node, code, message in cluster.sim.preflights  # type: ignore[attr-defined]
+              if node == bad]
+    assert played and played[0][0] == 1 and "gpu-lost" in played[0][1], played
+    bus = cluster.sim.gpusim.node(bad).gpus[3].pci_bus_id[-12:].lower()  # type: ignore[attr-defined]
+    assert f"GPU pci{bus}: gpu-lost: " in played[0][1], played
+    record = cluster.record(bad)
+    assert record is not None and record.fault is not None and record.fault.kind == KIND_PREFLIGHT, record
+    assert bus in record.fault.message, record.fault.message
+    told = explain_node(cluster.kube, bad)  # type: ignore[arg-type]  # the record as the annotation keeps it
+    assert f"  Failed preflight: pod {OPTED_IN}/on-lost at " in told and f"GPU(s) pci{bus} (gpu-lost" in told, told
+    cluster.wait(lambda: cluster.record(bad) is not None and cluster.record(bad).state == "healthy"  # type: ignore
+                 and not cluster.unschedulable(bad), 120, f"{bad} repaired and validated",
+                 seen=lambda: cluster.summary(bad))
+    assert len(cluster.sim.gpusim.node(bad).present) == 8  # type: ignore[attr-defined]  # back on the bus

@@ -33,6 +33,7 @@ from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DET
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.fabric import KIND_DOMAIN
+from gpuremediate.policy.preflight import last_preflight
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
 from gpuremediate.signals.fabric import CLIQUE_LABEL
@@ -40,6 +41,7 @@ from gpuremediate.state import decide
 from gpuremediate.structured import or_none, rfc3339
 from gpuremediate.vocab import states
 from gpuremediate.vocab.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
+from gpuremediate.vocab.preflight import KIND_PREFLIGHT
 from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
     BLOCK_BUDGET,
@@ -346,6 +348,11 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         gpus = ", ".join(f.gpus) or "-"
         lines.append(f"  Open fault: {f.kind} {f.code} on GPU(s) {gpus}; recommended action {f.action}; "
                      f"first seen {_ago(f.first_seen, now)} ago.")
+        preflight = last_preflight(f.message) if f.kind == KIND_PREFLIGHT else None
+        if preflight is not None:
+            lines.append(f"  Failed preflight: pod {preflight.pod} at {preflight.at}, GPU(s) "
+                         f"{', '.join(preflight.gpus) or '-'} ({preflight.check or '?'}; {preflight.count} pod(s) in "
+                         f"the window): {preflight.line}")
         if f.kind == KIND_DOMAIN:
             domain = f.fingerprint.partition(":")[2].rpartition("@")[0]
             lines.append(f"  Held by the domain decision for {domain}: the NVLink domain is handled as one unit "

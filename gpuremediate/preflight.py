@@ -6,7 +6,11 @@ Three checks, in order, the first that fails ending the run (a pod's start waits
 1. nvidia-smi, read and judged as ``gpuremediate check`` does (the same reading and policy), kept to the pod's GPUs
    (``--gpus``, else ``NVIDIA_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``: indices or UUIDs; ``all`` or unset:
    every GPU nvidia-smi lists). A GPU fails on a finding whose action is not ``none`` and which may not wait
-   (a lost GPU, a double-bit ECC error, a failed row remap, hot now...).
+   (a lost GPU, a double-bit ECC error, a failed row remap, hot now...). A GPU given to the pod that nvidia-smi
+   does not list, or names lost ("Unable to determine the device handle for GPU...: GPU is lost", exit 15, what
+   an XID 79 leaves), fails as lost: the device plugin handed it over, the driver cannot reach it. Without a list
+   of the pod's GPUs, fewer GPUs seen than ``--expect-gpus`` (the webhook passes the pod's ``nvidia.com/gpu``)
+   fails too: never "fit" on fewer GPUs than the pod was given.
 2. ``dcgmi diag -r 1`` (DCGM's quick deployment checks, seconds) when dcgmi is in the image; a GPU fails only when
    the diagnostic itself reports a test failed (its JSON, ``-j``); dcgmi unable to reach a host engine is unknown.
 3. An operator's command (``--command``: an NCCL all-reduce for a gang, say) within ``--command-timeout``: a
@@ -35,7 +39,7 @@ from gpuremediate.check import EXIT_CANNOT_CHECK, Report, run_check, timeout_sec
 from gpuremediate.policy.config import Policy, PolicyError, default_policy, load_policy
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.signals.nvidiasmi import DEFAULT_TIMEOUT_S, NvidiaSmiError, NvidiaSmiSource, run_process_group
-from gpuremediate.vocab.findings import ACTION_NONE, Finding, by_severity
+from gpuremediate.vocab.findings import ACTION_NONE, KIND_GPU_LOST, Finding, by_severity
 from gpuremediate.vocab.preflight import FAILED, UNKNOWN, failed_message, unknown_message
 
 EXIT_FIT = 0
@@ -47,6 +51,8 @@ TERMINATION_LOG = "/dev/termination-log"
 DCGM_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 300.0
 NO_GPUS = ("none", "void", "")
+EXIT_NO_DEVICES = 6  # nvidia-smi(1): "a query to find an object was unsuccessful" ("No devices were found")
+MIG_MODE = "DCGM_FI_DEV_MIG_MODE"
 
 Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
 
@@ -97,14 +103,25 @@ def select(readings: NodeReadings, wanted: tuple[str, ...] | None) -> tuple[Node
 
 
 class _PodGpus:
-    """An nvidia-smi source kept to the pod's GPUs (lost GPUs are kept: nvidia-smi cannot say whose they are)."""
+    """An nvidia-smi source kept to the pod's GPUs (lost GPUs are kept: nvidia-smi cannot say whose they are), and
+    what it saw: the given GPUs not listed, how many GPUs (read or lost), whether MIG is on, "No devices"."""
 
     def __init__(self, source: NvidiaSmiSource, wanted: tuple[str, ...] | None) -> None:
         self.source, self.wanted, self.missing = source, wanted, list[str]()
         self.node = source.node
+        self.seen, self.mig, self.no_devices = 0, False, ""
 
     def read_node(self) -> NodeReadings:
-        readings, self.missing = select(self.source.read_node(), self.wanted)
+        try:
+            everything = self.source.read_node()
+        except NvidiaSmiError as e:
+            if e.exit_code == EXIT_NO_DEVICES:  # the driver answered and lists no GPU at all
+                self.no_devices = _first_line(e.output) if e.output else e.reason
+                self.missing = list(self.wanted or ())
+            raise
+        readings, self.missing = select(everything, self.wanted)
+        self.seen = len(readings.gpus) + len(readings.lost_gpus)
+        self.mig = any(g.extra.get(MIG_MODE) == 1.0 for g in readings.gpus)
         return readings
 
 
@@ -114,7 +131,9 @@ def failing(findings: Sequence[Finding]) -> list[Finding]:
 
 
 def nvidia_smi_step(source: NvidiaSmiSource, policy: Policy, wanted: tuple[str, ...] | None,
-                    kernel_log: str = "no") -> Step:
+                    kernel_log: str = "no", expected: int = 0) -> Step:
+    """nvidia-smi's judgement of the pod's GPUs (``wanted``; None: every GPU listed, of which ``expected`` at
+    least when known)."""
     if wanted == ():
         return Step("nvidia-smi", UNKNOWN, text="no GPU given to the pod (NVIDIA_VISIBLE_DEVICES none)")
     pod = _PodGpus(source, wanted)
@@ -122,14 +141,25 @@ def nvidia_smi_step(source: NvidiaSmiSource, policy: Policy, wanted: tuple[str, 
     bad = failing(report.findings)
     if bad:
         worst = bad[0]
-        return Step("nvidia-smi", FAILED, tuple(g.rsplit("/", 1)[-1] for g in worst.gpus), worst.kind,
-                    worst.message)  # a key "<node>/pci..." names the pod's host name: the GPU part is kept
+        gpus = tuple(g.rsplit("/", 1)[-1] for g in worst.gpus)  # a key "<node>/pci..." names the pod's host name
+        if worst.kind == KIND_GPU_LOST and pod.missing:
+            gpus = tuple(pod.missing)  # the pod's names for the GPU nvidia-smi knows only by its bus id
+        return Step("nvidia-smi", FAILED, gpus, worst.kind, worst.message)
     if pod.missing:
-        return Step("nvidia-smi", UNKNOWN, text=f"GPU {','.join(pod.missing)} given to the pod is not listed by "
-                                                  "nvidia-smi")
+        listed = f"it lists {pod.seen}" if not pod.no_devices else pod.no_devices
+        return Step("nvidia-smi", FAILED, tuple(pod.missing), KIND_GPU_LOST,
+                    f"GPU {','.join(pod.missing)} given to the pod is not listed by nvidia-smi ({listed}): the "
+                    "driver cannot reach it")
+    if pod.no_devices and expected > 0:
+        return Step("nvidia-smi", FAILED, (), KIND_GPU_LOST,
+                    f"the pod was given {expected} GPU(s), nvidia-smi lists none ({pod.no_devices})")
     if report.exit_code == EXIT_CANNOT_CHECK:
         detail = f" ({report.detail.strip().splitlines()[0]})" if report.detail.strip() else ""
         return Step("nvidia-smi", UNKNOWN, text=f"nvidia-smi: {report.reason}{detail}")
+    if wanted is None and not pod.mig and pod.seen < expected:  # MIG: a GPU lists as one, holds many devices
+        return Step("nvidia-smi", FAILED, (), KIND_GPU_LOST,
+                    f"the pod was given {expected} GPU(s), nvidia-smi lists {pod.seen}: the driver cannot reach "
+                    f"{expected - pod.seen}")
     return Step("nvidia-smi", PASSED)
 
 
@@ -235,10 +265,10 @@ def outcome_of(steps: Sequence[Step]) -> Outcome:
 def run_preflight(
     source: NvidiaSmiSource, policy: Policy, wanted: tuple[str, ...] | None, *, dcgmi: str | None = None,
     dcgm_timeout_s: float = DCGM_TIMEOUT_S, command: Sequence[str] = (), command_timeout_s: float = COMMAND_TIMEOUT_S,
-    kernel_log: str = "no", runner: Runner = run_process_group,
+    kernel_log: str = "no", runner: Runner = run_process_group, expected: int = 0,
 ) -> Outcome:
     """The checks in order; the first that fails ends the run (the pod's start waits for every one)."""
-    steps = [nvidia_smi_step(source, policy, wanted, kernel_log)]
+    steps = [nvidia_smi_step(source, policy, wanted, kernel_log, expected)]
     if steps[-1].result != FAILED and dcgmi:
         steps.append(dcgm_step(dcgmi, dcgm_timeout_s, runner))
     if steps[-1].result != FAILED and command:
@@ -274,6 +304,9 @@ exit codes:
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--gpus", help="the GPUs to check, indices or UUIDs, comma-separated (default: "
                                        "NVIDIA_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES, else every GPU listed)")
+    parser.add_argument("--expect-gpus", dest="expect_gpus", type=_count, default=0, metavar="N",
+                        help="how many GPUs the pod was given (the webhook passes its nvidia.com/gpu); with no list "
+                             "of them, fewer seen fails the preflight (default 0: not known)")
     parser.add_argument("--nvidia-smi", dest="nvidia_smi", help="path to nvidia-smi (default: found on PATH)")
     parser.add_argument("--policy", help="TOML policy file (default: built-in policy)")
     parser.add_argument("--kernel-log", choices=("auto", "yes", "no"), default="no",
@@ -295,6 +328,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--termination-log", dest="termination_log", default=TERMINATION_LOG, metavar="PATH",
                         help=f"where the one-line result is written (default {TERMINATION_LOG}; '' for nowhere)")
     return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _dcgmi_path(choice: str) -> str | None:
@@ -326,7 +369,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None, env: Mapping[str, 
             source = NvidiaSmiSource(path=args.nvidia_smi, timeout_s=args.timeout)
             outcome = run_preflight(source, policy, wanted, dcgmi=_dcgmi_path(args.dcgmi),
                                     dcgm_timeout_s=args.dcgm_timeout, command=command,
-                                    command_timeout_s=args.command_timeout, kernel_log=args.kernel_log)
+                                    command_timeout_s=args.command_timeout, kernel_log=args.kernel_log,
+                                    expected=args.expect_gpus)
         except NvidiaSmiError as e:  # raised outside read_node (finding the binary): still unknown
             outcome = outcome_of([Step("nvidia-smi", UNKNOWN, text=f"nvidia-smi: {e}")])
     for step in outcome.steps:

@@ -520,13 +520,16 @@ class SimCluster:
 
     def run_preflight(self, node: str, pod: dict[str, Any]) -> tuple[int, str]:
         """The preflight init container on ``node``: ``gpuremediate preflight``'s check against gpu-sim's
-        nvidia-smi for that node (every GPU of the node: the simulation assigns no device to a pod) and the
-        built-in policy; (exit code, termination message), ``--on-unknown pass`` read from its args."""
+        nvidia-smi for that node (every GPU of the node: the simulation assigns no device to a pod, so no GPU
+        list, and ``--expect-gpus`` as the webhook wrote it) and the built-in policy; (exit code, termination
+        message), ``--on-unknown pass`` read from its args."""
         source = NvidiaSmiSource(str(Path(self.gpusim.host_dir(node)) / "nvidia-smi"), node, 5.0,
                                  runner=self.gpusim.nvidia_smi_runner(node))
-        outcome = run_preflight(source, default_policy().for_node({}), None)
         args = next((c.get("args") or [] for c in pod["spec"].get("initContainers") or []
                      if c.get("name") == PREFLIGHT_CONTAINER), [])
+        expected = args[args.index("--expect-gpus") + 1:][:1] if "--expect-gpus" in args else []
+        outcome = run_preflight(source, default_policy().for_node({}), None,
+                                expected=int(expected[0]) if expected and expected[0].isdigit() else 0)
         passes = outcome.exit_code == EXIT_UNKNOWN and "--on-unknown" in args \
             and args[args.index("--on-unknown") + 1:][:1] == ["pass"]
         self.preflights.append((node, outcome.exit_code, outcome.message))

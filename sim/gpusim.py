@@ -13,8 +13,10 @@ For the node agent (``gpuremediate agent``) gpu-sim also plays the host, with ``
 per node a kernel log ``kmsg`` in /dev/kmsg's record format (``4,SEQ,USEC,-;NVRM: Xid (PCI:…): N, …``, USEC
 on CLOCK_MONOTONIC as the kernel's), a ``boot_id`` that changes on a reboot (the log then starts again),
 and an ``nvidia-smi`` stand-in answering ``--query-gpu`` and ``-L`` from gpu-sim's state (it hangs while a
-driver hang is injected; a lost GPU is not listed). ``kernel_xid`` logs every occurrence (a repeated XID
-of the same code is a new line), ``driver_hang`` hangs nvidia-smi, ``gpu_lost`` takes a GPU off the bus.
+driver hang is injected; a GPU lost after an XID 79 is named in nvidia-smi's "Unable to determine the device
+handle" line and it exits 15, as the real one does; one lost without a trace is just not listed).
+``kernel_xid`` logs every occurrence (a repeated XID of the same code is a new line), ``driver_hang`` hangs
+nvidia-smi, ``gpu_lost`` takes a GPU off the bus.
 ``POST /validate`` (``gpu-sim validate``) plays the validation Job: it fails while a GPU of the
 node still shows a fault (the kind overlay's repair and validation Jobs use these commands).
 This file is copied alone into the gpu-sim image: it imports nothing outside the stdlib.
@@ -223,7 +225,8 @@ class GpuState:
     booted_at: float = field(default_factory=time.monotonic)
     pod: tuple[str, str, str] | None = None  # (namespace, pod, container) using this GPU
     mig: list[MigInstance] = field(default_factory=list)  # MIG mode on: one series per instance, none for the GPU
-    lost: bool = False  # fell off the bus: gone from the exporter and nvidia-smi until a reboot
+    lost: bool = False  # fell off the bus: gone from the exporter and nvidia-smi's rows until a reboot
+    lost_named: bool = False  # the driver saw it fall (XID 79): nvidia-smi names it lost; else it is just not listed
     fabric_status: int = FM_SUCCESS  # dcgmFabricManagerStatus_t of this GPU (NVL72 nodes only)
     fabric_error: int = 0
     fabric_clique: int = 0  # set from the node's NodeFabric
@@ -635,7 +638,7 @@ class GpuSim:
             state = self.node(node)
             for g in state.gpus:
                 g.reset()
-                g.lost = False
+                g.lost = g.lost_named = False
             state.driver_hung = False
             if state.fabric is not None:  # a reboot starts the Fabric Manager / NVLink software and IMEX again
                 state.fabric.fm_running, state.fabric.imex_daemon, state.fabric.imex_domain = True, IMEX_READY, "UP"
@@ -692,12 +695,13 @@ class GpuSim:
             self._write_smi_state(state)
 
     def gpu_lost(self, node: str, gpu: int, log_xid: bool = True) -> None:
-        """The GPU falls off the bus: gone from the exporter and from nvidia-smi until a reboot; the kernel
-        logs XID 79 (``log_xid``)."""
+        """The GPU falls off the bus: gone from the exporter and from nvidia-smi's rows until a reboot. With
+        ``log_xid`` the driver saw it fall: the kernel logs XID 79 and nvidia-smi names it ("Unable to determine
+        the device handle for GPU...: GPU is lost", exit 15); without, it is just not listed (only a count tells)."""
         with self._lock:
             state = self.node(node)
             target = state.gpu(gpu)
-            target.lost = True
+            target.lost, target.lost_named = True, log_xid
             self._write_smi_state(state)
             if log_xid:
                 self._log(state, xid_line(target, 79))
@@ -1048,7 +1052,8 @@ def smi_state(node: NodeState) -> dict[str, Any]:
         "remapped_rows.pending": _yes_no(g.remap_pending), "remapped_rows.failure": _yes_no(g.remap_failure),
         **_smi_fabric(node, g),
     } for g in node.present]
-    return {"hung": node.driver_hung, "gpus": gpus}
+    lost = [g.pci_bus_id for g in node.gpus if g.lost and g.lost_named]
+    return {"hung": node.driver_hung, "gpus": gpus, "lost": lost}
 
 
 def _smi_fabric(node: NodeState, g: GpuState) -> dict[str, str]:
@@ -1064,22 +1069,27 @@ def _smi_fabric(node: NodeState, g: GpuState) -> dict[str, str]:
 
 def smi_answer(state: dict[str, Any], args: list[str]) -> tuple[int, str, str]:
     """nvidia-smi's exit code, stdout and stderr for ``args`` over ``state`` (``smi_state``): ``--query-gpu``
-    with ``--format=csv,noheader,nounits``, and ``-L``. Exit 6 when no GPU is on the bus, as nvidia-smi's
-    "No devices were found"; 2 for anything else."""
+    with ``--format=csv,noheader,nounits``, and ``-L``. A lost GPU: the others' rows, then for each lost one
+    the driver's line (bus id with a 4-digit domain, as NVML prints it) and exit 15 ("GPU has fallen off the bus",
+    nvidia-smi(1) RETURN VALUE). Exit 6 when no GPU is on the bus and none is lost, as nvidia-smi's "No devices
+    were found"; 2 for anything else."""
     gpus = state["gpus"]
+    lost = "".join(f"Unable to determine the device handle for GPU{bus[-12:]}: GPU is lost.  Reboot the system "
+                   "to recover this GPU\n" for bus in state.get("lost") or [])
+    code = 15 if lost else 0
     query = [a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")]
     if query and "--format=csv,noheader,nounits" in args:
         fields = query[0].split(",")
         unknown = [f for f in fields if gpus and f not in gpus[0]]
         if unknown:
             return 2, "", f'Field "{unknown[0]}" is not a valid field to query.\n'
-        if not gpus:
+        if not gpus and not lost:
             return 6, "No devices were found\n", ""
-        return 0, "".join(", ".join(g[f] for f in fields) + "\n" for g in gpus), ""
+        return code, "".join(", ".join(g[f] for f in fields) + "\n" for g in gpus) + lost, ""
     if args == ["-L"]:
-        if not gpus:
+        if not gpus and not lost:
             return 6, "No devices were found\n", ""
-        return 0, "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in gpus), ""
+        return code, "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in gpus) + lost, ""
     return 2, "", f"gpu-sim's nvidia-smi stand-in answers --query-gpu (csv,noheader,nounits) and -L only: {args}\n"
 
 

@@ -121,10 +121,6 @@ def test_only_the_pods_gpus_are_judged(bin_dir: Path, tmp_path: Path, monkeypatc
     bad = fakes.edit_capture(H100, tmp_path / "bad.txt", csv={"ecc.errors.uncorrected.volatile.total": "2"})
     monkeypatch.setenv("FAKE_SMI_CAPTURE", str(bad))
     assert run(tmp_path, [], env={"NVIDIA_VISIBLE_DEVICES": "0"})[0] == 1
-    code, _out, log = run(tmp_path, [], env={"NVIDIA_VISIBLE_DEVICES": "GPU-not-this-one"})
-    assert code == preflight.EXIT_UNKNOWN  # a GPU it cannot see is never called bad
-    assert parse_message(log) == PreflightMessage(
-        UNKNOWN, (), "", "GPU GPU-not-this-one given to the pod is not listed by nvidia-smi")
     assert run(tmp_path, [], env={"NVIDIA_VISIBLE_DEVICES": "none"})[0] == preflight.EXIT_UNKNOWN
     assert run(tmp_path, ["--gpus", "all"], env={"NVIDIA_VISIBLE_DEVICES": "none"})[0] == 1
 
@@ -223,3 +219,67 @@ def test_the_message_is_one_bounded_line() -> None:
     line = failed_message(("GPU-a",), "command", "x\n" * 5000)
     assert "\n" not in line and len(line.encode()) <= MAX_MESSAGE
     assert parse_message(line) is not None and parse_message("container main: CUDA error") is None
+
+
+H100_UUID = "GPU-00000000-0000-0000-0000-000000000000"  # the capture's one GPU, at 00000000:00:09.0
+
+
+def test_a_gpu_lost_after_xid_79_fails_named_as_the_pod_knows_it(bin_dir: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod was given two GPUs; nvidia-smi reads one and prints, for the other, what a real one prints after an
+    XID 79 ("Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost.  Reboot...", exit 15)."""
+    monkeypatch.setenv("FAKE_SMI_LOST", "0000:3B:00.0")
+    code, out, log = run(tmp_path, [], env={"NVIDIA_VISIBLE_DEVICES": f"{H100_UUID},GPU-lost-one"})
+    parsed = parse_message(log)
+    assert code == preflight.EXIT_FAILED and parsed is not None, out
+    assert (parsed.result, parsed.gpus, parsed.check) == (FAILED, ("GPU-lost-one",), "gpu-lost")
+    assert "0000:3b:00.0" in parsed.text and "is lost" in parsed.text
+
+
+def test_a_given_gpu_nvidia_smi_does_not_list_fails_never_fit(bin_dir: Path, tmp_path: Path) -> None:
+    code, _, log = run(tmp_path, [], env={"NVIDIA_VISIBLE_DEVICES": f"{H100_UUID},GPU-gone"})
+    assert code == preflight.EXIT_FAILED
+    assert parse_message(log) == PreflightMessage(
+        FAILED, ("GPU-gone",), "gpu-lost",
+        "GPU GPU-gone given to the pod is not listed by nvidia-smi (it lists 1): the driver cannot reach it")
+    assert run(tmp_path, [], env={"CUDA_VISIBLE_DEVICES": "0,1"})[0] == preflight.EXIT_FAILED  # by index too
+
+
+def test_no_devices_found_fails_the_gpus_given_and_is_unknown_when_none_is_known(
+        bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SMI_EXIT", "6")
+    monkeypatch.setenv("FAKE_SMI_MESSAGE", "No devices were found")
+    code, _, log = run(tmp_path, [], env={"NVIDIA_VISIBLE_DEVICES": H100_UUID})
+    parsed = parse_message(log)
+    assert code == preflight.EXIT_FAILED and parsed is not None and parsed.gpus == (H100_UUID,)
+    assert "No devices were found" in parsed.text
+    code, _, log = run(tmp_path, ["--expect-gpus", "2"])
+    parsed = parse_message(log)
+    assert code == preflight.EXIT_FAILED and parsed is not None and parsed.check == "gpu-lost"
+    assert parsed.text.startswith("the pod was given 2 GPU(s), nvidia-smi lists none")
+    code, _, log = run(tmp_path, [])  # how many the pod was given is not known: it cannot tell
+    assert code == preflight.EXIT_UNKNOWN and parse_message(log).result == UNKNOWN  # type: ignore[union-attr]
+
+
+def test_fewer_gpus_than_expected_fails_without_a_list(bin_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run(tmp_path, ["--expect-gpus", "1"])[0] == preflight.EXIT_FIT
+    code, _, log = run(tmp_path, ["--expect-gpus", "2"], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert code == preflight.EXIT_FAILED
+    assert parse_message(log) == PreflightMessage(
+        FAILED, (), "gpu-lost", "the pod was given 2 GPU(s), nvidia-smi lists 1: the driver cannot reach 1")
+    monkeypatch.setenv("FAKE_SMI_LOST", "0000:3B:00.0")  # seen, as lost: the lost finding names it
+    parsed = parse_message(run(tmp_path, ["--expect-gpus", "2"])[2])
+    assert parsed is not None and parsed.gpus == ("pci0000:3b:00.0",) and parsed.check == "gpu-lost"
+
+
+def test_fewer_gpus_under_mig_is_not_judged_by_count(bin_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SMI_CAPTURE", str(fakes.CAPTURES / "linux-x86_64__nvidia-h100-mig__590.48.01.txt"))
+    code, out, _ = run(tmp_path, ["--expect-gpus", "3"], env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert code == preflight.EXIT_FIT, out  # nvidia.com/gpu under MIG's single strategy counts MIG devices
+
+
+def test_expect_gpus_must_be_a_count(bin_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        run(tmp_path, ["--expect-gpus", "two"])

@@ -9,13 +9,15 @@ node's record (the repeat-offender rule counts its repairs), the action's flow."
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from gpuremediate.signals.workload import PREFLIGHT, Failure, WorkloadSignal
-from gpuremediate.vocab.findings import ACTION_RESET_GPU, Finding
+from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU, KIND_GPU_LOST, Finding
 from gpuremediate.vocab.preflight import KIND_PREFLIGHT, parse_message
 from gpuremediate.vocab.schema import PolicyError, _show, between, duration, one_of, setting
 
@@ -75,10 +77,49 @@ class PreflightJudge:
         parsed = parse_message(last.text)
         gpus = tuple(dict.fromkeys(gpu_key(node, g) for f in found for g in _gpus(f)))
         check = parsed.check if parsed is not None else ""
+        action = action_for(check, policy.action)
         message = (f"{len(found)} pod(s)' preflight failed on this node within {policy.window_s:.0f}s (last: "
-                   f"{last.pod}: {last.text}); action {policy.action}")
-        return [Finding(node=node, kind=KIND_PREFLIGHT, code=check, gpus=gpus, action=policy.action,
+                   f"{last.pod} at {_stamp(last.at)}: {last.text}); action {action}")
+        return [Finding(node=node, kind=KIND_PREFLIGHT, code=check, gpus=gpus, action=action,
                         fingerprint=fingerprint, message=message)]
+
+
+# The finding's message, read back for ``explain``: written above, read here, one place.
+_MESSAGE = re.compile(r"^(?P<count>\d+) pod\(s\)' preflight failed on this node within \d+s \(last: (?P<pod>\S+) at "
+                      r"(?P<at>\S+): (?P<line>.*)\); action \S+$")
+
+
+@dataclass(frozen=True)
+class LastPreflight:
+    """The failed preflight a ``preflight-failed`` finding's message names."""
+
+    count: int  # pods whose preflight failed within the window
+    pod: str  # namespace/name
+    at: str  # when its init container ended (RFC 3339)
+    line: str  # its termination message
+    gpus: tuple[str, ...]
+    check: str
+
+
+def last_preflight(message: str) -> LastPreflight | None:
+    """The last failed preflight a finding's message names; None for any other message."""
+    match = _MESSAGE.match(message.strip())
+    if match is None:
+        return None
+    parsed = parse_message(match["line"])
+    return LastPreflight(int(match["count"]), match["pod"], match["at"], match["line"],
+                         parsed.gpus if parsed is not None else (), parsed.check if parsed is not None else "")
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def action_for(check: str, action: str) -> str:
+    """The policy's action, but a reboot for a lost GPU where it says reset-gpu: ``nvidia-smi --gpu-reset`` needs
+    the GPU on the bus, and only a reboot brings back one that fell off it (XID 79, whose catalog bucket is a
+    reboot); the reset would fail and quarantine the node."""
+    return ACTION_REBOOT if check == KIND_GPU_LOST and action == ACTION_RESET_GPU else action
 
 
 def _gpus(failure: Failure) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.gpu_resources import DEFAULT_NAMES, count_of, is_gpu_resource
+from gpuremediate.gpu_resources import DEFAULT_NAMES, GPU, count_of, is_gpu_resource
 from gpuremediate.policy.preflight import PreflightPolicy
 from gpuremediate.vocab.preflight import CONTAINER_NAME, POD_ANNOTATION, POD_INJECTED, POD_LABEL, POD_SKIP
 
@@ -106,6 +106,9 @@ def init_container(pod: Mapping[str, Any], settings: Settings) -> dict[str, Any]
     policy = settings.policy
     args = ["preflight", "--on-unknown", "pass" if policy.on_unknown == "pass" else "exit",
             "--dcgmi", "auto" if policy.dcgm_diag else "no"]
+    whole = gpu_limits(pod, settings.gpu_names).get(GPU)
+    if whole:  # whole GPUs: fewer seen fails the preflight where the runtime gives no list of them
+        args += ["--expect-gpus", whole]
     if policy.command:
         args += ["--command", policy.command, "--command-timeout", f"{policy.command_timeout_s:g}"]
     resources: dict[str, Any] = {

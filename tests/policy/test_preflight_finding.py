@@ -119,3 +119,16 @@ def test_replay_a_failed_preflight_on_every_node_at_once_opens_the_breaker(tmp_p
     cordoned = {m[1] for m in moves(result) if m[3] == "cordoned"}
     assert len(cordoned) < 10  # a bad image failing every preflight must not cordon the fleet
     assert result.trips  # the breaker opened on them
+
+
+def test_a_lost_gpu_takes_the_reboot_rung_where_the_policy_says_reset_gpu() -> None:
+    """A reset needs the GPU on the bus: a preflight naming a GPU lost (XID 79) reboots the node; an operator's
+    cordon or quarantine stays theirs."""
+    lost = failed_message(("pci0000:5d:00.0",), "gpu-lost", "GPU at PCI 0000:5d:00.0 is lost: GPU is lost.")
+    signal = WorkloadSignal()
+    signal.seen(reduce(preflighted("p0", lost)))
+    [finding] = PreflightJudge(signal).findings("node-1", T0 + 30, PreflightPolicy())
+    assert (finding.code, finding.gpus, finding.action) == ("gpu-lost", ("node-1/pci0000:5d:00.0",), "reboot")
+    assert finding.message.endswith("action reboot")
+    [kept] = PreflightJudge(signal).findings("node-1", T0 + 30, PreflightPolicy(action="cordon"))
+    assert kept.action == "cordon"

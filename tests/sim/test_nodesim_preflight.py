@@ -76,3 +76,22 @@ def test_a_faulted_gpu_fails_the_init_container_naming_it(env: Env) -> None:
     assert found is not None and (found.how, found.node) == (PREFLIGHT, "gpu-2")
     sim.tick()
     assert client.get(PODS, "crashing", "work")["status"]["phase"] == "Pending"  # not run later either
+
+
+def test_the_preflight_over_gpu_sim_fails_a_lost_gpu_and_never_fits_fewer_than_given() -> None:
+    """XID 79 (gpu-sim's gpu_lost: nvidia-smi names the GPU lost, exit 15) fails it naming the GPU's bus id; a GPU
+    gone without a trace fails it when the pod's GPU count is known (--expect-gpus), else nvidia-smi shows no fault."""
+    gpus = GpuSim(port=0, files_dir=tempfile.mkdtemp(prefix="gpusim-"))
+    gpus.add_node("n", gpus=8)
+    source = NvidiaSmiSource(gpus.host_dir("n") + "/nvidia-smi", "n", 5.0, runner=gpus.nvidia_smi_runner("n"))
+    policy = default_policy().for_node({})
+    gpus.gpu_lost("n", 3)
+    lost = parse_message(run_preflight(source, policy, None, expected=8).message)
+    assert lost is not None and (lost.result, lost.gpus, lost.check) == (FAILED, ("pci0000:5d:00.0",), "gpu-lost")
+    gpus.reboot("n")
+    gpus.gpu_lost("n", 3, log_xid=False)
+    assert run_preflight(source, policy, None).exit_code == 0  # 7 fine GPUs, the pod's count not known
+    gone = parse_message(run_preflight(source, policy, None, expected=8).message)
+    assert gone is not None and gone.text == "the pod was given 8 GPU(s), nvidia-smi lists 7: the driver cannot reach 1"
+    named = parse_message(run_preflight(source, policy, (gpu_uuid("n", 2), gpu_uuid("n", 3))).message)
+    assert named is not None and named.gpus == (gpu_uuid("n", 3),)

@@ -67,12 +67,38 @@ def test_the_stand_in_script_answers_as_the_in_process_runner_does(sim: GpuSim) 
 
 def test_a_lost_gpu_vanishes_from_nvidia_smi_and_the_exporter_until_a_reboot(sim: GpuSim) -> None:
     sim.gpu_lost(NODE, 3)
-    assert [g.gpu for g in _in_process(sim).read_node().gpus] == ["0", "1", "2"]
+    read = _in_process(sim).read_node()
+    assert [g.gpu for g in read.gpus] == ["0", "1", "2"]
+    assert [(g.pci_bus_id, g.reason) for g in read.lost_gpus] == [
+        ("0000:5d:00.0", "GPU is lost. Reboot the system to recover this GPU")]
     assert 'gpu="3"' not in sim.metrics(NODE)
     assert "): 79, " in sim.kmsg_lines(NODE)[-1]
     assert sim.problems(NODE) == ["GPU 3: fell off the bus"]
     sim.reboot(NODE)
     assert len(_in_process(sim).read_node().gpus) == 4 and 'gpu="3"' in sim.metrics(NODE)
+
+
+def test_nvidia_smi_names_a_gpu_lost_after_xid_79_as_the_real_one_does(sim: GpuSim) -> None:
+    """The driver's line for each lost GPU after the others' rows, exit 15 (nvidia-smi(1): "GPU has fallen off the
+    bus"); the script and the in-process runner alike. A GPU gone without the driver noticing is only not listed."""
+    sim.gpu_lost(NODE, 1)
+    script = str(Path(sim.host_dir(NODE)) / "nvidia-smi")
+    for argv in (["--query-gpu=index,uuid", "--format=csv,noheader,nounits"], ["-L"]):
+        proc = subprocess.run([script, *argv], capture_output=True, text=True, timeout=10, check=False)
+        assert proc.returncode == 15 and proc.stdout.count("\n") == 4, proc
+        assert proc.stdout.splitlines()[-1] == ("Unable to determine the device handle for GPU0000:2A:00.0: GPU is "
+                                                "lost.  Reboot the system to recover this GPU")
+        in_process = sim.nvidia_smi_runner(NODE)([script, *argv], 5.0)
+        assert (proc.returncode, proc.stdout) == (in_process.returncode, in_process.stdout)
+    sim.reboot(NODE)
+    sim.gpu_lost(NODE, 1, log_xid=False)
+    read = _in_process(sim).read_node()
+    assert ([g.gpu for g in read.gpus], read.lost_gpus) == (["0", "2", "3"], ())
+    sim.gpu_lost(NODE, 0, log_xid=False)
+    sim.gpu_lost(NODE, 2, log_xid=False)
+    sim.gpu_lost(NODE, 3, log_xid=False)
+    with pytest.raises(NvidiaSmiError, match="exited 6"):
+        _in_process(sim).read_node()
 
 
 def test_a_driver_hang_times_nvidia_smi_out_and_a_release_answers_again(sim: GpuSim) -> None:

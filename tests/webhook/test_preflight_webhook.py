@@ -110,8 +110,8 @@ def test_not_twice_and_not_on_update() -> None:
 def test_the_policy_shapes_the_command() -> None:
     policy = PreflightPolicy(on_unknown="fail", dcgm_diag=False, command="all_reduce_perf -g 8", command_timeout_s=60)
     args = mutate.init_container(gpu_pod(), mutate.Settings(IMAGE, policy))["args"]
-    assert args == ["preflight", "--on-unknown", "exit", "--dcgmi", "no", "--command", "all_reduce_perf -g 8",
-                    "--command-timeout", "60"]
+    assert args == ["preflight", "--on-unknown", "exit", "--dcgmi", "no", "--expect-gpus", "3",
+                    "--command", "all_reduce_perf -g 8", "--command-timeout", "60"]
 
 
 # ---------------------------------------------------------------- the HTTPS server
