@@ -126,6 +126,20 @@ def test_an_exhausted_ladder_replaces_the_node_through_its_owner(
     assert c.event_reasons(NODE).count(REPLACED) == 1 and "GPUNodeDeletedMidFlow" not in c.event_reasons(NODE)
     c.wait_metric("gpuremediate_replacements_total", 1, provider=provider)
     c.wait_metric("gpuremediate_nodes_replaced_total", 1)
+    cli_shows_the_replacement(c, before.name, provider)
+
+
+def cli_shows_the_replacement(c: Cluster, target: str, provider: str) -> None:
+    """`status` counts it and shows it; `explain` of the gone node says it was replaced (not "not found")."""
+    status = c.cli("status", "-o", "json", "--namespace", SYSTEM_NS)
+    assert status.returncode == 0, status.stderr
+    replaced = json.loads(status.stdout)["fleet"]["replaced"]
+    assert replaced["recent"] == 1 and replaced["total"] == 1, replaced
+    assert replaced["latest"][0]["node"] == NODE and target in replaced["latest"][0]["target"], replaced
+    assert replaced["latest"][0]["provider"] == provider and replaced["latest"][0]["state"] == DELETED
+    explain = c.cli("explain", NODE, "--namespace", SYSTEM_NS)
+    assert explain.returncode == 0, explain.stderr
+    assert explain.stdout.startswith(f"{NODE}: replaced.") and target in explain.stdout, explain.stdout
 
 
 def test_a_restart_while_the_machine_drains_never_deletes_twice(owned: Callable[[str], EmulatorCluster]) -> None:

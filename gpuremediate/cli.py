@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from gpuremediate import __version__, fleet, structured
 from gpuremediate.actions.breaker import BREAKER_CONFIGMAP, PAUSE_ANNOTATION, RESET_ANNOTATION, BreakerStore
 from gpuremediate.actions.dry_run_journal import Journal, read_journal
+from gpuremediate.actions.replaced import HistoryError
 from gpuremediate.config import (
     MAX_INTERVAL_S,
     MAX_LEASE_S,
@@ -464,14 +465,14 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, shutdow
             print(_structured(_status_object(client, args.namespace, journal, rows), args.output), end="")
         else:
             lines = ([fleet.dry_run_line(journal)] if journal is not None else []) + \
-                _safety_lines(client, args.namespace, journal)
+                _safety_lines(client, args.namespace, journal) + _replaced_lines(client, args.namespace)
             print(fleet.render_status(rows, header_lines=lines, wide=args.output == "wide",
                                       by_domain=args.by == "domain"), end="")
         return 0
     if args.command == "explain":
         policy = load_policy(args.policy) if args.policy else None
         journal = _dry_run(client, args.namespace)
-        explained = fleet.explain_view(client, args.node, policy, journal)
+        explained = fleet.explain_view(client, args.node, policy, journal, namespace=args.namespace)
         if args.output in ("json", "yaml"):
             print(_structured(explained.as_dict(), args.output), end="")
         else:
@@ -639,8 +640,22 @@ def _status_object(client: KubeClient, namespace: str, journal: Journal | None,
         expired = lease.renewed_at is not None and now - lease.renewed_at > lease.duration_s
         shards.append({"index": lease.index, "holder": lease.holder or None,
                        "renewedAt": structured.rfc3339(lease.renewed_at), "expired": bool(lease.holder) and expired})
+    replaced = None
+    try:
+        replaced = structured.replaced_view(fleet.read_replaced(client, namespace), now)
+    except HistoryError as exc:
+        errors.append(f"replaced nodes unknown: {exc}")
     return structured.fleet_status([r.as_dict() for r in rows], dry_run=structured.dry_run_view(journal),
-                                   paused=paused, breaker=breaker, source=source, shards=shards, errors=errors)
+                                   paused=paused, breaker=breaker, source=source, shards=shards, errors=errors,
+                                   replaced=replaced)
+
+
+def _replaced_lines(client: KubeClient, namespace: str) -> list[str]:
+    """status's lines on the replaced nodes (none when none was); one saying so when the history is unreadable."""
+    try:
+        return fleet.replaced_lines(fleet.read_replaced(client, namespace))
+    except HistoryError as exc:
+        return [f"replaced nodes unknown: {exc}"]
 
 
 def _safety_lines(client: KubeClient, namespace: str, journal: Journal | None = None) -> list[str]:

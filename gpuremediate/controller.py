@@ -254,6 +254,7 @@ class Controller:
     def _on_node_deleted(self, node: dict[str, Any]) -> None:
         """Off the informer's thread: the cleanup makes API calls (loops.node_gone)."""
         if self.acting:
+            self.node_gone.watched(name_of(node))  # now: a sweep under way leaves it to this handler
             self.reports.submit(lambda: self.node_gone.on_deleted(node))
 
     def _forget_node(self, name: str) -> None:
@@ -308,6 +309,8 @@ class Controller:
             self.detect.start()
             for loop in self.node_loops:
                 loop.start()
+            # Nodes deleted while no controller ran: its own thread (it waits for the Jobs watch to list)
+            threading.Thread(target=self.node_gone.sweep, name="node-gone-sweep", daemon=True).start()
         drain = next(loop for loop in self.node_loops if isinstance(loop, DrainLoop))
         maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel)  # an API call: outside the lock
         with self._lifecycle:

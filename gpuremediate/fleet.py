@@ -24,6 +24,7 @@ from gpuremediate.actions.nodes import (
     node_unschedulable_of,
 )
 from gpuremediate.actions.pods import list_node_pods, skipped_by_namespace
+from gpuremediate.actions.replaced import DELETED, Entry, HistoryError, ReplacedHistory
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import NODES
@@ -268,6 +269,37 @@ def safety_lines(pause: Pause, breaker: CircuitBreaker, now: float | None = None
     if look is not None and not breaker.is_open:
         lines.append(f"STORM LOOK: {look.describe(now)} (`gpuremediate breaker status`)")
     return lines
+
+
+def read_replaced(client: KubeClient, namespace: str) -> list[Entry]:
+    """The replaced-node history (newest last); HistoryError when its ConfigMap cannot be read."""
+    return ReplacedHistory(client, namespace).entries()
+
+
+def replaced_lines(entries: Sequence[Entry], now: float | None = None) -> list[str]:
+    """``status``'s lines about the replaced nodes (none when none was): how many lately, the newest few."""
+    if not entries:
+        return []
+    now = time.time() if now is None else now
+    view = structured.replaced_view(entries, now)
+    lines = [f"REPLACED: {view['recent']} node(s) in the last 24h, {view['total']} in the history "
+             f"(`gpuremediate explain NODE`)"]
+    for e in list(reversed(entries))[:structured.REPLACED_SHOWN]:
+        lines.append(f"  {e.node}  {e.provider}  {e.target}  {_utc(e.at)} ({_ago(e.at, now)} ago)  {e.state}")
+    return lines
+
+
+def replacement_line(entry: Entry, now: float) -> str:
+    """One replacement in words, for ``explain``."""
+    went = "deleted" if entry.state == DELETED else "being deleted (the delete was not confirmed sent)"
+    parts = [f"{entry.target} {went} ({entry.provider}) {_utc(entry.at)} ({_ago(entry.at, now)} ago)"]
+    if entry.fault:
+        parts.append(f"for {entry.fault}")
+    if entry.node_uid:
+        parts.append(f"Node uid {entry.node_uid}")
+    if entry.provider_id:
+        parts.append(f"instance {entry.provider_id}")
+    return ", ".join(parts)
 
 
 def render_status(rows: Iterable[StatusRow], now: float | None = None, header_lines: Iterable[str] = (),
@@ -562,6 +594,8 @@ class Explained:
     gpus: int = 0
     dry_run: bool = False
     row: StatusRow | None = None  # the node's line in ``status`` (its Node entry in -o json)
+    replaced: tuple[Entry, ...] = ()  # Nodes of this name replaced, newest first (the history's entries)
+    gone: bool = False  # no Node of this name exists: it was replaced (``replaced`` says how)
 
     @property
     def state(self) -> str:
@@ -580,12 +614,15 @@ class Explained:
         if row is None:
             row = StatusRow(self.node, self.state, None, "-", "-", "-", True, False, self.gpus, record=record)
         return structured.frame(structured.KIND_NODE_EXPLANATION, {
-            "dryRun": self.dry_run, "node": row.as_dict(),
+            "dryRun": self.dry_run, "node": None if self.gone else row.as_dict(),
             "record": structured.record_view(to_dict(record)) if isinstance(record, NodeRecord) else None,
-            "explanation": self.text.splitlines()})
+            "explanation": self.text.splitlines(),
+            "replaced": [structured.replacement_view(e) for e in self.replaced]})
 
     def wide(self) -> str:
         """The words and, after them, what ``-o wide`` adds: the GPUs, who holds the wait, the record's stamps."""
+        if self.gone:
+            return self.text
         lines = [f"  GPUs: {self.gpus}."]
         record = self.record
         if isinstance(record, NodeRecord):
@@ -605,13 +642,48 @@ def explain_node(client: KubeClient, node: str, policy: PolicyFile | None = None
 
 
 def explain_view(client: KubeClient, node: str, policy: PolicyFile | None = None,
-                 dry_run: Journal | None = None) -> Explained:
+                 dry_run: Journal | None = None, namespace: str | None = None) -> Explained:
     """With the ``policy``, a draining node's pods in its drain.skip_namespaces are counted; with a live
-    dry-run ``journal``, the record the dry run would have written is explained (and said to be)."""
+    dry-run ``journal``, the record the dry run would have written is explained (and said to be). With the
+    controller's ``namespace``, the replaced-node history is read: a Node of this name replaced is said (one that
+    no longer exists is explained from it alone)."""
+    replaced = _replaced_of(client, namespace, node) if namespace else ()
     try:
         obj = client.get(NODES, node)
     except errors.NotFound:
+        if replaced:
+            return _explain_replaced(node, replaced)
         raise FleetError(f"node {node!r} not found") from None
+    explained = _explain_view(client, obj, node, policy, dry_run)
+    if not replaced:
+        return explained
+    now = time.time()
+    words = [f"  Replaced before (an earlier Node of this name): {replacement_line(e, now)}." for e in replaced]
+    return dataclasses.replace(explained, text=explained.text + "\n".join(words) + "\n", replaced=replaced)
+
+
+def _replaced_of(client: KubeClient, namespace: str, node: str) -> tuple[Entry, ...]:
+    """The history's entries for Nodes named ``node``, newest first; () when it cannot be read (a reader who may
+    not read it still gets the Node explained, and a Node that is gone is "not found", as before)."""
+    try:
+        entries = read_replaced(client, namespace)
+    except HistoryError:
+        return ()
+    return tuple(e for e in reversed(entries) if e.node == node)
+
+
+def _explain_replaced(node: str, replaced: Sequence[Entry]) -> Explained:
+    now, last = time.time(), replaced[0]
+    lines = [f"{node}: replaced. No Node of this name exists now: gpuremediate's [remediation.replace] deleted its "
+             f"owner, which makes a new node (under this name or another).",
+             f"  Replaced: {replacement_line(last, now)}."]
+    lines += [f"  Replaced before: {replacement_line(e, now)}." for e in replaced[1:]]
+    lines.append("  Its record went with the Node; the history is ConfigMap gpuremediate-replaced.")
+    return Explained(node, "\n".join(lines) + "\n", None, replaced=tuple(replaced), gone=True)
+
+
+def _explain_view(client: KubeClient, obj: Mapping[str, Any], node: str, policy: PolicyFile | None,
+                  dry_run: Journal | None) -> Explained:
     gpus = gpu_count(obj)
     label = policy.for_node(labels_of(obj)).fabric.domain_label if policy is not None else CLIQUE_LABEL
     row = row_for(obj, dry_run, domain_label=label)

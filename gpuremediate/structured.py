@@ -13,7 +13,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuremediate.actions.replaced import Entry
 
 API_VERSION = "gpuremediate.io/v1"
 KIND_FLEET_STATUS = "FleetStatus"
@@ -67,7 +70,28 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
                                   "`[budget] max_unavailable` caps the ones gpuremediate takes out)"),
         Field("shards", "[Shard]", "who holds each shard Lease (`--shards`); empty when not sharded or the "
                                    "reader may not list Leases"),
-        Field("errors", "[string]", "what could not be read (the ConfigMap, the Leases), one line each"),
+        Field("replaced", "Replaced", "the nodes `[remediation.replace]` replaced (ConfigMap "
+                                      "`gpuremediate-replaced`); null: that ConfigMap cannot be read (`errors` says "
+                                      "why)", nullable=True),
+        Field("errors", "[string]", "what could not be read (the ConfigMaps, the Leases), one line each"),
+    ),
+    "Replaced": (
+        Field("recent", "integer", "replacements in the last 24 hours"),
+        Field("total", "integer", "replacements in the history (its newest 200)"),
+        Field("latest", "[Replacement]", "the newest few (5), newest first"),
+    ),
+    "Replacement": (
+        Field("node", "string", "the Node replaced (it no longer exists; a new one may have its name)"),
+        Field("nodeUID", "string", "its uid", nullable=True),
+        Field("providerID", "string", "its `spec.providerID`: the instance it ran on", nullable=True),
+        Field("provider", "string", "`cluster-api` or `karpenter`"),
+        Field("target", "string", "the object deleted so its owner replaces the node: `Machine ns/name` or "
+                                  "`NodeClaim name`"),
+        Field("targetUID", "string", "that object's uid (the delete's precondition)", nullable=True),
+        Field("fault", "string", "the fault it was replaced for", nullable=True),
+        Field("at", "time", "when the replacement started (the entry was written before the delete)",
+              nullable=True),
+        Field("state", "string", "`deleting` (written before the delete, not yet confirmed sent) or `deleted`"),
     ),
     "DryRun": (
         Field("identity", "string", "the dry-running replica", nullable=True),
@@ -186,10 +210,13 @@ SCHEMA: dict[str, tuple[Field, ...]] = {
         Field("kind", "string", f"`{KIND_NODE_EXPLANATION}`"),
         Field("dryRun", "boolean", "a dry run runs now: `record` is what it would have written (when it decided "
                                    "about this node)"),
-        Field("node", "Node", "the node's entry, the same as `status` prints for it"),
+        Field("node", "Node", "the node's entry, the same as `status` prints for it; null: no Node of that name "
+                              "exists and it was replaced (`replaced` says when, through what)", nullable=True),
         Field("record", "object", "the record annotation in full (its keys in camelCase, its times RFC 3339); "
                                   "null: none (never acted on) or unreadable", nullable=True),
         Field("explanation", "[string]", "the words `explain` prints, one line each"),
+        Field("replaced", "[Replacement]", "the Nodes of this name `[remediation.replace]` replaced, newest first "
+                                           "(the history's entries); empty: none, or the history cannot be read"),
     ),
     KIND_BREAKER_STATUS: (
         Field("apiVersion", "string", f"`{API_VERSION}`"),
@@ -332,16 +359,34 @@ def dry_run_view(journal: Any) -> dict[str, Any] | None:
             "updated": rfc3339(journal.updated), "leftOut": int(journal.left_out)}
 
 
+REPLACED_RECENT_S = 24 * 3600.0  # `recent`: the last 24 hours
+REPLACED_SHOWN = 5  # `latest`: the newest five
+
+
+def replacement_view(entry: Entry) -> dict[str, Any]:
+    """A history entry (``actions.replaced.Entry``) as the schema's Replacement."""
+    return {"node": entry.node, "nodeUID": or_none(entry.node_uid), "providerID": or_none(entry.provider_id),
+            "provider": entry.provider, "target": entry.target, "targetUID": or_none(entry.target_uid),
+            "fault": or_none(entry.fault), "at": rfc3339(entry.at), "state": entry.state}
+
+
+def replaced_view(entries: Sequence[Entry], now: float) -> dict[str, Any]:
+    """The history (newest last) as the schema's Replaced."""
+    recent = sum(1 for e in entries if e.at and now - e.at <= REPLACED_RECENT_S)
+    return {"recent": recent, "total": len(entries),
+            "latest": [replacement_view(e) for e in list(reversed(entries))[:REPLACED_SHOWN]]}
+
+
 def fleet_status(nodes: Sequence[Mapping[str, Any]], *, dry_run: dict[str, Any] | None,
                  paused: dict[str, Any] | None, breaker: dict[str, Any] | None,
                  source: dict[str, Any] | None = None, shards: Sequence[Mapping[str, Any]] = (),
-                 errors: Sequence[str] = ()) -> dict[str, Any]:
+                 errors: Sequence[str] = (), replaced: dict[str, Any] | None = None) -> dict[str, Any]:
     """The FleetStatus object from its parts (each already in the schema's shape)."""
     out = sum(1 for n in nodes if n["state"] != "healthy" or not n["schedulable"])
     return frame(KIND_FLEET_STATUS, {
         "fleet": {"dryRun": dry_run, "paused": paused, "breaker": breaker, "source": source,
                   "budget": {"gpuNodes": len(nodes), "outOfService": out},
-                  "shards": [dict(s) for s in shards], "errors": list(errors)},
+                  "shards": [dict(s) for s in shards], "replaced": replaced, "errors": list(errors)},
         "nodes": list(nodes)})
 
 

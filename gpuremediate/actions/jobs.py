@@ -253,6 +253,14 @@ class ActionJobs:
         listed = self.client.list(JOBS, self.namespace, label_selector=f"{JOB_LABEL},{NODE_LABEL}={value}")
         return list(listed.get("items") or [])
 
+    def all(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Every Job of ours: from the watch once it has listed (waited for up to ``timeout``: its list is the one
+        read), else one LIST by label (a client that cannot watch, or a watch that did not list in time)."""
+        informer = self._watch()
+        if informer is not None and informer.wait_for_sync(timeout):
+            return informer.list()
+        return list(self.client.list(JOBS, self.namespace, label_selector=JOB_LABEL).get("items") or [])
+
     def stop(self) -> None:
         with self._lock:
             informer, self._informer, self._stopped = self._informer, None, True
@@ -266,6 +274,26 @@ class ActionJobs:
             if self._informer is None and not self._stopped:
                 self._informer = Informer(self.client, JOBS, self.namespace, label_selector=JOB_LABEL).start()
             return self._informer
+
+
+def job_node(job: Mapping[str, Any]) -> str:
+    """The Node a Job of ours runs on: its pod's ``nodeName``, else the ``metadata.name`` its node affinity pins
+    (a device-claim Job), else its ``NODE_NAME``; its node label's value at worst (a long name's is cut-and-hashed:
+    compare it with ``label_value``)."""
+    spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    for term in required.get("nodeSelectorTerms") or []:
+        for field_ in term.get("matchFields") or []:
+            if field_.get("key") == "metadata.name" and len(field_.get("values") or []) == 1:
+                return str(field_["values"][0])
+    for container in spec.get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == "NODE_NAME" and env.get("value"):
+                return str(env["value"])
+    return str(((job.get("metadata") or {}).get("labels") or {}).get(NODE_LABEL) or "")
 
 
 def delete_job(client: KubeClient, name: str, namespace: str, *, dry_run: bool = False,

@@ -14,6 +14,12 @@ last state it saw here (off the informer's thread), and this
 - forgets what the controller kept about the name in memory, so a Node that joins later under the same name (a new
   uid) starts fresh, as its missing record says.
 
+A Node deleted while no controller ran (a restart, a leader change, a rollout) is never seen deleted: ``sweep``,
+once the loops start, finds the objects of ours that name a node the Node cache does not hold (the Jobs from the
+Jobs watch, our DrainRequests and DeviceTaintRules from one list each, by our label) and handles each such node as
+the watched delete does (its Jobs after ``job_grace_s`` from the sweep), with the Event saying it was found at
+start; its record went with it, so the metric's ``state`` is ``unknown``.
+
 The budget slot needs nothing: the budget counts the nodes the informer lists, and a sharded replica's claim in
 ``gpuremediate-budget`` is pruned once a fresh read finds no such node (``actions.budget_claims``). A node our own
 ``replace`` took away is not "someone else's": its objects are cleaned, and its flow ends as replaced
@@ -24,6 +30,7 @@ In a dry run nothing is deleted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -39,7 +46,7 @@ from gpuremediate.actions.custom import (
 )
 from gpuremediate.actions.device_taints import DeviceTaints, DeviceTaintsNotServed
 from gpuremediate.actions.events import NORMAL, WARNING
-from gpuremediate.actions.jobs import delete_job
+from gpuremediate.actions.jobs import delete_job, finished, job_node
 from gpuremediate.actions.nodes import name_of
 from gpuremediate.kube import errors
 from gpuremediate.kube.shards import acting_for
@@ -51,6 +58,7 @@ from gpuremediate.vocab.record import NodeRecord, record_from_node
 log = logging.getLogger(__name__)
 
 EVENT_REASON = "GPUNodeDeletedMidFlow"
+STATE_UNKNOWN = "unknown"  # the metric's state for a node found gone at start (its record went with it)
 JOB_GRACE_S = 120.0  # a kubelet registers its Node again within seconds; an autoscaler's node never comes back
 REPLACED_REASON = "GPUNodeReplaced"
 
@@ -64,10 +72,16 @@ class NodeGone:
         self.forget = forget
         self.replaced = replaced
         self.job_grace_s = JOB_GRACE_S
+        self._watched: set[str] = set()  # deleted Nodes the watch handed over: the sweep leaves them to it
+
+    def watched(self, name: str) -> None:
+        """The watch saw ``name`` deleted (called on the informer's thread, before ``on_deleted`` is queued)."""
+        self._watched.add(name)
 
     def on_deleted(self, node: Mapping[str, Any]) -> None:
         """The informer's last view of a deleted Node. Never raises (it runs on the report queue's thread)."""
         name = name_of(node)
+        self.watched(name)
         self.forget(name)
         record = record_from_node(node)
         if not isinstance(record, NodeRecord) or record.state == states.HEALTHY or not self.ctx.owns(name):
@@ -84,6 +98,86 @@ class NodeGone:
                 self.replaced(node, record)
             return
         self.report(node, record, cleaned)
+
+    def sweep(self) -> list[str]:
+        """At start: the nodes that objects of ours name and no Node has, each handled as a watched delete; returns
+        their names. Reads the Node cache (it must have synced: an empty cache is not "every node gone"), the Jobs
+        watch, and one list each of our DrainRequests and DeviceTaintRules. Never raises (the report queue's
+        thread)."""
+        if not self.ctx.nodes.informer.has_synced():
+            log.warning("the node cache has not synced: no sweep for nodes deleted while the controller was down")
+            return []
+        try:
+            found = self._found()
+        except Exception as exc:  # said; the watched deletes still work
+            log.exception("the sweep for nodes deleted while the controller was down failed",
+                          extra={"error": str(exc)})
+            return []
+        present = {label_value(name_of(node)) for node in self.ctx.nodes.informer.list()}
+        gone = []
+        for key, (name, deletes) in sorted(found.items()):
+            if key in present or name in self._watched or not self.ctx.owns(name):
+                continue
+            gone.append(name)
+            try:
+                cleaned = [*(delete() for delete in deletes), *self._jobs_later(name)]
+            except Exception as exc:
+                log.exception("cleanup of a node deleted while the controller was down failed",
+                              extra={"node": name, "error": str(exc)})
+                cleaned = [f"cleanup failed ({exc})"]
+            self.report_swept(name, cleaned)
+        self._watched.clear()  # only a sweep reads it: the next one (a new term) starts from its own cache
+        return gone
+
+    def _found(self) -> dict[str, tuple[str, list[Callable[[], str]]]]:
+        """Our objects by the node they name (key: its label value): the name, and a delete for each DrainRequest
+        and DeviceTaintRule (each returns what it deleted, as the report names it). Jobs name a node while they
+        run (a finished one of a node deleted when healthy is left to its TTL); a node's Jobs, finished or not,
+        go after the grace (``_jobs_later``)."""
+        found: dict[str, tuple[str, list[Callable[[], str]]]] = {}
+
+        def note(name: str, delete: Callable[[], str] | None = None) -> None:
+            key = label_value(name)
+            entry = found.setdefault(key, (name, []))
+            if len(name) > len(entry[0]):  # a full name over a label's cut-and-hashed value
+                found[key] = entry = (name, entry[1])
+            if delete is not None:
+                entry[1].append(delete)
+
+        for job in self.ctx.jobs.all():
+            if job_node(job) and not finished(job):  # a finished one goes by its TTL (a healthy node's validation)
+                note(job_node(job))
+        dry = self.ctx.writer.dry_run
+        api = CustomResources(self.ctx.client, dry_run=dry, permissions=self.ctx.permissions)
+        for ref in self._drain_refs():
+            ours = functools.partial(api.list, ref, {MANAGED_BY_LABEL: MANAGED_BY})
+            for item in _listed(f"{ref.kind}s", ours):
+                node = str((item.get("spec") or {}).get("nodeName") or
+                           ((item.get("metadata") or {}).get("labels") or {}).get(NVSENTINEL_NODE_LABEL) or "")
+                if node:
+                    note(node, functools.partial(_delete_request, api, ref, name_of(item)))
+        taints = DeviceTaints(self.ctx.client, dry_run=dry)
+        for rule in _listed("DeviceTaintRules", taints.owned):
+            if rule.node:
+                note(rule.node, functools.partial(_release_rule, taints, rule.name))
+        return found
+
+    def _drain_refs(self) -> list[Ref]:
+        """The DrainRequest kinds of every policy with ``[customDrain]`` on (a gone node's labels, and so its
+        group, are unknown)."""
+        policies = (self.ctx.policy.defaults, *(g.policy for g in self.ctx.policy.groups))
+        refs = {Ref(p.customDrain.api_version, p.customDrain.kind, p.customDrain.namespace)
+                for p in policies if p.customDrain.enabled}
+        return sorted(refs, key=lambda r: (r.api_version, r.kind, r.namespace))
+
+    def report_swept(self, name: str, cleaned: list[str]) -> None:
+        did = "would clean" if self.ctx.writer.dry_run else "cleaned"
+        message = (f"the Node was deleted while no gpuremediate controller ran (found at start: objects of ours name "
+                   f"it and no Node has that name); its flow ends here; {did}: {', '.join(cleaned) or 'nothing left'}; "
+                   f"a Node that joins under this name starts fresh")
+        log.warning("node deleted while the controller was down", extra={"node": name, "detail": message})
+        self.ctx.metrics.nodes_deleted_mid_flow.inc(state=STATE_UNKNOWN)
+        self.ctx.events.node_event(name, EVENT_REASON, message, WARNING)
 
     def report(self, node: Mapping[str, Any], record: NodeRecord, cleaned: list[str]) -> None:
         name = name_of(node)
@@ -167,3 +261,25 @@ class NodeGone:
         for rule in rules:
             taints.release_rule(rule.name)
         return [f"DeviceTaintRule {rule.name}" for rule in rules]
+
+
+def _delete_request(api: CustomResources, ref: Ref, name: str) -> str:
+    api.delete(ref, name)
+    return f"{ref.kind} {name}"
+
+
+def _release_rule(taints: DeviceTaints, name: str) -> str:
+    taints.release_rule(name)
+    return f"DeviceTaintRule {name}"
+
+
+def _listed(what: str, list_: Callable[[], list[Any]]) -> list[Any]:
+    """One kind's objects for the sweep; none when the kind is not served, or cannot be listed (said: the other
+    kinds are still swept)."""
+    try:
+        return list_()
+    except (errors.NotFound, DeviceTaintsNotServed):
+        return []
+    except (errors.ApiError, errors.TransportError) as exc:
+        log.warning("the sweep for deleted nodes cannot list %s", what, extra={"error": str(exc)})
+        return []

@@ -11,7 +11,10 @@ from typing import Any
 from e2e.plugins.remediation import install_crd
 from gpuremediate.actions.autoscaler_marks import CA_SCALE_DOWN_DISABLED, KARPENTER_DO_NOT_DISRUPT
 from gpuremediate.actions.jobs import JOB_LABEL, NODE_LABEL
+from gpuremediate.config import Settings
+from gpuremediate.controller import Controller
 from gpuremediate.kube.resources import JOBS, NODES
+from gpuremediate.policy.config import loads_policy
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.waiting import wait_for
@@ -20,6 +23,7 @@ from .test_custom_plugins import (  # noqa: F401 (the fixture)
     DRAIN_API,
     NODE,
     SYSTEM_NS,
+    FaultySource,
     World,
     _events,
     _requests,
@@ -89,3 +93,61 @@ def test_a_node_that_comes_back_under_its_name_with_the_old_record_copied_is_not
     wait_for(lambda: (r := record_from_node(kube.get(NODES, NODE))) is not None and isinstance(r, NodeRecord)
              and r.state == states.HEALTHY and r.reason == states.RECORD_MALFORMED, 10, "a fresh record")
     assert _requests(kube, res) == [], "a flow resumed on the re-created Node"
+
+
+def test_a_node_deleted_while_the_controller_was_down_is_swept_at_start(world: World) -> None:  # noqa: F811
+    """The controller stops mid-drain (its DrainRequest out, a repair Job of ours running), the Node is deleted while
+    none runs, then a controller starts: the sweep ends that node's flow as the watched delete would (the Event, the
+    metric with state unknown, the DrainRequest now, the Job after the grace), and a node that exists keeps its
+    running Job and its record."""
+    kube = world.kube
+    res = install_crd(kube, permissive_drain_request_crd(), DRAIN_API, "DrainRequest")
+    first = world.start(drain_policy(timeout=300.0), xid=79)
+    wait_for(lambda: bool(_requests(kube, res)), 20, f"the DrainRequest (state {_state(kube)})")
+    _leftover_job(world)
+    kube.create(NODES, {"metadata": {"name": "gpu-node-2", "labels": {"nvidia.com/gpu.present": "true"}}})
+    kube.create(JOBS, {"metadata": {"name": "validate-kept", "namespace": JOBS_NS,
+                                    "labels": {JOB_LABEL: "validate", NODE_LABEL: "gpu-node-2"}},
+                       "spec": {"template": {"spec": {"nodeName": "gpu-node-2", "restartPolicy": "Never",
+                                                      "containers": [{"name": "c", "image": "x"}]}}}}, JOBS_NS)
+    first.stop()
+    world.controllers.remove(first)
+    kept = kube.get(NODES, "gpu-node-2")
+    kube.delete(NODES, NODE)  # no controller runs: no one sees the delete
+
+    settings = Settings(namespace=SYSTEM_NS, scrape_interval_s=0.1, resync_s=0.3)
+    second = Controller(settings, loads_policy(drain_policy(timeout=300.0), "test-policy"), client=kube,
+                        source=FaultySource(None))
+    world.controllers.append(second)
+    second.node_gone.job_grace_s = 1.5
+    assert second.start_caches(timeout=20)
+    second.start_loops()
+    wait_for(lambda: _events(kube, "GPUNodeDeletedMidFlow"), 10, "the GPUNodeDeletedMidFlow Event")
+    event = _events(kube, "GPUNodeDeletedMidFlow")[0]
+    assert event["involvedObject"]["name"] == NODE and "no gpuremediate controller ran" in event["message"]
+    assert "DrainRequest" in event["message"] and "Job reset-gpu-left (in 1.5 s" in event["message"], event["message"]
+    assert 'gpuremediate_nodes_deleted_mid_flow_total{state="unknown"} 1' in second.metrics.registry.render()
+    wait_for(lambda: _requests(kube, res) == [], 10, "the DrainRequest deleted")
+    wait_for(lambda: [j["metadata"]["name"] for j in kube.list(JOBS, JOBS_NS)["items"]] == ["validate-kept"], 10,
+             "the gone node's Job deleted after the grace, the other one kept")
+    assert kube.get(NODES, "gpu-node-2")["metadata"]["resourceVersion"] == kept["metadata"]["resourceVersion"]
+    assert len(_events(kube, "GPUNodeDeletedMidFlow")) == 1
+
+
+def test_a_node_back_within_the_grace_keeps_its_jobs_after_the_sweep(world: World) -> None:  # noqa: F811
+    """The sweep measures the Jobs' grace from itself: a Node of that name back before it ends keeps them (its new
+    flow follows a reboot Job still running there)."""
+    kube = world.kube
+    kube.delete(NODES, NODE)
+    _leftover_job(world)  # a Job of ours whose Node went while no controller ran
+    settings = Settings(namespace=SYSTEM_NS, scrape_interval_s=0.1, resync_s=0.3)
+    controller = Controller(settings, loads_policy(drain_policy(timeout=300.0), "test-policy"), client=kube,
+                            source=FaultySource(None))
+    world.controllers.append(controller)
+    controller.node_gone.job_grace_s = 1.0
+    assert controller.start_caches(timeout=20)
+    controller.start_loops()
+    wait_for(lambda: _events(kube, "GPUNodeDeletedMidFlow"), 10, "the GPUNodeDeletedMidFlow Event")
+    kube.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}}})
+    time.sleep(2.0)  # past the grace: a sweep that did not look again would have deleted it
+    assert [j["metadata"]["name"] for j in kube.list(JOBS, JOBS_NS)["items"]] == ["reset-gpu-left"]
