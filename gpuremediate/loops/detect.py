@@ -76,7 +76,7 @@ from gpuremediate.policy.fabric import (
     domains_out,
 )
 from gpuremediate.policy.isolation import node_level_reason
-from gpuremediate.policy.network import NetworkJudges, condition_rules
+from gpuremediate.policy.network import NetworkJudges, condition_kind, condition_rules
 from gpuremediate.policy.preflight import PreflightJudge, PreflightPolicy
 from gpuremediate.policy.workload import WorkloadJudge, WorkloadPolicy
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
@@ -1230,6 +1230,7 @@ class DetectLoop:
         counts = dict.fromkeys(states.STATES, 0)
         blocked: dict[str, int] = {}
         isolated = 0
+        nic: dict[str, int] = {}
         out: list[tuple[dict[str, str], float]] = []  # per node, for alerts that name them: not healthy only
         for node in nodes:
             state = state_of(node)
@@ -1241,9 +1242,12 @@ class DetectLoop:
                 blocked[record.blocked.reason] = blocked.get(record.blocked.reason, 0) + 1
             if isinstance(record, NodeRecord) and gpu_held_out(record):
                 isolated += 1
+            for kind in self._nic_kinds(node):
+                nic[kind] = nic.get(kind, 0) + 1
         self.ctx.metrics.isolated_gpus.set(float(isolated))
         found = self.degradation.counts()
         self.ctx.metrics.degradation_gpus.replace_all(({"kind": kind}, float(n)) for kind, n in found.items())
+        self.ctx.metrics.nic_nodes.replace_all(({"kind": k}, float(n)) for k, n in nic.items())
         self.ctx.metrics.nodes.replace_all(({"state": s}, float(n)) for s, n in counts.items())
         self._state_counts = counts
         self.ctx.metrics.blocked_nodes.replace_all(({"reason": r}, float(n)) for r, n in blocked.items())
@@ -1266,6 +1270,12 @@ class DetectLoop:
             self.ctx.metrics.prometheus_mode.replace_all([({"mode": mode}, 1.0)])
         if self.ctx.shards is not None:
             self._shard_gauges(nodes)
+
+    def _nic_kinds(self, node: Node) -> set[str]:
+        """The NIC finding kinds the node has now: its agent's condition's, and node_exporter's judged here."""
+        kinds = self.network.kinds(name_of(node))
+        from_agent = condition_kind(node)
+        return kinds | {from_agent} if from_agent is not None else kinds
 
     def _shard_gauges(self, nodes: Sequence[Node]) -> None:
         assert self.ctx.shards is not None

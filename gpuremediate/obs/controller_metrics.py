@@ -52,6 +52,10 @@ class ControllerMetrics:
         self.degradation_gpus = Gauge(
             PREFIX + "degradation_gpus", "GPUs the [degradation] detector finds now, by finding kind.", ["kind"]
         )
+        self.nic_nodes = Gauge(
+            PREFIX + "nic_nodes", "GPU nodes with a NIC finding of this kind now (the agent's GPUNetworkHealthy, or "
+            "node_exporter's InfiniBand series judged by the controller).", ["kind"]
+        )
         self.circuit_breaker_open = Gauge(PREFIX + "circuit_breaker_open", "1 while the circuit breaker is open.")
         self.breaker_look_held = Gauge(
             PREFIX + "breaker_look_held", "New faults (GPU nodes) held by the breaker's storm look now: faults arrived "
@@ -190,6 +194,7 @@ class ControllerMetrics:
             self.budget_limit,
             self.isolated_gpus,
             self.degradation_gpus,
+            self.nic_nodes,
             self.trend_requests,
             self.circuit_breaker_open,
             self.breaker_look_held,

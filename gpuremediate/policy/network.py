@@ -24,8 +24,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from gpuremediate.policy.conditions import GPU_NETWORK_HEALTHY, ConditionRule
+from gpuremediate.policy.conditions import GPU_NETWORK_HEALTHY, ConditionRule, conditions_of
 from gpuremediate.signals.nic import (
     LINK_LAYER_ETHERNET,
     OPERSTATE_UP,
@@ -129,6 +130,16 @@ class NetworkPolicy:
 def condition_reason(word: str, nic: str) -> str:
     """``NicDown:mlx5_0``: the kind's word and the NIC (metav1.Condition's reason pattern allows the colon)."""
     return f"{word}:{nic}"
+
+
+def condition_kind(node: Mapping[str, Any]) -> str | None:
+    """The NIC finding kind the node's agent reports now (GPUNetworkHealthy=False, its reason's word: the worst
+    finding's), or None."""
+    for cond in conditions_of(node):
+        if cond.get("type") == GPU_NETWORK_HEALTHY and cond.get("status") == "False":
+            word = str(cond.get("reason") or "").partition(":")[0]
+            return REASON_KINDS.get(word)
+    return None
 
 
 def condition_rules(policy: NetworkPolicy) -> tuple[ConditionRule, ...]:
@@ -320,6 +331,10 @@ class NetworkJudges:
         judge = self._judges.setdefault(node, NetworkJudge(node))
         found = self._last[node] = judge.judge(readings, policy, now)
         return list(found)
+
+    def kinds(self, node: str) -> set[str]:
+        """The kinds of the node's findings from node_exporter's series now."""
+        return {f.kind for f in self._last.get(node, ())}
 
     def forget(self, keep: Callable[[str], bool]) -> None:
         for name in [n for n in self._judges if not keep(n)]:

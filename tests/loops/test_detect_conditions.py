@@ -158,3 +158,20 @@ def test_a_read_begun_before_the_node_came_back_does_not_open_a_second_flow(worl
     record = world.record(node)
     assert record is not None and record.state != states.HEALTHY
     assert record.fault is not None and record.fault.code == "79"
+
+
+def test_nic_findings_are_counted_per_kind_from_the_agents_condition(world: World) -> None:
+    metrics = world.controller.ctx.metrics
+    world.condition("gpu-1", c.GPU_NETWORK_HEALTHY, "False", "NicDown:mlx5_0")
+    world.condition("gpu-2", c.GPU_NETWORK_HEALTHY, "False", "NicStuckDown:mlx5_3")
+    world.condition("gpu-3", c.GPU_NETWORK_HEALTHY, "False", "NicFlapping:mlx5_1")
+    world.condition("gpu-4", c.GPU_NETWORK_HEALTHY, "True", "PortsHealthy")
+    world.cycle()
+    assert metrics.nic_nodes.value(kind="nic-down") == 2
+    assert metrics.nic_nodes.value(kind="nic-flapping") == 1
+    assert metrics.nic_nodes.value(kind="nic-errors") == 0
+    world.condition("gpu-1", c.GPU_NETWORK_HEALTHY, "True", "PortsHealthy")
+    wait_for(lambda: world._cached("gpu-1")["status"]["conditions"][0].get("status") == "True", timeout=10,
+             describe="the recovered condition in the node cache")
+    world.cycle()
+    assert metrics.nic_nodes.value(kind="nic-down") == 1

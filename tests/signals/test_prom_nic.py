@@ -196,7 +196,9 @@ def test_a_gap_in_prometheus_keeps_the_findings_it_had(tmp_path: Path) -> None:
     found = judges.findings("n", down, policy, 10.0)
     assert [f.kind for f in found] == ["nic-down"]
     assert judges.findings("n", None, policy, 20.0) == found  # nothing read for the node: not a link back up
+    assert judges.kinds("n") == {"nic-down"}  # the controller's gpuremediate_nic_nodes counts it
     assert judges.findings("n", down, NetworkPolicy(), 30.0) == []  # [network] prometheus off: nothing judged
+    assert judges.kinds("n") == set()
     judges.forget(lambda _: False)
     assert judges.findings("n", None, policy, 40.0) == []
 
