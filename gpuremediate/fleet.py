@@ -34,6 +34,7 @@ from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DET
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.fabric import KIND_DOMAIN
+from gpuremediate.policy.network import NIC_TAINT_KEY, nic_said
 from gpuremediate.policy.preflight import last_preflight
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung
@@ -41,7 +42,7 @@ from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.state import decide
 from gpuremediate.structured import or_none, rfc3339
 from gpuremediate.vocab import states
-from gpuremediate.vocab.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND
+from gpuremediate.vocab.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND, NETWORK_KINDS
 from gpuremediate.vocab.preflight import KIND_PREFLIGHT
 from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
@@ -217,6 +218,9 @@ def isolated_gpus(record: NodeRecord) -> tuple[str, ...]:
 def _fault_word(record: NodeRecord, now: float) -> str:
     """The open fault, or the one a hold keeps from being acted on (``xid 48 (held)``), or a GPU hot within its
     thermal hold (``thermal (watched, cordon in 40s)``)."""
+    if record.fault is not None and record.fault.kind in NETWORK_KINDS:  # explain names the GPUs
+        rail = next((s.rail for s in nic_said(record.fault.message, record.fault.code) if s.rail), ())
+        return f"{record.fault.kind} {record.fault.code}" + (f" ({len(rail)} GPUs on its rail)" if rail else "")
     if record.fault is not None:
         return f"{record.fault.kind} {record.fault.code}".strip()
     if record.held is not None:
@@ -375,7 +379,9 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
     lines = [f"{node}: {record.state} for {_ago(record.since, now)} (reason {record.reason or '-'})."]
     if record.message:
         lines.append(f"  Why: {record.message}")
-    if record.fault:
+    if record.fault and record.fault.kind in NETWORK_KINDS:
+        lines += _nic_lines(record, now)
+    elif record.fault:
         f = record.fault
         gpus = ", ".join(f.gpus) or "-"
         lines.append(f"  Open fault: {f.kind} {f.code} on GPU(s) {gpus}; recommended action {f.action}; "
@@ -448,6 +454,22 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
                   f"{_outcome_words(h.outcome, i == last and record.reason == states.VALIDATION_FAILED)}"
                   for i, h in enumerate(record.history)]
     return "\n".join(lines) + "\n"
+
+
+def _nic_lines(record: NodeRecord, now: float) -> list[str]:
+    """A NIC fault: the NIC, each of its ports' findings with the GPUs on its rail, and the taint beside the cordon."""
+    assert record.fault is not None
+    f = record.fault
+    said = nic_said(f.message, f.code)
+    rail = next((s.rail for s in said if s.rail), f.gpus)
+    lines = [f"  Open fault: {f.kind} on NIC {f.code}; GPUs on its rail: {', '.join(rail) or 'not known'}; "
+             f"recommended action {f.action}; first seen {_ago(f.first_seen, now)} ago."]
+    lines += [f"    {s.kind} {s.port}: {s.detail}" for s in said]
+    if record.state != states.HEALTHY:
+        lines.append(f"  Tainted {NIC_TAINT_KEY}={f.code}:NoSchedule beside the cordon while held for it: running "
+                     "pods stay; new pods land only if they tolerate the key (single-node work); taken off with "
+                     "the cordon.")
+    return lines
 
 
 def _isolation_lines(record: NodeRecord, now: float) -> list[str]:
@@ -546,7 +568,14 @@ def _degraded(record: NodeRecord) -> bool:
         KIND_SLOW_GPU, KIND_LINK_DEGRADED, KIND_TREND)
 
 
+def _nic_cordon(record: NodeRecord) -> bool:
+    return record.state == states.CORDONED and record.fault is not None and record.fault.kind in NETWORK_KINDS
+
+
 def _uncordon_when(record: NodeRecord) -> str:
+    if _nic_cordon(record):
+        return ("once the NIC's port is healthy again for [network] clear_after_s (the agent's GPUNetworkHealthy "
+                "True, or node_exporter's series), the taint with it (no repair, no validation)")
     if _thermal(record):
         return "once its GPUs have stayed cool for the policy's [thermal].clear_hold_s (no repair, no validation)"
     if _degraded(record):
@@ -563,6 +592,9 @@ def _ends(record: NodeRecord) -> str:
     """What ends the node's state, in words (every state says it)."""
     if _thermal(record):
         return "the GPU cooling down (then healthy again, by itself)."
+    if _nic_cordon(record):
+        return ("the NIC's port healthy again (then healthy again, by itself), or a worse fault (a port down past "
+                "[network] stuck_down_after_s: its reboot).")
     if _degraded(record):
         return ("the GPU no longer degraded: keeping up with its peers, its link quiet, its error counters steady "
                 "(then healthy again, by itself).")
