@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-test
 LINTSTAMP = $(VENV)/.installed-lint
 
-.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-slow-api bench-preflight bench-isolation bench-degradation e2e e2e-kind image clean help
+.PHONY: test demo sandbox lint shellcheck bench bench-scale bench-100k bench-burst bench-burst-sources bench-kmsg bench-slow-api bench-preflight bench-isolation bench-degradation bench-nic e2e e2e-kind image clean help
 
 help:
 	@echo "make demo      the embedded default: emulated cluster + gpu-sim + controller, faults walking their states"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-slow-api  8 nodes faulting at once on an API server taking 3 s a request: --loop-workers 1 vs 4 (issue 41)"
 	@echo "make bench-preflight  pod creations at 100/s through the emulator calling the preflight webhook: admission P50/P99 (issue 46)"
 	@echo "make bench-isolation  a month of 1,000 nodes replayed node-level and GPU-level: GPU-hours (issue 26)"
+	@echo "make bench-nic    the agent's NIC read (8 NICs x 1 port) CPU/RSS beside its GPU reads; port down -> condition -> cordon (issue 45)"
 	@echo "make bench-degradation  slow-gpu / link-degraded precision, recall, latency on a labelled fleet (FULL=1: 1,000 nodes x 7 days)"
 	@echo "make e2e-kind  the e2e scenarios on a kind cluster (needs Docker + kind + kubectl)"
 
@@ -120,6 +121,10 @@ bench-isolation: $(STAMP)
 # 1,000 nodes x 8 GPUs x 7 days (15-25 minutes on 2 shared cores); JOBS=N processes (racks are independent).
 bench-degradation: $(STAMP)
 	$(PY) bench/degradation.py $(if $(FULL),--full,) --jobs $(if $(JOBS),$(JOBS),2)
+
+# The NIC watch (issue 45): per-read CPU, the agent process with and without NICs, port down -> cordon on the emulator.
+bench-nic: $(STAMP)
+	$(PY) bench/nic_cost.py
 
 e2e: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider e2e

@@ -57,13 +57,14 @@ def mem_kib(pid: int, key: str) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--interval", default="30s")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--xid-rate", type=float, default=0.0, help="kernel-log Xid lines per second")
-    opts = ap.parse_args()
+    ap.add_argument("--sysfs", default="", help="the agent's --sysfs (bench/nic_cost.py: a simulated NIC tree)")
+    opts = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="agent-cost-"))
     helpers = fakes()
     smi = helpers.install_nvidia_smi(tmp / "bin")  # type: ignore[attr-defined]
@@ -78,7 +79,8 @@ def main() -> int:
     env = {**os.environ, "FAKE_SMI_CAPTURE": str(capture), "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "gpuremediate.agent", "--kubeconfig", kubeconfig, "--node-name", "gpu-node-1",
             "--nvidia-smi", str(smi), "--kmsg", str(kmsg), "--state-file", str(tmp / "state.json"),
-            "--interval", opts.interval, "--metrics-addr", "127.0.0.1:0", "--log-level", "warning"]
+            "--interval", opts.interval, "--metrics-addr", "127.0.0.1:0", "--log-level", "warning",
+            *(["--sysfs", opts.sysfs] if opts.sysfs else [])]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT)
     seq = 1
     try:
