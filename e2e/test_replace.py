@@ -20,6 +20,7 @@ import pytest
 
 from e2e.harness import SYSTEM_NS, Cluster, EmulatorCluster, make_cluster
 from e2e.test_escalation import fail_jobs
+from gpuremediate.actions.jobs import JOB_LABEL
 from gpuremediate.actions.replaced import DELETED, REPLACED_CONFIGMAP, REPLACED_KEY
 from gpuremediate.kube import errors
 from gpuremediate.kube.resources import CONFIGMAPS, NODES
@@ -127,6 +128,39 @@ def test_an_exhausted_ladder_replaces_the_node_through_its_owner(
     c.wait_metric("gpuremediate_replacements_total", 1, provider=provider)
     c.wait_metric("gpuremediate_nodes_replaced_total", 1)
     cli_shows_the_replacement(c, before.name, provider)
+
+
+STARTUP_TAINT = "gpuremediate.io/unvalidated"
+
+
+def test_the_replacement_registers_tainted_and_is_validated_before_it_takes_work(
+        owned: Callable[[str], EmulatorCluster]) -> None:
+    """The replacement joins with the startup taint (as a Karpenter NodePool's startupTaints put it): the
+    controller validates it (its validation Job) and takes the taint off in the write that says healthy."""
+    c = owned("karpenter")
+    owners(c).startup_taint = {"key": STARTUP_TAINT, "effect": "NoSchedule"}
+    mark = c.audit_mark()
+    fail_jobs(c, NODE, "reset-gpu")
+    policy = {**REPLACE, "remediation.replace": {**REPLACE["remediation.replace"], "startup_taint": STARTUP_TAINT}}
+    c.start_controller(policy)
+    c.inject(NODE, 2, "dbe", 1)
+    c.wait_event(NODE, REPLACED, timeout=60)
+    new = replacement(c)
+    c.wait(lambda: c.state(new) == "validating" or c.jobs(new), 30, f"{new} validating")
+    c.wait(lambda: c.state(new) == "healthy" and not taints_of(c, new, STARTUP_TAINT), 90,
+           f"{new} validated and its startup taint removed")
+    kinds = [j["metadata"]["labels"].get(JOB_LABEL) for j in c.jobs(new)]
+    assert kinds and set(kinds) <= {"validate"}, kinds  # validated, nothing else run on it
+    assert not c.unschedulable(new)
+    rec = c.record(new)
+    assert rec is not None and rec.reason == "validation-passed", rec
+    assert len(owner_deletes(c, mark, KARPENTER_GROUP)) == 1
+    said = [e["message"] for e in c.events(new)]
+    assert any(f"startup taint {STARTUP_TAINT}" in m for m in said), said  # it went through new-node
+
+
+def taints_of(c: Cluster, name: str, key: str) -> list[dict[str, Any]]:
+    return [t for t in c.kube.get(NODES, name)["spec"].get("taints") or [] if t.get("key") == key]
 
 
 def cli_shows_the_replacement(c: Cluster, target: str, provider: str) -> None:

@@ -32,6 +32,7 @@ from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
 from gpuremediate.loops.maintenance import MaintenanceLoop
+from gpuremediate.loops.new_node import NewNodeLoop
 from gpuremediate.loops.node_gone import NodeGone
 from gpuremediate.loops.quarantine import QuarantineLoop
 from gpuremediate.loops.remediate import RemediateLoop
@@ -225,7 +226,7 @@ class Controller:
                       extra={"error": alerts_problem})
         self.node_loops: list[NodeLoop] = [
             DrainLoop(self.ctx, alerts, alerts_problem), RemediateLoop(self.ctx), ValidateLoop(self.ctx),
-            QuarantineLoop(self.ctx),
+            QuarantineLoop(self.ctx), NewNodeLoop(self.ctx),
         ]
         self.informer.add_handler(on_add=self._on_node, on_update=self._on_node_update,
                                   on_delete=self._on_node_deleted)
@@ -236,6 +237,7 @@ class Controller:
         self.lost_lease = False
         self.elector: LeaderElector | None = None  # set by run() with --leader-elect
         self._shard_thread: threading.Thread | None = None  # run() with --shards: renews the shard Leases
+        self._shards_swept: frozenset[int] = frozenset()  # the shards held when the last sweep of deleted nodes began
         self._lifecycle = threading.Lock()  # start_loops (elector thread) against stop (main thread)
         self._shutdown = Shutdown()
 
@@ -309,7 +311,9 @@ class Controller:
             self.detect.start()
             for loop in self.node_loops:
                 loop.start()
-            # Nodes deleted while no controller ran: its own thread (it waits for the Jobs watch to list)
+            # Nodes deleted while no controller ran: its own thread (it waits for the Jobs watch to list); with
+            # --shards those of the shards held now, a shard taken later is swept when it is (_shards_changed)
+            self._shards_swept = self.shards.owned() if self.shards is not None else frozenset()
             threading.Thread(target=self.node_gone.sweep, name="node-gone-sweep", daemon=True).start()
         drain = next(loop for loop in self.node_loops if isinstance(loop, DrainLoop))
         maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel)  # an API call: outside the lock
@@ -498,9 +502,13 @@ class Controller:
     def _shards_changed(self, owned: frozenset[int]) -> None:
         """A shard taken (its nodes are queued at once) or lost (their steps stop: ``ctx.owns`` says no)."""
         self.metrics.shards_held.set(float(len(owned)))  # and per shard every detect cycle
+        gained, self._shards_swept = owned - self._shards_swept, owned
         if self.acting:
             for loop in self.node_loops:
                 loop.request_resync()  # on each loop's thread: this one renews the Leases
+            if gained:  # its nodes deleted while no replica held it (or before its holder swept): found now
+                threading.Thread(target=self.node_gone.sweep, args=(gained,), name="node-gone-sweep",
+                                 daemon=True).start()
 
     def _fence(self, check: WriteFence) -> WriteFence:
         """A lease fence on every write of this process, each refusal counted and the first one logged."""

@@ -268,7 +268,8 @@ class NodeWriter:
             log.info("kept cordoned", extra={"node": name_of(node), "reason": KEEP_CORDONED_ANNOTATION})
             decision = dataclasses.replace(decision, uncordon=False, kept_cordoned=True)
         if decision.changed or decision.cordon or decision.uncordon:
-            written = self.write(node, decision.record, cordon=decision.cordon, uncordon=decision.uncordon)
+            written = self.write(node, decision.record, cordon=decision.cordon, uncordon=decision.uncordon,
+                                 untaint=decision.untaint)
             if written is None:
                 return None
             if decision.transition is not None:
@@ -277,10 +278,12 @@ class NodeWriter:
             self.events.node_event(name_of(node), "GPUFaultNotice", notice.message, NORMAL)
         return written
 
-    def write(self, node: Node, record: NodeRecord, *, cordon: bool = False, uncordon: bool = False) -> Node | None:
-        """Write ``record`` (and the cordon / uncordon) guarded by the node's resourceVersion."""
+    def write(self, node: Node, record: NodeRecord, *, cordon: bool = False, uncordon: bool = False,
+              untaint: str = "") -> Node | None:
+        """Write ``record`` (and the cordon / uncordon, the taint ``untaint`` taken off) guarded by the node's
+        resourceVersion."""
         name, rv = name_of(node), _rv(node)
-        record, taints = self._with_taint(node, record)
+        record, taints = self._with_taint(node, record, untaint)
         previous = record_from_node(node)
         marks = marks_change(node, record, previous.marked_by_us if isinstance(previous, NodeRecord) else ())
         record = dataclasses.replace(record, marked_by_us=marks.marked_by_us)
@@ -436,9 +439,11 @@ class NodeWriter:
         except (errors.ApiError, errors.TransportError) as exc:
             log.warning("cannot set the GPURemediation condition", extra={"node": name, "error": str(exc)})
 
-    def _with_taint(self, node: Node, record: NodeRecord) -> tuple[NodeRecord, dict[str, Any] | None]:
+    def _with_taint(self, node: Node, record: NodeRecord,
+                    untaint: str = "") -> tuple[NodeRecord, dict[str, Any] | None]:
         """The record with ``tainted_by_us`` as it will be after this write, and the taints patch (None: no
-        change). Whether the taint on the node is ours comes from the record on the node, as read."""
+        change). Whether the taint on the node is ours comes from the record on the node, as read. ``untaint``:
+        a key whose taints go in the same patch (a new node's startup taint, once validated)."""
         previous = record_from_node(node)
         ours = isinstance(previous, NodeRecord) and previous.tainted_by_us
         if not _rv(node):
@@ -454,6 +459,10 @@ class NodeWriter:
         nic = nic_taints(patch["spec"]["taints"] if patch is not None else taints_of(node), record)
         if nic is not None:
             patch = {"metadata": {"resourceVersion": str(_rv(node))}, "spec": {"taints": nic}}
+        current = patch["spec"]["taints"] if patch is not None else taints_of(node)
+        if untaint and any(t.get("key") == untaint for t in current):
+            kept = [t for t in current if t.get("key") != untaint]
+            patch = {"metadata": {"resourceVersion": str(_rv(node))}, "spec": {"taints": kept}}
         return record, patch
 
     def _publish_condition(self, node: Node, record: NodeRecord) -> Node | None:

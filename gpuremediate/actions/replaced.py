@@ -4,8 +4,8 @@ Data key ``replaced``: a JSON list, newest last, at most ``LIMIT`` entries, each
 name and uid, its ``spec.providerID``: the instance, the fault, the provider and the object deleted). An entry is
 written (``deleting``) before the delete and marked ``deleted`` after it, each write guarded by the ConfigMap's
 resourceVersion: a controller killed between the two finds the entry and never sends a second delete for it
-(``Replacer``). ``status`` and ``explain`` read it to show what happened to a node that no longer exists (the
-replay does not yet).
+(``Replacer``). ``status``, ``explain`` and the replay (``replay.replaced``) read it to show what happened to a
+node that no longer exists.
 
 What it can follow: the Node (name and uid) and the instance it ran on (``providerID``). What it cannot: the
 hardware after the replacement, since a replaced node comes back on another instance (a cloud's) or another

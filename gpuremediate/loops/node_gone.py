@@ -83,8 +83,11 @@ class NodeGone:
         name = name_of(node)
         self.watched(name)
         self.forget(name)
+        if not self.ctx.owns(name):  # another replica's shard: a sweep once this replica takes it over looks
+            self._watched.discard(name)
+            return
         record = record_from_node(node)
-        if not isinstance(record, NodeRecord) or record.state == states.HEALTHY or not self.ctx.owns(name):
+        if not isinstance(record, NodeRecord) or record.state == states.HEALTHY:
             return
         ours = record.action is not None and record.action.kind == ACTION_REPLACE
         try:
@@ -99,11 +102,12 @@ class NodeGone:
             return
         self.report(node, record, cleaned)
 
-    def sweep(self) -> list[str]:
+    def sweep(self, shards: frozenset[int] | None = None) -> list[str]:
         """At start: the nodes that objects of ours name and no Node has, each handled as a watched delete; returns
         their names. Reads the Node cache (it must have synced: an empty cache is not "every node gone"), the Jobs
         watch, and one list each of our DrainRequests and DeviceTaintRules. Never raises (the report queue's
-        thread)."""
+        thread). ``shards``: only the nodes of those shards (a sharded replica took them over after its start: a
+        node deleted while their previous holder was gone, or before it swept, is found here)."""
         if not self.ctx.nodes.informer.has_synced():
             log.warning("the node cache has not synced: no sweep for nodes deleted while the controller was down")
             return []
@@ -116,7 +120,8 @@ class NodeGone:
         present = {label_value(name_of(node)) for node in self.ctx.nodes.informer.list()}
         gone = []
         for key, (name, deletes) in sorted(found.items()):
-            if key in present or name in self._watched or not self.ctx.owns(name):
+            if key in present or name in self._watched or not self.ctx.owns(name) or \
+                    (shards is not None and self._shard_of(name) not in shards):
                 continue
             gone.append(name)
             try:
@@ -126,8 +131,13 @@ class NodeGone:
                               extra={"node": name, "error": str(exc)})
                 cleaned = [f"cleanup failed ({exc})"]
             self.report_swept(name, cleaned)
-        self._watched.clear()  # only a sweep reads it: the next one (a new term) starts from its own cache
+        if shards is None:
+            self._watched.clear()  # only a sweep reads it: the next one (a new term) starts from its own cache
         return gone
+
+    def _shard_of(self, name: str) -> int:
+        shard_set = self.ctx.shards
+        return shard_set.shard_index(name) if shard_set is not None else 0
 
     def _found(self) -> dict[str, tuple[str, list[Callable[[], str]]]]:
         """Our objects by the node they name (key: its label value): the name, and a delete for each DrainRequest

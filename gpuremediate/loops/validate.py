@@ -51,6 +51,7 @@ from gpuremediate.kube import errors
 from gpuremediate.kube.resources import NODES
 from gpuremediate.loops.base import LoopContext
 from gpuremediate.loops.jobs import DELETED, TIMED_OUT, JobLoop
+from gpuremediate.loops.new_node import startup_taint_of
 from gpuremediate.policy import safety
 from gpuremediate.policy.fabric import conditions as fabric_conditions
 from gpuremediate.policy.fabric import is_domain_fault
@@ -334,7 +335,12 @@ class ValidateLoop(JobLoop):
             waiting = self._domain_not_back(node, record)
             if waiting:
                 return self._wait_for_domain(node, record, detail, waiting)
+        if record.reason == states.NEW_NODE and not ok:
+            detail = f"a new node failed its validation before taking work: {detail}"
         decision = dataclasses.replace(decide.complete_validation(record, ok, self.ctx.clock(), detail), cancel=cancel)
+        if ok:  # a new node's startup taint ([remediation.replace] startup_taint) goes with the healthy record
+            key = self.ctx.policy_for(node).remediation.replace.startup_taint
+            decision = dataclasses.replace(decision, untaint=key if startup_taint_of(node, key) else "")
         if ok:
             self._release_rule(node, record)
         if self.apply(node, decision) is None:

@@ -17,7 +17,7 @@ _QUALIFIED_NAME = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
-def _taint_key(value: Any, path: str) -> None:
+def taint_key(value: Any, path: str) -> None:
     if not isinstance(value, str) or len(value) > 316 or not _QUALIFIED_NAME.fullmatch(value):
         raise PolicyError(f"{path}: expected a taint key (a qualified name such as {DEFAULT_TAINT_KEY}), "
                           f"got {_show(value)}")
@@ -33,7 +33,7 @@ class TaintPolicy:
     """``[taint]``: a taint on the nodes we hold, alongside (or instead of) the cordon."""
 
     enabled: bool = setting(False, "taint the nodes the controller holds (any state but healthy)")
-    key: str = setting(DEFAULT_TAINT_KEY, "the taint's key", check=_taint_key)
+    key: str = setting(DEFAULT_TAINT_KEY, "the taint's key", check=taint_key)
     value: str = setting("", "the taint's value", check=_taint_value)
     effect: str = setting("NoSchedule", "NoSchedule | PreferNoSchedule | NoExecute (NoExecute evicts every pod "
                           "that does not tolerate it, outside the drain's rules)", check=one_of(*TAINT_EFFECTS))

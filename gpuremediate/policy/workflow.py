@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuremediate.policy.selector import SelectorError, check_label_key, parse_selector
+from gpuremediate.policy.taint import taint_key
 from gpuremediate.vocab.findings import ACTION_CORDON, ACTION_NONE, ACTION_QUARANTINE, ACTION_REPLACE, BUILTIN_ACTIONS
 from gpuremediate.vocab.schema import (
     PolicyError,
@@ -260,6 +261,12 @@ class DiagnosticsPolicy:
 
 # --- replace, the last rung before a person ([remediation.replace]) -----------------------------------
 
+
+def _startup_taint(value: Any, path: str) -> None:
+    if value != "":
+        taint_key(value, path)
+
+
 REPLACE_PROVIDERS = ("auto", "cluster-api", "karpenter", "custom")
 
 
@@ -274,6 +281,10 @@ class ReplacePolicy:
     action: str = setting("", "provider = custom: the [actions.<name>] that replaces the node")
     timeout_s: float = setting(1800.0, "seconds after the delete for the owner to take the node away (the "
                                "replacement joins as a new Node); past it a person decides", check=duration(1))
+    startup_taint: str = setting("", "a taint key new nodes register with (Karpenter's NodePool startupTaints, a "
+                                 "kubelet --register-with-taints): a node of this group that joins with no record and "
+                                 "carries it is validated (the validation Job) before it takes work; the taint is "
+                                 "removed when it passes, a failure quarantines it. Empty: off", check=_startup_taint)
 
     def validate(self, path: str) -> None:
         if self.provider == "custom":

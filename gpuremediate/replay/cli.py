@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuremediate.actions.replaced import Entry
+from gpuremediate.actions.replaced import HistoryError as ReplacedHistoryError
 from gpuremediate.kube.errors import KubeError
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.replay.cluster import Durations
@@ -23,6 +25,7 @@ from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay, uses_
 from gpuremediate.replay.history import History, HistoryError, load_pods, load_scrapes, parse_time
 from gpuremediate.replay.html import render_html
 from gpuremediate.replay.prometheus import DEGRADATION_METRICS, PrometheusHistory
+from gpuremediate.replay.replaced import FILE_IN_SCRAPES, in_range, load_replaced
 from gpuremediate.replay.result import ReplayResult
 from gpuremediate.replay.text import render_compare, render_json, render_text
 from gpuremediate.signals.sources import POLICY_METRICS
@@ -57,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-ca-file", default="", help="CA bundle for an https Prometheus")
     p.add_argument("--node-label", default=None, help="series label naming the node (default: Hostname, "
                    "hostname, node, kubernetes_node)")
+    p.add_argument("--replaced", metavar="FILE", help="the controller's replaced nodes: `kubectl -n "
+                   "gpuremediate-system get cm gpuremediate-replaced -o json` (--scrapes DIR reads DIR/replaced.json "
+                   "by itself; --kubeconfig reads the ConfigMap)")
+    p.add_argument("--namespace", default="gpuremediate-system", help="the controller's namespace, where "
+                   "--kubeconfig reads ConfigMap gpuremediate-replaced (default gpuremediate-system)")
     p.add_argument("--policy", help="TOML policy file (default: the built-in policy)")
     p.add_argument("--compare", metavar="POLICY2", help="replay a second policy on the same history, side by side")
     nodes = p.add_argument_group("the cluster's Nodes (labels, groups, GPU capacity; optional)")
@@ -151,7 +159,30 @@ def run(args: argparse.Namespace) -> list[ReplayResult]:
     durations = Durations(drain_s=args.drain_time, reset_gpu_s=args.reset_time, reboot_s=args.reboot_time,
                           validate_s=args.validate_time)
     options = ReplayOptions(step_s=args.step, durations=durations)
-    return [replay(history, p, node_list, options) for p in policies]
+    entries = load_replaced_history(args)
+    results = [replay(history, p, node_list, options) for p in policies]
+    for result in results:
+        result.replaced = in_range(entries, result.start, result.end)
+    return results
+
+
+def load_replaced_history(args: argparse.Namespace) -> list[Entry]:
+    """--replaced FILE, else --scrapes DIR/replaced.json, else the ConfigMap through --kubeconfig (none: [])."""
+    try:
+        if getattr(args, "replaced", None):
+            return load_replaced(args.replaced)
+        if args.scrapes and (Path(args.scrapes) / FILE_IN_SCRAPES).is_file():
+            return load_replaced(str(Path(args.scrapes) / FILE_IN_SCRAPES))
+    except ValueError as exc:
+        raise HistoryError(f"--replaced {exc}") from None
+    if args.kubeconfig:
+        from gpuremediate.actions.replaced import ReplacedHistory
+        from gpuremediate.kube.client import KubeClient
+        from gpuremediate.kube.config import load_config
+
+        client = KubeClient(load_config(args.kubeconfig, args.context))
+        return ReplacedHistory(client, getattr(args, "namespace", "gpuremediate-system")).entries()
+    return []
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
         logger.setLevel(logging.CRITICAL)  # the loops narrate every step
     try:
         results = run(args)
-    except (HistoryError, ReplayError, PolicyError, KubeError, OSError) as exc:
+    except (HistoryError, ReplacedHistoryError, ReplayError, PolicyError, KubeError, OSError) as exc:
         print(f"gpuremediate replay: {exc}", file=sys.stderr)
         return 2
     finally:

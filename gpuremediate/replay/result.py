@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpuremediate.replay.replaced import Replaced
 from gpuremediate.vocab import states
 
 # Faults seen but not acted on, by why.
@@ -115,6 +116,7 @@ class ReplayResult:
     failed_pods: int = 0  # in the history
     gpu_failed_pods: int = 0  # of them, failed with a GPU error on a replayed node (the workload signal's input)
     maintenances: list[Maintenance] = field(default_factory=list)
+    replaced: list[Replaced] = field(default_factory=list)  # from the controller's history (replay.replaced)
     notes: list[str] = field(default_factory=list)
     steps: int = 0  # simulated instants the engine visited
     changes: int = 0  # change points in the history
@@ -123,6 +125,7 @@ class ReplayResult:
     @property
     def affected(self) -> list[str]:
         return sorted({m.node for m in self.moves} | {u.node for u in self.unacted if u.category != UNKNOWN}
+                      | {r.node for r in self.replaced}
                       | {w.node for w in self.waits} | {f.node for f in (*self.findings, *self.workload_findings)})
 
     def node_hours(self, node: str | None = None) -> float:
@@ -200,6 +203,7 @@ class ReplayResult:
             "degradation_findings": [asdict(f) for f in self.findings],
             "maintenances": [asdict(m) for m in self.maintenances],
             "workload_findings": [asdict(f) for f in self.workload_findings],
+            "replaced": [asdict(r) for r in self.replaced],
             "per_node": {n: {"node_hours": round(self.node_hours(n), 3), "gpu_hours": round(self.gpu_hours(n), 3)}
                          for n in self.affected},
             "notes": self.notes,

@@ -73,6 +73,18 @@ def by_fault(result: ReplayResult) -> list[str]:
     return lines
 
 
+def replacements(result: ReplayResult) -> list[str]:
+    """The nodes the controller replaced in the range (its history ConfigMap): gone from the fleet from then on."""
+    if not result.replaced:
+        return []
+    lines = ["", f"Replaced (from the controller's history, {len(result.replaced)})"]
+    for r in result.replaced:
+        sent = "" if r.state == "deleted" else f" [{r.state}: the delete may not have gone]"
+        lines.append(f"  {format_time(r.at)}  {r.node}: replaced through {r.target} ({r.provider}); "
+                     f"fault: {r.fault or 'unknown'}; instance {r.provider_id or 'unknown'}{sent}")
+    return lines
+
+
 def unacted(result: ReplayResult) -> list[str]:
     lines = ["", "Seen but not acted on"]
     for category in UNACTED_CATEGORIES:
@@ -156,8 +168,8 @@ def workload(result: ReplayResult) -> list[str]:
 
 
 def render_text(result: ReplayResult) -> str:
-    lines = [*header(result), *timeline(result), *safety(result), *out_of_service(result), *by_fault(result),
-             *degradation(result), *workload(result), *unacted(result)]
+    lines = [*header(result), *timeline(result), *replacements(result), *safety(result), *out_of_service(result),
+             *by_fault(result), *degradation(result), *workload(result), *unacted(result)]
     if result.notes:
         lines += ["", "Notes", *(f"  {n}" for n in result.notes)]
     return "\n".join(lines) + "\n"

@@ -120,6 +120,7 @@ class Decision:
     # complete_repair moved to the next ladder rung (an Event, a metric); or on_findings made a GPU-level isolation
     # node-level (from_action ISOLATE_GPU: an Event)
     escalation: Escalation | None = None
+    untaint: str = ""  # a taint key taken off the node in the same patch (a new node's startup taint, validated)
 
 
 def fresh_record(now: float) -> NodeRecord:
@@ -426,6 +427,14 @@ def on_person_uncordoned(record: NodeRecord, now: float) -> Decision:
         return _decide(record, after)
     after = _close_flow(record, states.PERSON_UNCORDONED, now, "a person uncordoned the node", OUTCOME_STOPPED)
     return _moved(record, dataclasses.replace(after, stopped=True), cancel=record.action)
+
+
+def new_node(record: NodeRecord | None, taint: str, now: float) -> Decision:
+    """A node joined carrying the startup taint ``taint``: validated before it takes work (its record keeps what
+    a healthy record of the same name held: nothing, for a new Node)."""
+    base = record if record is not None else fresh_record(now)
+    message = f"a new node (startup taint {taint}): validated before it takes work"
+    return _moved(record, transition(base, states.VALIDATING, states.NEW_NODE, now, message, action=None))
 
 
 def release(record: NodeRecord, now: float, by: str) -> NodeRecord:

@@ -46,6 +46,7 @@ MAINTENANCE_START = "maintenance-start"
 MAINTENANCE_CANCELLED = "maintenance-cancelled"  # the MaintenanceRequest was deleted: fault cleared
 MAINTENANCE_COMPLETE = "maintenance-complete"
 RECORD_MALFORMED = "record-malformed"  # the record could not be read; a person decides
+NEW_NODE = "new-node"  # a node joined carrying the startup taint: validated before it takes work
 
 LIFECYCLE_REASONS = frozenset(
     {
@@ -65,6 +66,7 @@ LIFECYCLE_REASONS = frozenset(
         MAINTENANCE_CANCELLED,
         MAINTENANCE_COMPLETE,
         RECORD_MALFORMED,
+        NEW_NODE,
     }
 )
 
@@ -85,6 +87,7 @@ TRANSITIONS: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
             draining=(FAULT,),
             quarantined=(FAULT, REPEAT_OFFENDER, RECORD_MALFORMED),
             maintenance=(MAINTENANCE_REQUESTED,),
+            validating=(NEW_NODE,),
         ),
         CORDONED: _edges(
             healthy=(THERMAL_CLEARED, DEGRADATION_CLEARED, PERSON_UNCORDONED),

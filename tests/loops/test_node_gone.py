@@ -151,3 +151,46 @@ def test_a_node_back_within_the_grace_keeps_its_jobs_after_the_sweep(world: Worl
     kube.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}}})
     time.sleep(2.0)  # past the grace: a sweep that did not look again would have deleted it
     assert [j["metadata"]["name"] for j in kube.list(JOBS, JOBS_NS)["items"]] == ["reset-gpu-left"]
+
+
+class HeldShards:
+    """--shards as the controller reads it: NODE in shard 0, every other node in shard 1; ``held`` the shards held."""
+
+    def __init__(self, held: set[int]) -> None:
+        self.held = held
+
+    def shard_index(self, name: str) -> int:
+        return 0 if name == NODE else 1
+
+    def owned(self) -> frozenset[int]:
+        return frozenset(self.held)
+
+    def owns(self, name: str) -> bool:
+        return self.shard_index(name) in self.held
+
+
+def test_a_shard_taken_over_later_is_swept_for_nodes_deleted_meanwhile(world: World) -> None:  # noqa: F811
+    """A sharded replica sweeps the shards it holds at start; a shard it acquires later (its holder gone) is swept
+    then, once: the deleted node's Job found and its flow ended."""
+    kube = world.kube
+    kube.delete(NODES, NODE)
+    _leftover_job(world)  # a Job of ours whose Node went while no replica held its shard
+    settings = Settings(namespace=SYSTEM_NS, scrape_interval_s=0.1, resync_s=0.3)
+    controller = Controller(settings, loads_policy(drain_policy(timeout=300.0), "test-policy"), client=kube,
+                            source=FaultySource(None))
+    world.controllers.append(controller)
+    shards = HeldShards({1})
+    controller.shards = controller.ctx.shards = shards  # type: ignore[assignment]
+    controller.node_gone.job_grace_s = 0.5
+    assert controller.start_caches(timeout=20)
+    controller.start_loops()
+    wait_for(lambda: 'gpuremediate_detect_cycles_total 2' in controller.metrics.registry.render(), 10, "running")
+    assert _events(kube, "GPUNodeDeletedMidFlow") == [], "shard 0 is not held: its nodes are not this one's to sweep"
+    assert [j["metadata"]["name"] for j in kube.list(JOBS, JOBS_NS)["items"]] == ["reset-gpu-left"]
+
+    shards.held.add(0)  # shard 0's holder is gone: its Lease taken
+    controller._shards_changed(shards.owned())
+    wait_for(lambda: _events(kube, "GPUNodeDeletedMidFlow"), 10, "the GPUNodeDeletedMidFlow Event")
+    assert "no gpuremediate controller ran" in _events(kube, "GPUNodeDeletedMidFlow")[0]["message"]
+    wait_for(lambda: kube.list(JOBS, JOBS_NS)["items"] == [], 10, "the gone node's Job deleted after the grace")
+    assert len(_events(kube, "GPUNodeDeletedMidFlow")) == 1
