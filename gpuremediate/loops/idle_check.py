@@ -56,6 +56,7 @@ class IdleCheckLoop(NodeLoop):
         self._quiet_since: dict[str, float] = {}  # node -> since when no GPU pod was seen (first seen, at worst)
         self._checked: dict[str, float] = {}  # node -> when its last check was started
         self._failed_seen: dict[str, float] = {}  # failed Job -> when first seen failed (waiting for its pod)
+        self._counted: set[str] = set()  # Jobs counted and deleted that the Jobs watch may still show
 
     def on_node(self, node: Node) -> None:
         """Nothing per Node event: the resync looks at the fleet."""
@@ -73,11 +74,14 @@ class IdleCheckLoop(NodeLoop):
         """Count and delete finished checks, delete those on nodes no longer eligible; the count still running."""
         now = self.ctx.clock()
         running = 0
-        for job in self.ctx.jobs.all():
+        listed = [job for job in self.ctx.jobs.all()
+                  if ((job.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == KIND]
+        self._counted &= {str(job["metadata"].get("name")) for job in listed}  # gone from the watch: forgotten
+        for job in listed:
             meta = job.get("metadata") or {}
-            if (meta.get("labels") or {}).get(JOB_LABEL) != KIND or meta.get("deletionTimestamp"):
-                continue
             node, name = job_node(job), str(meta.get("name") or "")
+            if meta.get("deletionTimestamp") or name in self._counted:
+                continue  # counted once (a watch lags our own delete)
             outcome = job_outcome(job)
             if outcome == SUCCEEDED:
                 self._count(node, name, PASSED)
@@ -109,6 +113,7 @@ class IdleCheckLoop(NodeLoop):
 
     def _count(self, node: str, job: str, result: str) -> None:
         self.ctx.metrics.idle_checks.inc(result=result)
+        self._counted.add(job)
         self._failed_seen.pop(job, None)
         self._checked[node] = self.ctx.clock()  # the next check an interval from this one's end
         try:
@@ -136,7 +141,8 @@ class IdleCheckLoop(NodeLoop):
     def _due(self, now: float) -> list[tuple[float, Node]]:
         """(since when it is due, node) for each eligible node whose interval has passed, without a check."""
         on_nodes = {job_node(j) for j in self.ctx.jobs.all()
-                    if ((j.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == KIND}
+                    if ((j.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == KIND
+                    and (j.get("metadata") or {}).get("name") not in self._counted}
         found = []
         for node in self.ctx.owned_gpu_nodes():
             name = name_of(node)

@@ -27,6 +27,7 @@ from gpuremediate.vocab import states
 from gpuremediate.vocab.findings import ACTION_RESET_GPU
 from gpuremediate.vocab.preflight import CONTAINER_NAME, KIND_PREFLIGHT
 from gpuremediate.vocab.record import RECORD_ANNOTATION, NodeRecord, encode
+from gpuremediate.vocab.schema import PolicyError
 from sim.kubeapi import KubeAPIServer
 
 JOBS_NS = "gpuremediate-jobs"
@@ -242,6 +243,7 @@ def test_a_passed_check_and_one_that_could_not_tell(kube: KubeClient) -> None:
     end_pod(kube, job["metadata"]["name"], 0, "")
     ended(loop, job["metadata"]["name"], "succeeded")
     loop.resync()
+    loop.resync()  # the Jobs watch may still show the Job just deleted: counted once
     assert loop.ctx.metrics.idle_checks.value(result="passed") == 1
     clock.now += HOUR
     loop.resync()
@@ -269,3 +271,9 @@ def test_a_check_on_a_node_that_leaves_service_is_deleted_at_once(kube: KubeClie
     assert checks(kube) == []
     assert loop.ctx.metrics.idle_checks.value(result="unknown") == 1
     assert name_of(loop.ctx.nodes.get("n1") or {}) == "n1"
+
+
+def test_a_bad_interval_is_refused_naming_the_key() -> None:
+    with pytest.raises(PolicyError, match=r"preflight\.idle_check_interval_s: must be between 300"):
+        loads_policy("[preflight]\nidle_check_interval_s = 60\n")
+    assert loads_policy("[preflight]\nidle_check_interval_s = 0\n").defaults.preflight.idle_check_interval_s == 0
