@@ -31,6 +31,7 @@ from gpuremediate.kube.shards import ShardSet
 from gpuremediate.loops.base import LoopContext, NodeLoop
 from gpuremediate.loops.detect import DetectLoop
 from gpuremediate.loops.drain import DrainLoop
+from gpuremediate.loops.idle_check import IdleCheckLoop
 from gpuremediate.loops.maintenance import MaintenanceLoop
 from gpuremediate.loops.new_node import NewNodeLoop
 from gpuremediate.loops.node_gone import NodeGone
@@ -226,7 +227,7 @@ class Controller:
                       extra={"error": alerts_problem})
         self.node_loops: list[NodeLoop] = [
             DrainLoop(self.ctx, alerts, alerts_problem), RemediateLoop(self.ctx), ValidateLoop(self.ctx),
-            QuarantineLoop(self.ctx), NewNodeLoop(self.ctx),
+            QuarantineLoop(self.ctx), NewNodeLoop(self.ctx), IdleCheckLoop(self.ctx, self.detect.workload),
         ]
         self.informer.add_handler(on_add=self._on_node, on_update=self._on_node_update,
                                   on_delete=self._on_node_deleted)

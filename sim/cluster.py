@@ -525,8 +525,9 @@ class SimCluster:
         message), ``--on-unknown pass`` read from its args."""
         source = NvidiaSmiSource(str(Path(self.gpusim.host_dir(node)) / "nvidia-smi"), node, 5.0,
                                  runner=self.gpusim.nvidia_smi_runner(node))
-        args = next((c.get("args") or [] for c in pod["spec"].get("initContainers") or []
-                     if c.get("name") == PREFLIGHT_CONTAINER), [])
+        args = next((c.get("args") or [] for c in (*(pod["spec"].get("initContainers") or []),
+                                                   *(pod["spec"].get("containers") or []))
+                     if c.get("name") == PREFLIGHT_CONTAINER), [])  # the idle-node check's is its container
         expected = args[args.index("--expect-gpus") + 1:][:1] if "--expect-gpus" in args else []
         outcome = run_preflight(source, default_policy().for_node({}), None,
                                 expected=int(expected[0]) if expected and expected[0].isdigit() else 0)

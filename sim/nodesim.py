@@ -505,13 +505,21 @@ class NodeSim:
         started = self.started_at.setdefault(pod["metadata"]["uid"], time.monotonic())
         if time.monotonic() - started < outcome.duration_s:
             return
-        succeed = self.job_succeeds(node.name, pod) if self.job_succeeds is not None else outcome.succeed
-        code, phase = (0, "Succeeded") if succeed else (1, "Failed")
+        message = ""
+        if self.preflight is not None and any(c.get("name") == PREFLIGHT_CONTAINER
+                                              for c in pod["spec"].get("containers") or []):
+            code, message = self.preflight(node.name, pod)  # an idle-node check: the preflight as the Job's
+            succeed = code == 0
+        else:
+            succeed = self.job_succeeds(node.name, pod) if self.job_succeeds is not None else outcome.succeed
+            code = 0 if succeed else 1
+        phase = "Succeeded" if succeed else "Failed"
         now = now_time()
         statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
                      "imageID": "", "started": False,
                      "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                              "startedAt": now, "finishedAt": now}}}
+                                              "startedAt": now, "finishedAt": now,
+                                              **({"message": message} if message else {})}}}
                     for c in pod.get("spec", {}).get("containers") or []]
         self._patch_status(pod, {"phase": phase, "conditions": _pod_conditions(False, "PodCompleted"),
                                  "containerStatuses": statuses})

@@ -96,6 +96,8 @@ class ControllerMetrics:
         self.preflights_failed = Counter(
             PREFIX + "preflights_failed_total", "Pods whose preflight failed a GPU, as the failed-pod watch read "
             "them (each pod once).")
+        self.idle_checks = Counter(
+            PREFIX + "idle_checks_total", "Idle-node preflight Jobs by result (passed, failed, unknown).", ["result"])
         self.notifications = Counter(
             PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
             ["kind", "result"],
@@ -208,6 +210,7 @@ class ControllerMetrics:
             self.preflight_admissions,
             self.preflight_admission_seconds,
             self.preflights_failed,
+            self.idle_checks,
             self.scrape_seconds,
             self.scrape_errors,
             self.scrape_malformed,

@@ -19,7 +19,7 @@ from typing import Any
 from gpuremediate.signals.workload import PREFLIGHT, Failure, WorkloadSignal
 from gpuremediate.vocab.findings import ACTION_REBOOT, ACTION_RESET_GPU, KIND_GPU_LOST, Finding
 from gpuremediate.vocab.preflight import KIND_PREFLIGHT, parse_message
-from gpuremediate.vocab.schema import PolicyError, _show, between, duration, one_of, setting
+from gpuremediate.vocab.schema import PolicyError, _show, between, dns_subdomain, duration, one_of, setting
 
 PREFLIGHT_ONLY = frozenset({PREFLIGHT})
 
@@ -29,6 +29,11 @@ def _words_or_empty(value: Any, path: str) -> None:
         shlex.split(value)
     except ValueError as exc:
         raise PolicyError(f"{path}: cannot split {_show(value)} like a shell: {exc}") from None
+
+
+def _off_or_interval(value: Any, path: str) -> None:
+    if value != 0:
+        between(300, 30 * 24 * 3600)(value, path)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,28 @@ class PreflightPolicy:
                            "test for a gang, say); a non-zero exit fails the pod's GPUs", check=_words_or_empty)
     command_timeout_s: float = setting(300.0, "time bound of command; past it the preflight is unknown",
                                        check=between(1, 3600))
+    idle_check_interval_s: float = setting(0.0, "0: off. Else a GPU node seen with no GPU pod for this long (in "
+                                           "service, not cordoned, in no remediation state) gets the same preflight "
+                                           "as a low-priority Job, at most once per interval (docs/preflight.md)",
+                                           check=_off_or_interval)
+    idle_check_max_jobs: int = setting(2, "idle-check Jobs running at once, fleet-wide (read from the top-level "
+                                       "[preflight]; a group's value is not used)", check=between(1, 1000))
+    idle_check_timeout_s: float = setting(600.0, "an idle-check Job's activeDeadlineSeconds (a pod that waited "
+                                          "unscheduled or was preempted ends as unknown)", check=between(60, 3600))
+    idle_check_priority_class: str = setting("gpuremediate-idle-check", "the PriorityClass of the idle-check pod: "
+                                             "negative value, preemptionPolicy Never (the chart and kustomize ship "
+                                             "it), so any real pod preempts it", check=dns_subdomain)
+
+
+def preflight_args(policy: PreflightPolicy, *, on_unknown: str, expect_gpus: str = "") -> list[str]:
+    """``gpuremediate preflight``'s arguments for ``policy`` (the webhook's init container, the idle-check Job):
+    ``on_unknown`` pass (exit 0) or exit (exit 3); ``expect_gpus``: the whole GPUs given, fewer seen fails."""
+    args = ["preflight", "--on-unknown", on_unknown, "--dcgmi", "auto" if policy.dcgm_diag else "no"]
+    if expect_gpus:
+        args += ["--expect-gpus", expect_gpus]
+    if policy.command:
+        args += ["--command", policy.command, "--command-timeout", f"{policy.command_timeout_s:g}"]
+    return args
 
 
 class PreflightJudge:

@@ -46,8 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_argument_group("history (one of)")
     source.add_argument("--prometheus", metavar="URL", help="Prometheus server holding the dcgm-exporter series")
     source.add_argument("--scrapes", metavar="DIR", help="folder of saved scrapes (<node>/<ts>.prom, <ts>.prom)")
-    p.add_argument("--pods", metavar="FILE", help="failed pods for the workload signal ([workload]): one Pod a "
-                   "line (.jsonl) or a PodList (kubectl get pods -A --field-selector status.phase=Failed -o json); "
+    p.add_argument("--pods", metavar="FILE", help="failed pods for the workload signal ([workload]) and failed "
+                   "preflights ([preflight]): one Pod a line (.jsonl) or a PodList"
+                   " (kubectl get pods -A --field-selector status.phase=Failed -o json); "
                    "--scrapes DIR reads DIR/pods.jsonl or DIR/pods.json by itself")
     p.add_argument("--from", dest="start", metavar="TIME", help="start: unix seconds or RFC 3339 "
                    "(required with --prometheus; default for --scrapes: the oldest scrape)")

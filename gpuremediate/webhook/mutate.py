@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuremediate.gpu_resources import DEFAULT_NAMES, GPU, count_of, is_gpu_resource
-from gpuremediate.policy.preflight import PreflightPolicy
+from gpuremediate.policy.preflight import PreflightPolicy, preflight_args
 from gpuremediate.vocab.preflight import CONTAINER_NAME, POD_ANNOTATION, POD_INJECTED, POD_LABEL, POD_SKIP
 
 REVIEW_VERSION = "admission.k8s.io/v1"
@@ -104,13 +104,9 @@ def why_skipped(pod: Mapping[str, Any], settings: Settings) -> str:
 
 def init_container(pod: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
     policy = settings.policy
-    args = ["preflight", "--on-unknown", "pass" if policy.on_unknown == "pass" else "exit",
-            "--dcgmi", "auto" if policy.dcgm_diag else "no"]
-    whole = gpu_limits(pod, settings.gpu_names).get(GPU)
-    if whole:  # whole GPUs: fewer seen fails the preflight where the runtime gives no list of them
-        args += ["--expect-gpus", whole]
-    if policy.command:
-        args += ["--command", policy.command, "--command-timeout", f"{policy.command_timeout_s:g}"]
+    # whole GPUs: fewer seen fails the preflight where the runtime gives no list of them
+    args = preflight_args(policy, on_unknown="pass" if policy.on_unknown == "pass" else "exit",
+                          expect_gpus=gpu_limits(pod, settings.gpu_names).get(GPU, ""))
     resources: dict[str, Any] = {
         "requests": {"cpu": settings.cpu, "memory": settings.memory},
         "limits": {"memory": settings.memory_limit, **gpu_limits(pod, settings.gpu_names)},

@@ -8,9 +8,11 @@ from typing import Any
 
 from test_nodesim import env, wait
 
+from gpuremediate.actions.idle_check import build_idle_check
 from gpuremediate.kube.client import KubeClient
-from gpuremediate.kube.resources import PODS
+from gpuremediate.kube.resources import JOBS, NODES, PODS
 from gpuremediate.policy.config import default_policy
+from gpuremediate.policy.preflight import PreflightPolicy
 from gpuremediate.preflight import run_preflight
 from gpuremediate.signals.nvidiasmi import NvidiaSmiSource
 from gpuremediate.signals.workload import PREFLIGHT, failure_of, reduce
@@ -95,3 +97,37 @@ def test_the_preflight_over_gpu_sim_fails_a_lost_gpu_and_never_fits_fewer_than_g
     assert gone is not None and gone.text == "the pod was given 8 GPU(s), nvidia-smi lists 7: the driver cannot reach 1"
     named = parse_message(run_preflight(source, policy, (gpu_uuid("n", 2), gpu_uuid("n", 3))).message)
     assert named is not None and named.gpus == (gpu_uuid("n", 3),)
+
+
+
+def idle_check(client: KubeClient, node: str) -> str:
+    """An idle-node check's Job (loops.idle_check: the preflight is its container), its pod bound to ``node`` as
+    kube-scheduler would (the emulator binds only pods with claims); the pod's name."""
+    body = client.get(NODES, node)
+    job = build_idle_check(body, f"idle-check/{node}", namespace="work", image="gpuremediate:test",
+                           policy=PreflightPolicy(), gpus={"nvidia.com/gpu": 8}, service_account="default")
+    client.create(JOBS, job, "work")
+    prefix = job["metadata"]["name"] + "-"
+    pod = wait(lambda: next((p for p in client.list(PODS, "work")["items"]
+                             if p["metadata"]["name"].startswith(prefix)), None))
+    client.patch(PODS, pod["metadata"]["name"], {"spec": {"nodeName": node}}, "work")
+    return str(pod["metadata"]["name"])
+
+
+def test_an_idle_check_job_pod_is_played_from_the_nodes_gpus(env: Env) -> None:
+    _, client, sim = env
+    gpus = with_gpusim(sim)
+    gpus.inject_dbe("gpu-2", 5, 1)
+    sim.set_job_outcome("gpu-1", succeed=False, duration_s=0.0)  # the preflight decides, not the Job outcome
+    sim.set_job_outcome("gpu-2", succeed=True, duration_s=0.0)
+    sim.start()
+    first, second = idle_check(client, "gpu-1"), idle_check(client, "gpu-2")
+    passed = wait(lambda: (p := client.get(PODS, first, "work"))["status"]["phase"] == "Succeeded" and p)
+    assert passed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    failed = wait(lambda: (p := client.get(PODS, second, "work"))["status"]["phase"] == "Failed" and p)
+    ended = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    message = parse_message(ended["message"])
+    assert ended["exitCode"] == 1 and message is not None
+    assert (message.gpus, message.check) == ((gpu_uuid("gpu-2", 5),), "ecc-dbe")
+    found = failure_of(reduce(failed))  # the failed-pod watch's reading: the same as an init container's
+    assert found is not None and (found.how, found.node) == (PREFLIGHT, "gpu-2")
