@@ -4,7 +4,8 @@ A node provisioner can register its nodes with a taint that keeps work off until
 NodePool ``startupTaints`` ("Karpenter assumes that the taint is temporary and some other system will remove the
 taint", karpenter.sh, Concepts: NodePools), a kubelet's ``--register-with-taints`` under Cluster API or a node
 group. With ``startup_taint`` set to that key, a GPU node of the group that carries it and has no record (a new
-Node, a replacement, the same name with a new uid), or a healthy one, is moved to ``validating`` (reason
+Node, a replacement, the same name with a new uid), or a healthy one with no past flow (the detect loop may have
+written one), is moved to ``validating`` (reason
 ``new-node``): the validate loop runs the same validation Job as after a repair (it tolerates every taint), and
 the taint is taken off in the patch that writes ``healthy`` (``Decision.untaint``); a failure quarantines the node
 with the reason and the taint stays. Until the record says ``validating`` nothing else of ours acts on the node
@@ -29,7 +30,7 @@ def startup_taint_of(node: Node, key: str) -> bool:
 
 class NewNodeLoop(NodeLoop):
     """Owns no state: it queues the GPU nodes carrying their group's startup taint with no record (or a healthy
-    one) and moves each to ``validating``."""
+    one with no past flow) and moves each to ``validating``."""
 
     name = "new-node"
 
@@ -42,8 +43,8 @@ class NewNodeLoop(NodeLoop):
         record = record_from_node(node)
         if isinstance(record, RecordError) or is_excluded(node):
             return ""
-        if record is not None and (record.state != states.HEALTHY or record.fault is not None):
-            return ""
+        if record is not None and (record.state != states.HEALTHY or record.fault is not None or record.history):
+            return ""  # a node with a past of ours is no new node: the taint is someone's, not a registration's
         return self.startup_taint(node)
 
     def on_node(self, node: Node) -> None:

@@ -14,6 +14,7 @@ from gpuremediate.policy.config import PolicyError, loads_policy
 from gpuremediate.signals.model import NodeReadings
 from gpuremediate.signals.sources import unknown
 from gpuremediate.vocab import states
+from gpuremediate.vocab.record import OUTCOME_REPAIRED, RECORD_ANNOTATION, HistoryEntry, NodeRecord, encode
 from sim.waiting import wait_for
 from tests.loops.test_custom_plugins import NODE, SYSTEM_NS
 from tests.loops.test_remediate_ladder import World, world  # noqa: F401 (the fixture)
@@ -49,6 +50,10 @@ def taint(made: World, *taints: dict[str, Any]) -> None:
     made.kube.patch(NODES, NODE, {"spec": {"taints": list(taints)}})
     gpus = {"nvidia.com/gpu": "1"}
     made.kube.patch(NODES, NODE, {"status": {"capacity": gpus, "allocatable": gpus}}, subresource="status")
+
+
+def cycles(controller: Controller) -> float:
+    return controller.metrics.detect_cycles.value()
 
 
 def taint_keys(made: World) -> list[str]:
@@ -87,10 +92,21 @@ def test_a_new_node_whose_gpus_are_not_readable_is_unknown_not_faulty(world: Wor
     controller = start(world, "[breaker]\nenabled = false\n")
     wait_for(lambda: world.events("GPUHealthUnknown"), 20, "the GPUHealthUnknown Event")
     wait_for(lambda: 'gpuremediate_nodes_unknown 1' in controller.metrics.registry.render(), 20, "counted unknown")
-    wait_for(lambda: 'gpuremediate_detect_cycles_total 3' in controller.metrics.registry.render(), 20,
-             "three detect cycles")
+    wait_for(lambda: cycles(controller) >= 3, 20, "three detect cycles")
     assert world.state() == "-", "a node whose GPUs cannot be read yet got a record"
     assert not world.kube.get(NODES, NODE)["spec"].get("unschedulable") and world.jobs("validate") == []
+
+
+def test_a_node_with_a_past_flow_of_ours_is_no_new_node(world: World) -> None:  # noqa: F811
+    """A taint of that key on a node gpuremediate repaired before (a person's, a tool's): not a registration's."""
+    past = NodeRecord(state=states.HEALTHY, history=(HistoryEntry(at=1.0, kind="xid", code="79", action="reboot",
+                                                                  outcome=OUTCOME_REPAIRED),))
+    world.kube.patch(NODES, NODE, {"metadata": {"annotations": {RECORD_ANNOTATION: encode(past)}}})
+    taint(world, {"key": STARTUP, "effect": "NoSchedule"})
+    controller = start(world, POLICY)
+    wait_for(lambda: cycles(controller) >= 3, 20, "three detect cycles")
+    assert world.state() == states.HEALTHY and world.jobs("validate") == []
+    assert taint_keys(world) == [STARTUP]
 
 
 def test_a_startup_taint_that_is_no_taint_key_is_refused() -> None:
