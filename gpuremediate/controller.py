@@ -57,6 +57,7 @@ from gpuremediate.webhook.server import CertificateFiles, WebhookServer
 log = logging.getLogger(__name__)
 
 CACHE_SYNC_S = 60.0  # the node cache gives up after this long without a page of its list
+MAINTENANCE_DISCOVERY_S = 60.0  # while MaintenanceRequests are not served, discovery is asked again this often
 STOP_BOUND_S = 6.0  # loops and caches stop together within this; each loop's own join waits 5 s at most
 RELEASE_BOUND_S = 2.0  # then the lease is released, last
 REPORT_QUEUE_SIZE = 10_000  # Events and conditions waiting to be written; past it they are dropped and counted
@@ -316,8 +317,13 @@ class Controller:
             # --shards those of the shards held now, a shard taken later is swept when it is (_shards_changed)
             self._shards_swept = self.shards.owned() if self.shards is not None else frozenset()
             threading.Thread(target=self.node_gone.sweep, name="node-gone-sweep", daemon=True).start()
+        if not self._start_maintenance():
+            threading.Thread(target=self._rediscover_maintenance, name="maintenance-discovery", daemon=True).start()
+
+    def _start_maintenance(self, *, quiet: bool = False) -> bool:
+        """The maintenance loop started when the API server serves MaintenanceRequests (True), else False."""
         drain = next(loop for loop in self.node_loops if isinstance(loop, DrainLoop))
-        maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel)  # an API call: outside the lock
+        maintenance = MaintenanceLoop.discover(self.ctx, cancel=drain.cancel, quiet=quiet)  # outside the lock
         with self._lifecycle:
             if maintenance is not None and not self.ctx.stop.is_set():
                 self.maintenance = maintenance
@@ -326,6 +332,16 @@ class Controller:
                     self.client, maintenance.res, maintenance.informer, self.metrics, self.detect.events.node_event,
                     lambda: self.ctx.policy.cluster.maintenance.prepare_lead_s, dry_run=self.settings.dry_run)
             self.detect.maintenance_discovered = True
+        return maintenance is not None
+
+    def _rediscover_maintenance(self) -> None:
+        """The CRD installed after start (or discovery failing then): asked again every MAINTENANCE_DISCOVERY_S until
+        served, so `kubectl apply -k manifests/crds` needs no restart. One GET of the group's discovery document a
+        minute while it is not."""
+        while not self.ctx.stop.wait(MAINTENANCE_DISCOVERY_S):
+            if self._start_maintenance(quiet=True):
+                log.info("maintenance requests enabled: the API server serves them now")
+                return
 
     def _read_notifier(self) -> WebhookNotifier | None:
         """Read the notifications Secret once; without it the controller runs on, and says so. A dry run posts

@@ -283,13 +283,14 @@ class KubeClient:
         conn, response = self._send("GET", res.path(namespace), query=query, retry=READ, stream_timeout=idle)
         return WatchStream(conn, response)
 
-    def resolve(self, api_version: str, kind: str) -> Resource:
-        """The Resource of apiVersion/kind: built-ins statically, anything else by discovery (cached)."""
+    def resolve(self, api_version: str, kind: str, *, fresh: bool = False) -> Resource:
+        """The Resource of apiVersion/kind: built-ins statically, anything else by discovery (cached; ``fresh``
+        asks the server again, for a kind a CRD may have added to its group since)."""
         known = resources.builtin(api_version, kind)
         if known is not None:
             return known
         with self._discovery_lock:
-            cached = self._discovered.get(api_version, {}).get(kind)
+            cached = None if fresh else self._discovered.get(api_version, {}).get(kind)
             if cached is not None:
                 return cached
             found = self._discover(api_version)

@@ -87,18 +87,22 @@ class MaintenanceLoop:
                                   on_delete=self._on_request)
 
     @classmethod
-    def discover(cls, ctx: LoopContext, *, cancel: Callable[[str, str], None] | None = None) -> MaintenanceLoop | None:
-        """The loop when the API server serves MaintenanceRequests in ``--maintenance-group``, else None."""
+    def discover(cls, ctx: LoopContext, *, cancel: Callable[[str, str], None] | None = None,
+                 quiet: bool = False) -> MaintenanceLoop | None:
+        """The loop when the API server serves MaintenanceRequests in ``--maintenance-group``, else None (said in
+        the log unless ``quiet``: the controller asks again while it runs)."""
         api_version = f"{ctx.settings.maintenance_group}/{mr.VERSION}"
         try:
-            res = ctx.client.resolve(api_version, mr.KIND)
+            res = ctx.client.resolve(api_version, mr.KIND, fresh=quiet)  # asked again: what the server says now
         except errors.NotFound:
-            log.info("maintenance requests disabled: the API server serves no MaintenanceRequest",
-                     extra={"api_version": api_version})
+            if not quiet:
+                log.info("maintenance requests disabled until the API server serves MaintenanceRequests (asked "
+                         "again every minute)", extra={"api_version": api_version})
             return None
         except (errors.ApiError, errors.TransportError) as exc:
-            log.warning("maintenance requests disabled: discovery failed",
-                        extra={"api_version": api_version, "error": str(exc)})
+            if not quiet:
+                log.warning("maintenance requests disabled: discovery failed (asked again every minute)",
+                            extra={"api_version": api_version, "error": str(exc)})
             return None
         return cls(ctx, res, cancel=cancel)
 

@@ -115,8 +115,8 @@ class ReplayCluster:
 
     # ---- KubeClient ------------------------------------------------------------------------------
 
-    def resolve(self, api_version: str, kind: str) -> Resource:
-        """Discovery: only the DeviceTaintRule of a DRA replay is asked for."""
+    def resolve(self, api_version: str, kind: str, *, fresh: bool = False) -> Resource:
+        """Discovery: only the DeviceTaintRule of a DRA replay is asked for (``fresh``: nothing is cached)."""
         if self.dra is None:
             raise _not_found(f"kind {kind} in {api_version}")
         return self.dra.resolve(api_version, kind)

@@ -235,3 +235,27 @@ def test_a_started_request_keeps_its_claim_against_one_that_starts_earlier(
     _request(client, res, "earlier", start="2001-01-01T00:00:00Z")  # asks earlier, but the node is taken
     wait_for(lambda: _emitted(client, res, "earlier")[0] == "Blocked", 10, "the second request blocked")
     assert _claim(client).startswith("held/") and _state(client) == states.MAINTENANCE
+
+
+def test_a_crd_installed_after_start_is_used_without_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kubectl apply -k manifests/crds`` after the controller started: it asks discovery again while the kind is
+    not served, and a request then made is handled, with no restart."""
+    monkeypatch.setattr("gpuremediate.controller.MAINTENANCE_DISCOVERY_S", 0.2)
+    srv = KubeAPIServer().start()
+    client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=500, burst=500)
+    client.create(NAMESPACES, {"metadata": {"name": POD_NS}})
+    client.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}}})
+    controller = Controller(Settings(namespace=POD_NS, scrape_interval_s=0.1, resync_s=0.3), loads_policy(POLICY),
+                            client=client, source=Healthy())
+    try:
+        assert controller.start_caches(timeout=20)
+        controller.start_loops()
+        assert controller.maintenance is None  # not served at start
+        client.create(CRDS, miniyaml.loads(CRD.read_text()))
+        wait_for(lambda: controller.maintenance is not None, 10, "the maintenance loop started once served")
+        res = client.resolve(f"gpuremediate.io/{mr.VERSION}", mr.KIND)
+        _request(client, res)
+        wait_for(lambda: _state(client) == states.MAINTENANCE, 15, f"the node in maintenance ({_state(client)})")
+    finally:
+        controller.stop()
+        srv.stop()
