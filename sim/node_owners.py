@@ -42,7 +42,6 @@ import contextlib
 import logging
 import secrets
 import string
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from typing import Any
 from gpuremediate.kube import errors
 from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.resources import CRDS, NODES, Resource
+from sim.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +192,15 @@ Join = Callable[[str, list[dict[str, Any]]], None]
 Leave = Callable[[str], None]
 
 
-class OwnerSim:
+class OwnerSim(Ticker):
+    thread_name = "node-owners"
+
     def __init__(self, client: KubeClient, provider: str, join: Join, leave: Leave, *, replace_delay_s: float = 0.5,
                  startup_taint: dict[str, Any] | None = None, drain_s: float = 0.0,
                  tick_s: float = 0.1) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"node owner provider: expected one of {', '.join(PROVIDERS)}, got {provider!r}")
+        super().__init__(tick_s)
         self.client = client
         self.provider = provider
         self.join = join
@@ -206,15 +209,11 @@ class OwnerSim:
         self.startup_taint = startup_taint
         self.drain_s = drain_s
         self._deleting_since: dict[str, float] = {}  # owner object name -> when first seen deleted
-        self.tick_s = tick_s
         self.owned: dict[str, Owned] = {}  # by the owner object's name
         self.replaced: list[tuple[str, str]] = []  # (old node, new node), in order
-        self.errors: list[str] = []
         self._due: list[float] = []  # when each pending replacement is created
         self._joined = 0
         self._machineset_uid = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def resource(self) -> Resource:
@@ -235,23 +234,6 @@ class OwnerSim:
 
     def owner_of(self, node: str) -> Owned | None:
         return next((o for o in self.owned.values() if o.node == node), None)
-
-    def start(self) -> OwnerSim:
-        self._thread = threading.Thread(target=self._run, name="node-owners", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
-            try:
-                self.tick()
-            except (errors.ApiError, errors.TransportError) as exc:
-                self.errors.append(str(exc))
 
     def tick(self) -> None:
         now = time.monotonic()

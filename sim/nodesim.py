@@ -45,6 +45,7 @@ from gpuremediate.vocab.preflight import CONTAINER_NAME as PREFLIGHT_CONTAINER
 from sim import nodesim_dra
 from sim.kube_controllers import is_ready
 from sim.kube_store import now_time
+from sim.ticker import Ticker
 
 KUBELET_VERSION = "v1.28.7"
 GPU = "nvidia.com/gpu"
@@ -119,13 +120,15 @@ class SimNode:
         return time.monotonic() < self.down_until
 
 
-class NodeSim:
+class NodeSim(Ticker):
+    thread_name = "nodesim"
+
     def __init__(self, client: KubeClient, grace_cap_s: float = 2.0, tick_s: float = 0.1, *,
                  lease_renew_s: float = 10.0, heartbeat_s: float = 10.0, dra: bool = False) -> None:
+        super().__init__(tick_s)
         self.client = client
         self.dra = dra  # publish a ResourceSlice per node (sim.nodesim_dra)
         self.grace_cap_s = grace_cap_s
-        self.tick_s = tick_s
         self.lease_renew_s = lease_renew_s
         self.heartbeat_s = heartbeat_s
         self.nodes: dict[str, SimNode] = {}
@@ -135,14 +138,11 @@ class NodeSim:
         self.pod_ips: list[PodIP] = []
         self.started_at: dict[str, float] = {}
         self.terminating_since: dict[str, float] = {}
-        self.errors: list[str] = []
         # Hooks for a simulated cluster: decide a Job pod's outcome, and act on it (e.g. reset gpu-sim's GPUs).
         self.job_succeeds: Callable[[str, dict[str, Any]], bool] | None = None
         self.on_job_finished: Callable[[str, dict[str, Any], bool], None] | None = None
         self.preflight: Callable[[str, dict[str, Any]], tuple[int, str]] | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- configuration -----------------------------------------------------------------------------
     def add_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None,
@@ -357,24 +357,6 @@ class NodeSim:
                 self._patch_node_status(node, ready=True)
 
     # --- the loop ----------------------------------------------------------------------------------
-    def start(self) -> NodeSim:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="nodesim", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
-            try:
-                self.tick()
-            except (errors.ApiError, errors.TransportError) as exc:
-                self.errors.append(str(exc))
-
     def tick(self) -> None:
         self._finish_reboots()
         self._keep_alive()
