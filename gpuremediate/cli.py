@@ -306,7 +306,7 @@ def build_parser(prog: str = "gpuremediate") -> CliParser:
     _add_namespace_flag(resume)
 
     demo = sub.add_parser("demo", help="the embedded default: a simulated GPU cluster healing itself")
-    demo.add_argument("--nodes", type=int, default=6, help="simulated GPU nodes (at least 4)")
+    demo.add_argument("--nodes", type=int, default=6, help="simulated GPU nodes (at least 6: the timeline faults five)")
     demo.add_argument("--speed", type=float, default=1.0, help="> 1 runs the timeline faster")
     demo.add_argument("--no-color", action="store_true", help="no colours (also when stdout is not a terminal)")
     demo.add_argument("--keep", action="store_true",

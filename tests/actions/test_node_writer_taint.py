@@ -24,6 +24,7 @@ from gpuremediate.policy.taint import DEFAULT_TAINT_KEY, TaintPolicy
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 OURS = {"key": DEFAULT_TAINT_KEY, "effect": "NoSchedule"}
 OTHERS = {"key": "example.com/maintenance", "value": "rack-7", "effect": "NoSchedule"}
@@ -163,11 +164,24 @@ def _heartbeat(client: KubeClient, name: str, at: str) -> None:
                  patch_type="strategic", subresource="status")
 
 
+def _first_heartbeat(client: KubeClient, name: str, at: str) -> None:
+    """The node's first Ready=True: the node lifecycle controller then lifts the not-ready taint it was created
+    with, a write of its own, after ours (as on a real server). Waited for, so that the tests' later heartbeats
+    are the only change between a read and a write."""
+    _heartbeat(client, name, at)
+    wait_for(lambda: not any(t["key"] == "node.kubernetes.io/not-ready" for t in _taints_all(client.get(NODES, name))),
+             timeout=30, describe="the node lifecycle lifting the not-ready taint")
+
+
+def _taints_all(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return (node.get("spec") or {}).get("taints") or []
+
+
 def test_a_write_that_met_only_a_heartbeat_is_sent_again_not_decided_again(rig: Rig) -> None:
     """Issue 41: on an API server answering in seconds, each kubelet heartbeat between a read and its write cost a
     409 and a whole new decision from a cache that lags. A node changed in nothing a decision reads (heartbeat
     times, our own GPURemediation condition, another tool's annotation) takes the same write under its new version."""
-    _heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:00Z")
+    _first_heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:00Z")
     seen = rig.node()
     _heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:10Z")  # the version moved, nothing else...
     rig.client.patch(NODES, "gpu-1", {"metadata": {"annotations": {"example.com/owner": "team-b"}}})  # ...of ours
@@ -182,7 +196,7 @@ def test_a_write_that_meets_a_heartbeat_again_after_its_re_read_is_sent_again(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     """A heartbeat can land between the re-read and the write sent again (two in a row on a slow server, under a
     loaded controller): still nothing a decision reads, so the write is sent again, a bounded number of times."""
-    _heartbeat(rig.client, "gpu-1", "2026-12-06T11:00:00Z")
+    _first_heartbeat(rig.client, "gpu-1", "2026-12-06T11:00:00Z")
     seen = rig.node()
     _heartbeat(rig.client, "gpu-1", "2026-12-06T11:00:05Z")  # the version moved since the read
     real_get, beats = rig.client.get, iter(["2026-12-06T11:00:10Z", "2026-12-06T11:00:20Z"])
@@ -215,7 +229,7 @@ def test_a_write_whose_node_changed_in_what_decisions_read_is_decided_again(rig:
         rig.client.patch(NODES, "gpu-1", change)
         assert rig.writer.write(seen, HELD) is None, change
         assert record_from_node(rig.node()) is None, change
-    _heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:00Z")
+    _first_heartbeat(rig.client, "gpu-1", "2026-12-06T10:00:00Z")
     seen = rig.node()
     rig.client.patch(NODES, "gpu-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
                      patch_type="strategic", subresource="status")
