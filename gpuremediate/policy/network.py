@@ -6,7 +6,8 @@ Four kinds, each naming the NIC, its port and the GPUs on its rail where known:
   ``/sys/class/infiniband``. Only a port seen up since the agent started counts (an unused port of a dual-port
   HCA polls for a peer forever) unless ``watch_never_up``; down for ``stuck_down_after_s``: ``stuck_down_action``.
 - ``nic-degraded``: up, but trained below its expected rate (``expected_rate_gbps``, or else the highest rate
-  the port or any up port of the same link layer on the node showed: a 400 Gb/s port at 200).
+  the port or any up port of the same link layer on a NIC of the same model on the node showed: a 400 Gb/s port
+  at 200).
 - ``nic-flapping``: ``link_downed`` (InfiniBand) or ``carrier_changes`` / 2 (RoCE) rising ``flap_count`` times
   within ``window_s``.
 - ``nic-errors``: the error counters rising by ``error_count`` within ``window_s`` (never their absolute value:
@@ -94,8 +95,9 @@ class NetworkPolicy:
     watch_never_up: bool = setting(False, "false: a port not seen up since the agent started is not judged (an "
                                    "unused port polls forever); true: every port not ignored must be up")
     expected_rate_gbps: float = setting(0.0, "the rate (Gb/s, as sysfs 'rate' says) every port should train at; "
-                                        "0: the highest rate the port or any up port of its link layer on the "
-                                        "node showed since the agent started", check=between(0, 100_000))
+                                        "0: the highest rate the port or any up port of its link layer on a "
+                                        "NIC of its model (hca_type) on the node showed since the agent "
+                                        "started", check=between(0, 100_000))
     window_s: float = setting(600.0, "seconds over which counter rises are summed (flaps, errors)",
                               check=duration(10))
     flap_count: int = setting(3, "link downs (link_downed, or carrier_changes / 2) within window_s that make a "
@@ -249,7 +251,7 @@ class NetworkJudge:
         raw: dict[str, str] = {}
         if not up and (memory.seen_up or policy.watch_never_up):
             raw[KIND_NIC_DOWN] = why_down
-        expected = self._expected_rate(port, readings, memory, policy)
+        expected = self._expected_rate(port, nic, readings, memory, policy)
         if up and port.rate_gbps is not None and expected and port.rate_gbps < expected:
             raw[KIND_NIC_DEGRADED] = (f"trained at {port.rate_gbps:g} Gb/s ({port.width or '?'}X {port.speed}) "
                                       f"below the expected {expected:g} Gb/s")
@@ -263,13 +265,15 @@ class NetworkJudge:
         return self._findings(name, memory, raw, policy, now, gpus)
 
     @staticmethod
-    def _expected_rate(port: PortReading, readings: NetworkReadings, memory: _PortMemory,
+    def _expected_rate(port: PortReading, nic: NicReading, readings: NetworkReadings, memory: _PortMemory,
                        policy: NetworkPolicy) -> float:
         if policy.expected_rate_gbps:
             return policy.expected_rate_gbps
         if not port.link_layer:  # unknown (node_exporter's series say none): an InfiniBand and a RoCE port differ
             return memory.max_rate
-        peers = [p.rate_gbps or 0.0 for n in readings.nics for p in n.ports
+        # Peers: the up ports of the same link layer on NICs of the same model (a 10 Gb/s iWARP port beside 40 Gb/s
+        # QDR ones, an OmniPath HCA beside a ConnectX-3: each right at its own rate).
+        peers = [p.rate_gbps or 0.0 for n in readings.nics if n.model == nic.model for p in n.ports
                  if p.up and p.link_layer == port.link_layer and not policy.ignored(p.name)]
         return max([memory.max_rate, *peers])
 

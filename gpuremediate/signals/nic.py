@@ -13,6 +13,8 @@ Prometheus procfs's ``sysfs/class_infiniband.go`` parses them:
 - ``counters/<name>``: a decimal integer; ``"N/A (no PMA)"`` where the device has no performance agent. The PMA
   counters saturate at their width (``link_downed`` 8 bits, ``symbol_error`` 16) instead of wrapping;
 - ``hw_counters/<name>``: the driver's own counters (mlx5: ``out_of_buffer``, ``local_ack_timeout_err``, ...);
+- ``class/infiniband/<dev>/hca_type``: the HCA's model (mlx5: ``MT4129``, ConnectX-7; the OmniPath driver writes
+  none);
 - ``class/infiniband/<dev>/device``: a link to the PCI function (its name is the PCI address), with
   ``numa_node`` (-1: none) and ``net/<if>`` (the RoCE/IPoIB net devices of that function);
 - ``class/net/<if>/operstate`` (RFC 2863: unknown notpresent down lowerlayerdown testing dormant up),
@@ -85,8 +87,15 @@ class NicReading:
     pci_address: str = ""  # "" when the device link is missing (a soft RDMA device such as rxe)
     numa_node: int | None = None
     pci_path: str = ""  # the PCI function's path below devices/ (the bridges above it: its PCIe switch)
+    hca_type: str = ""  # "" where the driver writes none
     ports: tuple[PortReading, ...] = ()
     netdevs: tuple[NetDevice, ...] = ()
+
+
+    @property
+    def model(self) -> str:
+        """What makes two NICs alike: the HCA type, else the driver's name (``hfi1`` of ``hfi1_0``)."""
+        return self.hca_type or re.sub(r"_?\d+$", "", self.device)
 
 
 @dataclass(frozen=True)
@@ -238,8 +247,12 @@ def read_nic(root: Path, device: str) -> tuple[NicReading, list[str]]:
     except OSError:
         netdev_names = []
     netdevs = tuple(read_netdev(root, name) for name in netdev_names)
+    try:
+        hca_type = _read(base / "hca_type").strip()
+    except OSError:
+        hca_type = ""
     return NicReading(device=device, pci_address=address, numa_node=numa if numa is not None and numa >= 0 else None,
-                      pci_path=path, ports=tuple(ports), netdevs=netdevs), problems
+                      pci_path=path, hca_type=hca_type, ports=tuple(ports), netdevs=netdevs), problems
 
 
 def read_network(root: str | Path) -> NetworkReadings:

@@ -123,9 +123,9 @@ def network_readings(samples: Iterable[Sample], node_labels: Sequence[str],
     for sample in samples:
         node = node_of(sample, node_labels, known)
         device, port = sample.label("device"), sample.label("port")
-        if node is None or not device or not sample.name.startswith(PREFIX):
-            continue
-        if port is None or not port.isdigit():
+        if node is None or not device or not sample.name.startswith(PREFIX) or port is None:
+            continue  # no port label: a device's series (node_infiniband_info), not a port's
+        if not port.isdigit():
             problems.setdefault(node, []).append(f"{sample.name}{{device={device!r}}}: port {port!r} is not a "
                                                  "port number")
             continue
