@@ -32,9 +32,10 @@ from gpuremediate.loops.custom_drain import FALLBACK
 from gpuremediate.loops.diagnostics import DIAGNOSTICS, describe
 from gpuremediate.loops.drain_device_taint import DETAIL_PREFIX as ISOLATION_DETAIL
 from gpuremediate.loops.drain_scope import DETAIL_PREFIX
+from gpuremediate.policy.conditions import nic_said
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.fabric import KIND_DOMAIN
-from gpuremediate.policy.network import NIC_TAINT_KEY, nic_said
+from gpuremediate.policy.network import NIC_TAINT_KEY
 from gpuremediate.policy.preflight import last_preflight
 from gpuremediate.policy.safety import CircuitBreaker, Pause
 from gpuremediate.policy.workflow import Rung

@@ -43,6 +43,7 @@ from gpuremediate.vocab.findings import (
     ACTION_QUARANTINE,
     ACTION_REBOOT,
     ACTION_RESET_GPU,
+    NETWORK_KINDS,
     Finding,
     by_severity,
 )
@@ -211,6 +212,28 @@ class ConditionView:
     ignored: tuple[str, ...] = ()  # why a matching condition was not used (stale), in words
 
 
+# One finding in a message (the judge's own, or the agent's condition's: its findings joined by "; ").
+_SAID = re.compile(r"(?P<kind>nic-[a-z]+) (?P<nic>[^\s/]+)/(?P<port>\d+): (?P<detail>.*?)"
+                   r"(?:; GPUs on its rail: (?P<gpus>GPU-[^→;]*?))? → (?P<action>[a-z-]+)")
+
+
+@dataclass(frozen=True)
+class NicSaid:
+    """What a NIC finding's message says of one NIC: its port, what was seen, the GPUs on its rail."""
+
+    kind: str
+    port: str
+    detail: str
+    rail: tuple[str, ...]
+
+
+def nic_said(message: str, nic: str) -> list[NicSaid]:
+    """The findings ``message`` states about ``nic`` (a record's fault message holds the condition's message)."""
+    return [NicSaid(m["kind"], f"{nic}/{m['port']}", m["detail"],
+                    tuple(g.strip() for g in m["gpus"].split(",")) if m["gpus"] else ())
+            for m in _SAID.finditer(message) if m["nic"] == nic]
+
+
 def _finding(node: str, condition: Mapping[str, Any], rule: ConditionRule) -> Finding:
     ctype, status = str(condition["type"]), str(condition.get("status", ""))
     reason, message = str(condition.get("reason") or ""), str(condition.get("message") or "")
@@ -220,6 +243,9 @@ def _finding(node: str, condition: Mapping[str, Any], rule: ConditionRule) -> Fi
     # The GPUs the message names (the agent names each by UUID); none named: the finding is node-wide and
     # a reset-gpu repair resets every GPU of the node.
     gpus = tuple(sorted(set(GPU_UUID.findall(message))))
+    if rule.kind in NETWORK_KINDS:  # the message holds every NIC's findings: this NIC's rail only
+        nic = reason.partition(":")[2]
+        gpus = tuple(sorted({g for said in nic_said(message, nic) for g in said.rail if GPU_UUID.fullmatch(g)}))
     if not gpus and rule.action == ACTION_RESET_GPU:
         text += " (the condition names no GPU: every GPU of the node is reset)"
     code = reason.partition(":")[2] or ctype if rule.kind != KIND_CONDITION else ctype

@@ -21,7 +21,6 @@ The agent runs the judge and writes NodeCondition ``GPUNetworkHealthy`` (reason 
 from __future__ import annotations
 
 import fnmatch
-import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -315,28 +314,6 @@ class NetworkJudge:
         message = f"{kind} {port}: {active.detail}{lasting}{clearing}{rail} → {action}"
         return Finding(node=self.node, kind=kind, code=device, gpus=gpus, action=action,
                        fingerprint=f"{kind}:{port}:{word}@{active.since:.0f}", message=message)
-
-
-# One finding in a message (the judge's own, or the agent's condition's: its findings joined by "; ").
-_SAID = re.compile(r"(?P<kind>nic-[a-z]+) (?P<nic>[^\s/]+)/(?P<port>\d+): (?P<detail>.*?)"
-                   r"(?:; GPUs on its rail: (?P<gpus>GPU-[^→;]*?))? → (?P<action>[a-z-]+)")
-
-
-@dataclass(frozen=True)
-class NicSaid:
-    """What a NIC finding's message says of one NIC: its port, what was seen, the GPUs on its rail."""
-
-    kind: str
-    port: str
-    detail: str
-    rail: tuple[str, ...]
-
-
-def nic_said(message: str, nic: str) -> list[NicSaid]:
-    """The findings ``message`` states about ``nic`` (a record's fault message holds the condition's message)."""
-    return [NicSaid(m["kind"], f"{nic}/{m['port']}", m["detail"],
-                    tuple(g.strip() for g in m["gpus"].split(",")) if m["gpus"] else ())
-            for m in _SAID.finditer(message) if m["nic"] == nic]
 
 
 class NetworkJudges:

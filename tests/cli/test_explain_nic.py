@@ -9,8 +9,8 @@ from pathlib import Path
 from gpuremediate.actions.node_status import build_condition
 from gpuremediate.agent.network import network_condition
 from gpuremediate.fleet import explain, row_for
-from gpuremediate.policy.conditions import ConditionsPolicy, condition_view
-from gpuremediate.policy.network import NIC_TAINT_KEY, NetworkJudge, NetworkPolicy, condition_rules, nic_said
+from gpuremediate.policy.conditions import ConditionsPolicy, condition_view, nic_said
+from gpuremediate.policy.network import NIC_TAINT_KEY, NetworkJudge, NetworkPolicy, condition_rules
 from gpuremediate.signals.nic import read_network
 from gpuremediate.vocab.record import Fault, NodeRecord, node_patch
 from sim.nic_sysfs import NicTree

@@ -207,3 +207,25 @@ def test_the_controller_maps_the_agents_condition_to_the_sections_action() -> No
     view = c.condition_view(node, c.ConditionsPolicy(), 1767225600.0 + 10, rules)
     assert [(f.kind, f.code, f.action) for f in view.findings] == [("nic-degraded", "mlx5_1", "none")]
     assert condition_rules(NetworkPolicy(enabled=False)) == ()
+
+
+def test_a_nic_finding_names_only_the_gpus_on_its_nics_rail(tmp_path: Path) -> None:
+    """The agent's message holds every finding (two NICs down: both rails); the controller's finding for the worst
+    NIC names that NIC's rail alone (status -o json's fault gpus, a reset's targets)."""
+    a, b = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
+    judge = NetworkJudge("n")
+    tree = NicTree(tmp_path)
+    rails = {"mlx5_3": (a,), "mlx5_5": (b,)}
+    judge.judge(read_network(tree.root), POLICY, 1000.0, rails)
+    tree.port_down("mlx5_3")
+    tree.port_down("mlx5_5")
+    found = judge.judge(read_network(tree.root), POLICY, 1010.0, rails)
+    assert [(f.code, f.gpus) for f in found] == [("mlx5_3", (a,)), ("mlx5_5", (b,))]
+    node = {"metadata": {"name": "n"}, "status": {"conditions": [
+        {"type": c.GPU_NETWORK_HEALTHY, "status": "False", "reason": reason_of(found[0]),
+         "message": "; ".join(f.message for f in found), "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+    view = c.condition_view(node, c.ConditionsPolicy(), 1767225600.0 + 10, condition_rules(POLICY))
+    assert [(f.code, f.gpus) for f in view.findings] == [("mlx5_3", (a,))]
+    node["status"]["conditions"][0]["message"] = "nic-down mlx5_3/1: gone → cordon"  # type: ignore[index]
+    view = c.condition_view(node, c.ConditionsPolicy(), 1767225600.0 + 10, condition_rules(POLICY))
+    assert view.findings[0].gpus == ()  # no rail said: the node's, not every GPU the message could name
