@@ -22,7 +22,14 @@ from gpuremediate.kube.errors import KubeError
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.replay.cluster import Durations
 from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay, uses_degradation
-from gpuremediate.replay.history import History, HistoryError, load_pods, load_scrapes, parse_time
+from gpuremediate.replay.history import (
+    History,
+    HistoryError,
+    load_conditions,
+    load_pods,
+    load_scrapes,
+    parse_time,
+)
 from gpuremediate.replay.html import render_html
 from gpuremediate.replay.prometheus import DEGRADATION_METRICS, PrometheusHistory
 from gpuremediate.replay.replaced import FILE_IN_SCRAPES, in_range, load_replaced
@@ -50,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "preflights ([preflight]): one Pod a line (.jsonl) or a PodList"
                    " (kubectl get pods -A --field-selector status.phase=Failed -o json); "
                    "--scrapes DIR reads DIR/pods.jsonl or DIR/pods.json by itself")
+    p.add_argument("--conditions", metavar="FILE", help="Node conditions over time (the agent's GPUNetworkHealthy: "
+                   "NIC findings), one {time, node, type, status, reason, message} a line; --scrapes DIR reads "
+                   "DIR/conditions.jsonl by itself")
     p.add_argument("--from", dest="start", metavar="TIME", help="start: unix seconds or RFC 3339 "
                    "(required with --prometheus; default for --scrapes: the oldest scrape)")
     p.add_argument("--to", dest="end", metavar="TIME", help="end (required with --prometheus; default for "
@@ -124,6 +134,8 @@ def load_history(args: argparse.Namespace, policies: Sequence[PolicyFile] = ()) 
         history = source.load(start, end, args.step, args.chunk, thermal_thresholds(policies))
     if getattr(args, "pods", None):
         history.add_pods(load_pods(args.pods))
+    if getattr(args, "conditions", None):
+        history.add_conditions(load_conditions(args.conditions))
     return history
 
 

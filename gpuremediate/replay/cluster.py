@@ -195,6 +195,10 @@ class ReplayCluster:
             conditions[:] = [*kept, dict(wanted)]
         return copy.deepcopy(self._store(node))
 
+    def set_condition(self, name: str, condition: Mapping[str, Any]) -> None:
+        """A condition another writer (the node agent) set on the Node: stored, not a write of the loops."""
+        self._patch_conditions(name, {"status": {"conditions": [condition]}})
+
     def _back_in_service(self, node: Node) -> None:
         """A node back in healthy runs a workload again (the next drain evicts it anew)."""
         labels = node["metadata"].get("labels") or {}

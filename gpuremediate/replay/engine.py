@@ -47,6 +47,7 @@ from gpuremediate.loops.remediate import RemediateLoop
 from gpuremediate.loops.trend_maintenance import TrendMaintenance, drain_start
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
+from gpuremediate.policy.conditions import conditions_of
 from gpuremediate.policy.config import PolicyFile
 from gpuremediate.policy.degradation import DegradationDetector
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
@@ -73,7 +74,7 @@ from gpuremediate.signals.workload import PREFLIGHT
 from gpuremediate.state import maintenance as mr
 from gpuremediate.vocab import states
 from gpuremediate.vocab.degradation import DegradationPolicy
-from gpuremediate.vocab.findings import KIND_TREND, Finding
+from gpuremediate.vocab.findings import KIND_TREND, NETWORK_KINDS, Finding
 from gpuremediate.vocab.record import BLOCK_BREAKER, NodeRecord, RecordError, record_from_node
 
 log = logging.getLogger(__name__)
@@ -309,6 +310,9 @@ class Replay:
         self._workload_fingerprints: dict[str, str] = {}  # node -> its workload finding's fingerprint ("": none)
         self._workload_cordons: set[str] = set()  # cordoned for workload-gpu-errors (see _ticking)
         self._count_pods(history)
+        self._conditions_fed = 0  # history.conditions[:_conditions_fed] are on their Nodes
+        self._agent_written: set[tuple[str, str]] = set()  # (node, condition type) the history set
+        self._conditions_elsewhere: set[str] = set()  # nodes the history's conditions name, not in the replay
         res = Resource(self.ctx.settings.maintenance_group, mr.VERSION, "maintenancerequests", mr.KIND, False)
         self.detect.trend_maintenance = _TrendMaintenance(self.ctx.client, res, self.ctx.metrics, policy,
                                                           self.events, self.result.maintenances)
@@ -346,7 +350,7 @@ class Replay:
         while now <= end:
             self.clock.now = now
             self.cluster.advance()
-            changed = self.cursor.advance(now)
+            changed = self.cursor.advance(now) | self._feed_conditions(now)
             self._instant(visit | changed | self._ticking(), changed)
             self.result.steps += 1
             visit, self._moved = self._moved, set()
@@ -361,6 +365,7 @@ class Replay:
             visit = visit | self._feed_detector()
         if self.workload:
             visit = visit | self._feed_pods()
+        self._heartbeat(visit)
         nodes = [node for name in sorted(visit) if (node := self.ctx.nodes.get(name)) is not None]
         readings = {name_of(node): scraped for node in nodes if (scraped := self._scraped_now(name_of(node)))}
         self.detect.check_nodes(nodes, readings)
@@ -377,6 +382,37 @@ class Replay:
                     if loop.reconcile_name(name) != 0.0:
                         break
         self._read_events()
+
+    def _feed_conditions(self, now: float) -> set[str]:
+        """The history's condition changes due by ``now`` onto their Nodes (as the agent writes them: the transition
+        time moves only when the status does); the nodes they changed."""
+        changed = set()
+        conditions = self.history.conditions
+        while self._conditions_fed < len(conditions) and conditions[self._conditions_fed].at <= now:
+            change = conditions[self._conditions_fed]
+            self._conditions_fed += 1
+            node = self.cluster.nodes.get(change.node)
+            if node is None:
+                self._conditions_elsewhere.add(change.node)
+                continue
+            before = next((c for c in conditions_of(node) if c.get("type") == change.condition["type"]), None)
+            moved = before is None or before.get("status") != change.condition["status"]
+            since = format_time(change.at) if moved or before is None else str(before.get("lastTransitionTime") or "")
+            self.cluster.set_condition(change.node, {**change.condition, "lastTransitionTime": since,
+                                                     "lastHeartbeatTime": format_time(now)})
+            self._agent_written.add((change.node, change.condition["type"]))
+            changed.add(change.node)
+        return changed
+
+    def _heartbeat(self, visit: set[str]) -> None:
+        """The replayed conditions of the nodes seen now are fresh (the agent keeps writing them), so the policy's
+        ``max_age_s`` never drops them as stale."""
+        beat = format_time(self.clock())
+        for name, ctype in self._agent_written:
+            if name in visit:
+                for condition in self.cluster.nodes[name].get("status", {}).get("conditions") or []:
+                    if isinstance(condition, dict) and condition.get("type") == ctype:
+                        condition["lastHeartbeatTime"] = beat
 
     def _feed_detector(self) -> set[str]:
         """The degradation detector's peers are the fleet's: it takes every node's readings each pass, as in the
@@ -477,7 +513,9 @@ class Replay:
             return now + step
         pod = self.history.pods[self._pods_fed].at if self.workload and self._pods_fed < len(self.history.pods) \
             else None
-        upcoming = min((t for t in (self.cursor.next_change(), pod) if t is not None), default=None)
+        conditions = self.history.conditions
+        condition = conditions[self._conditions_fed].at if self._conditions_fed < len(conditions) else None
+        upcoming = min((t for t in (self.cursor.next_change(), pod, condition) if t is not None), default=None)
         if upcoming is None:
             return self.history.end + step  # nothing more will happen
         start = self.history.start
@@ -591,6 +629,10 @@ class Replay:
         self.result.findings.append(replace(opened, end=now, ongoing=ongoing))
 
     def _close(self, end: float) -> None:
+        if self._conditions_elsewhere:
+            names = sorted(self._conditions_elsewhere)
+            self.result.notes.append(f"node conditions for {len(names)} node(s) not replayed (no metrics, not in the "
+                                     "Node list): " + ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
         for fingerprint in list(self._open_findings):
             self._close_finding(fingerprint, end, ongoing=True)
         self.result.findings.sort(key=lambda f: (f.start, f.node, f.kind, f.gpus))
@@ -689,11 +731,13 @@ def _gpus_out(record: NodeRecord) -> int | None:
 
 
 def _fault_class(record: NodeRecord) -> str:
-    """What opened the flow, for the GPU-hours by fault: ``xid 48``, ``ecc-dbe``, ``thermal`` ..."""
+    """What opened the flow, for the GPU-hours by fault: ``xid 48``, ``ecc-dbe``, ``thermal``, ``nic-down mlx5_3``
+    ..."""
     fault = record.fault
     if fault is None:
         return record.reason
-    return f"{fault.kind} {fault.code}" if fault.code and fault.kind == "xid" else fault.kind
+    named = fault.kind == "xid" or fault.kind in NETWORK_KINDS  # xid 48; nic-down mlx5_3 (as status names it)
+    return f"{fault.kind} {fault.code}" if fault.code and named else fault.kind
 
 
 def _record(node: Node) -> NodeRecord | None:

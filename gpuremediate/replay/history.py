@@ -21,6 +21,11 @@ status.phase=Failed -o json | jq -c '.items[]'``), or ``pods.json``, a PodList. 
 signal's own ``reduce`` and dated as the controller dates it (its status' times, or its creation): the replay feeds
 it to the signal at that time (one before the range at the start, as a controller's first list would; one after
 the end never).
+Node conditions (the agent's, such as ``GPUNetworkHealthy``, issue 45): ``<folder>/conditions.jsonl`` (or
+``--conditions FILE``), one change a line, ``{"time": ..., "node": ..., "type": ..., "status": "True"|"False"|
+"Unknown", "reason": ..., "message": ...}`` (from the Node's ``status.conditions`` history or the agent's Events).
+Each holds on its Node from its time (one before the range at the start; one after the end never) until the next
+line of its node and type, kept fresh (``lastHeartbeatTime``) as a running agent keeps it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ SCRAPE_SUFFIXES = (".prom", ".txt", ".om")
 UNKNOWN_SUFFIX = ".unknown"
 PODS_FILES = ("pods.jsonl", "pods.json")  # a saved-scrapes folder's failed pods (module docstring)
 SOURCE = "replay"
+CONDITIONS_FILE = "conditions.jsonl"  # a saved-scrapes folder's Node conditions (module docstring)
+CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
 class HistoryError(ValueError):
@@ -77,12 +84,22 @@ class FailedPod:
         return failure.node if failure is not None else ""
 
 
+@dataclass(frozen=True)
+class ConditionChange:
+    """From ``at`` on, ``node`` carries ``condition`` (type, status, reason, message) until the next of its type."""
+
+    at: float
+    node: str
+    condition: Mapping[str, str]
+
+
 @dataclass
 class History:
     start: float
     end: float
     changes: dict[str, list[Change]] = field(default_factory=dict)  # node -> changes, oldest first
     pods: list[FailedPod] = field(default_factory=list)  # failed pods, by time (``add_pods``)
+    conditions: list[ConditionChange] = field(default_factory=list)  # by time (``add_conditions``)
 
     def add(self, node: str, at: float, readings: NodeReadings) -> None:
         """Append a change (in time order per node); a repeat of the current readings is dropped."""
@@ -117,6 +134,15 @@ class History:
             if at <= self.end:
                 self.pods.append(FailedPod(at, reduced))
         self.pods.sort(key=lambda p: p.at)
+
+
+    def add_conditions(self, changes: Iterable[ConditionChange]) -> None:
+        """Condition changes, each from its time (the range's start at the earliest); one after the end is
+        dropped."""
+        for change in changes:
+            if change.at <= self.end:
+                self.conditions.append(dataclasses.replace(change, at=max(self.start, change.at)))
+        self.conditions.sort(key=lambda c: c.at)
 
 
 def unknown_readings(node: str, reason: str) -> NodeReadings:
@@ -227,7 +253,41 @@ def load_scrapes(folder: str | Path, *, start: float | None = None, end: float |
     for name in PODS_FILES:
         if (root / name).is_file():
             history.add_pods(load_pods(root / name))
+    if (root / CONDITIONS_FILE).is_file():
+        history.add_conditions(load_conditions(root / CONDITIONS_FILE))
     return history
+
+
+def load_conditions(path: str | Path) -> list[ConditionChange]:
+    """Node condition changes from a file, one JSON object a line (module docstring); a bad line is an error
+    naming its file and line."""
+    found = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise HistoryError(f"{path}: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            found.append(_condition_change(line, f"{path}:{number}"))
+    return found
+
+
+def _condition_change(line: str, where: str) -> ConditionChange:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise HistoryError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise HistoryError(f"{where}: expected an object with time, node, type, status, got {line.strip()[:80]!r}")
+    for key in ("time", "node", "type", "status"):
+        if not isinstance(obj.get(key), str | int | float) or obj.get(key) in ("", None) or isinstance(obj[key], bool):
+            raise HistoryError(f"{where}: {key!r} missing or not a string")
+    if obj["status"] not in CONDITION_STATUSES:
+        raise HistoryError(f"{where}: status {obj['status']!r} is none of {', '.join(CONDITION_STATUSES)}")
+    at = parse_time(str(obj["time"]), f"{where}: time")
+    condition = {"type": str(obj["type"]), "status": obj["status"], "reason": str(obj.get("reason") or ""),
+                 "message": str(obj.get("message") or "")}
+    return ConditionChange(at, str(obj["node"]), condition)
 
 
 def load_pods(path: str | Path) -> list[dict[str, Any]]:
