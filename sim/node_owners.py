@@ -26,12 +26,15 @@ The owner controller (``OwnerSim``), one thread, playing what the real ones do t
   to drain, not the drain itself) the Node is deleted (with its exporter pod, as the
   pod garbage collector would) and the finalizer removed; after ``replace_delay_s`` a replacement object is created
   (the MachineSet's replica count restored; for Karpenter as if pods were left pending) and a new Node registers
-  under a new name (NodeSim, gpu-sim and an exporter pod for it), optionally with a startup taint.
+  under a new name (NodeSim, gpu-sim and an exporter pod for it), optionally with a startup taint; or, with
+  ``same_name``, under the old node's name (a new Node object, so a new uid, on another machine: gpu-sim's host
+  under that name starts afresh with other GPU UUIDs), as a bare-metal provider re-provisioning the same host, or
+  a cloud naming nodes by a reused address, does. Either way the new owner object has a new name.
 
 What it does not do: drain the node before deleting it (the real machine controller drains honouring PDBs, and
 Karpenter taints ``karpenter.sh/disrupted`` and drains), wait for volumes to detach, MachineHealthChecks,
 MachineDeployments, scaling a MachineSet, NodePools or a Karpenter that replaces only when pods are pending (here it
-always does), a replacement under the old name, conversions between versions, ``required`` and enum validation
+always does), conversions between versions, ``required`` and enum validation
 (the emulator prunes unknown fields and checks types only), and a Machine deleted without an owner (never
 replaced: the controller refuses those itself).
 """
@@ -196,7 +199,7 @@ class OwnerSim(Ticker):
     thread_name = "node-owners"
 
     def __init__(self, client: KubeClient, provider: str, join: Join, leave: Leave, *, replace_delay_s: float = 0.5,
-                 startup_taint: dict[str, Any] | None = None, drain_s: float = 0.0,
+                 startup_taint: dict[str, Any] | None = None, drain_s: float = 0.0, same_name: bool = False,
                  tick_s: float = 0.1) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"node owner provider: expected one of {', '.join(PROVIDERS)}, got {provider!r}")
@@ -208,6 +211,7 @@ class OwnerSim(Ticker):
         self.replace_delay_s = replace_delay_s
         self.startup_taint = startup_taint
         self.drain_s = drain_s
+        self.same_name = same_name  # the replacement registers under the old node's name (a new uid)
         self._deleting_since: dict[str, float] = {}  # owner object name -> when first seen deleted
         self.owned: dict[str, Owned] = {}  # by the owner object's name
         self.replaced: list[tuple[str, str]] = []  # (old node, new node), in order
@@ -342,9 +346,13 @@ class OwnerSim(Ticker):
         self._due.append(time.monotonic() + self.replace_delay_s)
 
     def _replacement(self) -> None:
-        self._joined += 1
-        node = f"gpu-node-new-{self._joined}"
+        index = next(i for i, (_old, new) in enumerate(self.replaced) if not new)
+        old = self.replaced[index][0]
+        if self.same_name:
+            node = old
+        else:
+            self._joined += 1
+            node = f"gpu-node-new-{self._joined}"
         self.join(node, [dict(self.startup_taint)] if self.startup_taint else [])
         self._own(node)
-        index = next(i for i, (_old, new) in enumerate(self.replaced) if not new)
-        self.replaced[index] = (self.replaced[index][0], node)
+        self.replaced[index] = (old, node)
