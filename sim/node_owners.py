@@ -8,7 +8,13 @@ The kinds (the CRDs' ``openAPIV3Schema`` trimmed to the fields that matter here,
   https://pkg.go.dev/sigs.k8s.io/cluster-api/api/v1beta1 and https://cluster-api.sigs.k8s.io/). MachineSpec
   requires ``clusterName``, ``bootstrap`` and ``infrastructureRef``; MachineSetSpec ``clusterName`` and
   ``selector``. Cluster API 1.11 serves v1beta2 beside v1beta1 (the controller reads v1beta2 first, then v1beta1):
-  the emulator serves v1beta1 only, so the fallback is what the scenarios go through.
+  the emulator serves v1beta1 only, so the fallback is what the scenarios go through. Checked against
+  core/config/crd/bases/ of kubernetes-sigs/cluster-api at ae7ff047 (v1.14.0-rc.0+): every field written here is
+  in its v1beta1 schema with these types; not served here: the MachineSet's scale subresource, most status fields.
+- Karpenter checked at kubernetes-sigs/karpenter 22664681 (v1.14.0+): the operator enum has Gte and Lte; the
+  CEL rules (spec immutable, requirement keys outside karpenter.sh) are not run by the emulator. Its registration
+  also puts the ``karpenter.sh/termination`` finalizer and ``karpenter.sh/initialized`` on the Node: not done here
+  (a Node deleted directly is gone at once, not drained by Karpenter first).
 - ``karpenter.sh/v1`` NodeClaim, cluster-scoped, status subresource (``pkg/apis/crds/karpenter.sh_nodeclaims.yaml``
   of kubernetes-sigs/karpenter; aws/karpenter-provider-aws v1.7.3 ships the same). NodeClaimSpec requires
   ``nodeClassRef`` (group, kind, name) and ``requirements``.
@@ -91,7 +97,8 @@ MACHINE_SPEC: dict[str, Any] = {
     "properties": {
         "clusterName": {"type": "string", "minLength": 1, "maxLength": 63},
         "bootstrap": {"type": "object", "properties": {"configRef": _OBJECT_REF, "dataSecretName": _STR}},
-        "infrastructureRef": _OBJECT_REF, "version": _STR, "providerID": _STR, "failureDomain": _STR,
+        "infrastructureRef": _OBJECT_REF, "version": _STR, "failureDomain": _STR,
+        "providerID": {"type": "string", "minLength": 1, "maxLength": 512},
         "nodeDrainTimeout": _STR, "nodeVolumeDetachTimeout": _STR, "nodeDeletionTimeout": _STR}}
 
 
@@ -140,7 +147,8 @@ def machineset_crd() -> dict[str, Any]:
 
 def nodeclaim_crd() -> dict[str, Any]:
     requirement = {"type": "object", "required": ["key", "operator"], "properties": {
-        "key": _STR, "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]},
+        "key": _STR, "operator": {"type": "string", "enum": [
+            "In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Gte", "Lte"]},
         "values": {"type": "array", "items": _STR}, "minValues": _INT}}
     spec = {"type": "object", "required": ["nodeClassRef", "requirements"], "properties": {
         "nodeClassRef": {"type": "object", "required": ["group", "kind", "name"],
