@@ -475,9 +475,13 @@ class SimCluster:
         }, EXPORTER_NAMESPACE)
 
     def join_node(self, name: str, taints: list[dict[str, Any]]) -> None:
-        """A new GPU node: gpu-sim serves it, the exporters' DaemonSet has a pod there, NodeSim registers it."""
+        """A new GPU node: gpu-sim serves it, the exporters' DaemonSet has a pod there, NodeSim registers it. A name
+        gpu-sim serves already (a node replaced under its old name) gets a new machine there (``renew_node``)."""
         assert self.nodesim is not None
-        self.gpusim.add_node(name, gpus=self.gpus, ip=f"127.0.0.{self.ip_base + len(self.gpusim.nodes())}")
+        if name in self.gpusim.nodes():
+            self.gpusim.renew_node(name)
+        else:
+            self.gpusim.add_node(name, gpus=self.gpus, ip=f"127.0.0.{self.ip_base + len(self.gpusim.nodes())}")
         self._exporter_pod(name, set())
         self.nodesim.add_node(name, gpus=self.gpus, labels=self._node_labels(name), taints=taints)
         self.nodesim.set_job_outcome(name, succeed=True, duration_s=self.job_duration_s)

@@ -485,6 +485,20 @@ class GpuSim:
                 self._serve(node)
             return node
 
+    def renew_node(self, name: str) -> NodeState:
+        """Another machine under ``name`` (a node replaced under the same name): fresh GPUs and a new boot on the
+        same address (its listener kept), nothing of the old one's faults, down exporter or NICs."""
+        with self._lock:
+            old = self.node(name)
+            node = new_node(name, len(old.gpus), old.ip, old.model, old.driver)
+            for gpu in node.gpus:  # other boards: other UUIDs (a per-GPU record of the old ones never follows)
+                gpu.uuid = gpu_uuid(f"{name}@{old.boot_id}", gpu.index)
+            self._nodes[name] = node
+            self._nics.pop(name, None)
+            self._unhang.notify_all()
+            self._write_host_files(node, new_boot=True)
+            return node
+
     def nodes(self) -> list[str]:
         with self._lock:
             return list(self._nodes)

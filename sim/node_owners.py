@@ -8,7 +8,13 @@ The kinds (the CRDs' ``openAPIV3Schema`` trimmed to the fields that matter here,
   https://pkg.go.dev/sigs.k8s.io/cluster-api/api/v1beta1 and https://cluster-api.sigs.k8s.io/). MachineSpec
   requires ``clusterName``, ``bootstrap`` and ``infrastructureRef``; MachineSetSpec ``clusterName`` and
   ``selector``. Cluster API 1.11 serves v1beta2 beside v1beta1 (the controller reads v1beta2 first, then v1beta1):
-  the emulator serves v1beta1 only, so the fallback is what the scenarios go through.
+  the emulator serves v1beta1 only, so the fallback is what the scenarios go through. Checked against
+  core/config/crd/bases/ of kubernetes-sigs/cluster-api at ae7ff047 (v1.14.0-rc.0+): every field written here is
+  in its v1beta1 schema with these types; not served here: the MachineSet's scale subresource, most status fields.
+- Karpenter checked at kubernetes-sigs/karpenter 22664681 (v1.14.0+): the operator enum has Gte and Lte; the
+  CEL rules (spec immutable, requirement keys outside karpenter.sh) are not run by the emulator. Its registration
+  also puts the ``karpenter.sh/termination`` finalizer and ``karpenter.sh/initialized`` on the Node: not done here
+  (a Node deleted directly is gone at once, not drained by Karpenter first).
 - ``karpenter.sh/v1`` NodeClaim, cluster-scoped, status subresource (``pkg/apis/crds/karpenter.sh_nodeclaims.yaml``
   of kubernetes-sigs/karpenter; aws/karpenter-provider-aws v1.7.3 ships the same). NodeClaimSpec requires
   ``nodeClassRef`` (group, kind, name) and ``requirements``.
@@ -26,12 +32,15 @@ The owner controller (``OwnerSim``), one thread, playing what the real ones do t
   to drain, not the drain itself) the Node is deleted (with its exporter pod, as the
   pod garbage collector would) and the finalizer removed; after ``replace_delay_s`` a replacement object is created
   (the MachineSet's replica count restored; for Karpenter as if pods were left pending) and a new Node registers
-  under a new name (NodeSim, gpu-sim and an exporter pod for it), optionally with a startup taint.
+  under a new name (NodeSim, gpu-sim and an exporter pod for it), optionally with a startup taint; or, with
+  ``same_name``, under the old node's name (a new Node object, so a new uid, on another machine: gpu-sim's host
+  under that name starts afresh with other GPU UUIDs), as a bare-metal provider re-provisioning the same host, or
+  a cloud naming nodes by a reused address, does. Either way the new owner object has a new name.
 
 What it does not do: drain the node before deleting it (the real machine controller drains honouring PDBs, and
 Karpenter taints ``karpenter.sh/disrupted`` and drains), wait for volumes to detach, MachineHealthChecks,
 MachineDeployments, scaling a MachineSet, NodePools or a Karpenter that replaces only when pods are pending (here it
-always does), a replacement under the old name, conversions between versions, ``required`` and enum validation
+always does), conversions between versions, ``required`` and enum validation
 (the emulator prunes unknown fields and checks types only), and a Machine deleted without an owner (never
 replaced: the controller refuses those itself).
 """
@@ -88,7 +97,8 @@ MACHINE_SPEC: dict[str, Any] = {
     "properties": {
         "clusterName": {"type": "string", "minLength": 1, "maxLength": 63},
         "bootstrap": {"type": "object", "properties": {"configRef": _OBJECT_REF, "dataSecretName": _STR}},
-        "infrastructureRef": _OBJECT_REF, "version": _STR, "providerID": _STR, "failureDomain": _STR,
+        "infrastructureRef": _OBJECT_REF, "version": _STR, "failureDomain": _STR,
+        "providerID": {"type": "string", "minLength": 1, "maxLength": 512},
         "nodeDrainTimeout": _STR, "nodeVolumeDetachTimeout": _STR, "nodeDeletionTimeout": _STR}}
 
 
@@ -137,7 +147,8 @@ def machineset_crd() -> dict[str, Any]:
 
 def nodeclaim_crd() -> dict[str, Any]:
     requirement = {"type": "object", "required": ["key", "operator"], "properties": {
-        "key": _STR, "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]},
+        "key": _STR, "operator": {"type": "string", "enum": [
+            "In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Gte", "Lte"]},
         "values": {"type": "array", "items": _STR}, "minValues": _INT}}
     spec = {"type": "object", "required": ["nodeClassRef", "requirements"], "properties": {
         "nodeClassRef": {"type": "object", "required": ["group", "kind", "name"],
@@ -196,7 +207,7 @@ class OwnerSim(Ticker):
     thread_name = "node-owners"
 
     def __init__(self, client: KubeClient, provider: str, join: Join, leave: Leave, *, replace_delay_s: float = 0.5,
-                 startup_taint: dict[str, Any] | None = None, drain_s: float = 0.0,
+                 startup_taint: dict[str, Any] | None = None, drain_s: float = 0.0, same_name: bool = False,
                  tick_s: float = 0.1) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"node owner provider: expected one of {', '.join(PROVIDERS)}, got {provider!r}")
@@ -208,6 +219,7 @@ class OwnerSim(Ticker):
         self.replace_delay_s = replace_delay_s
         self.startup_taint = startup_taint
         self.drain_s = drain_s
+        self.same_name = same_name  # the replacement registers under the old node's name (a new uid)
         self._deleting_since: dict[str, float] = {}  # owner object name -> when first seen deleted
         self.owned: dict[str, Owned] = {}  # by the owner object's name
         self.replaced: list[tuple[str, str]] = []  # (old node, new node), in order
@@ -342,9 +354,13 @@ class OwnerSim(Ticker):
         self._due.append(time.monotonic() + self.replace_delay_s)
 
     def _replacement(self) -> None:
-        self._joined += 1
-        node = f"gpu-node-new-{self._joined}"
+        index = next(i for i, (_old, new) in enumerate(self.replaced) if not new)
+        old = self.replaced[index][0]
+        if self.same_name:
+            node = old
+        else:
+            self._joined += 1
+            node = f"gpu-node-new-{self._joined}"
         self.join(node, [dict(self.startup_taint)] if self.startup_taint else [])
         self._own(node)
-        index = next(i for i, (_old, new) in enumerate(self.replaced) if not new)
-        self.replaced[index] = (self.replaced[index][0], node)
+        self.replaced[index] = (old, node)

@@ -7,9 +7,11 @@ Providers, chosen by what the Node says owns it:
   the Machine makes its MachineSet create a new one, as medik8s' machine-deletion-remediation does; a Machine
   without a controller owner (a MachineSet, or a control plane such as KubeadmControlPlane) would not come back,
   so it is never deleted: the ladder goes to a person, the reason says why.
-- ``karpenter``: Karpenter's Node is owned by its NodeClaim (``ownerReferences`` kind ``NodeClaim``, karpenter.sh/v1;
-  the label ``karpenter.sh/nodeclaim`` where set names it too). Deleting the NodeClaim makes Karpenter drain and
-  terminate the instance and provision a replacement for the pods left pending.
+- ``karpenter``: Karpenter's Node is owned by its NodeClaim (``ownerReferences`` kind ``NodeClaim``, karpenter.sh/v1,
+  set by its registration controller: ``UpdateNodeOwnerReferences`` in pkg/utils/nodeclaim). Karpenter sets no
+  ``karpenter.sh/nodeclaim`` label (pkg/apis/v1/labels.go); one that another tool sets is read as a fallback.
+  Deleting the NodeClaim makes Karpenter drain and terminate the instance and provision a replacement for the pods
+  left pending.
 - anything else: no built-in target (``custom``: the custom remediation resource contract, ``actions.<name>``).
 
 The delete carries a ``uid`` precondition (the object found when the record was written): a new Machine or

@@ -211,7 +211,7 @@ class Informer:
         for key, obj in fresh.items():
             if key in old:
                 if _rv(old[key]) != _rv(obj):
-                    self._notify_update(old[key], obj)
+                    self._notify_changed(old[key], obj)
             else:
                 self._notify_add(obj)
         self._synced.set()
@@ -230,13 +230,23 @@ class Informer:
         elif old is None:
             self._notify_add(obj)
         else:
-            self._notify_update(old, obj)
+            self._notify_changed(old, obj)
 
     # ---- handlers ----------------------------------------------------------------------------------------
 
     def _notify_add(self, obj: dict[str, Any]) -> None:
         for handlers in list(self._handlers):
             self._call(handlers.on_add, obj)
+
+    def _notify_changed(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """An update, unless the key now holds another object (a uid of its own: deleted and created again under
+        the name while a relist or a resumed watch missed the two events): then the old one's delete and the new
+        one's add, so nothing of the old object is carried to the new one."""
+        if _uid(old) and _uid(new) and _uid(old) != _uid(new):
+            self._notify_delete(old)
+            self._notify_add(new)
+        else:
+            self._notify_update(old, new)
 
     def _notify_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         for handlers in list(self._handlers):
@@ -257,3 +267,7 @@ class Informer:
 
 def _rv(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")

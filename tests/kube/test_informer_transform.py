@@ -94,3 +94,24 @@ def test_pods_are_never_cached_cluster_wide(client: KubeClient) -> None:
     with pytest.raises(ValueError, match="never cached cluster-wide"):
         Informer(client, PODS)
     Informer(client, PODS, "gpu-operator", label_selector="app=nvidia-dcgm-exporter")  # one namespace is fine
+
+
+def test_a_relist_that_finds_a_name_under_a_new_uid_says_delete_then_add(client: KubeClient) -> None:
+    """A Node deleted and created again under its name while the watch was down (a replacement under the same
+    name): the relist finds the key with another uid. That is another object: handlers hear the old one deleted
+    and the new one added (client-go's consumers compare uids; ours rely on the delete to end the old flow)."""
+    client.create(NODES, {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.present": "true"}}})
+    informer = Informer(client, NODES)
+    informer._relist()
+    heard: list[tuple[str, str]] = []
+    informer.add_handler(on_add=lambda n: heard.append(("add", n["metadata"]["uid"])),
+                         on_update=lambda _o, n: heard.append(("update", n["metadata"]["uid"])),
+                         on_delete=lambda n: heard.append(("delete", n["metadata"]["uid"])))
+    old_uid = client.get(NODES, "n1")["metadata"]["uid"]
+    heard.clear()  # add_handler replays the store
+    client.delete(NODES, "n1")
+    new_uid = client.create(NODES, {"metadata": {"name": "n1"}})["metadata"]["uid"]
+    assert new_uid != old_uid
+    informer._relist()
+    assert heard == [("delete", old_uid), ("add", new_uid)]
+    assert informer.get("n1") is not None and informer.get("n1")["metadata"]["uid"] == new_uid  # type: ignore[index]

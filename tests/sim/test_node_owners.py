@@ -94,3 +94,38 @@ def test_a_nodeclaim_owns_its_node_and_a_startup_taint_comes_with_the_replacemen
             assert new["spec"]["taints"] == [taint]
         finally:
             owners.stop()
+
+
+@pytest.mark.parametrize("provider", [PROVIDER_CLUSTER_API, PROVIDER_KARPENTER])
+def test_a_replacement_under_the_old_name_is_a_new_node_on_a_new_machine(provider: str) -> None:
+    with SimCluster(nodes=2, gpus=2, busy_writes_per_s=0, node_owners=provider) as cluster:
+        owners = cluster.owners
+        assert owners is not None
+        owners.same_name = True
+        old = cluster.kube.get(NODES, NODE)
+        old_gpus = [g.uuid for g in cluster.gpusim.node(NODE).gpus]
+        cluster.gpusim.inject(NODE, 1, "dbe", 1)
+        assert cluster.gpusim.problems(NODE)
+        found = find_target(cluster.kube, old)
+        assert isinstance(found, Target)
+        assert delete_target(cluster.kube, found)
+        assert _replaced(cluster) == NODE
+        assert owners.replaced == [(NODE, NODE)]
+        node = wait_for(lambda: _node_with_new_uid(cluster, old["metadata"]["uid"]), 10, "the node registered again")
+        assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")
+        replacement = find_target(cluster.kube, node)  # its own owner object, not the deleted one
+        assert isinstance(replacement, Target)
+        assert replacement.name != found.name and replacement.uid != found.uid
+        assert cluster.gpusim.problems(NODE) == []  # another machine: the old one's fault did not come along
+        assert [g.uuid for g in cluster.gpusim.node(NODE).gpus] != old_gpus
+        exporters = wait_for(lambda: [p for p in cluster.kube.list(PODS, EXPORTER_NAMESPACE)["items"]
+                                      if p["spec"]["nodeName"] == NODE], 5, "the exporter pod on the new node")
+        assert len(exporters) == 1
+
+
+def _node_with_new_uid(cluster: SimCluster, old_uid: str) -> dict[str, object] | None:
+    try:
+        node = cluster.kube.get(NODES, NODE)
+    except errors.NotFound:
+        return None
+    return node if node["metadata"]["uid"] != old_uid else None
