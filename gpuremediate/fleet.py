@@ -43,7 +43,14 @@ from gpuremediate.signals.fabric import CLIQUE_LABEL
 from gpuremediate.state import decide
 from gpuremediate.structured import or_none, rfc3339
 from gpuremediate.vocab import states
-from gpuremediate.vocab.findings import KIND_LINK_DEGRADED, KIND_SLOW_GPU, KIND_THERMAL, KIND_TREND, NETWORK_KINDS
+from gpuremediate.vocab.findings import (
+    ACTION_REPLACE,
+    KIND_LINK_DEGRADED,
+    KIND_SLOW_GPU,
+    KIND_THERMAL,
+    KIND_TREND,
+    NETWORK_KINDS,
+)
 from gpuremediate.vocab.preflight import KIND_PREFLIGHT
 from gpuremediate.vocab.record import (
     BLOCK_BREAKER,
@@ -437,6 +444,9 @@ def explain(record: NodeRecord | RecordError | None, node: str, now: float | Non
         lines.append(f"  A person set {KEEP_CORDONED_ANNOTATION}: gpuremediate will not uncordon this node.")
     elif record.was_unschedulable:
         lines.append("  The node was unschedulable before gpuremediate touched it: it will never uncordon it.")
+    elif record.cordoned_by_us and _replacing(record):
+        lines.append(f"  gpuremediate {'would cordon' if dry_run else 'cordoned'} this node and will not uncordon it: "
+                     "a new Node takes its place (validated first where [remediation.replace] startup_taint asks).")
     elif record.cordoned_by_us and dry_run:
         lines.append(f"  gpuremediate would cordon this node, and uncordon it {_uncordon_when(record)}.")
     elif record.cordoned_by_us:
@@ -589,6 +599,10 @@ def _uncordon_when(record: NodeRecord) -> str:
     return "once validation passes"
 
 
+def _replacing(record: NodeRecord) -> bool:
+    return record.state == states.REPAIRING and record.action is not None and record.action.kind == ACTION_REPLACE
+
+
 def _ends(record: NodeRecord) -> str:
     """What ends the node's state, in words (every state says it)."""
     if _thermal(record):
@@ -599,6 +613,9 @@ def _ends(record: NodeRecord) -> str:
     if _degraded(record):
         return ("the GPU no longer degraded: keeping up with its peers, its link quiet, its error counters steady "
                 "(then healthy again, by itself).")
+    if _replacing(record):
+        return ("the Node going away: its owner deleted, the provider drains and removes it (the flow then ends "
+                "with GPUNodeReplaced); past [remediation.replace] timeout_s, quarantined.")
     return {
         states.CORDONED: "a person uncordoning it (a cordon-only fault gets no repair and is not lifted by "
                          "gpuremediate), or a worse fault (then it drains, or is quarantined).",

@@ -300,3 +300,15 @@ def test_every_state_s_explanation_says_what_ends_it(api: tuple[KubeClient, str]
         ends["gpu-validate"], ends["gpu-validate"]
     assert "Ends: the MaintenanceRequest completing, or being deleted." in ends["gpu-maint"], ends["gpu-maint"]
     assert all(text.count("Ends: ") == 1 for text in (person, cordon, before, *ends.values()))
+
+
+def test_explain_of_a_node_being_replaced_says_the_node_goes_away_not_that_validation_follows() -> None:
+    """The replace rung ends when the Node goes away (its owner deleted): no Job, no validation, no uncordon."""
+    now = 10_000.0
+    xid = Fault("xid", "79", ("GPU-2",), "xid:GPU-2:79", "reboot", now, now, "XID 79")
+    replacing = start_action(NodeRecord(state=states.REPAIRING, since=now, reason="replace", fault=xid,
+                                        cordoned_by_us=True), "replace", "Machine default/m-1", 1, now)
+    text = fleet.explain(replacing, "gpu-r", now)
+    assert "Ends: the Node going away: its owner deleted" in text, text
+    assert "will not uncordon it: a new Node takes its place" in text, text
+    assert "then validation" not in text and "once validation passes" not in text, text
