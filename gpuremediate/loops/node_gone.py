@@ -75,14 +75,16 @@ class NodeGone:
         self._watched: set[str] = set()  # deleted Nodes the watch handed over: the sweep leaves them to it
 
     def watched(self, name: str) -> None:
-        """The watch saw ``name`` deleted (called on the informer's thread, before ``on_deleted`` is queued)."""
+        """The watch saw ``name`` deleted (called on the informer's thread, before ``on_deleted`` is queued): the
+        sweep leaves it to the handler, and what the loops keep under the name goes now, in the watch's order. A
+        Node added again under the name is handed over after this, so what is gathered for it is not dropped by a
+        cleanup that runs later on the queue."""
         self._watched.add(name)
+        self.forget(name)
 
     def on_deleted(self, node: Mapping[str, Any]) -> None:
         """The informer's last view of a deleted Node. Never raises (it runs on the report queue's thread)."""
         name = name_of(node)
-        self.watched(name)
-        self.forget(name)
         if not self.ctx.owns(name):  # another replica's shard: a sweep once this replica takes it over looks
             self._watched.discard(name)
             return

@@ -194,3 +194,24 @@ def test_a_shard_taken_over_later_is_swept_for_nodes_deleted_meanwhile(world: Wo
     assert "no gpuremediate controller ran" in _events(kube, "GPUNodeDeletedMidFlow")[0]["message"]
     wait_for(lambda: kube.list(JOBS, JOBS_NS)["items"] == [], 10, "the gone node's Job deleted after the grace")
     assert len(_events(kube, "GPUNodeDeletedMidFlow")) == 1
+
+
+def test_what_is_gathered_for_a_node_added_again_right_after_its_delete_is_kept(world: World) -> None:  # noqa: F811
+    """The delete's cleanup runs later, on the report queue; what the loops keep under the name is dropped at the
+    delete itself, in the watch's order, so a Node added again under the name right after keeps what the loops
+    gather for it meanwhile (here the detect loop's memory of it)."""
+    import threading
+
+    kube = world.kube
+    controller = world.start(drain_policy(timeout=300.0), xid=None)
+    gate = threading.Event()
+    controller.reports.submit(lambda: gate.wait(30))  # the queue busy: the delete's cleanup waits behind this
+    old_uid = kube.get(NODES, NODE)["metadata"]["uid"]
+    kube.delete(NODES, NODE)
+    kube.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}}})
+    wait_for(lambda: (controller.ctx.nodes.informer.get(NODE) or {}).get("metadata", {}).get("uid") not in
+             (None, old_uid), 10, "the new Node in the cache")
+    controller.detect.memory[NODE] = {"thermal": {"GPU-new": {"hot_since": time.time()}}}  # gathered for the new one
+    gate.set()
+    assert controller.reports.flush(10)
+    assert NODE in controller.detect.memory, "the old Node's cleanup dropped what was gathered for the new one"
