@@ -46,6 +46,12 @@ from gpuremediate.signals.fabric import CLIQUE_LABEL
 
 EXIT_ERROR = 2  # a usage error (argparse's code), a bad setting, an API error; check has its own (64)
 OUTPUTS = ("table", "wide", "json", "yaml")  # status and explain -o (explain's table is its text)
+# The commands people run against the cluster: a refusal (403) names the verb and the object, and this says which
+# shipped role grants them (manifests/base/rbac-people.yaml).
+PEOPLE_COMMANDS = ("status", "explain", "breaker", "pause", "resume", "release")
+FORBIDDEN_HINT = ("  (this user may not do it: role gpuremediate-viewer grants status, explain and breaker status; "
+                  "gpuremediate-operator also release, pause, resume and breaker reset; docs/operate.md, "
+                  "\"Roles for people\")")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -421,6 +427,8 @@ def _main(argv: Sequence[str] | None, shutdown: Shutdown | None, prog: str = "gp
         return _dispatch(parser, args, shutdown)
     except (SettingsError, PolicyError, FleetError, KubeError) as exc:
         print(f"{prog} {args.command}: {exc}", file=sys.stderr)
+        if isinstance(exc, Forbidden) and args.command in PEOPLE_COMMANDS:
+            print(FORBIDDEN_HINT, file=sys.stderr)
         return EXIT_ERROR
 
 

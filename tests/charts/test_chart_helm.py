@@ -125,6 +125,17 @@ def test_shards_are_the_sharded_overlay(cluster: Cluster) -> None:
     assert "--shards=4" in args
 
 
+def test_cli_roles_are_on_by_default_and_the_switch_drops_only_them(cluster: Cluster) -> None:
+    """The people's roles (manifests/base/rbac-people.yaml) render by default (the defaults test compares them);
+    cliRoles.enabled=false leaves out those four objects and nothing else."""
+    kustomized = set(by_key(kustomize("base") + kustomize("agent")))
+    people = {key for key in kustomized if key[2] in ("gpuremediate-viewer", "gpuremediate-operator")}
+    assert {k[:2] for k in people} == {("ClusterRole", ""), ("Role", NAMESPACE)} and len(people) == 4, people
+    not_the_charts = {k for k in kustomized if k[0] == "CustomResourceDefinition" or k == ("Namespace", "", NAMESPACE)}
+    without = set(by_key(cluster.rendered({"cliRoles": {"enabled": False}})))
+    assert without == kustomized - not_the_charts - people
+
+
 def test_monitoring_and_the_drain_window_plugin_are_their_kustomizations(cluster: Cluster) -> None:
     _stub_crds(cluster)
     values = {"monitoring": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
