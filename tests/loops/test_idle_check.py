@@ -96,6 +96,10 @@ def add_node(kube: KubeClient, name: str, *, gpus: int = 8, unschedulable: bool 
                         "spec": {"unschedulable": unschedulable},
                         "status": {"capacity": resources, "allocatable": resources,
                                    "conditions": [{"type": "Ready", "status": "True"}]}})
+    # A new Node registers tainted not-ready (admission) until the node lifecycle controller sees it Ready and
+    # lifts the taint, a moment later: until then it is out of service, and its quiet time would start late.
+    wait_for(lambda: not any(t.get("key") == "node.kubernetes.io/not-ready"
+                             for t in (kube.get(NODES, name).get("spec") or {}).get("taints") or []))
 
 
 def gpu_pod(kube: KubeClient, node: str, name: str = "train") -> None:
