@@ -21,7 +21,7 @@ from gpuremediate.actions.replaced import HistoryError as ReplacedHistoryError
 from gpuremediate.kube.errors import KubeError
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.replay.cluster import Durations
-from gpuremediate.replay.engine import ReplayError, ReplayOptions, replay, uses_degradation
+from gpuremediate.replay.engine import ReplayError, ReplayOptions, network_counters, replay, uses_degradation
 from gpuremediate.replay.history import (
     History,
     HistoryError,
@@ -118,19 +118,28 @@ def history_metrics(policies: Sequence[PolicyFile]) -> tuple[str, ...]:
     return POLICY_METRICS
 
 
+def history_network_counters(policies: Sequence[PolicyFile]) -> tuple[str, ...] | None:
+    """node_exporter's counters a history reads: those a node group with ``[network] prometheus`` judges (the
+    union over the policies); None when none has it (a Prometheus history then asks for no NIC series)."""
+    found = [c for policy in policies if (c := network_counters(policy)) is not None]
+    return tuple(sorted({name for counters in found for name in counters})) if found else None
+
+
 def load_history(args: argparse.Namespace, policies: Sequence[PolicyFile] = ()) -> History:
     if bool(args.prometheus) == bool(args.scrapes):
         raise HistoryError("give the history as exactly one of --prometheus URL or --scrapes DIR")
     start = parse_time(args.start, "--from") if args.start else None
     end = parse_time(args.end, "--to") if args.end else None
     if args.scrapes:
-        history = load_scrapes(args.scrapes, start=start, end=end, node_label=args.node_label)
+        history = load_scrapes(args.scrapes, start=start, end=end, node_label=args.node_label,
+                               network_counters=history_network_counters(policies))
     elif start is None or end is None:
         raise HistoryError("--prometheus needs --from and --to")
     else:
         token = Path(args.prometheus_token_file).read_text().strip() if args.prometheus_token_file else None
         source = PrometheusHistory(args.prometheus, token=token, ca_file=args.prometheus_ca_file or None,
-                                   node_label=args.node_label, metrics=history_metrics(policies))
+                                   node_label=args.node_label, metrics=history_metrics(policies),
+                                   network_counters=history_network_counters(policies))
         history = source.load(start, end, args.step, args.chunk, thermal_thresholds(policies))
     if getattr(args, "pods", None):
         history.add_pods(load_pods(args.pods))

@@ -48,7 +48,7 @@ from gpuremediate.loops.trend_maintenance import TrendMaintenance, drain_start
 from gpuremediate.loops.validate import ValidateLoop
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.policy.conditions import conditions_of
-from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.config import Policy, PolicyFile
 from gpuremediate.policy.degradation import DegradationDetector
 from gpuremediate.policy.evaluate import PolicyMemory, evaluate
 from gpuremediate.policy.workload import KIND_WORKLOAD
@@ -70,6 +70,8 @@ from gpuremediate.replay.result import (
     Wait,
 )
 from gpuremediate.signals.model import SOURCE_OK, NodeReadings
+from gpuremediate.signals.nic import NetworkReadings
+from gpuremediate.signals.prom_nic import wanted_counters
 from gpuremediate.signals.workload import PREFLIGHT
 from gpuremediate.state import maintenance as mr
 from gpuremediate.vocab import states
@@ -94,7 +96,12 @@ class ReplayOptions:
 
 
 class _Source:
-    """DetectLoop needs a Source; the engine hands it readings node by node instead."""
+    """DetectLoop needs a Source; the engine hands it readings node by node instead, and node_exporter's NIC readings
+    as the Prometheus source serves them (``ServesNetwork``: ``network_counters`` None when no policy judges them)."""
+
+    def __init__(self) -> None:
+        self.network_counters: tuple[str, ...] | None = None
+        self.network_readings: dict[str, NetworkReadings] = {}
 
     def read(self) -> list[NodeReadings]:
         return []
@@ -193,6 +200,40 @@ class _PodRun:
     peak: int = 0  # the most failures within the window while found
 
 
+class _NicCursor:
+    """Walks the history's node_exporter NIC readings forward: each node's current readings (None: none read)."""
+
+    def __init__(self, history: History) -> None:
+        self._events = sorted(((at, node, readings) for node, changes in history.network.items()
+                               for at, readings in changes), key=lambda e: (e[0], e[1]))
+        self._next = 0
+        self.current: dict[str, NetworkReadings | None] = {}
+        self.changed_at: dict[str, float] = {}
+
+    def advance(self, now: float) -> set[str]:
+        changed = set()
+        while self._next < len(self._events) and self._events[self._next][0] <= now:
+            at, node, readings = self._events[self._next]
+            self.current[node], self.changed_at[node] = readings, at
+            changed.add(node)
+            self._next += 1
+        return changed
+
+    def next_change(self) -> float | None:
+        return self._events[self._next][0] if self._next < len(self._events) else None
+
+
+def _groups(policy: PolicyFile) -> list[Policy]:
+    return [policy.defaults, *(g.policy for g in policy.groups)]
+
+
+def network_counters(policy: PolicyFile) -> tuple[str, ...] | None:
+    """The counters node_exporter's NIC readings are judged on, as the detect loop asks its source; None when no
+    node group has ``[network] prometheus`` (the readings are then not judged)."""
+    return wanted_counters((p.network.enabled and p.network.prometheus, p.network.error_counters)
+                           for p in _groups(policy))
+
+
 def uses_workload(policy: PolicyFile) -> bool:
     """Some node group counts pods failing with GPU errors (``[workload]``, on by default)."""
     return any(p.workload.enabled for p in (policy.defaults, *(g.policy for g in policy.groups)))
@@ -282,7 +323,8 @@ class Replay:
                                    notes=notes, changes=history.change_count())
         self.events = _Events(self.clock)
         self.ctx = self._context()
-        self.detect = DetectLoop(self.ctx, _Source())
+        self.source = _Source()
+        self.detect = DetectLoop(self.ctx, self.source)
         self.detect.workers = 1  # one node at a time: a replay decides the same way every run
         self.loops: list[NodeLoop] = [DrainLoop(self.ctx), RemediateLoop(self.ctx), ValidateLoop(self.ctx)]
         self.cursor = Cursor(history)
@@ -313,6 +355,12 @@ class Replay:
         self._conditions_fed = 0  # history.conditions[:_conditions_fed] are on their Nodes
         self._agent_written: set[tuple[str, str]] = set()  # (node, condition type) the history set
         self._conditions_elsewhere: set[str] = set()  # nodes the history's conditions name, not in the replay
+        self._nic = _NicCursor(history)
+        self.source.network_counters = network_counters(policy)
+        self._nic_window = max((p.network.window_s for p in _groups(policy)), default=0.0)
+        if history.network and self.source.network_counters is None:
+            self.result.notes.append(f"node_exporter InfiniBand readings for {len(history.network)} node(s) not "
+                                     "judged: [network] prometheus is off in every node group")
         res = Resource(self.ctx.settings.maintenance_group, mr.VERSION, "maintenancerequests", mr.KIND, False)
         self.detect.trend_maintenance = _TrendMaintenance(self.ctx.client, res, self.ctx.metrics, policy,
                                                           self.events, self.result.maintenances)
@@ -350,8 +398,8 @@ class Replay:
         while now <= end:
             self.clock.now = now
             self.cluster.advance()
-            changed = self.cursor.advance(now) | self._feed_conditions(now)
-            self._instant(visit | changed | self._ticking(), changed)
+            changed = self.cursor.advance(now) | self._feed_conditions(now) | self._feed_network(now)
+            self._instant(visit | changed | self._ticking() | self._nic_pending(now), changed)
             self.result.steps += 1
             visit, self._moved = self._moved, set()
             now = self._next_instant(now, step, bool(visit))
@@ -403,6 +451,29 @@ class Replay:
             self._agent_written.add((change.node, change.condition["type"]))
             changed.add(change.node)
         return changed
+
+    def _feed_network(self, now: float) -> set[str]:
+        """node_exporter's NIC readings due by ``now`` into the source, as the Prometheus source's read leaves them:
+        only nodes with GPU readings now (a node absent keeps its NIC findings: nothing was read for it); the nodes
+        whose NIC readings changed."""
+        if self.source.network_counters is None:
+            return set()
+        changed = self._nic.advance(now)
+        ok = {name for name in self._nic.current if (r := self.cursor.readings(name)) is not None
+              and r.status == SOURCE_OK}
+        self.source.network_readings = {name: r for name, r in self._nic.current.items()
+                                        if r is not None and name in ok}
+        return changed & set(self.cluster.nodes)
+
+    def _nic_pending(self, now: float) -> set[str]:
+        """Nodes whose NIC judgement may change without a new reading: a NIC finding held (its clear hold, the
+        stuck-down escalation) or a reading changed within ``[network] window_s`` (a counter rise leaving the
+        window). They are judged every interval, as the controller judges every read."""
+        if self.source.network_counters is None:
+            return set()
+        held = {name for name in self._nic.current if self.detect.network.kinds(name)}
+        recent = {name for name, at in self._nic.changed_at.items() if now - at <= self._nic_window}
+        return (held | recent) & set(self.cluster.nodes)
 
     def _heartbeat(self, visit: set[str]) -> None:
         """The replayed conditions of the nodes seen now are fresh (the agent keeps writing them), so the policy's
@@ -508,14 +579,15 @@ class Replay:
         return busy | {name for name, memory in self.detect.memory.items() if memory.thermal}
 
     def _next_instant(self, now: float, step: float, pending: bool) -> float:
-        if pending or self._ticking() or self.cluster.busy() or self._workload_nodes or (
+        if pending or self._ticking() or self.cluster.busy() or self._workload_nodes or self._nic_pending(now) or (
                 self.degradation and degradation_pending(self.detect.degradation)):
             return now + step
         pod = self.history.pods[self._pods_fed].at if self.workload and self._pods_fed < len(self.history.pods) \
             else None
         conditions = self.history.conditions
         condition = conditions[self._conditions_fed].at if self._conditions_fed < len(conditions) else None
-        upcoming = min((t for t in (self.cursor.next_change(), pod, condition) if t is not None), default=None)
+        nic = self._nic.next_change() if self.source.network_counters is not None else None
+        upcoming = min((t for t in (self.cursor.next_change(), pod, condition, nic) if t is not None), default=None)
         if upcoming is None:
             return self.history.end + step  # nothing more will happen
         start = self.history.start

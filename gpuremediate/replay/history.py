@@ -26,6 +26,12 @@ Node conditions (the agent's, such as ``GPUNetworkHealthy``, issue 45): ``<folde
 "Unknown", "reason": ..., "message": ...}`` (from the Node's ``status.conditions`` history or the agent's Events).
 Each holds on its Node from its time (one before the range at the start; one after the end never) until the next
 line of its node and type, kept fresh (``lastHeartbeatTime``) as a running agent keeps it.
+node_exporter's InfiniBand series (``[network] prometheus``, issue 45): ``<folder>/node_exporter/`` laid out as the
+dcgm-exporter scrapes are: ``node_exporter/<node>/<ts>.prom`` one node_exporter scrape of that node (only its
+``node_infiniband_*`` series are read), ``node_exporter/<node>/<ts>.unknown`` its node_exporter unreadable from
+``ts`` on, ``node_exporter/<ts>.prom`` a fleet-wide dump (each series placed as the Prometheus source places it: a
+node label, else ``instance`` less its port). A scrape holds until the node's next file. ``node_exporter`` cannot
+be a node's name (an underscore is not allowed in one).
 """
 
 from __future__ import annotations
@@ -40,9 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuremediate.signals import dcgm
-from gpuremediate.signals.exposition import ParseError, parse
+from gpuremediate.policy.network import DEFAULT_ERROR_COUNTERS, LINK_DOWNED
+from gpuremediate.signals import dcgm, prom_nic
+from gpuremediate.signals.exposition import ParseError, ParseResult, Sample, parse
 from gpuremediate.signals.model import SOURCE_UNKNOWN, NodeReadings
+from gpuremediate.signals.nic import NetworkReadings
 from gpuremediate.signals.workload import Failure, failure_of, reduce
 
 SCRAPE_SUFFIXES = (".prom", ".txt", ".om")
@@ -51,6 +59,9 @@ PODS_FILES = ("pods.jsonl", "pods.json")  # a saved-scrapes folder's failed pods
 SOURCE = "replay"
 CONDITIONS_FILE = "conditions.jsonl"  # a saved-scrapes folder's Node conditions (module docstring)
 CONDITION_STATUSES = ("True", "False", "Unknown")
+NODE_EXPORTER_DIR = "node_exporter"  # a saved-scrapes folder's node_exporter scrapes (module docstring)
+DEFAULT_NIC_COUNTERS = (LINK_DOWNED, *DEFAULT_ERROR_COUNTERS)  # read when no policy names any
+_NODE_KEY = "__replay_node__"  # a per-node scrape's series are placed on its folder's node by this label
 
 
 class HistoryError(ValueError):
@@ -100,6 +111,8 @@ class History:
     changes: dict[str, list[Change]] = field(default_factory=dict)  # node -> changes, oldest first
     pods: list[FailedPod] = field(default_factory=list)  # failed pods, by time (``add_pods``)
     conditions: list[ConditionChange] = field(default_factory=list)  # by time (``add_conditions``)
+    # node -> (from, node_exporter's InfiniBand readings or None: nothing read), oldest first (``add_network``)
+    network: dict[str, list[tuple[float, NetworkReadings | None]]] = field(default_factory=dict)
 
     def add(self, node: str, at: float, readings: NodeReadings) -> None:
         """Append a change (in time order per node); a repeat of the current readings is dropped."""
@@ -113,6 +126,18 @@ class History:
             changes[-1] = Change(at, readings)
             return
         changes.append(Change(at, readings))
+
+    def add_network(self, node: str, at: float, readings: NetworkReadings | None) -> None:
+        """From ``at`` on, the node's NIC readings from node_exporter (None: none read, its findings stay as they
+        were); in time order per node, a repeat dropped."""
+        changes = self.network.setdefault(node, [])
+        if changes and changes[-1][1] == readings:
+            return
+        if changes and at < changes[-1][0]:
+            raise HistoryError(f"node {node}: NIC readings at {at} are older than those at {changes[-1][0]}")
+        if changes and at == changes[-1][0]:
+            changes.pop()
+        changes.append((at, readings))
 
     @property
     def nodes(self) -> list[str]:
@@ -209,22 +234,16 @@ def _stem_time(path: Path) -> float:
 
 
 def _read_scrape(path: Path, node: str | None, at: float, node_label: str | None) -> list[NodeReadings]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HistoryError(f"{path}: cannot read: {exc}") from None
-    try:
-        result = parse(text, strict=False)
-    except ParseError as exc:
-        raise HistoryError(f"{path}: not a metrics exposition: {exc}") from None
+    result = _parsed(path)
     return dcgm.readings_from_samples(result.samples, node=node, source=SOURCE, observed_at=at,
                                       malformed_lines=len(result.malformed), node_label=node_label)
 
 
 def load_scrapes(folder: str | Path, *, start: float | None = None, end: float | None = None,
-                 node_label: str | None = None) -> History:
+                 node_label: str | None = None, network_counters: Iterable[str] | None = None) -> History:
     """A history from a saved-scrapes folder (layout: module docstring); start/end default to the
-    oldest and newest file."""
+    oldest and newest file. ``network_counters``: the sysfs counters of node_exporter's scrapes to read (default:
+    ``[network]``'s defaults)."""
     root = Path(folder)
     if not root.is_dir():
         raise HistoryError(f"{root}: not a folder of saved scrapes")
@@ -255,7 +274,54 @@ def load_scrapes(folder: str | Path, *, start: float | None = None, end: float |
             history.add_pods(load_pods(root / name))
     if (root / CONDITIONS_FILE).is_file():
         history.add_conditions(load_conditions(root / CONDITIONS_FILE))
+    if (root / NODE_EXPORTER_DIR).is_dir():
+        load_node_exporter(root / NODE_EXPORTER_DIR, history, network_counters or DEFAULT_NIC_COUNTERS, node_label)
     return history
+
+
+def network_metrics(counters: Iterable[str]) -> tuple[str, ...]:
+    """node_exporter's series the network judge reads: state, physical state, rate and ``counters`` (sysfs names;
+    one node_exporter does not write is left out). Byte and packet counters move every scrape and are never read."""
+    return (prom_nic.STATE, prom_nic.PHYS_STATE, prom_nic.RATE,
+            *(prom_nic.SYSFS_COUNTERS[c] for c in sorted(set(counters)) if c in prom_nic.SYSFS_COUNTERS))
+
+
+def load_node_exporter(folder: Path, history: History, counters: Iterable[str], node_label: str | None = None) -> None:
+    """Saved node_exporter scrapes (``node_exporter/``, module docstring) into ``history.network``."""
+    wanted = frozenset(network_metrics(counters))
+    node_labels = tuple(dict.fromkeys([*([node_label] if node_label else []), *dcgm.NODE_LABEL_CANDIDATES]))
+    entries = sorted(_entries(folder), key=lambda e: (e[0], e[1] or "", str(e[2])))
+    seen: set[str] = set()
+    for at, node, path in entries:
+        if at > history.end:
+            break
+        at = max(at, history.start)
+        if node is not None and path.suffix == UNKNOWN_SUFFIX:
+            history.add_network(node, at, None)
+            continue
+        samples = [s for s in _parsed(path).samples if s.name in wanted]
+        if node is not None:
+            placed = [Sample(s.name, tuple(sorted((*s.labels, (_NODE_KEY, node)))), s.value) for s in samples]
+            found = prom_nic.network_readings(placed, (_NODE_KEY,), lambda _name: True)
+            history.add_network(node, at, found.get(node))
+            continue
+        found = prom_nic.network_readings(samples, node_labels, lambda _name: True)
+        for name in sorted(found):
+            history.add_network(name, at, found[name])
+        for gone in sorted(seen - set(found)):  # absent from the fleet's dump: nothing read for it from now on
+            history.add_network(gone, at, None)
+        seen.update(found)
+
+
+def _parsed(path: Path) -> ParseResult:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"{path}: cannot read: {exc}") from None
+    try:
+        return parse(text, strict=False)
+    except ParseError as exc:
+        raise HistoryError(f"{path}: not a metrics exposition: {exc}") from None
 
 
 def load_conditions(path: str | Path) -> list[ConditionChange]:
@@ -316,7 +382,7 @@ def _entries(root: Path) -> Iterable[tuple[float, str | None, Path]]:
     for path in root.iterdir():
         if path.is_file() and path.suffix in SCRAPE_SUFFIXES:
             yield _stem_time(path), None, path
-        elif path.is_dir():
+        elif path.is_dir() and path.name != NODE_EXPORTER_DIR:
             for file in path.iterdir():
                 if file.is_file() and file.suffix in (*SCRAPE_SUFFIXES, UNKNOWN_SUFFIX):
                     yield _stem_time(file), path.name, file

@@ -5,6 +5,11 @@ Memory stays bounded for a month of 1,000 nodes: one query answers one metric ov
 only the change points of each series are kept (a value that differs from the step before, a
 series that appears or goes missing). A node's readings are rebuilt, with the controller's own
 ``dcgm.readings_from_samples``, only at the instants one of its series changed.
+
+With ``network_counters`` (a policy with ``[network] prometheus``), node_exporter's ``node_infiniband_*`` series
+too, the same series the controller's network query reads (``signals.prom_nic``: state, physical state, rate and
+the policy's counters, each ``max by`` node, instance, device and port), one range query per series and chunk;
+a node's NIC readings are rebuilt with the controller's own ``prom_nic.network_readings`` at their change points.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuremediate.replay.history import History, HistoryError, unknown_readings
-from gpuremediate.signals import dcgm, trends
+from gpuremediate.replay.history import History, HistoryError, network_metrics, unknown_readings
+from gpuremediate.signals import dcgm, prom_nic, trends
 from gpuremediate.signals import degradation_fields as degradation
 from gpuremediate.signals.exposition import Sample
 from gpuremediate.signals.promapi import api_data
@@ -88,7 +93,8 @@ def _same(a: float, b: float) -> bool:
 class PrometheusHistory:
     def __init__(self, url: str, *, token: str | None = None, ca_file: str | None = None,
                  node_label: str | None = None, timeout_s: float = 60.0, max_bytes: int = 256 * MIB,
-                 metrics: Sequence[str] = POLICY_METRICS, fetcher: Fetcher | None = None) -> None:
+                 metrics: Sequence[str] = POLICY_METRICS, fetcher: Fetcher | None = None,
+                 network_counters: Sequence[str] | None = None) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise HistoryError(f"--prometheus must be http(s)://host[:port][/prefix], got {url!r}")
@@ -98,6 +104,7 @@ class PrometheusHistory:
         self.node_labels = tuple(dict.fromkeys([*([node_label] if node_label else []), *dcgm.NODE_LABEL_CANDIDATES]))
         self.timeout_s, self.max_bytes, self.metrics = timeout_s, max_bytes, tuple(metrics)
         self.fetcher = fetcher or self._fetch
+        self.network_counters = None if network_counters is None else tuple(network_counters)
         self.queries = 0
 
     def load(self, start: float, end: float, step: float, chunk_s: float = 3600.0,
@@ -109,27 +116,64 @@ class PrometheusHistory:
         chunk_s = min(max(chunk_s, step), step * MAX_POINTS)
         changes = _Changes(step, tuple(sorted(set(thresholds))))
         for metric in self.metrics:
-            at = start
-            while at <= end:
-                last = min(end, at + chunk_s - step)
-                self._chunk(changes, metric, at, last, step)
-                at = last + step
+            self._chunks(changes, metric, metric, start, end, step, chunk_s, self._gpu_node)
         changes.finish(end)
-        return self._history(changes, start, end)
+        history = self._history(changes, start, end)
+        if self.network_counters is not None:
+            nics = _Changes(step)
+            by = ", ".join((*self.node_labels, prom_nic.INSTANCE, *prom_nic.PORT_LABELS))
+            for metric in network_metrics(self.network_counters):
+                self._chunks(nics, f"max by ({by}) ({metric})", metric, start, end, step, chunk_s, self._nic_node)
+            nics.finish(end)
+            self._network(history, nics)
+        return history
 
-    def _chunk(self, changes: _Changes, metric: str, start: float, end: float, step: float) -> None:
-        query = urllib.parse.urlencode({"query": metric, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                        "step": f"{step:g}"})
+    def _chunks(self, changes: _Changes, query: str, metric: str, start: float, end: float, step: float,
+                chunk_s: float, place: Callable[[dict[str, str]], str | None]) -> None:
+        at = start
+        while at <= end:
+            last = min(end, at + chunk_s - step)
+            self._chunk(changes, query, metric, at, last, step, place)
+            at = last + step
+
+    def _gpu_node(self, labels: dict[str, str]) -> str | None:
+        return next((labels[n] for n in self.node_labels if labels.get(n)), None)
+
+    def _nic_node(self, labels: dict[str, str]) -> str | None:
+        """As the controller places node_exporter's series: a node label, else ``instance`` less its port."""
+        sample = Sample("", tuple(sorted(labels.items())), 0.0)
+        return prom_nic.node_of(sample, self.node_labels, lambda _name: True)
+
+    def _chunk(self, changes: _Changes, query: str, metric: str, start: float, end: float, step: float,
+               place: Callable[[dict[str, str]], str | None]) -> None:
+        encoded = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                          "step": f"{step:g}"})
         self.queries += 1
-        for item in parse_matrix(self.fetcher(f"{self.url}/api/v1/query_range?{query}")):
+        for item in parse_matrix(self.fetcher(f"{self.url}/api/v1/query_range?{encoded}")):
             labels = {str(k): str(v) for k, v in item["metric"].items()}
             name = labels.pop("__name__", metric)
-            node = next((labels[n] for n in self.node_labels if labels.get(n)), None)
+            node = place(labels)
             if node is None:
                 continue  # a series no node label places (dcgm.readings_from_samples drops those too)
             key: SeriesKey = (name, tuple(sorted(labels.items())))
             for at, value in item["values"]:
                 changes.point(key, node, float(at), float(value))
+
+    def _network(self, history: History, changes: _Changes) -> None:
+        """Each node's NIC readings at the instants one of its node_exporter series changed (None: no series)."""
+        for node in sorted(changes.events):
+            current: dict[SeriesKey, float] = {}
+            events = sorted(changes.events[node], key=lambda e: e[0])
+            for i, (at, key, value) in enumerate(events):
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+                if i + 1 < len(events) and events[i + 1][0] == at:
+                    continue
+                samples = [Sample(name, labels, v) for (name, labels), v in sorted(current.items())]
+                found = prom_nic.network_readings(samples, self.node_labels, lambda _name: True)
+                history.add_network(node, at, found.get(node))
 
     def _fetch(self, url: str) -> bytes:
         try:
