@@ -211,3 +211,17 @@ def test_a_port_down_past_the_hold_escalates_to_the_stuck_down_action(tmp_path: 
     states = [to for _, _, _, to, _ in moves(result, "node-1")]
     assert states[0] == "cordoned" and "draining" in states and "repairing" in states
     assert {s.fault for s in result.spans} == {"nic-down mlx4_0"}
+
+
+def test_the_command_reads_node_exporter_scrapes_under_the_policy(tmp_path: Path) -> None:
+    from gpuremediate.replay.cli import entry
+
+    folder, nodes = saved(tmp_path, {f"node-1/{T0:.0f}.prom": REAL, f"node-1/{T0 + HOUR:.0f}.prom": edited(**DOWN)},
+                          hours=2.0)
+    (tmp_path / "nodes.json").write_text(json.dumps({"kind": "NodeList", "items": nodes}), encoding="utf-8")
+    (tmp_path / "policy.toml").write_text(HELD, encoding="utf-8")
+    out = tmp_path / "out.json"
+    assert entry(["--scrapes", str(folder), "--nodes", str(tmp_path / "nodes.json"), "--policy",
+                  str(tmp_path / "policy.toml"), "--format", "json", "--json", str(out)]) == 0
+    spans = json.loads(out.read_text())["out_of_service"]
+    assert [(s["node"], s["fault"]) for s in spans] == [("node-1", "nic-down mlx4_0")]
