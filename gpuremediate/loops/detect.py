@@ -1347,11 +1347,12 @@ def _from_condition(record: NodeRecord) -> bool:
 def _thermal_cleared(record: NodeRecord, findings: Sequence[Finding]) -> bool:
     """Cordoned for heat (or a fabric state that clears: an NVLink registration stuck, a Fabric Manager down; a NIC
     port the agent judges healthy again), and its rule no longer asks for the cordon (hysteresis, or the fabric's
-    grace, inside it; the agent's [network] clear_after_s for a NIC)."""
+    grace, inside it; the agent's [network] clear_after_s for a NIC). A finding of that kind asking for more than
+    the cordon (a NIC port down past stuck_down_after_s: its reboot) is no clearing: it escalates."""
     kind = record.fault.kind if record.fault is not None else ""
     if record.state != states.CORDONED or kind not in (KIND_THERMAL, *CLEARING_KINDS, *NETWORK_KINDS):
         return False
-    return not any(f.kind == kind and f.action == ACTION_CORDON for f in findings)
+    return not any(f.kind == kind and f.action != ACTION_NONE for f in findings)
 
 
 
