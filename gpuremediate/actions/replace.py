@@ -56,6 +56,7 @@ class Target:
     name: str
     namespace: str | None
     uid: str
+    deleting: bool = False  # its delete was sent (deletionTimestamp): ours before a restart, or another's
 
     def describe(self) -> str:
         where = f"{self.namespace}/" if self.namespace else ""
@@ -131,7 +132,7 @@ def _machine(client: KubeClient, node: Mapping[str, Any]) -> Target | NoTarget:
                 return NoTarget(PROVIDER_CLUSTER_API, f"Machine {namespace}/{name} has no controller owner (a "
                                 f"MachineSet or a control plane) that would replace it: deleting it would only "
                                 f"remove the node")
-            return Target(PROVIDER_CLUSTER_API, res, name, namespace, _uid(machine))
+            return Target(PROVIDER_CLUSTER_API, res, name, namespace, _uid(machine), _deleting(machine))
     return NoTarget(PROVIDER_CLUSTER_API, f"Machine {namespace}/{name} (annotation {MACHINE_ANNOTATION}) not found "
                     f"in {CAPI_GROUP} {' or '.join(CAPI_VERSIONS)}")
 
@@ -142,7 +143,7 @@ def _nodeclaim(client: KubeClient, node: Mapping[str, Any]) -> Target | NoTarget
         claim = client.get(NODECLAIMS, name)
     except errors.NotFound:
         return NoTarget(PROVIDER_KARPENTER, f"NodeClaim {name} not found ({KARPENTER_GROUP}/v1)")
-    return Target(PROVIDER_KARPENTER, NODECLAIMS, name, None, _uid(claim))
+    return Target(PROVIDER_KARPENTER, NODECLAIMS, name, None, _uid(claim), _deleting(claim))
 
 
 def _nodeclaim_name(node: Mapping[str, Any]) -> str:
@@ -162,3 +163,9 @@ def _controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _deleting(obj: Mapping[str, Any]) -> bool:
+    """Its delete was accepted and its finalizers run (a Machine drains its node first): a second delete adds
+    nothing."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))

@@ -143,9 +143,12 @@ class Replacer:
             entry = Entry(name, uid, str((node.get("spec") or {}).get("providerID") or ""), found.provider,
                           found.describe(), found.uid, fault, now)
             self.history.update(lambda entries: [*entries, entry])
-        deleted = delete_target(self.client, found)
+        # Being deleted already: our delete went before a restart (killed before the entry was marked), or its
+        # owner's own remediation took it: never sent twice.
+        deleted = False if found.deleting else delete_target(self.client, found)
         self.history.update(lambda entries: _marked(entries, uid))
-        verb = "deleted" if deleted else "found already gone"
+        verb = "deleted" if deleted else ("already being deleted: not deleted again" if found.deleting
+                                          else "found already gone")
         return Outcome(True, f"{found.describe()} {verb} ({found.provider}): its owner replaces the node", found)
 
 

@@ -146,3 +146,26 @@ def test_the_delete_is_pinned_to_the_object_found(kube: KubeClient) -> None:
     stale = Target(PROVIDER_CLUSTER_API, MACHINE, "m3", CAPI_NS, "an-older-uid")
     assert delete_target(kube, stale) is False
     assert len(kube.list(MACHINE, CAPI_NS)["items"]) == 1
+
+
+def test_killed_after_the_delete_before_the_entry_was_marked_the_next_run_sends_no_second_delete(
+        kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Machine drains its node before it goes (its finalizer): a run killed after its delete, before marking the
+    entry, finds it still there with a deletionTimestamp. That delete went: the next run marks the entry, and sends
+    none (e2e/test_replace.py's restart scenario saw two)."""
+    machine = _machine(kube, "m3")
+    kube.patch(MACHINE, "m3", {"metadata": {"finalizers": ["machine.cluster.x-k8s.io"]}}, CAPI_NS)
+    history = ReplacedHistory(kube, NS)
+    entry = Entry("gpu-1", "node-uid-1", "", PROVIDER_CLUSTER_API, f"Machine {CAPI_NS}/m3", machine["metadata"]["uid"],
+                  "xid-79", 1000.0)
+    history.update(lambda entries: [*entries, entry])
+    kube.delete(MACHINE, "m3", CAPI_NS)  # the first run's delete; then it died
+    assert kube.get(MACHINE, "m3", CAPI_NS)["metadata"].get("deletionTimestamp")
+    deletes: list[str] = []
+    real_delete = kube.delete
+    monkeypatch.setattr(kube, "delete", lambda res, name, *a, **k: (deletes.append(name), real_delete(res, name, *a,
+                                                                                                      **k))[1])
+    outcome = Replacer(kube, history).replace(_capi_node("m3"), "xid-79", 1001.0)
+    assert outcome.done and "already being deleted: not deleted again" in outcome.detail, outcome.detail
+    assert deletes == []
+    assert [e.state for e in history.entries()] == [DELETED]
