@@ -49,6 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import bench.scale  # noqa: E402
 from bench.scale import (  # noqa: E402
     CONTROLLER_TOKEN,
     CONTROLLER_USER,
@@ -465,7 +466,11 @@ def main() -> int:
     p.add_argument("--faults", type=int, default=10)
     p.add_argument("--burst", type=int, default=1500)
     p.add_argument("--port", type=int, default=18480)
+    p.add_argument("--log-level", default="warning", help="the replica's (info: the fast path's split per fault)")
+    p.add_argument("--profile", action="store_true",
+                   help="the replica under bench/sampled_controller.py (profile-<port>.txt beside its log)")
     args = p.parse_args()
+    bench.scale.CONTROLLER_LOG_LEVEL, bench.scale.PROFILE = args.log_level, args.profile
     per_node = bytes_per_cached_node()
     log(f"the node informer keeps {per_node:.0f} bytes per Node")
     for shards in args.shards:

@@ -398,7 +398,7 @@ class DetectLoop:
             "nodes": len(owned), "fault_query_s": round(asked - started, 3)})
         by_node = {r.node: r for r in source.read(nodes=sorted(name_of(n) for n in owned))}
         read = time.monotonic()
-        self._check_batch([n for n in owned if name_of(n) in by_node], by_node, self.ctx.nodes.gpu_nodes(), mine)
+        self._check_batch([n for n in owned if name_of(n) in by_node], by_node, self.ctx.nodes.gpu_count(), mine)
         log.info("fault fast path: changed nodes read and checked", extra={  # rare: only when a fault changes
             "nodes": len(by_node), "fault_query_s": round(asked - started, 3), "read_s": round(read - asked, 3),
             "check_s": round(time.monotonic() - read, 3)})
@@ -411,7 +411,7 @@ class DetectLoop:
         and each straggler as it answers; Prometheus, everything at once) is one batch, whose new faults the
         breaker counts together before any of them is acted on."""
         read_from = self.ctx.clock()
-        fleet = self.ctx.nodes.gpu_nodes()
+        fleet = self.ctx.nodes.gpu_count()
         nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
         self._forget_others(nodes)
         owned = {name_of(n) for n in nodes}
@@ -449,9 +449,9 @@ class DetectLoop:
         """Decide for these nodes from these readings, as one batch (replay drives the loop through this). The
         hook for a path of faults of its own (failed preflights, issue 46; a condition watch, issue 48): its
         faults are counted and their arrival rate judged by the breaker (a storm look) as every read's are."""
-        self._check_batch(batch, by_node, self.ctx.nodes.gpu_nodes(), self.ctx.owned_gpu_nodes())
+        self._check_batch(batch, by_node, self.ctx.nodes.gpu_count(), self.ctx.owned_gpu_nodes())
 
-    def _check_batch(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings], fleet: Sequence[Node],
+    def _check_batch(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings], fleet: int,
                      owned: Sequence[Node]) -> None:
         """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
         storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
@@ -469,7 +469,7 @@ class DetectLoop:
         pending = [p for p in pending if (p.record is not None or p.findings or held_by_us(p.node)
                    or _watched(p.memory.to_dict())) and name_of(p.node) not in checked]  # else: nothing to decide
         faulted = [name_of(p.node) for p in pending if self._trips(p)]
-        if faulted and not self._trip_guarded(faulted, len(fleet), owned, self.ctx.clock()):
+        if faulted and not self._trip_guarded(faulted, fleet, owned, self.ctx.clock()):
             faulted_set = set(faulted)  # the breaker could not count them: none of them is acted on now
             pending = [p for p in pending if name_of(p.node) not in faulted_set]
         look = self.breakers.latest().looking
@@ -613,7 +613,7 @@ class DetectLoop:
             return ""
         if self.ctx.settings.source != "prometheus":
             return f"; each scrape's timeout is {timeout:g} s (--scrape-timeout)"
-        return (f"; the query timeout is {timeout:g} s for {len(self.ctx.nodes.gpu_nodes())} GPU nodes "
+        return (f"; the query timeout is {timeout:g} s for {self.ctx.nodes.gpu_count()} GPU nodes "
                 f"(--prometheus-query-timeout)")
 
     def _never_read(self, exc: Exception) -> None:
@@ -1094,7 +1094,7 @@ class DetectLoop:
         held = [n for n in mine if name_of(n) in look.node_set and name_of(n) in self.ctx.readings]
         if held:
             by_node = {name_of(n): self.ctx.readings[name_of(n)] for n in held}
-            self._check_batch(held, by_node, self.ctx.nodes.gpu_nodes(), mine)
+            self._check_batch(held, by_node, self.ctx.nodes.gpu_count(), mine)
 
     def _look_opened(self, look: safety.Look, first: str) -> None:
         log.warning("storm look: new faults are held to see whether the storm passes the breaker's threshold",
