@@ -94,3 +94,17 @@ def test_pods_are_never_cached_cluster_wide(client: KubeClient) -> None:
     with pytest.raises(ValueError, match="never cached cluster-wide"):
         Informer(client, PODS)
     Informer(client, PODS, "gpu-operator", label_selector="app=nvidia-dcgm-exporter")  # one namespace is fine
+
+
+def test_nodes_decoded_one_by_one_share_their_keys() -> None:
+    """A Node from its own watch event holds no copy of a key another cached Node has (a third of its bytes)."""
+    import json
+
+    first, second = (strip_node(json.loads(json.dumps({"metadata": {"name": n, "labels": {"team.example/pool": "a"}},
+                                                       "status": bulky_status(2)})))
+                     for n in ("n1", "n2"))
+    assert first["metadata"] == {"name": "n1", "labels": {"team.example/pool": "a"}}
+    assert "images" not in first["status"] and first["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    for a, b in ((first, second), (first["metadata"]["labels"], second["metadata"]["labels"]),
+                 (first["status"]["conditions"][0], second["status"]["conditions"][0])):
+        assert [id(k) for k in a] == [id(k) for k in b]  # the same string objects, not equal copies
