@@ -531,6 +531,7 @@ class Controller:
             for loop in self.node_loops:
                 loop.request_resync()  # on each loop's thread: this one renews the Leases
             if gained:  # its nodes deleted while no replica held it (or before its holder swept): found now
+                self.detect.read_soon()  # and its nodes read now, not one interval on (the fast path needs a read)
                 threading.Thread(target=self.node_gone.sweep, args=(gained,), name="node-gone-sweep",
                                  daemon=True).start()
 

@@ -218,6 +218,7 @@ class DetectLoop:
         self.cycles = 0
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # wakes the wait between cycles: a stop, or a condition fault arrived
+        self._read_now = threading.Event()  # the next cycle at once (read_soon)
         self._stopping = threading.Event()
         self._arrived: dict[str, float] = {}  # nodes whose conditions turned to a fault, since when (monotonic)
         self._arrived_lock = threading.Lock()  # the watch's thread adds, the loop's thread takes
@@ -278,12 +279,22 @@ class DetectLoop:
             if self._stopping.is_set():
                 return
 
+    def read_soon(self) -> None:
+        """The next full read now, not one interval after the last (from another thread): shards gained, whose
+        nodes this replica has not read (the fast path compares with a full read: before the first that held a
+        shard, it is blind, and a replica whose first cycle came before its shards settled was, one interval)."""
+        self._read_now.set()
+        self._wake.set()
+
     def _between_cycles(self, deadline: float) -> None:
         """Wait for the next cycle; a source with a fault fast path (``fault_poll_s``) is polled meanwhile, as the
         pacer allows: at once when it is due (a fault that came during the full read waits no poll more), one
         poll every ``fault_poll_s`` from start to start, further apart when Prometheus is slow or failing."""
         poll = self._poll_period()
         while (now := self._monotonic()) < deadline and not self._stopping.is_set():
+            if self._read_now.is_set():
+                self._read_now.clear()
+                return
             look_in = self._look_due_in()
             arrived_in = self._arrivals_due_in(now)
             if look_in is not None and look_in <= 0:
