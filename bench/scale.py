@@ -74,7 +74,7 @@ from gpuremediate.kube.resources import NAMESPACES, NODES, PODS  # noqa: E402
 from gpuremediate.kube.shards import shard_of  # noqa: E402
 from gpuremediate.signals import (  # noqa: E402
     dcgm,
-    degradation,
+    degradation_fields,
     exposition,
     prom_degradation,
     recording,
@@ -135,7 +135,7 @@ XID_79_MSG = "GPU has fallen off the bus."
 # --degradation (issue 29): what a standard dcgm-exporter deployment adds for the degradation detector, every GPU
 # busy at its clock (a few MHz apart), counters high but flat, and one slow GPU per degradation run.
 DEGRADATION_FAMILIES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-                        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", *degradation.NVLINK_ERRORS, trends.SBE_TOTAL,
+                        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", *degradation_fields.NVLINK_ERRORS, trends.SBE_TOTAL,
                         trends.REMAPPED_ROWS, trends.RETIRED_PENDING)
 DEGRADATION = False  # --degradation
 DEGRADATION_RUN = "+degradation"

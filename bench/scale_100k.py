@@ -12,7 +12,8 @@ that mode); then the replica, ``gpuremediate run --source prometheus --shards S 
 --prometheus-shard-label gpuremediate_shard``, default flags otherwise, in a process of its own. Printed:
 
 - the node cache: time to /readyz (Node informer synced) and to holding its shard; bytes per cached Node (the
-  informer's stripped Node, measured with tracemalloc on 10,000 of the same bodies decoded as from JSON);
+  informer's stripped Node, measured with tracemalloc on 10,000 of the same bodies decoded from JSON, in list pages
+  and one by one as watch events);
 - a steady window: full reads, read time (the controller's own gpuremediate_scrape_seconds), CPU s/min, RSS
   median / peak, API requests a minute by resource (Leases, others);
 - ``--faults`` single XID 79s on the share, one after another: stand-in has it -> cordon (P50 / P90 / max);
@@ -49,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import bench.scale  # noqa: E402
 from bench.scale import (  # noqa: E402
     CONTROLLER_TOKEN,
     CONTROLLER_USER,
@@ -265,16 +267,30 @@ class Claimers:
 # ---------------------------------------------------------------- the run
 
 
-def bytes_per_cached_node(sample: int = 10_000) -> float:
-    """What the Node informer keeps per Node: ``strip_node`` of a kubelet's Node decoded from JSON."""
-    raw = [json.dumps(node_body(f"gpu-{i:06d}")) for i in range(sample)]
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    store = {f"gpu-{i:06d}": strip_node(json.loads(text)) for i, text in enumerate(raw)}
-    held = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    assert len(store) == sample
-    return held / sample
+def bytes_per_cached_node(sample: int = 10_000) -> dict[str, int]:
+    """What the Node informer keeps per Node (``strip_node`` of a kubelet's Node, as the emulator serves it):
+    ``listed`` decoded in pages of 500 as the informer's LIST brings them, ``watched`` each decoded from its own
+    watch event (what every cached Node becomes once its kubelet or a write has changed it)."""
+    def body(i: int) -> dict[str, Any]:
+        node = node_body(f"gpu-{i:06d}")
+        node["metadata"].update({"uid": f"{i:08x}-0000-4000-8000-{i:012x}", "resourceVersion": str(10**6 + i),
+                                 "creationTimestamp": "2026-12-07T00:00:00Z"})
+        return node
+
+    pages = [json.dumps({"items": [body(i) for i in range(first, min(first + 500, sample))]})
+             for first in range(0, sample, 500)]
+    events = [json.dumps(body(i)) for i in range(sample)]
+    out: dict[str, int] = {}
+    for how, decoded in (("listed", lambda: [item for page in pages for item in json.loads(page)["items"]]),
+                         ("watched", lambda: [json.loads(text) for text in events])):
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        store = {node["metadata"]["name"]: strip_node(node) for node in decoded()}
+        out[how] = round((tracemalloc.get_traced_memory()[0] - before) / sample)
+        tracemalloc.stop()
+        assert len(store) == sample
+        del store
+    return out
 
 
 def emulator(n: int) -> tuple[KubeAPIServer, KubeClient]:
@@ -465,12 +481,16 @@ def main() -> int:
     p.add_argument("--faults", type=int, default=10)
     p.add_argument("--burst", type=int, default=1500)
     p.add_argument("--port", type=int, default=18480)
+    p.add_argument("--log-level", default="warning", help="the replica's (info: the fast path's split per fault)")
+    p.add_argument("--profile", action="store_true",
+                   help="the replica under bench/sampled_controller.py (profile-<port>.txt beside its log)")
     args = p.parse_args()
+    bench.scale.CONTROLLER_LOG_LEVEL, bench.scale.PROFILE = args.log_level, args.profile
     per_node = bytes_per_cached_node()
-    log(f"the node informer keeps {per_node:.0f} bytes per Node")
+    log(f"the node informer keeps {per_node['listed']} bytes per listed Node, {per_node['watched']} per watched one")
     for shards in args.shards:
         result = run(args.nodes, shards, args.steady, args.faults, args.burst, args.port)
-        result["bytes_per_cached_node"] = round(per_node)
+        result["bytes_per_cached_node"] = per_node
         print(json.dumps(result), flush=True)
     return 0
 

@@ -17,7 +17,7 @@ from gpuremediate.actions.breaker import BreakerStore
 from gpuremediate.actions.budget_claims import BudgetClaims, is_done
 from gpuremediate.actions.dry_run_journal import DryRunJournal
 from gpuremediate.actions.events import NORMAL, WARNING, EventRecorder
-from gpuremediate.actions.nodes import NodeView, NodeWriter, is_excluded, is_gpu_node, labels_of, name_of
+from gpuremediate.actions.nodes import Node, NodeView, NodeWriter, is_excluded, is_gpu_node, labels_of, name_of
 from gpuremediate.clock import SteadyClock
 from gpuremediate.config import Settings
 from gpuremediate.kube import errors
@@ -101,11 +101,15 @@ class ShardExporterSource(ExporterSource):
 def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetrics, view: NodeView,
                  owns: Callable[[str], bool] = lambda _node: True,
                  clock: Callable[[], float] = time.time,
-                 held: Callable[[], frozenset[int]] = frozenset) -> Source:
+                 held: Callable[[], frozenset[int]] = frozenset,
+                 owned_nodes: Callable[[], list[Node]] | None = None) -> Source:
     """The GPU-metrics source; ``owns`` narrows it to the nodes this replica acts on (--shards), ``held`` the shards
-    it holds (--prometheus-shard-label: the queries select those shards' series)."""
+    it holds (--prometheus-shard-label: the queries select those shards' series), ``owned_nodes`` the GPU nodes
+    ``owns`` takes (where given, instead of filtering the fleet's)."""
 
     def expected() -> list[str]:
+        if owned_nodes is not None:  # the shards held now, from the view's index: not a walk of the fleet's Nodes
+            return [name_of(n) for n in owned_nodes() if not is_excluded(n)]
         return [name_of(n) for n in view.gpu_nodes() if not is_excluded(n) and owns(name_of(n))]
 
     if settings.source == "prometheus":
@@ -115,7 +119,7 @@ def build_source(settings: Settings, client: KubeClient, metrics: ControllerMetr
             node_label=settings.prometheus_node_label, timeout_s=settings.prometheus_query_timeout_s or None,
             max_bytes=settings.prometheus_max_bytes or None, expected_nodes=expected,
             fault_poll_s=settings.prometheus_fault_poll_s, clock=clock,
-            fleet_size=lambda: len(view.gpu_nodes()),  # every replica asks for the whole fleet (--shards too)
+            fleet_size=view.gpu_count,  # every replica asks for the whole fleet (--shards too)
             keep=owns if settings.sharded else None,
             shard_scope=ShardScope(settings.prometheus_shard_label, settings.shards, held)
             if settings.prometheus_shard_label else None,
@@ -213,6 +217,8 @@ class Controller:
             writer.journal = journal = DryRunJournal(self.client, settings.namespace, settings.who, clock)
             breakers.on_dry_run_save = lambda breaker: journal.note_breaker(breaker.to_dict())
         self.shards = self._shard_set(settings) if settings.sharded else None
+        if self.shards is not None:
+            view.index_shards(self.shards.shard_index)  # a replica walks its share of the cache, not the fleet
         claims = BudgetClaims(self.client, settings.namespace, lambda name: _looks_done(view, name), clock) \
             if self.shards is not None and not settings.dry_run else None
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,
@@ -221,7 +227,8 @@ class Controller:
         shards = self.shards
         self.detect = DetectLoop(self.ctx, source or build_source(
             settings, self.client, self.metrics, view, self.ctx.owns, clock,
-            held=shards.owned if shards is not None else frozenset))
+            held=shards.owned if shards is not None else frozenset,
+            owned_nodes=self.ctx.owned_gpu_nodes if shards is not None else None))
         alerts, alerts_problem = build_alerts(settings, policy)
         if alerts_problem:
             log.error("blocking alerts cannot be read: drains wait while this lasts",
@@ -524,6 +531,7 @@ class Controller:
             for loop in self.node_loops:
                 loop.request_resync()  # on each loop's thread: this one renews the Leases
             if gained:  # its nodes deleted while no replica held it (or before its holder swept): found now
+                self.detect.read_soon()  # and its nodes read now, not one interval on (the fast path needs a read)
                 threading.Thread(target=self.node_gone.sweep, args=(gained,), name="node-gone-sweep",
                                  daemon=True).start()
 

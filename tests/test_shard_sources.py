@@ -27,6 +27,9 @@ class Nodes:
     def gpu_nodes(self) -> list[dict[str, Any]]:
         return [{"metadata": {"name": n, "labels": {}}} for n in (*NODES, "gpu-d")]  # gpu-d: no exporter pod
 
+    def gpu_count(self) -> int:
+        return len(self.gpu_nodes())
+
 
 @pytest.fixture
 def client() -> Iterator[KubeClient]:

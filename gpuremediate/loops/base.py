@@ -81,7 +81,9 @@ class LoopContext:
 
     def owned_gpu_nodes(self) -> list[Node]:
         """The GPU nodes this replica acts on now (every one when unsharded)."""
-        return self.owned_of(self.nodes.gpu_nodes())
+        if self.shards is None:
+            return self.nodes.gpu_nodes()
+        return self.nodes.gpu_nodes_of(self.shards.owned(), self.shards.shard_index)
 
     def owned_of(self, nodes: list[Node]) -> list[Node]:
         """Those of ``nodes`` this replica acts on now (the shards held are read once, not per node)."""

@@ -218,6 +218,7 @@ class DetectLoop:
         self.cycles = 0
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # wakes the wait between cycles: a stop, or a condition fault arrived
+        self._read_now = threading.Event()  # the next cycle at once (read_soon)
         self._stopping = threading.Event()
         self._arrived: dict[str, float] = {}  # nodes whose conditions turned to a fault, since when (monotonic)
         self._arrived_lock = threading.Lock()  # the watch's thread adds, the loop's thread takes
@@ -278,12 +279,22 @@ class DetectLoop:
             if self._stopping.is_set():
                 return
 
+    def read_soon(self) -> None:
+        """The next full read now, not one interval after the last (from another thread): shards gained, whose
+        nodes this replica has not read (the fast path compares with a full read: before the first that held a
+        shard, it is blind, and a replica whose first cycle came before its shards settled was, one interval)."""
+        self._read_now.set()
+        self._wake.set()
+
     def _between_cycles(self, deadline: float) -> None:
         """Wait for the next cycle; a source with a fault fast path (``fault_poll_s``) is polled meanwhile, as the
         pacer allows: at once when it is due (a fault that came during the full read waits no poll more), one
         poll every ``fault_poll_s`` from start to start, further apart when Prometheus is slow or failing."""
         poll = self._poll_period()
         while (now := self._monotonic()) < deadline and not self._stopping.is_set():
+            if self._read_now.is_set():
+                self._read_now.clear()
+                return
             look_in = self._look_due_in()
             arrived_in = self._arrivals_due_in(now)
             if look_in is not None and look_in <= 0:
@@ -398,7 +409,7 @@ class DetectLoop:
             "nodes": len(owned), "fault_query_s": round(asked - started, 3)})
         by_node = {r.node: r for r in source.read(nodes=sorted(name_of(n) for n in owned))}
         read = time.monotonic()
-        self._check_batch([n for n in owned if name_of(n) in by_node], by_node, self.ctx.nodes.gpu_nodes(), mine)
+        self._check_batch([n for n in owned if name_of(n) in by_node], by_node, self.ctx.nodes.gpu_count(), mine)
         log.info("fault fast path: changed nodes read and checked", extra={  # rare: only when a fault changes
             "nodes": len(by_node), "fault_query_s": round(asked - started, 3), "read_s": round(read - asked, 3),
             "check_s": round(time.monotonic() - read, 3)})
@@ -411,7 +422,7 @@ class DetectLoop:
         and each straggler as it answers; Prometheus, everything at once) is one batch, whose new faults the
         breaker counts together before any of them is acted on."""
         read_from = self.ctx.clock()
-        fleet = self.ctx.nodes.gpu_nodes()
+        fleet = self.ctx.nodes.gpu_count()
         nodes = self.ctx.owned_gpu_nodes()  # with --shards, only the shards held now; the breaker counts the fleet
         self._forget_others(nodes)
         owned = {name_of(n) for n in nodes}
@@ -449,9 +460,9 @@ class DetectLoop:
         """Decide for these nodes from these readings, as one batch (replay drives the loop through this). The
         hook for a path of faults of its own (failed preflights, issue 46; a condition watch, issue 48): its
         faults are counted and their arrival rate judged by the breaker (a storm look) as every read's are."""
-        self._check_batch(batch, by_node, self.ctx.nodes.gpu_nodes(), self.ctx.owned_gpu_nodes())
+        self._check_batch(batch, by_node, self.ctx.nodes.gpu_count(), self.ctx.owned_gpu_nodes())
 
-    def _check_batch(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings], fleet: Sequence[Node],
+    def _check_batch(self, batch: Sequence[Node], by_node: Mapping[str, NodeReadings], fleet: int,
                      owned: Sequence[Node]) -> None:
         """Assess every node of the batch, count the batch's new faults in the breaker at once (one write: a
         storm opens it before any of its nodes is cordoned), then decide each node. One node's API failure
@@ -469,7 +480,7 @@ class DetectLoop:
         pending = [p for p in pending if (p.record is not None or p.findings or held_by_us(p.node)
                    or _watched(p.memory.to_dict())) and name_of(p.node) not in checked]  # else: nothing to decide
         faulted = [name_of(p.node) for p in pending if self._trips(p)]
-        if faulted and not self._trip_guarded(faulted, len(fleet), owned, self.ctx.clock()):
+        if faulted and not self._trip_guarded(faulted, fleet, owned, self.ctx.clock()):
             faulted_set = set(faulted)  # the breaker could not count them: none of them is acted on now
             pending = [p for p in pending if name_of(p.node) not in faulted_set]
         look = self.breakers.latest().looking
@@ -613,7 +624,7 @@ class DetectLoop:
             return ""
         if self.ctx.settings.source != "prometheus":
             return f"; each scrape's timeout is {timeout:g} s (--scrape-timeout)"
-        return (f"; the query timeout is {timeout:g} s for {len(self.ctx.nodes.gpu_nodes())} GPU nodes "
+        return (f"; the query timeout is {timeout:g} s for {self.ctx.nodes.gpu_count()} GPU nodes "
                 f"(--prometheus-query-timeout)")
 
     def _never_read(self, exc: Exception) -> None:
@@ -1094,7 +1105,7 @@ class DetectLoop:
         held = [n for n in mine if name_of(n) in look.node_set and name_of(n) in self.ctx.readings]
         if held:
             by_node = {name_of(n): self.ctx.readings[name_of(n)] for n in held}
-            self._check_batch(held, by_node, self.ctx.nodes.gpu_nodes(), mine)
+            self._check_batch(held, by_node, self.ctx.nodes.gpu_count(), mine)
 
     def _look_opened(self, look: safety.Look, first: str) -> None:
         log.warning("storm look: new faults are held to see whether the storm passes the breaker's threshold",

@@ -206,7 +206,7 @@ def test_the_prometheus_source_gets_its_own_query_timeout_not_the_scrape_timeout
 
     settings = Settings(source="prometheus", prometheus_url="http://prom:9090", scrape_timeout_s=5.0,
                         prometheus_max_bytes=4096)
-    view = type("View", (), {"gpu_nodes": lambda self: []})()
+    view = type("View", (), {"gpu_nodes": lambda self: [], "gpu_count": lambda self: 0})()
     source = build_source(settings, None, None, view)  # type: ignore[arg-type]
     assert isinstance(source, PrometheusSource)
     assert source.query_timeout_s is None and source.max_bytes == 4096  # None: it scales with the fleet

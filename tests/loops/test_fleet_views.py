@@ -92,3 +92,51 @@ def test_cleared_views_are_made_again() -> None:
     views.clear()
     again = views.of([a])[0][0]
     assert again == first and again is not first
+
+
+class _WatchedInformer(_Informer):
+    """The informer's handlers too: the store replayed to on_add, then each event as the watch brings it."""
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        super().__init__(objects)
+        self.handlers: list[Any] = []
+        self.lists = 0
+
+    def list(self) -> list[dict[str, Any]]:
+        self.lists += 1
+        return super().list()
+
+    def add_handler(self, on_add: Any = None, on_update: Any = None, on_delete: Any = None) -> None:
+        self.handlers.append((on_add, on_update, on_delete))
+        for obj in list(self.objects.values()):
+            on_add(obj)
+
+    def put(self, obj: dict[str, Any]) -> None:
+        old = self.objects.get(obj["metadata"]["name"])
+        self.objects[obj["metadata"]["name"]] = obj
+        for on_add, on_update, _ in self.handlers:
+            if old is None:
+                on_add(obj)
+            else:
+                on_update(old, obj)
+
+    def delete(self, name: str) -> None:
+        obj = self.objects.pop(name)
+        for _, _, on_delete in self.handlers:
+            on_delete(obj)
+
+
+def test_a_shard_s_gpu_nodes_come_from_the_index_the_watch_keeps() -> None:
+    shard = {"a": 0, "b": 1, "c": 0, "cpu": 0, "d": 0}.__getitem__
+    informer = _WatchedInformer([node("c"), node("a"), node("b"), node("cpu", gpus=0)])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_shards(shard)
+    assert [n["metadata"]["name"] for n in view.gpu_nodes_of(frozenset({0}), shard)] == ["a", "c"]
+    assert view.gpu_count() == 3 and informer.lists == 0  # neither walked the cache
+    informer.put(node("d"))  # joins shard 0
+    informer.put(node("a", gpus=0, rv="2"))  # lost its GPUs
+    informer.put(node("cpu", rv="2"))  # gained some
+    informer.delete("c")
+    assert [n["metadata"]["name"] for n in view.gpu_nodes_of(frozenset({0}), shard)] == ["cpu", "d"]
+    assert [n["metadata"]["name"] for n in view.gpu_nodes_of(frozenset({0, 1}), shard)] == ["b", "cpu", "d"]
+    assert view.gpu_count() == 3 and informer.lists == 0
