@@ -119,8 +119,12 @@ def _time_out_with_conflict(rig: Rig, timeout: float) -> str:
     rig.cluster.api.inject("PATCH", NODE_PATCH, count=2, status=409)
     action = rig.record().action
     assert action is not None and action.name == job, f"record names {action}, Job {job}"
-    wait_for(lambda: rig.record().action is None or rig.record().action.name != job  # type: ignore[union-attr]
-             or len(rig.jobs_named()) > 1, timeout, f"the timed-out attempt {job} to be closed")
+
+    def closed() -> bool:
+        now = rig.record().action  # read once: the record can move between two reads
+        return now is None or now.name != job or len(rig.jobs_named()) > 1
+
+    wait_for(closed, timeout, f"the timed-out attempt {job} to be closed")
     return job
 
 
