@@ -45,6 +45,7 @@ from gpuremediate.obs.notify import NotifyError, WebhookNotifier, url_from_secre
 from gpuremediate.obs.server import ObservabilityServer
 from gpuremediate.policy import safety
 from gpuremediate.policy.config import PolicyFile
+from gpuremediate.policy.fabric import breaker_domain_labels
 from gpuremediate.policy.selector import parse_selector
 from gpuremediate.shutdown import Shutdown
 from gpuremediate.signals.alerts import AlertsError, AlertsReader
@@ -219,6 +220,8 @@ class Controller:
         self.shards = self._shard_set(settings) if settings.sharded else None
         if self.shards is not None:
             view.index_shards(self.shards.shard_index)  # a replica walks its share of the cache, not the fleet
+        # the breaker's failure domains: a fault's domain is found from the index, not a view of every Node per fault
+        view.index_labels(breaker_domain_labels(policy.cluster.breaker.domain_labels, policy.defaults.fabric))
         claims = BudgetClaims(self.client, settings.namespace, lambda name: _looks_done(view, name), clock) \
             if self.shards is not None and not settings.dry_run else None
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,

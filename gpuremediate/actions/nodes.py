@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from gpuremediate.actions import held
@@ -155,6 +155,11 @@ class NodeView:
         self._shard_of: Callable[[str], int] | None = None
         self._by_shard: dict[int, set[str]] = {}
         self._gpu_count = 0
+        self._watching = False
+        # index_labels: per label, each GPU node's value and each value's nodes (the breaker's failure domains: a
+        # fault's domain is found from its members, not by making a view of every Node of the fleet)
+        self._label_of: dict[str, dict[str, str]] = {}
+        self._with_value: dict[str, dict[str, set[str]]] = {}
 
     def get(self, name: str) -> Node | None:
         obj = self.informer.get(name)
@@ -190,7 +195,28 @@ class NodeView:
     def index_shards(self, shard_of: Callable[[str], int]) -> None:
         """Keep the GPU nodes' names by ``shard_of(name)`` from now on (the informer's store replayed, then its
         events): ``gpu_nodes_of`` and ``gpu_count`` then cost what they return, not the fleet."""
+        if self._watching:
+            raise RuntimeError("index_shards must come before index_labels (the index is built once, from events)")
         self._shard_of = shard_of
+        self._watch()
+
+    def index_labels(self, labels: Iterable[str]) -> None:
+        """Keep the GPU nodes' values of these labels from now on (the informer's store replayed, then its events):
+        ``gpu_nodes_with`` then costs the nodes it returns for them. Before the informer starts: a label asked for
+        later (a reloaded policy's) is found by walking the cache. Once, after ``index_shards``, if at all."""
+        if self._label_of:
+            raise RuntimeError("index_labels is called once (its labels are replayed from the store then)")
+        with self._lock:
+            for label in labels:
+                self._label_of[label], self._with_value[label] = {}, {}
+        if self._label_of and not self._watching:
+            self._watch()
+        elif self._label_of:  # already watching for the shards: these labels are filled from the store now
+            for node in self.informer.list():
+                self._indexed(node)
+
+    def _watch(self) -> None:
+        self._watching = True
         self.informer.add_handler(on_add=self._indexed, on_update=lambda _old, new: self._indexed(new),
                                   on_delete=self._unindexed)
 
@@ -200,11 +226,14 @@ class NodeView:
             self._unindexed(node)
             return
         shard = self._shard_of(name) if self._shard_of is not None else 0
+        labels = labels_of(node)
         with self._lock:
             names = self._by_shard.setdefault(shard, set())
             if name not in names:
                 names.add(name)
                 self._gpu_count += 1
+            for label, values in self._label_of.items():
+                self._move_label(label, name, values.get(name), labels.get(label))
 
     def _unindexed(self, node: Node) -> None:
         name = name_of(node)
@@ -214,6 +243,41 @@ class NodeView:
             if names is not None and name in names:
                 names.discard(name)
                 self._gpu_count -= 1
+            for label, values in self._label_of.items():
+                self._move_label(label, name, values.get(name), None)
+
+    def _move_label(self, label: str, name: str, was: str | None, now: object) -> None:
+        """``name``'s value of ``label`` from ``was`` to ``now`` (None: none) in the index; the lock is held."""
+        value = None if now is None else str(now)
+        if was == value:
+            return
+        with_value = self._with_value[label]
+        if was is not None:
+            members = with_value.get(was)
+            if members is not None:
+                members.discard(name)
+                if not members:
+                    del with_value[was]
+            del self._label_of[label][name]
+        if value is not None:
+            with_value.setdefault(value, set()).add(name)
+            self._label_of[label][name] = value
+
+    def gpu_nodes_with(self, wanted: Mapping[str, Collection[str]]) -> list[Node]:
+        """The GPU nodes whose value of a label of ``wanted`` is one of its values, by name. Indexed labels
+        (``index_labels``) cost the nodes returned; any other walks the cache."""
+        with self._lock:
+            walk = any(label not in self._label_of for label in wanted)
+            names = set() if walk else {name for label, values in wanted.items() for value in values
+                                        for name in self._with_value[label].get(value, ())}
+        candidates = self.gpu_nodes() if walk else [n for n in map(self.get, sorted(names)) if n is not None]
+        out: list[Node] = []
+        for node in candidates:  # the index only names candidates: each is judged by its object as it is now
+            labels = labels_of(node)
+            if any(label in labels and str(labels[label]) in values for label, values in wanted.items()) \
+                    and (walk or self.node_filter(node)):
+                out.append(node)
+        return out
 
     def gpu_count(self) -> int:
         """How many GPU nodes the cache holds (the breaker's and the budget's fleet)."""

@@ -34,7 +34,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -962,6 +962,19 @@ class DetectLoop:
             return BLOCK_BREAKER, f"{LOOK_DETAIL} until {_utc(look.until)}: {look.reason}"
         return None
 
+    def _domain_views(self, labels: Sequence[str], faulted: Collection[str]) -> list[safety.NodeView]:
+        """The views the domain breaker judges ``faulted`` by: the GPU nodes that share a value of one of ``labels``
+        with one of them (a domain no fault is in cannot trip), from the Node view's label index, not the fleet."""
+        wanted: dict[str, set[str]] = {label: set() for label in labels}
+        for name in faulted:
+            node = self.ctx.nodes.get(name)
+            node_labels = labels_of(node) if node is not None else {}
+            for label in labels:
+                if label in node_labels:
+                    wanted[label].add(str(node_labels[label]))
+        wanted = {label: values for label, values in wanted.items() if values}
+        return [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes_with(wanted)] if wanted else []
+
     def _trip_guarded(self, names: Sequence[str], total_nodes: int, owned: Sequence[Node], now: float) -> bool:
         """``_trip_breaker``; False when the breaker's state could not be written (those faults wait a cycle)."""
         try:
@@ -979,18 +992,22 @@ class DetectLoop:
         replica's own nodes (a storm split across shards opens it in each, before either acts)."""
         cfg = self.ctx.policy.cluster.breaker
         domain_labels = breaker_domain_labels(cfg.domain_labels, self.ctx.policy.defaults.fabric)
-        views = [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes()] if domain_labels else []
+        views: list[safety.NodeView] = []
         mine = {name_of(n) for n in owned} if self.ctx.shards is not None else set()
 
         rate = self._look_rate()
 
         def with_faults(breaker: safety.CircuitBreaker) -> safety.CircuitBreaker:  # again on a 409 (another shard)
+            nonlocal views
             after = breaker.judge(names, total_nodes, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes, rate)
             if len(mine) >= SHARE_MIN_NODES:
                 after = after.evaluate_share(mine, now, cfg.threshold_percent, cfg.window_s, cfg.min_nodes)
                 after = after.end_look(now) if after.is_open else after
+            if not domain_labels:
+                return after
+            views = self._domain_views(domain_labels, {node for node, at in after.faults if at >= now - cfg.window_s})
             return after.evaluate_domains(views, now, domain_labels, cfg.domain_threshold_percent,
-                                          cfg.window_s, cfg.domain_min_nodes) if domain_labels else after
+                                          cfg.window_s, cfg.domain_min_nodes)
         before, after = self.breakers.update(with_faults)
         self.ctx.metrics.circuit_breaker_open.set(1.0 if after.is_open else 0.0)  # at once, not at the cycle's end
         first = names[0]

@@ -140,3 +140,50 @@ def test_a_shard_s_gpu_nodes_come_from_the_index_the_watch_keeps() -> None:
     assert [n["metadata"]["name"] for n in view.gpu_nodes_of(frozenset({0}), shard)] == ["cpu", "d"]
     assert [n["metadata"]["name"] for n in view.gpu_nodes_of(frozenset({0, 1}), shard)] == ["b", "cpu", "d"]
     assert view.gpu_count() == 3 and informer.lists == 0
+
+
+def _labelled(name: str, rack: str | None, gpus: int = 8, rv: str = "1") -> dict[str, Any]:
+    made = node(name, gpus=gpus, rv=rv)
+    if rack is not None:
+        made["metadata"]["labels"] = {"rack": rack}
+    return made
+
+
+def _walked(view: NodeCacheView, wanted: dict[str, set[str]]) -> list[str]:
+    """What ``gpu_nodes_with`` must answer, by a walk of every GPU node."""
+    return [n["metadata"]["name"] for n in view.gpu_nodes()
+            if any(n["metadata"]["labels"].get(label) in values for label, values in wanted.items())]
+
+
+def test_a_label_s_members_come_from_the_index_the_watch_keeps_and_match_a_full_walk() -> None:
+    informer = _WatchedInformer([_labelled("a", "r1"), _labelled("b", "r2"), _labelled("c", "r1"),
+                                 _labelled("cpu", "r1", gpus=0), _labelled("none", None)])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_shards({"a": 0, "b": 1, "c": 0, "cpu": 0, "none": 1, "d": 1}.__getitem__)
+    view.index_labels(["rack"])  # after the shards' index: filled from the store once, then by the events
+    indexed = informer.lists
+    names = lambda wanted: [n["metadata"]["name"] for n in view.gpu_nodes_with(wanted)]  # noqa: E731
+    assert names({"rack": {"r1"}}) == ["a", "c"] and informer.lists == indexed  # the index, not a walk
+    informer.put(_labelled("d", "r1"))  # joins r1
+    informer.put(_labelled("a", "r2", rv="2"))  # moved to another rack
+    informer.put(_labelled("cpu", "r1", gpus=0, rv="2"))  # still no GPUs: never a member
+    informer.put(_labelled("b", None, rv="2"))  # lost its label
+    informer.put(_labelled("c", "r1", gpus=0, rv="2"))  # lost its GPUs
+    informer.delete("none")
+    lists = informer.lists
+    assert names({"rack": {"r1"}}) == ["d"] and names({"rack": {"r2"}}) == ["a"]
+    assert names({"rack": {"r1", "r2"}}) == ["a", "d"] and names({"rack": {"r3"}}) == []
+    assert informer.lists == lists  # still no walk
+    informer.put(_labelled("c", "r2", rv="3"))  # its GPUs back, in r2
+    informer.put(_labelled("b", "r2", rv="3"))
+    for wanted in ({"rack": {"r1"}}, {"rack": {"r2"}}, {"rack": {"r1", "r2"}}):
+        assert names(wanted) == _walked(view, wanted), wanted
+    assert view.gpu_count() == 4
+
+
+def test_a_label_not_indexed_is_found_by_a_walk() -> None:
+    informer = _WatchedInformer([_labelled("a", "r1"), _labelled("b", "r2")])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_labels(["zone"])  # a reloaded policy's label is not among these
+    assert [n["metadata"]["name"] for n in view.gpu_nodes_with({"rack": {"r2"}})] == ["b"]
+    assert informer.lists == 1
