@@ -695,7 +695,10 @@ class _Prometheus004Parser(_Parser):
                         if build and len(parts) & 1 and "\\" not in label_text:
                             labels = cache[label_text] = build(parts)
                         else:
-                            labels = self.new_labels(label_text)
+                            try:
+                                labels = self.new_labels(label_text)
+                            except _LineError:  # sample_line says the line's first error (its name may be bad too)
+                                labels = None
                     if labels is None:
                         self.sample_line(line, resolved)
                         continue

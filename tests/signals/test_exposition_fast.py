@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuremediate.signals import exposition
@@ -110,6 +110,7 @@ def documents(draw: st.DrawFn) -> str:
 
 @SETTINGS
 @given(documents())
+@example(text='1bad{gpu="",gpu="",gpu="",gpu=""} }410\n')  # a bad name and duplicate labels: the name first
 def test_the_fast_loop_reads_documents_as_the_reference_loop_does(text: str) -> None:
     check(text)
 
