@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ssl
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,19 +161,10 @@ class PrometheusHistory:
 
     def _network(self, history: History, changes: _Changes) -> None:
         """Each node's NIC readings at the instants one of its node_exporter series changed (None: no series)."""
-        for node in sorted(changes.events):
-            current: dict[SeriesKey, float] = {}
-            events = sorted(changes.events[node], key=lambda e: e[0])
-            for i, (at, key, value) in enumerate(events):
-                if value is None:
-                    current.pop(key, None)
-                else:
-                    current[key] = value
-                if i + 1 < len(events) and events[i + 1][0] == at:
-                    continue
-                samples = [Sample(name, labels, v) for (name, labels), v in sorted(current.items())]
-                found = prom_nic.network_readings(samples, self.node_labels, lambda _name: True)
-                history.add_network(node, at, found.get(node))
+        for node, at, current in _instants(changes):
+            samples = [Sample(name, labels, v) for (name, labels), v in sorted(current.items())]
+            found = prom_nic.network_readings(samples, self.node_labels, lambda _name: True)
+            history.add_network(node, at, found.get(node))
 
     def _fetch(self, url: str) -> bytes:
         try:
@@ -211,3 +202,18 @@ def parse_matrix(body: bytes) -> list[dict[str, Any]]:
         raise HistoryError(f"expected a matrix result, got {data.get('resultType')!r}")
     return [item for item in data["result"]
             if isinstance(item, dict) and isinstance(item.get("metric"), dict) and isinstance(item.get("values"), list)]
+
+
+def _instants(changes: _Changes) -> Iterator[tuple[str, float, dict[SeriesKey, float]]]:
+    """Each node's series values at each instant one of them changed (every change of an instant applied first)."""
+    for node in sorted(changes.events):
+        current: dict[SeriesKey, float] = {}
+        events = sorted(changes.events[node], key=lambda e: e[0])
+        for i, (at, key, value) in enumerate(events):
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+            if i + 1 < len(events) and events[i + 1][0] == at:
+                continue
+            yield node, at, current
