@@ -103,11 +103,20 @@ class FetchError(Exception):
     """A scrape that did not give a usable body; the message is the reason in words."""
 
 
+@dataclass
+class Answered:
+    """How long the peer took to begin its answer: from the request's first byte sent to its status line read.
+    A peer such as Prometheus evaluates and encodes before it writes, so this is its own work, apart from the
+    transfer and the decoding here (which wait for this process's interpreter when it is busy)."""
+
+    seconds: float = 0.0
+
+
 def fetch(
     url: str, timeout_s: float, max_bytes: int, headers: Mapping[str, str] | None = None,
-    context: ssl.SSLContext | None = None,
+    context: ssl.SSLContext | None = None, answered: Answered | None = None,
 ) -> tuple[bytes, str]:
-    """GET ``url``: (body, content type).
+    """GET ``url``: (body, content type); ``answered``, when given, is set to the peer's time to answer.
 
     The whole exchange (connect, TLS, status line, headers, body) must fit in ``timeout_s``: the time
     left is set on the socket before every read, so a peer trickling one byte at a time still ends at
@@ -119,9 +128,13 @@ def fetch(
         raise FetchError(f"not an http(s) URL: {url!r}")
     conn = _DeadlineConnection(parts, deadline, context)
     try:
+        conn.connect()
+        asked = time.monotonic()
         conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
                      headers=dict(headers or {}))
         resp = conn.getresponse()
+        if answered is not None:
+            answered.seconds = time.monotonic() - asked
         body = _read_capped(resp, max_bytes)
         if not 200 <= resp.status < 300:
             raise FetchError(f"HTTP {resp.status} {resp.reason}" + _error_detail(body, resp))
@@ -760,6 +773,7 @@ class PrometheusSource:
         self._named_by: dict[str, str] = {}  # node -> the node label its changed fault series carried
         self.fault_poll_s = fault_poll_s  # 0: no fast path
         self.fault_error = ""  # why the last fast-path query failed ("" when it did not)
+        self.fault_answer_s: float | None = None  # Prometheus' time to answer the last one that did (the pacer's)
         self.mode = ""  # MODE_RECORDED while Prometheus has our recording rules, else MODE_RAW ("": not looked yet)
         self.mode_detail = ""  # what the last look found, in words
         self.shard_scope = shard_scope
@@ -998,9 +1012,10 @@ class PrometheusSource:
         if held is not None and not held:
             return set()
         matcher, mine = self._scoped("", held)
+        answered = Answered()
         try:
             values, _ = self._query(fault_query(self.node_labels, recorded=self.recorded, matcher=matcher), "fault",
-                                    timeout=min(self.timeout_s, FAULT_QUERY_TIMEOUT_S))
+                                    timeout=min(self.timeout_s, FAULT_QUERY_TIMEOUT_S), answered=answered)
         except PrometheusError as exc:  # said once: the full read reports Prometheus' trouble every cycle
             if not self.fault_error:
                 log.warning("fault fast path query failed; faults wait for the next full read",
@@ -1008,6 +1023,7 @@ class PrometheusSource:
             self.fault_error = str(exc)
             return set()
         self.fault_error = ""
+        self.fault_answer_s = answered.seconds
         now: dict[str, set[_Fault]] = {}
         named_by: dict[str, str] = {}
         for sample in _drain_samples(values):
@@ -1109,7 +1125,8 @@ class PrometheusSource:
         """(the node label, the node) of a series: its first node label that has a value."""
         return next(((n, v) for n in self.node_labels if (v := label(n))), None)
 
-    def _query(self, query: str, what: str, timeout: float | None = None) -> tuple[list[Any], float]:
+    def _query(self, query: str, what: str, timeout: float | None = None,
+               answered: Answered | None = None) -> tuple[list[Any], float]:
         timeout = self.timeout_s if timeout is None else timeout
         params = {"query": query, "timeout": f"{max(1, int(timeout * 1000))}ms"}
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
@@ -1117,7 +1134,7 @@ class PrometheusSource:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
-            body, _ = fetch(url, timeout + 2.0, self.answer_cap, headers, self.context)
+            body, _ = fetch(url, timeout + 2.0, self.answer_cap, headers, self.context, answered)
         except FetchError as e:
             raise PrometheusError(f"Prometheus {what} query to {self.url} failed: {e}") from None
         return parse_query_response(body, self.clock())

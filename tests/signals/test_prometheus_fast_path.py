@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,6 +32,8 @@ class FakePrometheus:
         self.queries: list[str] = []
         self.fail = False
         self.node_label = "Hostname"  # the label the fleet's series name their node by
+        self.think_s = 0.0  # before the status line: Prometheus evaluating
+        self.trickle_s = 0.0  # between the headers and the body's second half: the transfer
 
     def answer(self, query: str) -> tuple[int, dict[str, Any]]:
         self.queries.append(query)
@@ -68,11 +71,15 @@ def prom() -> Iterator[tuple[FakePrometheus, str]]:
         def do_GET(self) -> None:
             code, doc = fake.answer(parse_qs(urlsplit(self.path).query)["query"][0])
             body = json.dumps(doc).encode()
+            time.sleep(fake.think_s)
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(body[:10])
+            self.wfile.flush()
+            time.sleep(fake.trickle_s)
+            self.wfile.write(body[10:])
 
         def log_message(self, *_: Any) -> None:
             pass
@@ -192,3 +199,23 @@ def test_a_sharded_replica_makes_readings_and_fault_memory_for_its_own_nodes_onl
     assert src.changed_nodes() == {"gpu-3"}
     src.read(nodes=["gpu-3"])
     assert src.changed_nodes() == set() and "gpu-2" not in src._faults_seen
+
+
+def test_the_fault_query_says_how_long_prometheus_took_to_answer_apart_from_the_transfer(
+        prom: tuple[FakePrometheus, str]) -> None:
+    """The pacer spaces polls by Prometheus' own time (issue 48): the status line's wait, not the body's transfer
+    or its decoding here, which wait for this process's interpreter when the replica is busy."""
+    fake, url = prom
+    src = PrometheusSource(url, clock=lambda: NOW)
+    src.read()
+    assert src.fault_answer_s is None or src.fault_answer_s < 0.3
+    fake.think_s, fake.trickle_s = 0.3, 0.6
+    began = time.monotonic()
+    src.changed_nodes()
+    took = time.monotonic() - began
+    assert src.fault_answer_s is not None and src.fault_answer_s >= 0.3
+    assert took - src.fault_answer_s >= 0.55  # the trickled body is not Prometheus' answering time
+    fake.fail = True
+    fake.think_s = fake.trickle_s = 0.0
+    src.changed_nodes()
+    assert src.fault_error and src.fault_answer_s >= 0.3  # a failed poll leaves the last answer's time
