@@ -221,7 +221,12 @@ class Controller:
         if self.shards is not None:
             view.index_shards(self.shards.shard_index)  # a replica walks its share of the cache, not the fleet
         # the breaker's failure domains: a fault's domain is found from the index, not a view of every Node per fault
-        view.index_labels(breaker_domain_labels(policy.cluster.breaker.domain_labels, policy.defaults.fabric))
+        # and the budget's domains' sizes, and (index_budget) the nodes the budget must see: a drain's admission and
+        # the budget gauge view those, not every Node of the fleet
+        view.index_labels(dict.fromkeys((*breaker_domain_labels(policy.cluster.breaker.domain_labels,
+                                                                  policy.defaults.fabric),
+                                         *(d.label for d in policy.cluster.budget.domains))))
+        view.index_budget()
         claims = BudgetClaims(self.client, settings.namespace, lambda name: _looks_done(view, name), clock) \
             if self.shards is not None and not settings.dry_run else None
         self.ctx = LoopContext(client=self.client, settings=settings, policy=policy, metrics=self.metrics,

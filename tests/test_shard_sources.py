@@ -77,7 +77,7 @@ def test_per_shard_prometheus_reads_select_the_shards_held(client: KubeClient) -
     assert isinstance(source, PrometheusSource) and source.shard_scope is not None
     asked: list[str] = []
 
-    def answer(query: str, what: str, timeout: float | None = None) -> tuple[list[Any], float]:
+    def answer(query: str, what: str, timeout: float | None = None, answered: Any = None) -> tuple[list[Any], float]:
         asked.append(query)
         return [], 0.0
 

@@ -59,14 +59,21 @@ def with_claimed(views: Collection[safety.NodeView], claimed: Collection[str], c
 
 
 def budget_refusal(views: Collection[safety.NodeView], candidate: str, waiting: Collection[str], budget: safety.Budget,
-                   domains: Collection[safety.DomainBudget], claimed: Collection[str]) -> str:
-    """Why ``candidate`` may not start with the claimed nodes counted out ("" when it may)."""
+                   domains: Collection[safety.DomainBudget], claimed: Collection[str],
+                   size: safety.FleetSize | None = None,
+                   view_of: Callable[[str], safety.NodeView | None] = lambda _name: None) -> str:
+    """Why ``candidate`` may not start with the claimed nodes counted out ("" when it may). With ``size``, ``views``
+    are the notable nodes only: a claimed node not among them (admitted by another replica, still in service in
+    this cache) is looked up with ``view_of``."""
+    if size is not None:
+        known = {v.name for v in views}
+        views = [*views, *(v for name in sorted(set(claimed) - known) if (v := view_of(name)) is not None)]
     counted = with_claimed(views, claimed, candidate)
-    result = safety.budget_check(counted, candidate, budget, list(domains))
+    result = safety.budget_check(counted, candidate, budget, list(domains), size)
     if not result.allowed:
         return f"{result.reason} (admitted across shards: {len(claimed)})"
     candidates = [n for n in waiting if n not in claimed] + [candidate]
-    if candidate not in safety.admit(counted, candidates, budget, list(domains)):
+    if candidate not in safety.admit(counted, candidates, budget, list(domains), size):
         return "older faults go first: " + result.reason
     return ""
 

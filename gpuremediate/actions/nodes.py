@@ -56,6 +56,7 @@ from gpuremediate.kube.patch import merge_patch
 from gpuremediate.kube.resources import NODES
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.notify import DRAIN_KIND, KIND_DRAIN_STARTED, WebhookNotifier, drain_started, for_transition
+from gpuremediate.policy import safety
 from gpuremediate.state.decide import Decision
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, RecordError, node_patch, record_from_node
@@ -160,6 +161,9 @@ class NodeView:
         # fault's domain is found from its members, not by making a view of every Node of the fleet)
         self._label_of: dict[str, dict[str, str]] = {}
         self._with_value: dict[str, dict[str, set[str]]] = {}
+        # the GPU nodes the budget must see (``safety.notable``), kept by the same events: a drain's admission and
+        # the budget gauge view these and the fleet's size, not a view of every Node (``budget_nodes``)
+        self._notable: set[str] = set()
 
     def get(self, name: str) -> Node | None:
         obj = self.informer.get(name)
@@ -215,6 +219,38 @@ class NodeView:
             for node in self.informer.list():
                 self._indexed(node)
 
+    def index_budget(self) -> None:
+        """Keep the notable GPU nodes' names from now on (``budget_nodes``); they are kept by any index's events,
+        so this only starts the watch where no other index did. Last, after ``index_shards`` and ``index_labels``."""
+        if not self._watching:
+            self._watch()
+
+    def budget_nodes(self) -> list[Node] | None:
+        """The GPU nodes the budget must see, by name: the notable ones as the informer's events left them, and
+        every node our own writes changed since (not in the cache yet: a drain just admitted counts at once). None
+        before any index: the caller views ``gpu_nodes``."""
+        if not self._watching:
+            return None
+        with self._lock:
+            names = self._notable | self._written.keys() | self._overlay.keys()
+        out: list[Node] = []
+        for name in sorted(names):
+            node = self.get(name)
+            if node is not None and self.node_filter(node):
+                out.append(node)
+        return out
+
+    def label_count(self, label: str, value: str) -> int:
+        """How many GPU nodes carry ``label=value`` (an indexed label: from the index; any other: a walk)."""
+        with self._lock:
+            if label in self._label_of:
+                return len(self._with_value[label].get(value, ()))
+        return sum(1 for n in self.gpu_nodes() if labels_of(n).get(label) == value)
+
+    def fleet_size(self) -> safety.FleetSize:
+        """The budget's fleet size, for views of the ``budget_nodes`` only."""
+        return safety.FleetSize(self.gpu_count(), self.label_count)
+
     def _watch(self) -> None:
         self._watching = True
         self.informer.add_handler(on_add=self._indexed, on_update=lambda _old, new: self._indexed(new),
@@ -227,11 +263,16 @@ class NodeView:
             return
         shard = self._shard_of(name) if self._shard_of is not None else 0
         labels = labels_of(node)
+        notable = safety.notable(safety.node_view(node))
         with self._lock:
             names = self._by_shard.setdefault(shard, set())
             if name not in names:
                 names.add(name)
                 self._gpu_count += 1
+            if notable:
+                self._notable.add(name)
+            else:
+                self._notable.discard(name)
             for label, values in self._label_of.items():
                 self._move_label(label, name, values.get(name), labels.get(label))
 
@@ -243,6 +284,7 @@ class NodeView:
             if names is not None and name in names:
                 names.discard(name)
                 self._gpu_count -= 1
+            self._notable.discard(name)
             for label, values in self._label_of.items():
                 self._move_label(label, name, values.get(name), None)
 
@@ -281,7 +323,7 @@ class NodeView:
 
     def gpu_count(self) -> int:
         """How many GPU nodes the cache holds (the breaker's and the budget's fleet)."""
-        if self._shard_of is None:
+        if not self._watching:
             return len(self.gpu_nodes())
         with self._lock:
             return self._gpu_count

@@ -1262,7 +1262,7 @@ class DetectLoop:
     def _gauges(self) -> None:
         """Node states of the nodes this replica acts on; the budget of the whole fleet (as the node view
         shows them now, our own writes of this cycle included)."""
-        nodes, fleet = self.ctx.owned_gpu_nodes(), self.ctx.nodes.gpu_nodes()
+        nodes = self.ctx.owned_gpu_nodes()
         counts = dict.fromkeys(states.STATES, 0)
         blocked: dict[str, int] = {}
         isolated = 0
@@ -1291,13 +1291,16 @@ class DetectLoop:
         self.ctx.metrics.node_state.replace_all(out)
         self.ctx.metrics.node_unknown.replace_all(
             [] if self.fleet_unknown else (({"node": n}, 1.0) for n in sorted(self.unknown)))
+        budget_nodes = self.ctx.nodes.budget_nodes()  # the notable nodes: the others count toward the size only
+        fleet = self.ctx.nodes.gpu_nodes() if budget_nodes is None else budget_nodes
         views = [safety.node_view(n) for n in fleet]
         self.ctx.metrics.domain_nodes_out.replace_all(
             domains_out(views, self.ctx.policy.defaults.fabric.domain_label))
         cfg = self.ctx.policy.cluster.budget
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
         self.ctx.metrics.budget_in_use.set(float(sum(v.share for v in views if safety.counts_against(v, budget))))
-        self.ctx.metrics.budget_limit.set(float(budget.limit(len(views))))
+        self.ctx.metrics.budget_limit.set(float(budget.limit(
+            len(views) if budget_nodes is None else self.ctx.nodes.gpu_count())))
         breaker = self.breakers.latest()
         self.ctx.metrics.circuit_breaker_open.set(1.0 if breaker.is_open else 0.0)
         self.ctx.metrics.breaker_look_held.set(float(len(breaker.looking.nodes)) if breaker.looking else 0.0)

@@ -72,11 +72,11 @@ def _waits_for_budget(node: Node) -> bool:
 
 
 class FleetViews:
-    """The budget's view of each GPU node, and whether it waits for admission, made once per version of its Node
-    object (the node cache hands out the same object until the node changes). Each admission looks at the whole
-    fleet: in a drain burst, decoding every node's record for each of hundreds of admissions was most of the
-    controller's CPU. Cleared at each resync: it would otherwise keep, after a burst, the Node objects of its last
-    admission for as long as the controller runs."""
+    """The budget's view of each node an admission looks at (the notable GPU nodes, ``NodeView.budget_nodes``; every
+    GPU node where no index is kept), and whether it waits for admission, made once per version of its Node object
+    (the node cache hands out the same object until the node changes): in a drain burst, decoding each node's record
+    for each of hundreds of admissions was most of the controller's CPU. Cleared at each resync: it would otherwise
+    keep, after a burst, the Node objects of its last admission for as long as the controller runs."""
 
     def __init__(self) -> None:
         self._made: dict[str, tuple[Node, safety.NodeView, bool]] = {}
@@ -213,7 +213,7 @@ class DrainLoop(NodeLoop):
         """ADMITTED, the blocked record to write, or (a domain's trays, a contended claim) the requeue."""
         cluster = self.ctx.policy.cluster
         name = name_of(node)
-        nodes = self.ctx.nodes.gpu_nodes()
+        nodes, size = self._budget_fleet(node)
         views, waiting = self.fleet_views.of(nodes)
         if self._starting:  # admitted by another worker, its start not written yet: out of service already
             views = [dataclasses.replace(v, waiting=False) if v.name in self._starting else v for v in views]
@@ -221,14 +221,14 @@ class DrainLoop(NodeLoop):
         view = next((v for v in views if v.name == name), None) or safety.node_view(node)
         domain_label = self.ctx.policy_for(node).fabric.domain_label
         is_domain = record.fault is not None and is_domain_fault(record.fault.kind)
-        held = self._stopped(view, domain_label if is_domain else "") or self._fleet_gate(nodes, now)
+        held = self._stopped(view, domain_label if is_domain else "") or self._fleet_gate(now)
         if held:
             return block(record, *held, now)
         budget = safety.Budget(cluster.budget.as_budget_value(), cluster.budget.count_held)
         if is_domain:  # rare: decided and started under the lock, trays together
-            return self._admit_domain(node, record, policy, nodes, views, budget, domain_label, now)
+            return self._admit_domain(node, record, policy, views, budget, domain_label, size, now)
         domains = [safety.DomainBudget(d.label, budget_value(d.max_unavailable)) for d in cluster.budget.domains]
-        result = safety.budget_check(views, name, budget, domains)
+        result = safety.budget_check(views, name, budget, domains, size)
         self.ctx.metrics.budget_in_use.set(float(result.in_use))
         self.ctx.metrics.budget_limit.set(float(result.limit))
         if not result.allowed:
@@ -236,8 +236,7 @@ class DrainLoop(NodeLoop):
         # With --shards the claim decides the order too (budget_refusal): a node whose claim is in the admitted set
         # already holds its slot, and yielding it here to an older fault, whose replica counts that claim and
         # waits for it, would leave both waiting for ever.
-        if self.ctx.claims is None and name not in safety.admit(views, [*waiting, name], budget,
-                                                                domains):
+        if self.ctx.claims is None and name not in safety.admit(views, [*waiting, name], budget, domains, size):
             return block(record, BLOCK_BUDGET, "older faults go first: " + result.reason, now)
         pods = self._blocking_pods(name)
         if pods:
@@ -245,12 +244,25 @@ class DrainLoop(NodeLoop):
         if self.ctx.claims is not None:  # --shards: the API server decides who takes the last slot
             try:
                 refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
-                    views, name, waiting, budget, domains, claimed))
+                    views, name, waiting, budget, domains, claimed, size, self._view_of))
             except budget_claims.Contended:
                 return self._claim_contended(name)
             if refused:
                 return block(record, BLOCK_BUDGET, refused, now)
         return ADMITTED
+
+    def _budget_fleet(self, node: Node) -> tuple[list[Node], safety.FleetSize | None]:
+        """The nodes the budget views (``node`` among them) and, where those are only the notable ones
+        (``NodeView.budget_nodes``), the fleet's size; else every GPU node and None."""
+        nodes = self.ctx.nodes.budget_nodes()
+        if nodes is None:
+            return self.ctx.nodes.gpu_nodes(), None
+        name = name_of(node)
+        return [*(n for n in nodes if name_of(n) != name), node], self.ctx.nodes.fleet_size()
+
+    def _view_of(self, name: str) -> safety.NodeView | None:
+        node = self.ctx.nodes.get(name)
+        return safety.node_view(node) if node is not None and self.ctx.nodes.node_filter(node) else None
 
     def _claim_contended(self, name: str) -> float:
         """Other replicas kept writing the admitted set: asked again as after any conflict, nothing recorded."""
@@ -266,18 +278,20 @@ class DrainLoop(NodeLoop):
                                          **({"scope_why": scope.why} if scope.why else {})})
         return 0.0
 
-    def _admit_domain(self, node: Node, record: NodeRecord, policy: DrainPolicy, nodes: Sequence[Node],
-                      views: Sequence[safety.NodeView], budget: safety.Budget, label: str, now: float) -> float | None:
+    def _admit_domain(self, node: Node, record: NodeRecord, policy: DrainPolicy, views: Sequence[safety.NodeView],
+                      budget: safety.Budget, label: str, size: safety.FleetSize | None, now: float) -> float | None:
         """A tray of a domain action: the domain's trays are admitted together. The first one's check counts every
         tray of the domain whole against the fleet-wide budget (all or none); once one is admitted the domain
         holds its slots and the others follow without a check of their own (each is queued at once). The domain
         budgets, the blocking pods and the older faults' turn are for ordinary repairs."""
         assert record.fault is not None
         value = labels_of(node).get(label, "")
-        members = [n for n in nodes if value and labels_of(n).get(label) == value] or [node]
+        members = (self.ctx.nodes.gpu_nodes_with({label: [value]}) if value else []) or [node]
         fingerprint, name = record.fault.fingerprint, name_of(node)
         if not any(_domain_admitted(n, fingerprint) for n in members if name_of(n) != name):
-            result = safety.domain_admission(views, {name_of(n) for n in members}, budget)
+            known = {v.name for v in views}  # the domain's trays in service are not among the notable nodes
+            views = [*views, *(safety.node_view(n) for n in members if name_of(n) not in known)]
+            result = safety.domain_admission(views, {name_of(n) for n in members}, budget, size)
             if not result.allowed:
                 return self._wait(node, block(record, BLOCK_BUDGET, result.reason, now))
         if self.ctx.claims is not None:  # --shards: in the admitted set, so the other replicas count the tray
@@ -314,8 +328,9 @@ class DrainLoop(NodeLoop):
         why = self.ctx.breakers.latest().blocks(view, acting_for)
         return (BLOCK_BREAKER, why) if why else None
 
-    def _fleet_gate(self, nodes: Sequence[Node], now: float) -> tuple[str, str] | None:
-        """The gates that hold every drain alike: blocking alerts firing, the settle delay."""
+    def _fleet_gate(self, now: float) -> tuple[str, str] | None:
+        """The gates that hold every drain alike: blocking alerts firing, the settle delay (which reads every GPU
+        node's history: only where it is set)."""
         cfg = self.ctx.policy.cluster.gates
         if cfg.blocking_alerts:
             firing, problem = self.alerts.firing() if self.alerts is not None else (None, self.alerts_problem)
@@ -323,7 +338,8 @@ class DrainLoop(NodeLoop):
             if why:
                 return BLOCK_GATE, why
         if cfg.settle_s > 0:
-            histories = [r.history for n in nodes if isinstance(r := record_from_node(n), NodeRecord)]
+            histories = [r.history for n in self.ctx.nodes.gpu_nodes()
+                         if isinstance(r := record_from_node(n), NodeRecord)]
             why = gates.settle_reason(gates.settle_remaining(gates.last_return(histories), now, cfg.settle_s),
                                       cfg.settle_s)
             if why:

@@ -56,7 +56,7 @@ import functools
 import math
 import re
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -142,6 +142,27 @@ def _utc(ts: float) -> str:
 def counts_against(view: NodeView, budget: Budget) -> bool:
     """Whether the node takes a slot of ``budget`` now."""
     return view.out_of_service and (budget.count_held or not view.held)
+
+
+def notable(view: NodeView) -> bool:
+    """Whether the budget needs the node's view: all but a Ready, schedulable node in no flow of ours. Such a node
+    takes no slot, waits for no admission and is in no domain's count of nodes out; it counts only toward the
+    fleet's and its domains' sizes (``FleetSize``)."""
+    return not view.ready or view.unschedulable or view.state != states.HEALTHY
+
+
+@dataclass(frozen=True)
+class FleetSize:
+    """How many GPU nodes there are, in all and per domain, where the views handed to the budget are not all of
+    them but the ``notable`` ones and the candidates: at 100,000 nodes a view of every Node per admission and per
+    gauge update held the interpreter while faults waited, and kept 100,000 views in memory."""
+
+    nodes: int
+    members: Callable[[str, str], int]  # (label, value): how many GPU nodes carry that value of the label
+
+
+def _total(gpu_nodes: Sequence[NodeView], size: FleetSize | None) -> int:
+    return size.nodes if size is not None else len(gpu_nodes)
 
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
@@ -234,12 +255,13 @@ class DomainBudget:
 
 def budget_check(
     gpu_nodes: Sequence[NodeView], candidate: str, budget: Budget | None = None,
-    domains: Sequence[DomainBudget] = (),
+    domains: Sequence[DomainBudget] = (), size: FleetSize | None = None,
 ) -> BudgetResult:
-    """May ``candidate`` be taken out of service along with the nodes already out?"""
+    """May ``candidate`` be taken out of service along with the nodes already out? ``gpu_nodes``: every GPU node,
+    or (with ``size``) at least the notable ones and the candidate."""
     budget = budget or Budget()
     _require_known(gpu_nodes, [candidate])
-    limit = budget.limit(len(gpu_nodes))
+    limit = budget.limit(_total(gpu_nodes, size))
     by_name = {v.name: v for v in gpu_nodes}
     others = sorted((v for v in gpu_nodes if v.name != candidate and counts_against(v, budget)), key=lambda v: v.name)
     used = _slots(others)
@@ -253,7 +275,7 @@ def budget_check(
         return BudgetResult(False, in_use, limit, reason)
     for domain in domains:
         full = _domain_full(gpu_nodes, by_name[candidate], domain,
-                            {v.name for v in gpu_nodes if counts_against(v, budget)})
+                            {v.name for v in gpu_nodes if counts_against(v, budget)}, size)
         if full:
             return BudgetResult(False, in_use, limit, full)
     return BudgetResult(True, in_use, limit, f"within budget: {_shown(used)} other of {limit} in use")
@@ -261,15 +283,15 @@ def budget_check(
 
 def admit(
     gpu_nodes: Sequence[NodeView], candidates: Sequence[str], budget: Budget | None = None,
-    domains: Sequence[DomainBudget] = (),
+    domains: Sequence[DomainBudget] = (), size: FleetSize | None = None,
 ) -> list[str]:
     """The candidates that may start now, oldest fault first (then by name), while the nodes out of
     service, admitted ones included, stay within the limit and within every domain budget. A
     candidate already out of service (NotReady, a person's cordon) still has to fit: it takes its
-    slot as any other."""
+    slot as any other. ``size``: as for ``budget_check``."""
     budget = budget or Budget()
     _require_known(gpu_nodes, candidates)
-    limit = budget.limit(len(gpu_nodes))
+    limit = budget.limit(_total(gpu_nodes, size))
     out = {v.name for v in gpu_nodes if counts_against(v, budget)}
     by_name = {v.name: v for v in gpu_nodes}
     used = _slots(by_name[n] for n in out)  # kept as candidates are added: a sum per candidate was quadratic
@@ -278,7 +300,7 @@ def admit(
         adds = Fraction(0) if name in out else by_name[name].share
         if used + adds > limit:
             continue
-        if any(_domain_full(gpu_nodes, by_name[name], domain, out) for domain in domains):
+        if any(_domain_full(gpu_nodes, by_name[name], domain, out, size) for domain in domains):
             continue
         out.add(name)
         used += adds
@@ -286,15 +308,15 @@ def admit(
     return admitted
 
 
-def domain_admission(gpu_nodes: Sequence[NodeView], members: Collection[str], budget: Budget | None = None
-                     ) -> BudgetResult:
+def domain_admission(gpu_nodes: Sequence[NodeView], members: Collection[str], budget: Budget | None = None,
+                     size: FleetSize | None = None) -> BudgetResult:
     """May a domain action take all ``members`` (the trays of one NVLink domain) out of service together? The
     fleet-wide budget counts each tray whole, out of service or not yet: all or none. The domain budgets are for
     ordinary repairs (at most so many trays of a rack out at once) and do not hold a decision about the whole
     domain."""
     budget = budget or Budget()
     _require_known(gpu_nodes, list(members))
-    limit = budget.limit(len(gpu_nodes))
+    limit = budget.limit(_total(gpu_nodes, size))
     others = sorted((v for v in gpu_nodes if v.name not in members and counts_against(v, budget)),
                     key=lambda v: v.name)
     used = _slots(others)
@@ -307,13 +329,14 @@ def domain_admission(gpu_nodes: Sequence[NodeView], members: Collection[str], bu
                                              f"{_shown(used)} other of {limit}")
 
 
-def _domain_full(gpu_nodes: Sequence[NodeView], candidate: NodeView, domain: DomainBudget, out: set[str]) -> str:
+def _domain_full(gpu_nodes: Sequence[NodeView], candidate: NodeView, domain: DomainBudget, out: set[str],
+                 size: FleetSize | None = None) -> str:
     """Why ``candidate`` would overfill its ``domain`` ("" when it fits or has no such label)."""
     value = candidate.labels.get(domain.label)
     if value is None:
         return ""
     members = [v for v in gpu_nodes if v.labels.get(domain.label) == value]
-    limit = domain.limit(len(members))
+    limit = domain.limit(size.members(domain.label, value) if size is not None else len(members))
     others = sorted((v for v in members if v.name in out and v.name != candidate.name), key=lambda v: v.name)
     if _slots(others) + candidate.share <= limit:
         return ""

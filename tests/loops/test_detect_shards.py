@@ -17,9 +17,11 @@ from gpuremediate.kube.client import KubeClient
 from gpuremediate.kube.config import ClusterConfig, StaticToken
 from gpuremediate.kube.resources import NAMESPACES, NODES
 from gpuremediate.kube.shards import ShardSet, preferred_shard, shard_of
+from gpuremediate.policy import safety
 from gpuremediate.policy.config import loads_policy
 from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
-from gpuremediate.vocab.record import record_from_node
+from gpuremediate.loops.drain import DRAIN_ACTION, DrainLoop
+from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
 
 NAMESPACE = "gpuremediate-system"
@@ -139,6 +141,19 @@ def test_a_replica_walks_its_share_of_the_node_cache_not_the_fleet(kube: tuple[K
     assert reads.lists == 0 and set(reads.got) <= mine
     assert record_from_node(client.get(NODES, faulty)) is not None  # decided and written as before
     assert controller.ctx.nodes.gpu_count() == len(NAMES)  # the breaker's and the budget's fleet: every shard's
+    reads.got.clear()
+    drain = next(loop for loop in controller.node_loops if isinstance(loop, DrainLoop))
+    for _ in range(50):  # its admission: the notable nodes and the fleet's size, not a view of each Node
+        if drain.reconcile_name(faulty) != drain.retry_after_conflict():  # (our Node writes meet the emulator's)
+            break
+        time.sleep(0.1)
+    controller.detect._gauges()  # the budget gauge the same
+    assert reads.lists == 0 and set(reads.got) <= mine
+    record = record_from_node(client.get(NODES, faulty))
+    assert isinstance(record, NodeRecord) and record.action is not None and record.action.kind == DRAIN_ACTION
+    assert controller.metrics.budget_limit.value() == len(NAMES)  # 100 % of the fleet, every shard's nodes
+    walked = [safety.node_view(n) for n in controller.ctx.nodes.gpu_nodes()]  # what the gauge counted before
+    assert controller.metrics.budget_in_use.value() == sum(v.share for v in walked if v.out_of_service)
 
 
 def test_a_shard_gained_is_read_at_once_not_one_interval_on(kube: tuple[KubeAPIServer, KubeClient]) -> None:

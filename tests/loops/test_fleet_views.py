@@ -187,3 +187,57 @@ def test_a_label_not_indexed_is_found_by_a_walk() -> None:
     view.index_labels(["zone"])  # a reloaded policy's label is not among these
     assert [n["metadata"]["name"] for n in view.gpu_nodes_with({"rack": {"r2"}})] == ["b"]
     assert informer.lists == 1
+
+
+def _out(name: str, rv: str = "1", *, unschedulable: bool = False, ready: bool = True,
+         record: NodeRecord | None = None, rack: str = "r1") -> dict[str, Any]:
+    made = node(name, record, rv=rv)
+    made["metadata"]["labels"] = {"rack": rack}
+    made["spec"] = {"unschedulable": True} if unschedulable else {}
+    made["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return made
+
+
+def _same_verdicts(view: NodeCacheView, candidate: str) -> None:
+    """The budget over the indexed notable nodes and the fleet's size says what it says over every GPU node."""
+    budget, domains = safety.Budget(2), [safety.DomainBudget("rack", 1)]
+    every = [safety.node_view(n) for n in view.gpu_nodes()]
+    nodes = view.budget_nodes()
+    assert nodes is not None
+    seen = [safety.node_view(n) for n in nodes]
+    if candidate not in {v.name for v in seen}:
+        seen.append(next(v for v in every if v.name == candidate))
+    size = view.fleet_size()
+    assert safety.budget_check(seen, candidate, budget, domains, size) == \
+        safety.budget_check(every, candidate, budget, domains)
+
+
+def test_the_budget_s_nodes_come_from_the_index_the_watch_keeps_and_decide_as_a_full_walk() -> None:
+    informer = _WatchedInformer([_out("a"), _out("b", record=waiting_record(), unschedulable=True),
+                                 _out("c", unschedulable=True), _out("d", ready=False, rack="r2"),
+                                 _out("e", rack="r2"), node("cpu", gpus=0)])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_labels(["rack"])
+    view.index_budget()
+    indexed = informer.lists
+    names = lambda: [n["metadata"]["name"] for n in view.budget_nodes() or []]  # noqa: E731
+    assert names() == ["b", "c", "d"]  # waiting, cordoned by a person, NotReady: a and e only count toward sizes
+    assert view.fleet_size().nodes == 5 and view.fleet_size().members("rack", "r1") == 3
+    assert informer.lists == indexed  # not one walk of the cache
+    _same_verdicts(view, "b")  # (which walks it, to compare)
+    indexed = informer.lists
+    informer.put(_out("a", rv="2", unschedulable=True))  # a person cordoned a
+    informer.put(_out("c", rv="2"))  # and uncordoned c
+    informer.put(_out("d", rv="2", ready=False, rack="r2", unschedulable=True) | {"status": {"capacity": {}}})
+    informer.delete("e")
+    assert names() == ["a", "b"] and view.fleet_size().nodes == 3  # d lost its GPUs, e is gone
+    assert view.fleet_size().members("rack", "r2") == 0
+    assert informer.lists == indexed
+    _same_verdicts(view, "b")
+
+    written = _out("c", rv="3", record=waiting_record(), unschedulable=True)
+    view.remember_write("2", written)  # our own write, not in the cache yet: the budget counts it at once
+    assert names() == ["a", "b", "c"]
+    informer.put(written)
+    assert names() == ["a", "b", "c"]
+    _same_verdicts(view, "c")

@@ -90,6 +90,8 @@ def _replicas(srv: KubeAPIServer, seen: dict[int, list[dict[str, Any]]]) -> list
     for shard, controller in zip(sorted(seen), controllers, strict=True):
         assert controller.shards is not None and controller.shards.owned() == frozenset({shard})
         controller.ctx.nodes.informer = FrozenInformer(seen[shard])  # type: ignore[assignment]
+        for node in seen[shard]:  # indexed as the frozen cache's events would have left them
+            controller.ctx.nodes._indexed(node)
         loops.append(next(loop for loop in controller.node_loops if isinstance(loop, DrainLoop)))
     return loops
 

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuremediate.policy.safety import Budget, NodeView, admit, budget_check, is_waiting, node_view
+from gpuremediate.policy.safety import (
+    Budget,
+    DomainBudget,
+    FleetSize,
+    NodeView,
+    admit,
+    budget_check,
+    domain_admission,
+    is_waiting,
+    node_view,
+    notable,
+)
 from gpuremediate.vocab import record as r
 from gpuremediate.vocab import states as s
 
@@ -218,3 +230,44 @@ def test_is_waiting_only_for_our_own_not_started_drain() -> None:
     assert not is_waiting(r.NodeRecord(state=s.DRAINING, was_unschedulable=True))  # a person's cordon: out anyway
     assert not is_waiting(r.start_action(base, "drain", "", 1, 1.0))
     assert not is_waiting(r.NodeRecord(state=s.CORDONED, cordoned_by_us=True))
+
+
+_view = st.builds(
+    NodeView,
+    name=st.just(""),  # named by position below
+    unschedulable=st.booleans(),
+    ready=st.booleans() | st.just(True),
+    state=st.sampled_from([s.HEALTHY, s.HEALTHY, s.DRAINING, s.REPAIRING, s.VALIDATING, s.QUARANTINED, s.CORDONED]),
+    waiting=st.booleans(),
+    first_seen=st.none() | st.floats(0, 100),
+    labels=st.dictionaries(st.sampled_from(["rack", "zone"]), st.sampled_from(["a", "b"]), max_size=2),
+    gpus=st.sampled_from([0, 4, 8]),
+    gpus_out=st.none() | st.integers(1, 8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fleet=st.lists(_view, min_size=1, max_size=14),
+    value=st.sampled_from([0, 1, 2, 3, "10%", "25%", "50%", "100%"]),
+    count_held=st.booleans(),
+    domain_values=st.lists(st.tuples(st.sampled_from(["rack", "zone"]), st.sampled_from([0, 1, "50%"])),
+                           max_size=2, unique_by=lambda d: d[0]),
+    data=st.data(),
+)
+def test_the_notable_nodes_and_the_fleet_s_size_decide_as_every_node_does(
+        fleet: list[NodeView], value: int | str, count_held: bool, domain_values: list[tuple[str, int | str]],
+        data: st.DataObject) -> None:
+    """A drain's admission views only the notable nodes (issue 48: at 100,000 nodes a view of each per admission
+    held the interpreter): the verdict, its reason and its counts are those of a view of the whole fleet."""
+    views = [dataclasses.replace(v, name=f"n{i:02d}") for i, v in enumerate(fleet)]
+    budget = Budget(value, count_held)
+    domains = [DomainBudget(label, limit) for label, limit in domain_values]
+    candidates = data.draw(st.lists(st.sampled_from([v.name for v in views]), min_size=1, max_size=4, unique=True))
+    size = FleetSize(len(views), lambda label, val: sum(1 for v in views if v.labels.get(label) == val))
+    asked = set(candidates)
+    seen = [v for v in views if notable(v) or v.name in asked]
+    for candidate in candidates:
+        assert budget_check(seen, candidate, budget, domains, size) == budget_check(views, candidate, budget, domains)
+    assert admit(seen, candidates, budget, domains, size) == admit(views, candidates, budget, domains)
+    assert domain_admission(seen, asked, budget, size) == domain_admission(views, asked, budget)
