@@ -5,7 +5,8 @@
 
 Per S, fresh: the API emulator holding the N Nodes (``--node-shape realistic``, the default: as a real GPU fleet's
 kubelet, GPU feature discovery and NFD leave them, bench.scale.realistic_node_body; ``toy``: node_body's few fields;
-40 images each either way; in this bench's process, apart from the replica's); a stand-in Prometheus in a process of its own serving ONLY the replica's shard
+40 images each either way; in this bench's process, apart from the replica's); a stand-in Prometheus in a process
+of its own serving ONLY the replica's shard
 (the nodes whose ``hashmod(name) mod S`` is its shard: what a Prometheus scraping with docs/sizing.md's relabelling
 answers for ``gpuremediate_shard=~"k"``; a query without that matcher is refused and counted); the other S-1
 shard Leases held by light stand-ins (one thread renewing them every 2 s, annotated ``S/hashmod`` as replicas of
@@ -505,7 +506,7 @@ def main() -> int:
     bench.scale.CONTROLLER_LOG_LEVEL, bench.scale.PROFILE = args.log_level, args.profile
     per_node = bytes_per_cached_node()
     for shape, kept in per_node.items():
-        log(f"the node informer keeps {kept['listed']} bytes per listed {shape} Node, {kept['watched']} per watched one")
+        log(f"the node informer keeps {kept['listed']} bytes per listed {shape} Node, {kept['watched']} per watched")
     for shards in args.shards:
         result = run(args.nodes, shards, args.steady, args.faults, args.burst, args.port, args.node_shape)
         result["bytes_per_cached_node"] = per_node
