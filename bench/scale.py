@@ -203,9 +203,15 @@ def realistic_node_body(name: str, i: int) -> dict[str, Any]:
         "nvidia.com/gpu-driver-upgrade-enabled": "true",
         "volumes.kubernetes.io/controller-managed-attach-detach": "true",
     }
+    def owns(manager: str, k: str) -> bool:  # each label is one manager's: NFD's master writes GFD's too
+        if k.startswith(("feature.node.kubernetes.io/", "nvidia.com/")):
+            return manager == ("gpu-operator" if k.startswith("nvidia.com/gpu.deploy.") else "nfd-master")
+        return manager == "kubelet"
+
     managed = [{"manager": m, "operation": "Update", "apiVersion": "v1", "time": _at(beat), "fieldsType": "FieldsV1",
-                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels}}}}
-               for m in ("kubelet", "nfd-master", "gpu-feature-discovery")]
+                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels if owns(m, k)}}}}
+               for m in ("kubelet", "nfd-master", "gpu-operator")]
+    managed[0]["fieldsV1"]["f:status"] = {"f:conditions": {}, "f:nodeInfo": {"f:bootID": {}}}
     others_times = {"lastHeartbeatTime": _at(beat + 7), "lastTransitionTime": _at(started + 95)}  # NPD, agent
     conditions = [{"type": t, "status": s, "reason": r, "message": m, **(kubelet_times if k < 4 else others_times)}
                   for k, (t, s, r, m) in enumerate(NODE_CONDITIONS)]
