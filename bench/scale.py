@@ -113,6 +113,136 @@ def node_body(name: str) -> dict[str, Any]:
     }
 
 
+# A GPU Node as a real fleet's kubelet, cloud provider, GPU operator and NFD leave it (issue 48: the bytes per cached
+# Node are measured on this, not on node_body's toy). Shapes, from: the kubelet's node status setters and its
+# well-known labels (k8s.io/api core/v1 NodeStatus, NodeSystemInfo; kubernetes.io/docs/reference/labels-annotations-
+# taints); GPU feature discovery's "Generated Labels" (NVIDIA/k8s-device-plugin docs/gpu-feature-discovery/README.md)
+# and the GPU operator's gpu.deploy.* / upgrade labels; node-feature-discovery's feature labels
+# (kubernetes-sigs/node-feature-discovery docs/usage/features.md: cpu-cpuid.<flag>, cpu-model.*, kernel-version.*,
+# pci-<vendor>.present, system-os_release.*, storage-*, memory-*) and its nfd.node.kubernetes.io/feature-labels
+# annotation; our agent's conditions (gpuremediate/agent/health.py). Per node, as in a fleet: name and hostname,
+# uid, resourceVersion, creation and condition times, machineID, systemUUID, bootID, providerID, podCIDR, the node
+# IP and CSI node id, gfd.timestamp. Shared by the fleet: everything else (one instance type, one AMI, one driver).
+# An H100 HGX node (p5.48xlarge-like); a GB200 NVL72 tray would add gpu.clique and gpu.imex-domain (shared per rack).
+CPUID_FLAGS = ("ADX", "AESNI", "AVX", "AVX2", "AVX512BF16", "AVX512BITALG", "AVX512BW", "AVX512CD", "AVX512DQ",
+               "AVX512F", "AVX512IFMA", "AVX512VBMI", "AVX512VBMI2", "AVX512VL", "AVX512VNNI", "AVX512VPOPCNTDQ",
+               "CMPXCHG8", "FMA3", "FSRM", "FXSR", "FXSROPT", "GFNI", "HYPERVISOR", "IBPB", "LAHF", "MOVBE",
+               "OSXSAVE", "RDPRU", "SHA", "SPEC_CTRL_SSBD", "SSE4", "SSE42", "SSSE3", "STIBP", "SYSCALL", "SYSEE",
+               "VAES", "VPCLMULQDQ", "WBNOINVD", "X87", "XGETBV1", "XSAVE", "XSAVEC", "XSAVEOPT", "XSAVES")
+NFD_LABELS = {
+    **{f"cpu-cpuid.{flag}": "true" for flag in CPUID_FLAGS},
+    "cpu-hardware_multithreading": "true", "cpu-model.family": "25", "cpu-model.id": "1",
+    "cpu-model.vendor_id": "AMD", "kernel-config.NO_HZ": "true", "kernel-config.NO_HZ_IDLE": "true",
+    "kernel-version.full": "6.1.119-129.201.amzn2023.x86_64", "kernel-version.major": "6",
+    "kernel-version.minor": "1", "kernel-version.revision": "119", "memory-numa": "true",
+    "pci-10de.present": "true", "pci-1d0f.present": "true", "storage-nonrotationaldisk": "true",
+    "system-os_release.ID": "amzn", "system-os_release.VERSION_ID": "2023",
+    "system-os_release.VERSION_ID.major": "2023",
+}
+GFD_LABELS = {
+    "cuda.driver-version.full": "570.124.06", "cuda.driver-version.major": "570", "cuda.driver-version.minor": "124",
+    "cuda.driver-version.revision": "06", "cuda.driver.major": "570", "cuda.driver.minor": "124",
+    "cuda.driver.rev": "06", "cuda.runtime-version.full": "12.8", "cuda.runtime-version.major": "12",
+    "cuda.runtime-version.minor": "8", "cuda.runtime.major": "12", "cuda.runtime.minor": "8",
+    "gpu.compute.major": "9", "gpu.compute.minor": "0", "gpu.count": "8", "gpu.family": "hopper",
+    "gpu.machine": "p5.48xlarge", "gpu.memory": "81559", "gpu.mode": "compute", "gpu.present": "true",
+    "gpu.product": "NVIDIA-H100-80GB-HBM3", "gpu.replicas": "1", "gpu.sharing-strategy": "none",
+    "mig.capable": "true", "mig.strategy": "single", "mig.config": "all-disabled", "mig.config.state": "success",
+    **{f"gpu.deploy.{c}": "true" for c in ("container-toolkit", "dcgm", "dcgm-exporter", "device-plugin",
+                                            "driver", "gpu-feature-discovery", "mig-manager",
+                                            "node-status-exporter", "operator-validator")},
+    "gpu-driver-upgrade-state": "upgrade-done",
+}
+NODE_CAPACITY = {"cpu": "192", "ephemeral-storage": "30428928Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
+                 "memory": "2097146316Ki", "nvidia.com/gpu": "8", "pods": "110", "vpc.amazonaws.com/efa": "32"}
+NODE_ALLOCATABLE = {**NODE_CAPACITY, "cpu": "191450m", "ephemeral-storage": "27967694026",
+                    "memory": "2088093132Ki"}
+NODE_CONDITIONS = (  # type, status, reason, message: the kubelet's four, node-problem-detector's, our agent's two
+    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+    ("KernelDeadlock", "False", "KernelHasNoDeadlock", "kernel has no deadlock"),
+    ("GPUHealthy", "True", "NoGPUFault", "8 GPU(s) without a fault"),
+    ("GPUDriverResponsive", "True", "NvidiaSmiAnswered", "nvidia-smi answered"),
+)
+
+
+def _at(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(1_796_000_000 + seconds))
+
+
+def realistic_node_body(name: str, i: int) -> dict[str, Any]:
+    """Node ``name`` (the fleet's ``i``-th) as the API server serves it, kubelet's bulk (images, managedFields)
+    included: what ``strip_node`` meets in a real fleet."""
+    zone = "us-east-1" + "abc"[i % 3]
+    instance = f"i-0{i:016x}"
+    ip = f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
+    started, beat = i % 86_400, 3_000_000 + i % 300  # joined over a day; status written within the 5-minute period
+    kubelet_times = {"lastHeartbeatTime": _at(beat), "lastTransitionTime": _at(started + 40)}
+    labels = {
+        "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/instance-type": "p5.48xlarge",
+        "beta.kubernetes.io/os": "linux", "failure-domain.beta.kubernetes.io/region": "us-east-1",
+        "failure-domain.beta.kubernetes.io/zone": zone, "kubernetes.io/arch": "amd64",
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+        "node.kubernetes.io/instance-type": "p5.48xlarge", "topology.kubernetes.io/region": "us-east-1",
+        "topology.kubernetes.io/zone": zone, "topology.k8s.aws/zone-id": "use1-az" + "246"[i % 3],
+        "eks.amazonaws.com/capacityType": "CAPACITY_BLOCK", "eks.amazonaws.com/nodegroup": "gpu-p5",
+        "eks.amazonaws.com/nodegroup-image": "ami-0a1b2c3d4e5f60718", "k8s.io/cloud-provider-aws": "3f4e5d6c7b8a",
+        **{f"nvidia.com/{k}": v for k, v in GFD_LABELS.items()},
+        "nvidia.com/gfd.timestamp": str(1_796_000_000 + beat),
+        **{f"feature.node.kubernetes.io/{k}": v for k, v in NFD_LABELS.items()},
+    }
+    annotations = {
+        "alpha.kubernetes.io/provided-node-ip": ip,
+        "csi.volume.kubernetes.io/nodeid": json.dumps({"ebs.csi.aws.com": instance, "efs.csi.aws.com": instance},
+                                                      separators=(",", ":")),
+        "nfd.node.kubernetes.io/feature-labels": ",".join(sorted(NFD_LABELS)),
+        "nfd.node.kubernetes.io/extended-resources": "",
+        "node.alpha.kubernetes.io/ttl": "0",
+        "nvidia.com/gpu-driver-upgrade-enabled": "true",
+        "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+    }
+    def owns(manager: str, k: str) -> bool:  # each label is one manager's: NFD's master writes GFD's too
+        if k.startswith(("feature.node.kubernetes.io/", "nvidia.com/")):
+            return manager == ("gpu-operator" if k.startswith("nvidia.com/gpu.deploy.") else "nfd-master")
+        return manager == "kubelet"
+
+    managed = [{"manager": m, "operation": "Update", "apiVersion": "v1", "time": _at(beat), "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels if owns(m, k)}}}}
+               for m in ("kubelet", "nfd-master", "gpu-operator")]
+    managed[0]["fieldsV1"]["f:status"] = {"f:conditions": {}, "f:nodeInfo": {"f:bootID": {}}}
+    others_times = {"lastHeartbeatTime": _at(beat + 7), "lastTransitionTime": _at(started + 95)}  # NPD, agent
+    conditions = [{"type": t, "status": s, "reason": r, "message": m, **(kubelet_times if k < 4 else others_times)}
+                  for k, (t, s, r, m) in enumerate(NODE_CONDITIONS)]
+    return {
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": name, "uid": f"{i:08x}-5c1e-4a7b-9d2f-{i:012x}", "resourceVersion": str(10**6 + i),
+                     "creationTimestamp": _at(started), "labels": labels, "annotations": annotations,
+                     "managedFields": managed},
+        "spec": {"podCIDR": f"100.{64 + (i >> 16)}.{(i >> 8) & 255}.0/24",
+                 "podCIDRs": [f"100.{64 + (i >> 16)}.{(i >> 8) & 255}.0/24"],
+                 "providerID": f"aws:///{zone}/{instance}",
+                 "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": dict(NODE_CAPACITY), "allocatable": dict(NODE_ALLOCATABLE), "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name},
+                          {"type": "InternalDNS", "address": f"ip-{ip.replace('.', '-')}.ec2.internal"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": f"ec2{i:029x}", "systemUUID": f"ec2{i:05x}-0000-4000-8000-{i:012x}",
+                         "bootID": f"{i:08x}-b007-4d00-8000-{started:012x}",
+                         "kernelVersion": "6.1.119-129.201.amzn2023.x86_64",
+                         "osImage": "Amazon Linux 2023.6.20250115", "containerRuntimeVersion": "containerd://1.7.25",
+                         "kubeletVersion": "v1.32.0-eks-aeac579", "kubeProxyVersion": "v1.32.0-eks-aeac579",
+                         "operatingSystem": "linux", "architecture": "amd64"},
+            "images": [{"names": [f"registry.example.com/team/image-{k}@sha256:{k:064x}"], "sizeBytes": 10**9 + k}
+                       for k in range(IMAGES_PER_NODE)],
+            "runtimeHandlers": [{"name": h, "features": {"recursiveReadOnlyMounts": True, "userNamespaces": True}}
+                                for h in ("nvidia", "runc", "")],
+        },
+    }
+
+
 def emulator_with_nodes(names: list[str]) -> tuple[KubeAPIServer, KubeClient]:
     srv = KubeAPIServer().start()
     srv.add_token(CONTROLLER_TOKEN, CONTROLLER_USER)

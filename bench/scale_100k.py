@@ -3,8 +3,10 @@
     make bench-100k                                   # N = 100,000, S = 20 then S = 10
     .venv/bin/python bench/scale_100k.py 100000 --shards 20 --steady 120 --faults 10 --burst 1500
 
-Per S, fresh: the API emulator holding the N Nodes (as a kubelet writes them, 40 images each; in this bench's
-process, apart from the replica's); a stand-in Prometheus in a process of its own serving ONLY the replica's shard
+Per S, fresh: the API emulator holding the N Nodes (``--node-shape realistic``, the default: as a real GPU fleet's
+kubelet, GPU feature discovery and NFD leave them, bench.scale.realistic_node_body; ``toy``: node_body's few fields;
+40 images each either way; in this bench's process, apart from the replica's); a stand-in Prometheus in a process
+of its own serving ONLY the replica's shard
 (the nodes whose ``hashmod(name) mod S`` is its shard: what a Prometheus scraping with docs/sizing.md's relabelling
 answers for ``gpuremediate_shard=~"k"``; a query without that matcher is refused and counted); the other S-1
 shard Leases held by light stand-ins (one thread renewing them every 2 s, annotated ``S/hashmod`` as replicas of
@@ -12,8 +14,8 @@ that mode); then the replica, ``gpuremediate run --source prometheus --shards S 
 --prometheus-shard-label gpuremediate_shard``, default flags otherwise, in a process of its own. Printed:
 
 - the node cache: time to /readyz (Node informer synced) and to holding its shard; bytes per cached Node (the
-  informer's stripped Node, measured with tracemalloc on 10,000 of the same bodies decoded from JSON, in list pages
-  and one by one as watch events);
+  informer's stripped Node, measured with tracemalloc on 10,000 bodies of each shape decoded from JSON, in list
+  pages and one by one as watch events);
 - a steady window: full reads, read time (the controller's own gpuremediate_scrape_seconds), CPU s/min, RSS
   median / peak, API requests a minute by resource (Leases, others);
 - ``--faults`` single XID 79s on the share, one after another: stand-in has it -> cordon (P50 / P90 / max);
@@ -64,6 +66,7 @@ from bench.scale import (  # noqa: E402
     log,
     node_body,
     percentile,
+    realistic_node_body,
     replica_gauges,
     scrape_stats,
     wait,
@@ -267,19 +270,31 @@ class Claimers:
 # ---------------------------------------------------------------- the run
 
 
-def bytes_per_cached_node(sample: int = 10_000) -> dict[str, int]:
-    """What the Node informer keeps per Node (``strip_node`` of a kubelet's Node, as the emulator serves it):
-    ``listed`` decoded in pages of 500 as the informer's LIST brings them, ``watched`` each decoded from its own
-    watch event (what every cached Node becomes once its kubelet or a write has changed it)."""
-    def body(i: int) -> dict[str, Any]:
-        node = node_body(f"gpu-{i:06d}")
-        node["metadata"].update({"uid": f"{i:08x}-0000-4000-8000-{i:012x}", "resourceVersion": str(10**6 + i),
-                                 "creationTimestamp": "2026-12-07T00:00:00Z"})
-        return node
+NODE_SHAPES = ("toy", "realistic")  # bench.scale's node_body (a few fields) or realistic_node_body (a real fleet's)
 
-    pages = [json.dumps({"items": [body(i) for i in range(first, min(first + 500, sample))]})
+
+def fleet_node(shape: str, i: int) -> dict[str, Any]:
+    """The fleet's ``i``-th Node as the emulator serves it, in ``shape``."""
+    name = f"gpu-{i:06d}"
+    if shape == "realistic":
+        return realistic_node_body(name, i)
+    node = node_body(name)
+    node["metadata"].update({"uid": f"{i:08x}-0000-4000-8000-{i:012x}", "resourceVersion": str(10**6 + i),
+                             "creationTimestamp": "2026-12-07T00:00:00Z"})
+    return node
+
+
+def bytes_per_cached_node(sample: int = 10_000, shapes: tuple[str, ...] = NODE_SHAPES) -> dict[str, dict[str, int]]:
+    """What the Node informer keeps per Node (``strip_node`` of a kubelet's Node, as the emulator serves it), per
+    shape: ``listed`` decoded in pages of 500 as the informer's LIST brings them, ``watched`` each decoded from its
+    own watch event (what every cached Node becomes once its kubelet or a write has changed it)."""
+    return {shape: _bytes_per_cached_node(shape, sample) for shape in shapes}
+
+
+def _bytes_per_cached_node(shape: str, sample: int) -> dict[str, int]:
+    pages = [json.dumps({"items": [fleet_node(shape, i) for i in range(first, min(first + 500, sample))]})
              for first in range(0, sample, 500)]
-    events = [json.dumps(body(i)) for i in range(sample)]
+    events = [json.dumps(fleet_node(shape, i)) for i in range(sample)]
     out: dict[str, int] = {}
     for how, decoded in (("listed", lambda: [item for page in pages for item in json.loads(page)["items"]]),
                          ("watched", lambda: [json.loads(text) for text in events])):
@@ -293,7 +308,7 @@ def bytes_per_cached_node(sample: int = 10_000) -> dict[str, int]:
     return out
 
 
-def emulator(n: int) -> tuple[KubeAPIServer, KubeClient]:
+def emulator(n: int, shape: str = "realistic") -> tuple[KubeAPIServer, KubeClient]:
     srv = KubeAPIServer().start()
     srv.add_token(CONTROLLER_TOKEN, CONTROLLER_USER)
     client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=5000,
@@ -301,8 +316,8 @@ def emulator(n: int) -> tuple[KubeAPIServer, KubeClient]:
     for ns in (NAMESPACE, "gpuremediate-jobs", "gpu-operator"):
         client.create(NAMESPACES, {"metadata": {"name": ns}})
     nodes = srv.type_for("", "nodes")
-    for name in names(n):  # straight into the store: 100,000 creates over HTTP would be this bench's longest part
-        srv.store.create(nodes, node_body(name), "")
+    for i in range(n):  # straight into the store: 100,000 creates over HTTP would be this bench's longest part
+        srv.store.create(nodes, fleet_node(shape, i), "")
     # The store's millions of objects live to the end: out of the collector's sight, or each full collection walks
     # them all while the emulator's threads wait (a LIST page took over the controller's 60 s sync limit once).
     gc.collect()
@@ -323,11 +338,12 @@ def spread(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 2), "count": len(values)}
 
 
-def run(n: int, shards: int, steady_s: float, faults: int, burst: int, port: int) -> dict[str, Any]:
+def run(n: int, shards: int, steady_s: float, faults: int, burst: int, port: int,
+        shape: str = "realistic") -> dict[str, Any]:
     shard = preferred_shard(IDENTITY, shards)
-    result: dict[str, Any] = {"nodes": n, "shards": shards, "shard": shard}
+    result: dict[str, Any] = {"nodes": n, "shards": shards, "shard": shard, "node_shape": shape}
     t0 = time.monotonic()
-    srv, client = emulator(n)
+    srv, client = emulator(n, shape)
     result["emulator_load_s"] = round(time.monotonic() - t0, 1)
     log(f"emulator holds {n} Nodes after {result['emulator_load_s']} s")
     watch = CordonWatch(srv)
@@ -482,14 +498,17 @@ def main() -> int:
     p.add_argument("--burst", type=int, default=1500)
     p.add_argument("--port", type=int, default=18480)
     p.add_argument("--log-level", default="warning", help="the replica's (info: the fast path's split per fault)")
+    p.add_argument("--node-shape", choices=NODE_SHAPES, default="realistic",
+                   help="the emulator's Nodes: realistic (a real GPU fleet's labels, conditions, nodeInfo) or toy")
     p.add_argument("--profile", action="store_true",
                    help="the replica under bench/sampled_controller.py (profile-<port>.txt beside its log)")
     args = p.parse_args()
     bench.scale.CONTROLLER_LOG_LEVEL, bench.scale.PROFILE = args.log_level, args.profile
     per_node = bytes_per_cached_node()
-    log(f"the node informer keeps {per_node['listed']} bytes per listed Node, {per_node['watched']} per watched one")
+    for shape, kept in per_node.items():
+        log(f"the node informer keeps {kept['listed']} bytes per listed {shape} Node, {kept['watched']} per watched")
     for shards in args.shards:
-        result = run(args.nodes, shards, args.steady, args.faults, args.burst, args.port)
+        result = run(args.nodes, shards, args.steady, args.faults, args.burst, args.port, args.node_shape)
         result["bytes_per_cached_node"] = per_node
         print(json.dumps(result), flush=True)
     return 0

@@ -50,24 +50,101 @@ def strip_metadata(obj: dict[str, Any]) -> dict[str, Any]:
 
 def strip_node(node: dict[str, Any]) -> dict[str, Any]:
     """A Node with only what the controller reads (``strip_metadata`` plus the bulky status lists), its keys
-    interned (``shared_keys``)."""
+    interned and its repeated values shared (``compact_node``)."""
     out = strip_metadata(node)
     status = out.get("status")
     if isinstance(status, dict) and any(k in status for k in NODE_STATUS_UNREAD):
         out["status"] = {k: v for k, v in status.items() if k not in NODE_STATUS_UNREAD}
-    return shared_keys(out)
+    return compact_node(out)
 
 
-def shared_keys(obj: Any) -> Any:
-    """``obj`` with every dict key interned: one copy of "metadata", "lastTransitionTime" or a label's key for the
-    whole cache. A list page's decoder shares the keys of its 500 Nodes already; a Node decoded from its own watch
-    event (every Node, once the kubelets have reported) had its own, a third of what it held (3.4 to 2.3 KB a
-    Node, bench/scale_100k.py). Keys only: they are a small vocabulary; values (names, times, uids) are not."""
-    if isinstance(obj, dict):
-        return {sys.intern(k) if isinstance(k, str) else k: shared_keys(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [shared_keys(v) for v in obj]
-    return obj
+# ---- values a fleet repeats, one copy for the cache ----------------------------------------------------------
+#
+# A JSON decoder makes a new string for every value it reads: 100,000 Nodes hold 100,000 copies of "true",
+# "NVIDIA-H100-80GB-HBM3", "kubelet has sufficient memory available" and NFD's list of its labels. A realistic
+# GPU Node's label and condition values were over half of its cached bytes (bench/scale_100k.py,
+# bytes_per_cached_node). ``shared_value`` hands back one copy of each, from a table of its own rather than
+# sys.intern (an interned string lives as long as the interpreter on 3.12, and a fleet's values churn).
+# Per-node values (names, uids, times, IDs) never enter the table: within one Node they are shared through a
+# table that lives as long as the strip (``_NodeCompactor.own``), so a Node's seven condition times cost its
+# two or three distinct ones.
+
+SHARED_VALUES_CAP = 1 << 16  # about 4 MB of table at most; a GPU fleet's vocabulary is a few hundred values
+_shared_values: dict[str, str] = {}
+
+# Keys whose string values are the Node's own, wherever they appear (metadata, spec, taints, conditions, nodeInfo).
+PER_NODE_FIELDS = frozenset({
+    "name", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "lastHeartbeatTime",
+    "lastTransitionTime", "timeAdded", "bootID", "machineID", "systemUUID", "providerID", "podCIDR", "podCIDRs",
+    "externalID",
+})
+PER_NODE_LABELS = frozenset({"kubernetes.io/hostname", "nvidia.com/gfd.timestamp"})
+# Annotations are shared only under these prefixes (values a fleet repeats: NFD's list of its labels, the TTL,
+# attach-detach): others (CNI addresses, CSI node ids, the GPU operator's upgrade times, our own records) are
+# mostly one node's own and would only churn the table.
+SHARED_ANNOTATION_PREFIXES = ("nfd.node.kubernetes.io/", "node.alpha.kubernetes.io/", "volumes.kubernetes.io/",
+                              "cluster-autoscaler.kubernetes.io/")
+
+
+def shared_value(value: str) -> str:
+    """The table's copy of ``value`` (``value`` itself the first time). Thread-safe for the informers' threads
+    without a lock: dict.get, setdefault and clear each run whole under the GIL (str hashing and comparison call
+    no Python code), so two threads racing on one value both get the copy setdefault kept, and the size check can
+    only be off by a thread or two. Full: the table starts over, its old copies staying with the Nodes that hold
+    them (a flood of one-off values costs sharing for a while, never memory beyond the cap)."""
+    got = _shared_values.get(value)
+    if got is None:
+        if len(_shared_values) >= SHARED_VALUES_CAP:
+            _shared_values.clear()
+        got = _shared_values.setdefault(value, value)
+    return got
+
+
+def compact_node(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` as a new dict of the same content: keys interned, fleet-repeated values shared (``shared_value``),
+    a value repeated inside the Node (its condition times, its name as hostname label) one copy.
+
+    Keys: a list page's decoder shares the keys of its 500 Nodes already; a Node decoded from its own watch event
+    (every Node, once the kubelets have reported) had its own, a third of what a toy Node held (3.4 to 2.3 KB,
+    bench/scale_100k.py). Keys are a small vocabulary: sys.intern is fine for them."""
+    return _NodeCompactor().walk(node)
+
+
+class _NodeCompactor:
+    """One Node's walk (its keys by sys.intern, its values by the table or ``own``); loops with local names, as it
+    runs in the informer's thread for every watch event."""
+
+    def __init__(self) -> None:
+        self.own: dict[str, str] = {}
+
+    def walk(self, obj: dict[str, Any]) -> dict[str, Any]:
+        intern, field = sys.intern, self.field
+        return {intern(k): field(k, v) for k, v in obj.items()}
+
+    def field(self, key: str, value: Any) -> Any:
+        if isinstance(value, str):
+            if key in PER_NODE_FIELDS:
+                return self.own.setdefault(value, value)
+            return _shared_values.get(value) or shared_value(value)
+        if isinstance(value, dict):
+            if key == "labels":
+                return self.strings(value, lambda k: k in PER_NODE_LABELS)
+            if key == "annotations":
+                return self.strings(value, lambda k: not k.startswith(SHARED_ANNOTATION_PREFIXES))
+            return self.walk(value)
+        if isinstance(value, list):
+            return [self.field(key, v) for v in value]  # a list's items are its key's: podCIDRs, taints, conditions
+        return value
+
+    def strings(self, values: dict[str, Any], own: Callable[[str], bool]) -> dict[str, Any]:
+        """Labels or annotations: a string each (anything else kept as it is); ``own(key)``: the Node's own."""
+        intern, table, mine = sys.intern, _shared_values, self.own
+        out: dict[str, Any] = {}
+        for k, v in values.items():
+            if isinstance(v, str):
+                v = mine.setdefault(v, v) if own(k) else (table.get(v) or shared_value(v))
+            out[intern(k)] = v
+        return out
 
 
 FAILED_PODS = "status.phase=Failed"  # the one cluster-wide pod watch allowed: each reduced by its transform
