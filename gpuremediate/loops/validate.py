@@ -366,7 +366,7 @@ class ValidateLoop(JobLoop):
         if bad:
             return f"its NVLink fabric state is not good ({'; '.join(bad[:4])})"
         value = labels.get(rules.domain_label, "")
-        members = [n for n in self.ctx.nodes.gpu_nodes() if value and labels_of(n).get(rules.domain_label) == value]
+        members = self.ctx.nodes.gpu_nodes_with({rules.domain_label: [value]}) if value else []
         fingerprint, out = record.fault.fingerprint, []
         for member in members:
             if name_of(member) == name_of(node):
@@ -396,8 +396,9 @@ class ValidateLoop(JobLoop):
                                       created_at=action.created_at if action is not None else None,
                                       detail=detail, step=DOMAIN_WAIT, step_since=now)
             label = self.ctx.policy_for(node).fabric.domain_label
-            for member in self.ctx.nodes.gpu_nodes():
-                if name_of(member) != name_of(node) and labels_of(member).get(label) == labels_of(node).get(label):
+            value = labels_of(node).get(label)
+            for member in self.ctx.nodes.gpu_nodes_with({label: [value]}) if value else []:
+                if name_of(member) != name_of(node):
                     self.queue.add(name_of(member))
         after = block(dataclasses.replace(record, action=action), BLOCK_GATE, why, now)
         if after != record and self.ctx.writer.write(node, after) is None:
