@@ -176,22 +176,13 @@ class PrometheusHistory:
 
     def _history(self, changes: _Changes, start: float, end: float) -> History:
         history = History(start=start, end=end)
-        for node in sorted(changes.events):
-            current: dict[SeriesKey, float] = {}
-            events = sorted(changes.events[node], key=lambda e: e[0])
-            for i, (at, key, value) in enumerate(events):
-                if value is None:
-                    current.pop(key, None)
-                else:
-                    current[key] = value
-                if i + 1 < len(events) and events[i + 1][0] == at:
-                    continue  # apply every change of this instant first
-                if not current:
-                    history.add(node, at, unknown_readings(node, "no series for this node in Prometheus"))
-                    continue
-                samples = [Sample(name, labels, v) for (name, labels), v in sorted(current.items())]
-                for readings in dcgm.readings_from_samples(samples, node=node, source=SOURCE, observed_at=at):
-                    history.add(node, at, readings)
+        for node, at, current in _instants(changes):
+            if not current:
+                history.add(node, at, unknown_readings(node, "no series for this node in Prometheus"))
+                continue
+            samples = [Sample(name, labels, v) for (name, labels), v in sorted(current.items())]
+            for readings in dcgm.readings_from_samples(samples, node=node, source=SOURCE, observed_at=at):
+                history.add(node, at, readings)
         return history
 
 
