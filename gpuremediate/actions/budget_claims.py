@@ -61,11 +61,13 @@ def with_claimed(views: Collection[safety.NodeView], claimed: Collection[str], c
 def budget_refusal(views: Collection[safety.NodeView], candidate: str, waiting: Collection[str], budget: safety.Budget,
                    domains: Collection[safety.DomainBudget], claimed: Collection[str],
                    size: safety.FleetSize | None = None,
-                   view_of: Callable[[str], safety.NodeView | None] = lambda _name: None) -> str:
+                   view_of: Callable[[str], safety.NodeView | None] | None = None) -> str:
     """Why ``candidate`` may not start with the claimed nodes counted out ("" when it may). With ``size``, ``views``
     are the notable nodes only: a claimed node not among them (admitted by another replica, still in service in
-    this cache) is looked up with ``view_of``."""
+    this cache) is looked up with ``view_of``, which ``size`` needs."""
     if size is not None:
+        if view_of is None:
+            raise ValueError("budget_refusal: views of the notable nodes only (size) need view_of for claimed nodes")
         known = {v.name for v in views}
         views = [*views, *(v for name in sorted(set(claimed) - known) if (v := view_of(name)) is not None)]
     counted = with_claimed(views, claimed, candidate)

@@ -263,7 +263,7 @@ class NodeView:
             return
         shard = self._shard_of(name) if self._shard_of is not None else 0
         labels = labels_of(node)
-        notable = safety.notable(safety.node_view(node))
+        notable = _notable(node)
         with self._lock:
             names = self._by_shard.setdefault(shard, set())
             if name not in names:
@@ -348,24 +348,47 @@ class NodeView:
         return out
 
     def remember_write(self, old_rv: str, result: Node) -> None:
+        notable = self._watching and _notable(result)
         with self._lock:
             self._written[name_of(result)] = (old_rv, result)
+            self._mark_notable(name_of(result), notable)
 
     def replace_written(self, seen_rv: str, result: Node) -> None:
         """``result`` is a newer version of the node we saw at ``seen_rv``: if that was our own write not yet in
         the informer, it takes its place (keeping the version the informer must pass to drop it)."""
         name = name_of(result)
+        notable = self._watching and _notable(result)
         with self._lock:
             entry = self._written.get(name)
             if entry is not None and _rv(entry[1]) == seen_rv:
                 self._written[name] = (entry[0], result)
             else:
                 self._written[name] = (seen_rv, result)
+            self._mark_notable(name, notable)
+
+    def _mark_notable(self, name: str, notable: bool) -> None:
+        """Our write made the node notable: in the index at once, the lock held. ``budget_nodes`` names our writes
+        not yet in the cache too, but the informer stores an event before its handlers index it, and a reader
+        between the two drops the write (the cache has it) while the index does not show it yet: a node we just
+        quarantined would be missing from an admission's count for that moment. Its event's ``_indexed`` then
+        says what the node is."""
+        if notable:
+            self._notable.add(name)
 
     def overlay(self, name: str, patch: Mapping[str, Any]) -> None:
         with self._lock:
             current = self._overlay.get(name, {})
             self._overlay[name] = merge_patch(current, _without_rv(patch))
+
+
+def _notable(node: Node) -> bool:
+    """Whether the budget must see the node (``safety.notable``); a Node that cannot be viewed counts (never less)."""
+    try:
+        return safety.notable(safety.node_view(node))
+    except Exception:  # an index kept by the informer's thread must not stop at one odd Node
+        log.warning("node not viewable for the budget; counted as notable", extra={"node": name_of(node)},
+                    exc_info=True)
+        return True
 
 
 NOISE_METADATA = ("resourceVersion", "managedFields", "generation")

@@ -106,8 +106,9 @@ class FetchError(Exception):
 @dataclass
 class Answered:
     """How long the peer took to begin its answer: from the request's first byte sent to its status line read.
-    A peer such as Prometheus evaluates and encodes before it writes, so this is its own work, apart from the
-    transfer and the decoding here (which wait for this process's interpreter when it is busy)."""
+    A peer such as Prometheus evaluates and encodes before it writes, so this is its own work and one round trip,
+    apart from the body's transfer and the decoding here (which wait for this process's interpreter when it is
+    busy)."""
 
     seconds: float = 0.0
 
@@ -1006,10 +1007,10 @@ class PrometheusSource:
         XID, a DBE count that grew, a row-remap failure). One small query; ``read(nodes)`` follows for them.
         Nothing before the first full read: it reads every node anyway (and a poll during it would find every
         node with an old XID changed, and ask for all of them in one selector)."""
-        if self.reads == 0:
-            return set()
+        self.fault_answer_s = None  # nothing asked (yet): no answer's time for the pacer to space by
         held = self._held()
-        if held is not None and not held:
+        if self.reads == 0 or (held is not None and not held):
+            self.fault_error = ""  # nor a failure to back off from
             return set()
         matcher, mine = self._scoped("", held)
         answered = Answered()

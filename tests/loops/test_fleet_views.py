@@ -241,3 +241,18 @@ def test_the_budget_s_nodes_come_from_the_index_the_watch_keeps_and_decide_as_a_
     informer.put(written)
     assert names() == ["a", "b", "c"]
     _same_verdicts(view, "c")
+
+
+def test_our_write_counts_while_the_cache_has_stored_it_and_not_yet_indexed_it() -> None:
+    """The informer stores an event before its handlers run: a reader between the two drops our write (the cache
+    has it) while the index does not show it yet. A node we just quarantined must still count (review of issue 48)."""
+    informer = _WatchedInformer([_out("a"), _out("b")])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_budget()
+    held = NodeRecord(state=states.QUARANTINED, since=10.0, cordoned_by_us=True)
+    written = _out("a", rv="2", record=held, unschedulable=True)
+    view.remember_write("1", written)
+    informer.objects["a"] = written  # stored; its handler has not run yet
+    assert view.get("a") is written  # the reader that drops our write: the cache has it now
+    assert [n["metadata"]["name"] for n in view.budget_nodes() or []] == ["a"]
+    _same_verdicts(view, "b")
