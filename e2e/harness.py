@@ -1208,6 +1208,21 @@ def _clean_operands(kube: KubeClient) -> None:
                 kube.delete(PODS, meta["name"], EXPORTER_NS, grace_period_seconds=0)
 
 
+def add_taint(kube: KubeClient, node: str, taint: dict[str, Any]) -> None:
+    """``taint`` added to ``node`` as a person's kubectl would: ``spec.taints`` is one list, replaced guarded by the
+    resourceVersion it was read at, read again on a 409 (kube-controller-manager writes the same list)."""
+    for _ in range(10):
+        current = kube.get(NODES, node)
+        taints = (current.get("spec") or {}).get("taints") or []
+        try:
+            kube.patch(NODES, node, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                                     "spec": {"taints": [*taints, taint]}})
+            return
+        except errors.Conflict:
+            continue
+    raise E2EError(f"could not add taint {taint.get('key')} to {node}: 10 conflicts in a row")
+
+
 def _drop_scenario_taints(kube: KubeClient, node: str) -> None:
     """Taints a scenario or the controller put on ``node`` (``[taint]``, a person's): the cluster's own
     (``node.kubernetes.io/*``, a node role's) stay. ``spec.taints`` is one list: replaced guarded by the

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import EmulatorCluster, make_cluster
+from e2e.harness import EmulatorCluster, add_taint, make_cluster
 from gpuremediate.actions.node_status import (
     REMEDIATION_CONDITION,
     build_condition,
@@ -140,9 +140,7 @@ def test_a_node_problem_detector_condition_drives_an_action_through_the_policy_t
 
 def test_the_remediation_condition_and_taint_come_and_go_and_others_taints_stay(world: World) -> None:
     node = world.cluster.nodes[0]
-    taints = list((world.node(node).get("spec") or {}).get("taints") or [])
-    world.cluster.kube.patch(NODES, node, {"metadata": {"resourceVersion": world.node(node)["metadata"][
-        "resourceVersion"]}, "spec": {"taints": [*taints, OTHERS_TAINT]}})
+    add_taint(world.cluster.kube, node, OTHERS_TAINT)  # read once, guarded, again on a 409 (the taint manager's)
 
     def keys() -> set[str]:
         return {t["key"] for t in (world.node(node).get("spec") or {}).get("taints") or []}
