@@ -308,8 +308,15 @@ def _bytes_per_cached_node(shape: str, sample: int) -> dict[str, int]:
     return out
 
 
+WATCH_HISTORY = 20_000
+
+
 def emulator(n: int, shape: str = "realistic") -> tuple[KubeAPIServer, KubeClient]:
-    srv = KubeAPIServer().start()
+    # A real API server's continue token lasts until etcd's compaction (every 5 minutes); the emulator's until its
+    # watch history has moved on by watch_history events. With its default 1,000, the Lease and other writes during
+    # the replica's 200-page LIST of 100,000 Nodes expired the token once (S = 10), the LIST began again unpaged,
+    # and the replica gave up on its sync: 20,000 is minutes of this bench's writes, as a real server's window is.
+    srv = KubeAPIServer(watch_history=WATCH_HISTORY).start()
     srv.add_token(CONTROLLER_TOKEN, CONTROLLER_USER)
     client = KubeClient(ClusterConfig(server=srv.url, token_source=StaticToken(srv.admin_token)), qps=5000,
                         burst=5000)
