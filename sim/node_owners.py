@@ -338,9 +338,11 @@ class OwnerSim(Ticker):
     # -- a deleted owner object: its node goes, a replacement comes -------------------------------------
     def _terminate(self, owned: Owned, obj: dict[str, Any] | None) -> None:
         log.info("node owner deleted", extra={"node": owned.node, "owner": owned.name})
-        self.leave(owned.node)
         with contextlib.suppress(errors.NotFound):
             self.client.delete(NODES, owned.node)
+        # Then its pods, as the pod garbage collector deletes those of a Node that no longer exists: gone first,
+        # they let a drain held on one of them finish before the Node's delete was seen (a flaky e2e scenario).
+        self.leave(owned.node)
         if obj is not None and obj["metadata"].get("uid") == owned.uid:
             finalizers = [f for f in obj["metadata"].get("finalizers") or []
                           if f not in (MACHINE_FINALIZER, NODECLAIM_FINALIZER)]
