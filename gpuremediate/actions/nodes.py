@@ -240,6 +240,12 @@ class NodeView:
                 out.append(node)
         return out
 
+    def budget_fleet(self) -> tuple[list[Node], safety.FleetSize | None]:
+        """What the budget views: the ``budget_nodes`` and the fleet's size, or, before any index, every GPU node
+        and None (the views are the fleet then)."""
+        nodes = self.budget_nodes()
+        return (self.gpu_nodes(), None) if nodes is None else (nodes, self.fleet_size())
+
     def label_count(self, label: str, value: str) -> int:
         """How many GPU nodes carry ``label=value`` (an indexed label: from the index; any other: a walk)."""
         with self._lock:

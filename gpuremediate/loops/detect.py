@@ -1291,16 +1291,14 @@ class DetectLoop:
         self.ctx.metrics.node_state.replace_all(out)
         self.ctx.metrics.node_unknown.replace_all(
             [] if self.fleet_unknown else (({"node": n}, 1.0) for n in sorted(self.unknown)))
-        budget_nodes = self.ctx.nodes.budget_nodes()  # the notable nodes: the others count toward the size only
-        fleet = self.ctx.nodes.gpu_nodes() if budget_nodes is None else budget_nodes
+        fleet, size = self.ctx.nodes.budget_fleet()  # the notable nodes: the others count toward the size only
         views = [safety.node_view(n) for n in fleet]
         self.ctx.metrics.domain_nodes_out.replace_all(
             domains_out(views, self.ctx.policy.defaults.fabric.domain_label))
         cfg = self.ctx.policy.cluster.budget
         budget = safety.Budget(cfg.as_budget_value(), cfg.count_held)
         self.ctx.metrics.budget_in_use.set(float(sum(v.share for v in views if safety.counts_against(v, budget))))
-        self.ctx.metrics.budget_limit.set(float(budget.limit(
-            len(views) if budget_nodes is None else self.ctx.nodes.gpu_count())))
+        self.ctx.metrics.budget_limit.set(float(budget.limit(len(views) if size is None else size.nodes)))
         breaker = self.breakers.latest()
         self.ctx.metrics.circuit_breaker_open.set(1.0 if breaker.is_open else 0.0)
         self.ctx.metrics.breaker_look_held.set(float(len(breaker.looking.nodes)) if breaker.looking else 0.0)

@@ -254,11 +254,11 @@ class DrainLoop(NodeLoop):
     def _budget_fleet(self, node: Node) -> tuple[list[Node], safety.FleetSize | None]:
         """The nodes the budget views (``node`` among them) and, where those are only the notable ones
         (``NodeView.budget_nodes``), the fleet's size; else every GPU node and None."""
-        nodes = self.ctx.nodes.budget_nodes()
-        if nodes is None:
-            return self.ctx.nodes.gpu_nodes(), None
+        nodes, size = self.ctx.nodes.budget_fleet()
+        if size is None:
+            return nodes, None
         name = name_of(node)
-        return [*(n for n in nodes if name_of(n) != name), node], self.ctx.nodes.fleet_size()
+        return [*(n for n in nodes if name_of(n) != name), node], size
 
     def _view_of(self, name: str) -> safety.NodeView | None:
         node = self.ctx.nodes.get(name)
