@@ -78,6 +78,7 @@ from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
 from gpuremediate.kube.errors import Conflict, NotFound  # noqa: E402
 from gpuremediate.kube.handover import HANDOVER_ANNOTATION, HANDOVER_VERSION, SHARDS_ANNOTATION  # noqa: E402
 from gpuremediate.kube.leader import LeaseLock, lease_clock  # noqa: E402
+from gpuremediate.kube.packed import Packer  # noqa: E402
 from gpuremediate.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES  # noqa: E402
 from gpuremediate.kube.shards import preferred_shard, prometheus_hashmod, shard_lease_name  # noqa: E402
 from gpuremediate.signals.sources import NAME_LABEL  # noqa: E402
@@ -305,6 +306,13 @@ def _bytes_per_cached_node(shape: str, sample: int) -> dict[str, int]:
         tracemalloc.stop()
         assert len(store) == sample
         del store
+    packer = Packer(strip_node)  # another shard's Node, as a sharded replica's informer keeps it (kube/packed.py)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    packed = {i: packer.pack(strip_node(json.loads(text))) for i, text in enumerate(events)}
+    out["packed"] = round((tracemalloc.get_traced_memory()[0] - before) / sample)
+    tracemalloc.stop()
+    del packed
     return out
 
 
@@ -513,7 +521,8 @@ def main() -> int:
     bench.scale.CONTROLLER_LOG_LEVEL, bench.scale.PROFILE = args.log_level, args.profile
     per_node = bytes_per_cached_node()
     for shape, kept in per_node.items():
-        log(f"the node informer keeps {kept['listed']} bytes per listed {shape} Node, {kept['watched']} per watched")
+        log(f"the node informer keeps {kept['listed']} bytes per listed {shape} Node, {kept['watched']} per watched, "
+            f"{kept['packed']} per packed (another shard's)")
     for shards in args.shards:
         result = run(args.nodes, shards, args.steady, args.faults, args.burst, args.port, args.node_shape)
         result["bytes_per_cached_node"] = per_node

@@ -220,12 +220,19 @@ class Controller:
         self.shards = self._shard_set(settings) if settings.sharded else None
         if self.shards is not None:
             view.index_shards(self.shards.shard_index)  # a replica walks its share of the cache, not the fleet
+            # the other shards' Nodes are read from the view's indexes, a few at a time otherwise: packed (kube/packed)
+            self.informer.pack_unless(self.shards.holds_node)
         # the breaker's failure domains: a fault's domain is found from the index, not a view of every Node per fault
         # and the budget's domains' sizes, and (index_budget) the nodes the budget must see: a drain's admission and
         # the budget gauge view those, not every Node of the fleet
+        # and each NVLink domain label (a domain action's members and size, the domain gauge: never a walk of the
+        # cache, whose other shards' Nodes are packed)
         view.index_labels(dict.fromkeys((*breaker_domain_labels(policy.cluster.breaker.domain_labels,
                                                                   policy.defaults.fabric),
-                                         *(d.label for d in policy.cluster.budget.domains))))
+                                         *(d.label for d in policy.cluster.budget.domains),
+                                         *(p.fabric.domain_label for p in (policy.defaults,
+                                                                           *(g.policy for g in policy.groups))
+                                           if p.fabric.enabled and p.fabric.domain_label))))
         view.index_budget()
         claims = BudgetClaims(self.client, settings.namespace, lambda name: _looks_done(view, name), clock) \
             if self.shards is not None and not settings.dry_run else None
@@ -521,7 +528,7 @@ class Controller:
                         lease_duration=settings.lease_duration_s, renew_deadline=settings.renew_deadline_s,
                         retry_period=settings.retry_period_s, on_change=self._shards_changed,
                         leader_lease=settings.lease_name, on_conflict=self._mode_conflict,
-                        shard_hash=settings.shard_hash)
+                        shard_hash=settings.shard_hash, on_held=lambda _held: self.informer.repack())
 
     def _mode_conflict(self, why: str) -> None:
         """Replicas of another mode (a rollout changing --leader-elect / --shards) act instead of this one."""

@@ -57,6 +57,7 @@ from gpuremediate.kube.resources import NODES
 from gpuremediate.obs.controller_metrics import ControllerMetrics
 from gpuremediate.obs.notify import DRAIN_KIND, KIND_DRAIN_STARTED, WebhookNotifier, drain_started, for_transition
 from gpuremediate.policy import safety
+from gpuremediate.policy.gates import last_return
 from gpuremediate.state.decide import Decision
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, RecordError, node_patch, record_from_node
@@ -161,9 +162,12 @@ class NodeView:
         # fault's domain is found from its members, not by making a view of every Node of the fleet)
         self._label_of: dict[str, dict[str, str]] = {}
         self._with_value: dict[str, dict[str, set[str]]] = {}
-        # the GPU nodes the budget must see (``safety.notable``), kept by the same events: a drain's admission and
-        # the budget gauge view these and the fleet's size, not a view of every Node (``budget_nodes``)
-        self._notable: set[str] = set()
+        # the GPU nodes the budget must see (``safety.notable``), each as its event gave it, kept by the same
+        # events: a drain's admission and the budget gauge view these and the fleet's size, not a view of every Node
+        # (``budget_nodes``); held here, not read from the informer, whose store keeps another shard's Nodes packed
+        self._notable: dict[str, Node] = {}
+        # the GPU nodes that came back repaired, and when last (the drain's settle gate: the fleet's latest return)
+        self._returned: dict[str, float] = {}
 
     def get(self, name: str) -> Node | None:
         obj = self.informer.get(name)
@@ -232,13 +236,57 @@ class NodeView:
         if not self._watching:
             return None
         with self._lock:
-            names = self._notable | self._written.keys() | self._overlay.keys()
+            notable = dict(self._notable)
+            written = self._written.keys() | self._overlay.keys()
         out: list[Node] = []
-        for name in sorted(names):
-            node = self.get(name)
+        for name in sorted(notable.keys() | written):
+            node = self._newest(name, notable.get(name))
             if node is not None and self.node_filter(node):
                 out.append(node)
         return out
+
+    def _newest(self, name: str, indexed: Node | None) -> Node | None:
+        """``name``'s Node as ``get`` gives it where the cache holds it whole; where it holds it packed (another
+        shard's node, never one we wrote), ``indexed``: the object its last event gave the index."""
+        stored = self.informer.get_stored(name)
+        return self._corrected(name, stored) if stored is not None else indexed
+
+    def views_with(self, wanted: Mapping[str, Collection[str]]) -> list[safety.NodeView]:
+        """The budget's views (``safety.node_view``) of ``gpu_nodes_with(wanted)``, made from the indexes where
+        ``wanted``'s labels are indexed: a member in service (not notable) is its name and its indexed labels' values,
+        and no Node is read for it (a breaker's domain may be a zone: a third of the fleet, most of it another
+        replica's, whose Nodes the informer keeps packed)."""
+        with self._lock:
+            indexed = all(label in self._label_of for label in wanted)
+            names = {name for label, values in wanted.items() for value in values
+                     for name in self._with_value[label].get(value, ())} if indexed else set()
+            notable = {name: self._notable[name] for name in names if name in self._notable}
+            written = names & (self._written.keys() | self._overlay.keys())
+            labels = {name: {label: values[name] for label, values in self._label_of.items() if name in values}
+                      for name in names - notable.keys() - written}
+        if not indexed:
+            return [safety.node_view(n) for n in self.gpu_nodes_with(wanted)]
+        out: list[safety.NodeView] = []
+        for name in sorted(names):
+            if name in labels:
+                out.append(safety.NodeView(name=name, labels=labels[name]))
+                continue
+            node = self._newest(name, notable.get(name))
+            if node is None or not self.node_filter(node):
+                continue
+            node_labels = labels_of(node)
+            if any(label in node_labels and str(node_labels[label]) in values for label, values in wanted.items()):
+                out.append(safety.node_view(node))
+        return out
+
+    def last_return(self) -> float | None:
+        """When a GPU node last came back repaired (``gates.last_return`` over every GPU node's history): from the
+        index, or a walk of the cache before any."""
+        if not self._watching:
+            return last_return([r.history for n in self.gpu_nodes()
+                                if isinstance(r := record_from_node(n), NodeRecord)])
+        with self._lock:
+            return max(self._returned.values(), default=None)
 
     def budget_fleet(self) -> tuple[list[Node], safety.FleetSize | None]:
         """What the budget views: the ``budget_nodes`` and the fleet's size, or, before any index, every GPU node
@@ -269,16 +317,17 @@ class NodeView:
             return
         shard = self._shard_of(name) if self._shard_of is not None else 0
         labels = labels_of(node)
-        notable = _notable(node)
+        notable, returned = _notable(node), _returned_at(node)
         with self._lock:
             names = self._by_shard.setdefault(shard, set())
             if name not in names:
                 names.add(name)
                 self._gpu_count += 1
             if notable:
-                self._notable.add(name)
+                self._notable[name] = node
             else:
-                self._notable.discard(name)
+                self._notable.pop(name, None)
+            self._note_return(name, returned)
             for label, values in self._label_of.items():
                 self._move_label(label, name, values.get(name), labels.get(label))
 
@@ -290,7 +339,8 @@ class NodeView:
             if names is not None and name in names:
                 names.discard(name)
                 self._gpu_count -= 1
-            self._notable.discard(name)
+            self._notable.pop(name, None)
+            self._returned.pop(name, None)
             for label, values in self._label_of.items():
                 self._move_label(label, name, values.get(name), None)
 
@@ -353,38 +403,56 @@ class NodeView:
                 out.append(node)
         return out
 
+    def _note_return(self, name: str, returned: float | None) -> None:
+        """``name`` last came back repaired at ``returned`` (None: never, as its record says); the lock is held."""
+        if returned is None:
+            self._returned.pop(name, None)
+        else:
+            self._returned[name] = returned
+
     def remember_write(self, old_rv: str, result: Node) -> None:
         notable = self._watching and _notable(result)
+        returned = _returned_at(result) if self._watching else None
         with self._lock:
             self._written[name_of(result)] = (old_rv, result)
-            self._mark_notable(name_of(result), notable)
+            self._mark_notable(result, notable, returned)
 
     def replace_written(self, seen_rv: str, result: Node) -> None:
         """``result`` is a newer version of the node we saw at ``seen_rv``: if that was our own write not yet in
         the informer, it takes its place (keeping the version the informer must pass to drop it)."""
         name = name_of(result)
         notable = self._watching and _notable(result)
+        returned = _returned_at(result) if self._watching else None
         with self._lock:
             entry = self._written.get(name)
             if entry is not None and _rv(entry[1]) == seen_rv:
                 self._written[name] = (entry[0], result)
             else:
                 self._written[name] = (seen_rv, result)
-            self._mark_notable(name, notable)
+            self._mark_notable(result, notable, returned)
 
-    def _mark_notable(self, name: str, notable: bool) -> None:
+    def _mark_notable(self, result: Node, notable: bool, returned: float | None) -> None:
         """Our write made the node notable: in the index at once, the lock held. ``budget_nodes`` names our writes
         not yet in the cache too, but the informer stores an event before its handlers index it, and a reader
         between the two drops the write (the cache has it) while the index does not show it yet: a node we just
         quarantined would be missing from an admission's count for that moment. Its event's ``_indexed`` then
-        says what the node is."""
+        says what the node is. So does the settle gate's time of its last return."""
+        name = name_of(result)
         if notable:
-            self._notable.add(name)
+            self._notable.setdefault(name, result)  # (read from the cache: it holds our nodes whole)
+        if returned is not None and returned > self._returned.get(name, returned - 1):
+            self._returned[name] = returned
 
     def overlay(self, name: str, patch: Mapping[str, Any]) -> None:
         with self._lock:
             current = self._overlay.get(name, {})
             self._overlay[name] = merge_patch(current, _without_rv(patch))
+
+
+def _returned_at(node: Node) -> float | None:
+    """When the node last came back repaired, by its record's history (None: never, or no record to read)."""
+    record = record_from_node(node)
+    return last_return([record.history]) if isinstance(record, NodeRecord) else None
 
 
 def _notable(node: Node) -> bool:

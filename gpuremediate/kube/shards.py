@@ -145,10 +145,13 @@ class ShardSet:
         leader_lease: str = "gpuremediate",
         on_conflict: Callable[[str], None] | None = None,
         shard_hash: str = SHARD_HASHES[0],
+        on_held: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         """``on_change(owned)``: the shards ours to act on changed; ``on_conflict(why)``: we started ("" :
         stopped) waiting for replicas of another mode (``leader_lease``: the --leader-elect Lease's name);
-        ``shard_hash``: how a node's name picks its shard (``sha256`` or Prometheus' ``hashmod``)."""
+        ``shard_hash``: how a node's name picks its shard (``sha256`` or Prometheus' ``hashmod``); ``on_held(held)``:
+        the shards held changed, called in the round that changed them, before the next round can settle a shard
+        taken (a shard is held a round before it is ours to act on: what must be ready first is made ready here)."""
         if not identity:
             raise ValueError("shard leases need a non-empty identity")
         if not 1 <= shards <= MAX_SHARDS:
@@ -167,6 +170,7 @@ class ShardSet:
         self.lease_duration = lease_duration
         self.on_change = on_change
         self.on_conflict = on_conflict
+        self.on_held = on_held
         self._clock = clock or lease_clock
         self.locks = [self._lock_for(i) for i in range(shards)]
         self.guard = ModeGuard(namespace, identity, shards_mode(shards_value(shards, shard_hash)), leader_lease,
@@ -197,6 +201,14 @@ class ShardSet:
 
     def owns(self, node: str) -> bool:
         return self.shard_index(node) in self.owned()
+
+    def held(self) -> frozenset[int]:
+        """Shards whose Lease we hold, acted on yet or not (``owned`` is a part of these)."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def holds_node(self, node: str) -> bool:
+        return self.shard_index(node) in self.held()
 
     def shard_index(self, node: str) -> int:
         return shard_of(node, self.shards, self.shard_hash)
@@ -245,7 +257,7 @@ class ShardSet:
 
     def round(self) -> None:
         """Renew, read the others, hand back what a waiting replica wants, take free shards up to the cap."""
-        before = self.owned()
+        before, held_before = self.owned(), self.held()
         listed = self._list()
         if listed is not None:
             self.guard.observe(listed.values())
@@ -268,6 +280,9 @@ class ShardSet:
                 self._acquire_free(live, shards)
             self._ask_if_short(live)
         self.rounds += 1
+        held = self.held()
+        if held != held_before and self.on_held is not None:
+            self.on_held(held)
         after = self.owned()
         if after != before:
             log.info("shards held", extra={"identity": self.identity, "shards": sorted(after)})

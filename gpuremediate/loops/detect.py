@@ -321,7 +321,7 @@ class DetectLoop:
     def condition_arrived(self, old: Node, new: Node) -> bool:
         """The Node watch's update (its thread): when ``new``'s conditions give an actionable finding ``old``'s
         did not (a condition turned to a fault), the node is checked within ``CONDITION_WINDOW_S``. True then."""
-        if conditions_of(old) == conditions_of(new) or not self.ctx.owns(name_of(new)):
+        if not self.ctx.owns(name_of(new)) or conditions_of(old) == conditions_of(new):
             return False
         now, policy = self.ctx.clock(), self.ctx.policy_for(new)
         rules, more = policy.conditions, condition_rules(policy.network)
@@ -981,7 +981,7 @@ class DetectLoop:
                 if label in node_labels:
                     wanted[label].add(str(node_labels[label]))
         wanted = {label: values for label, values in wanted.items() if values}
-        return [safety.node_view(n) for n in self.ctx.nodes.gpu_nodes_with(wanted)] if wanted else []
+        return self.ctx.nodes.views_with(wanted) if wanted else []
 
     def _trip_guarded(self, names: Sequence[str], total_nodes: int, owned: Sequence[Node], now: float) -> bool:
         """``_trip_breaker``; False when the breaker's state could not be written (those faults wait a cycle)."""

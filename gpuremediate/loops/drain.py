@@ -338,9 +338,7 @@ class DrainLoop(NodeLoop):
             if why:
                 return BLOCK_GATE, why
         if cfg.settle_s > 0:
-            histories = [r.history for n in self.ctx.nodes.gpu_nodes()
-                         if isinstance(r := record_from_node(n), NodeRecord)]
-            why = gates.settle_reason(gates.settle_remaining(gates.last_return(histories), now, cfg.settle_s),
+            why = gates.settle_reason(gates.settle_remaining(self.ctx.nodes.last_return(), now, cfg.settle_s),
                                       cfg.settle_s)
             if why:
                 return BLOCK_GATE, why

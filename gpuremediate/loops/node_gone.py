@@ -119,7 +119,7 @@ class NodeGone:
             log.exception("the sweep for nodes deleted while the controller was down failed",
                           extra={"error": str(exc)})
             return []
-        present = {label_value(name_of(node)) for node in self.ctx.nodes.informer.list()}
+        present = {label_value(name) for name in self.ctx.nodes.informer.stored_keys()}  # a Node's key: its name
         gone = []
         for key, (name, deletes) in sorted(found.items()):
             if key in present or name in self._watched or not self.ctx.owns(name) or \

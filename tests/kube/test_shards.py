@@ -294,3 +294,26 @@ def test_only_the_exact_shard_lease_name_counts_as_its_lease() -> None:
     assert _index_of(lease("gpuremediate-shard-0")) == 0
     for other in ("gpuremediate-shard-01", "gpuremediate-shard-+1", "gpuremediate-shard-", "gpuremediate-leader"):
         assert _index_of(lease(other)) is None, other  # "-01" must not stand in for shard 1's Lease
+
+
+def test_a_shard_is_told_held_in_the_round_that_took_it_before_it_is_acted_on(kube_target: KubeTarget,
+                                                                             clock: FakeClock) -> None:
+    """``on_held`` is what makes a shard's nodes ready (the node cache unpacks them): it runs in the round that took
+    or lost a shard, while that shard is not yet ours to act on, and never again for a round that changed nothing."""
+    first, _ = _shard_set(kube_target, "replica-a", clock)
+    heard: list[tuple[frozenset[int], frozenset[int]]] = []  # (held, owned) as on_held saw them
+    first.on_held = lambda held: heard.append((held, first.owned()))
+    _rounds(first, count=4, clock=clock)
+    assert first.owned() == frozenset(range(4))
+    before: frozenset[int] = frozenset()
+    for held, owned in heard:
+        taken = held - before
+        assert taken and not taken & owned, (held, owned)  # each shard taken was told before it was acted on
+        before = held
+    assert heard[-1][0] == frozenset(range(4))
+    count = len(heard)
+    _rounds(first, count=2, clock=clock)
+    assert len(heard) == count  # nothing changed: not told again
+    second, _ = _shard_set(kube_target, "replica-b", clock)
+    _rounds(first, second, count=6, clock=clock)
+    assert len(first.held()) == 2 and heard[-1][0] == first.held()  # handed two back: told what it holds now

@@ -177,3 +177,39 @@ def test_a_shard_gained_is_read_at_once_not_one_interval_on(kube: tuple[KubeAPIS
     for thread in [t for t in threading.enumerate() if t.name == "node-gone-sweep"]:
         thread.join(10)
     assert swept == [frozenset({0}), frozenset({1})]
+
+
+def test_a_replica_keeps_the_other_shards_nodes_packed_and_unpacks_a_shard_it_takes(
+        kube: tuple[KubeAPIServer, KubeClient]) -> None:
+    """The node cache holds the other shards' Nodes packed (issue 48: each replica cached every Node whole, 1 GB at
+    100,000 realistic ones): a read of a packed Node gives it whole, the fleet still counts, and a shard taken over is
+    whole in the cache in the round that takes it, before the replica acts on it (``ShardSet.on_held``)."""
+    _srv, client = kube
+    mine = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 0)
+    theirs = next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == 1)
+    controller = Controller(Settings(namespace=NAMESPACE, shards=2, identity=mine), loads_policy(""), client=client,
+                            source=EveryNodeFaulty())  # type: ignore[arg-type]
+    other = ShardSet(client, NAMESPACE, theirs, 2)
+    shards, informer = controller.shards, controller.informer
+    assert shards is not None
+    for _ in range(3):
+        shards.round()
+        other.round()
+    assert controller.start_caches(timeout=20)
+    try:
+        def whole() -> set[str]:  # a stored object is handed out as it is; a packed one is a new object each read
+            return {n for n in NAMES if informer.get(n) is informer.get(n)}
+
+        assert whole() == {n for n in NAMES if shard_of(n, 2) == 0} and whole()
+        for name in NAMES:
+            assert informer.get(name) == controller.ctx.nodes.get(name)
+            assert informer.get(name)["metadata"]["labels"] == client.get(NODES, name)["metadata"]["labels"]  # type: ignore[index]
+        assert controller.ctx.nodes.gpu_count() == len(NAMES)
+        other._release_all()  # the other replica shuts down: its shard is free
+        shards.round()
+        assert shards.held() == frozenset({0, 1}) and shards.owned() == frozenset({0})
+        assert whole() == set(NAMES)  # before the replica acts on shard 1
+        shards.round()
+        assert shards.owned() == frozenset({0, 1})
+    finally:
+        controller.stop()

@@ -10,7 +10,14 @@ from gpuremediate.actions.nodes import NodeView as NodeCacheView
 from gpuremediate.loops.drain import FleetViews
 from gpuremediate.policy import safety
 from gpuremediate.vocab import states
-from gpuremediate.vocab.record import RECORD_ANNOTATION, Fault, NodeRecord, encode
+from gpuremediate.vocab.record import (
+    OUTCOME_REPAIRED,
+    RECORD_ANNOTATION,
+    Fault,
+    HistoryEntry,
+    NodeRecord,
+    encode,
+)
 
 
 def node(name: str, record: NodeRecord | None = None, gpus: int = 8, rv: str = "1") -> dict[str, Any]:
@@ -60,6 +67,9 @@ class _Informer:
     def get(self, name: str) -> dict[str, Any] | None:
         return self.objects.get(name)
 
+    def get_stored(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get(name)
+
     def list(self) -> list[dict[str, Any]]:
         return list(self.objects.values())
 
@@ -101,6 +111,11 @@ class _WatchedInformer(_Informer):
         super().__init__(objects)
         self.handlers: list[Any] = []
         self.lists = 0
+        self.gets = 0
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        self.gets += 1
+        return super().get(name)
 
     def list(self) -> list[dict[str, Any]]:
         self.lists += 1
@@ -256,3 +271,54 @@ def test_our_write_counts_while_the_cache_has_stored_it_and_not_yet_indexed_it()
     assert view.get("a") is written  # the reader that drops our write: the cache has it now
     assert [n["metadata"]["name"] for n in view.budget_nodes() or []] == ["a"]
     _same_verdicts(view, "b")
+
+
+def _clustered(views: list[safety.NodeView], faulted: set[str]) -> list[tuple[str, str, str]]:
+    return [(t.label, t.value, t.reason) for t in safety.clustered_domains(views, faulted, ["rack"], 50, 2, 0, 60)]
+
+
+def test_a_domain_s_views_come_from_the_indexes_and_decide_as_the_nodes_views() -> None:
+    """The breaker's domains may be zones, most of whose Nodes a sharded replica keeps packed: the views of members
+    in service are made from the indexes (no Node read), the notable ones from the objects the index keeps."""
+    informer = _WatchedInformer([_out("a"), _out("b", record=waiting_record(), unschedulable=True),
+                                 _out("c", unschedulable=True), _out("d", ready=False, rack="r2"),
+                                 _out("e", rack="r2"), _out("f"), node("cpu", gpus=0)])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_labels(["rack"])
+    view.index_budget()
+    lists, gets = informer.lists, informer.gets
+    wanted = {"rack": {"r1", "r2"}}
+    views = view.views_with(wanted)
+    assert (informer.lists, informer.gets) == (lists, gets)  # not a Node read
+    full = [safety.node_view(n) for n in view.gpu_nodes_with(wanted)]
+    assert [v.name for v in views] == [v.name for v in full] == ["a", "b", "c", "d", "e", "f"]
+    for made, whole in zip(views, full, strict=True):
+        assert (made.out_of_service, made.state, made.waiting, made.ready, made.unschedulable, made.describe()) == \
+            (whole.out_of_service, whole.state, whole.waiting, whole.ready, whole.unschedulable, whole.describe())
+        assert made.labels["rack"] == whole.labels["rack"]
+    for faulted in ({"a", "b"}, {"d", "e"}, {"a", "b", "c", "f"}, {"a"}):
+        assert _clustered(views, faulted) == _clustered(full, faulted), faulted
+
+    written = _out("f", rv="2", record=waiting_record(), unschedulable=True)
+    view.remember_write("1", written)  # our write, not in the cache yet: its view is the written Node's
+    assert next(v for v in view.views_with(wanted) if v.name == "f").waiting
+    assert [v.name for v in view.views_with({"rack": {"r2"}})] == ["d", "e"]
+
+
+def test_the_fleet_s_last_return_comes_from_the_index_and_our_writes() -> None:
+    def returned(at: float) -> NodeRecord:
+        entry = HistoryEntry(at=at, kind="xid", code="79", action="reboot", outcome=OUTCOME_REPAIRED)
+        return NodeRecord(state=states.HEALTHY, since=at, history=(entry,))
+
+    informer = _WatchedInformer([_out("a", record=returned(100.0)), _out("b", record=returned(300.0)), _out("c")])
+    view = NodeCacheView(informer, lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    view.index_budget()
+    lists = informer.lists
+    assert view.last_return() == 300.0
+    informer.delete("b")
+    assert view.last_return() == 100.0
+    view.remember_write("1", _out("c", rv="2", record=returned(500.0)))  # we returned c: the gate sees it at once
+    assert view.last_return() == 500.0 and informer.lists == lists
+    unindexed = NodeCacheView(_WatchedInformer([_out("a", record=returned(100.0)), _out("c")]),
+                              lambda obj: bool(obj["status"]["capacity"]))  # type: ignore[arg-type]
+    assert unindexed.last_return() == 100.0  # no index: a walk says the same

@@ -38,6 +38,9 @@ class FrozenInformer:
     def get(self, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.nodes.get(name))
 
+    def get_stored(self, name: str) -> dict[str, Any] | None:
+        return self.get(name)
+
     def list(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(n) for n in self.nodes.values()]
 
