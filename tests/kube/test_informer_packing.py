@@ -132,12 +132,12 @@ def test_an_event_whose_form_was_chosen_before_a_repack_is_chosen_again(client: 
 
 def test_a_packed_realistic_node_costs_a_few_hundred_bytes() -> None:
     """What packing is for: the figure docs/sizing.md sizes a replica by (bench/scale_100k.py measures it)."""
-    nodes = [json.dumps(realistic_node_body(f"gpu-{i:05d}", i)) for i in range(500)]
+    stripped = [strip_node(json.loads(json.dumps(realistic_node_body(f"gpu-{i:05d}", i)))) for i in range(500)]
     packer = Packer(strip_node)
-    tracemalloc.start()
+    tracemalloc.start()  # (after the strips: the table of shared values may grow while they run, once, not per Node)
     before = tracemalloc.get_traced_memory()[0]
-    kept = [packer.pack(strip_node(json.loads(text))) for text in nodes]
+    kept = [packer.pack(node) for node in stripped]
     per_node = (tracemalloc.get_traced_memory()[0] - before) / len(kept)
     tracemalloc.stop()
     assert per_node < 600, per_node  # a dict: 8.9 KB
-    assert packer.unpack(kept[7]) == strip_node(json.loads(nodes[7]))
+    assert packer.unpack(kept[7]) == stripped[7]
