@@ -5,6 +5,9 @@ a handler, so the store keeps only what the controller reads: ``strip_node`` dro
 writes in bulk (managedFields, the image list, volumes). Pods are never cached cluster-wide: an
 Informer on pods must name a namespace (the exporter pods') or one node (``fieldSelector=spec.nodeName=<node>``,
 the pods of a node being drained).
+
+``pack_unless(keep)`` keeps the objects whose key ``keep`` does not take packed (kube/packed.py): a sharded
+replica's Nodes of the other shards. Reads and handlers still get whole objects.
 """
 
 from __future__ import annotations

@@ -282,7 +282,10 @@ class ShardSet:
         self.rounds += 1
         held = self.held()
         if held != held_before and self.on_held is not None:
-            self.on_held(held)
+            try:
+                self.on_held(held)
+            except Exception:  # what it readies is a cost, never a decision: the round goes on to on_change
+                log.exception("readying the shards held failed", extra={"shards": sorted(held)})
         after = self.owned()
         if after != before:
             log.info("shards held", extra={"identity": self.identity, "shards": sorted(after)})
