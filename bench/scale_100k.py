@@ -515,10 +515,14 @@ def main() -> int:
     p.add_argument("--log-level", default="warning", help="the replica's (info: the fast path's split per fault)")
     p.add_argument("--node-shape", choices=NODE_SHAPES, default="realistic",
                    help="the emulator's Nodes: realistic (a real GPU fleet's labels, conditions, nodeInfo) or toy")
+    p.add_argument("--watch-history", type=int, default=20_000,
+                   help="watch events the emulator keeps (a continue token or a watch older than these expires)")
     p.add_argument("--profile", action="store_true",
                    help="the replica under bench/sampled_controller.py (profile-<port>.txt beside its log)")
     args = p.parse_args()
     bench.scale.CONTROLLER_LOG_LEVEL, bench.scale.PROFILE = args.log_level, args.profile
+    global WATCH_HISTORY
+    WATCH_HISTORY = args.watch_history
     per_node = bytes_per_cached_node()
     for shape, kept in per_node.items():
         log(f"the node informer keeps {kept['listed']} bytes per listed {shape} Node, {kept['watched']} per watched, "
