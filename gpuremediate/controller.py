@@ -222,11 +222,9 @@ class Controller:
             view.index_shards(self.shards.shard_index)  # a replica walks its share of the cache, not the fleet
             # the other shards' Nodes are read from the view's indexes, a few at a time otherwise: packed (kube/packed)
             self.informer.pack_unless(self.shards.holds_node)
-        # the breaker's failure domains: a fault's domain is found from the index, not a view of every Node per fault
-        # and the budget's domains' sizes, and (index_budget) the nodes the budget must see: a drain's admission and
-        # the budget gauge view those, not every Node of the fleet
-        # and each NVLink domain label (a domain action's members and size, the domain gauge: never a walk of the
-        # cache, whose other shards' Nodes are packed)
+        # Indexed labels: the breaker's failure domains, the budget's domains and every group's NVLink domain label
+        # (a fault's domain, a domain's size and members come from the index, never a walk of the cache, whose other
+        # shards' Nodes are packed); index_budget: the nodes the budget must see (a drain's admission, the gauge).
         view.index_labels(dict.fromkeys((*breaker_domain_labels(policy.cluster.breaker.domain_labels,
                                                                   policy.defaults.fabric),
                                          *(d.label for d in policy.cluster.budget.domains),

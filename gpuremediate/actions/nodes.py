@@ -440,8 +440,8 @@ class NodeView:
         name = name_of(result)
         if notable:
             self._notable.setdefault(name, result)  # (read from the cache: it holds our nodes whole)
-        if returned is not None and returned > self._returned.get(name, returned - 1):
-            self._returned[name] = returned
+        if returned is not None:
+            self._returned[name] = max(returned, self._returned.get(name, returned))
 
     def overlay(self, name: str, patch: Mapping[str, Any]) -> None:
         with self._lock:

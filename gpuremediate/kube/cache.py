@@ -311,15 +311,17 @@ class Informer:
         self._progress_at = time.monotonic()
 
     def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        with self._lock:
-            obj = self._store.get(f"{namespace}/{name}" if namespace else name)
+        obj = self._stored(name, namespace)
         return None if obj is None else self._unpacked(obj)
 
     def get_stored(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object as stored, where it is stored whole; None where it is packed (``pack_unless``) or absent."""
-        with self._lock:
-            obj = self._store.get(f"{namespace}/{name}" if namespace else name)
+        obj = self._stored(name, namespace)
         return obj if isinstance(obj, dict) else None
+
+    def _stored(self, name: str, namespace: str | None) -> dict[str, Any] | Packed | None:
+        with self._lock:
+            return self._store.get(f"{namespace}/{name}" if namespace else name)
 
     def list(self) -> list[dict[str, Any]]:
         """Every object, whole (a packed one unpacked: with ``pack_unless``, a walk of the cache costs about 0.1
