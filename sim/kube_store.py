@@ -6,12 +6,13 @@ propagation finalizers), and a bounded event history that watches replay from.
 from __future__ import annotations
 
 import copy
+import marshal
 import random
 import string
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +25,15 @@ META_ORDER = ("name", "generateName", "namespace", "selfLink", "uid", "resourceV
               "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
               "ownerReferences", "finalizers", "managedFields")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def clone(obj: Any) -> Any:
+    """A deep copy of a stored object: through marshal, about six times faster than ``copy.deepcopy`` on a GPU
+    Node (a 100,000-Node LIST page copies 500 of them); ``copy.deepcopy`` for what marshal cannot take."""
+    try:
+        return marshal.loads(marshal.dumps(obj))
+    except ValueError:  # a type marshal does not know (a subclass, an object): the general copy
+        return copy.deepcopy(obj)
 
 
 def now_time(offset_s: float = 0.0) -> str:
@@ -76,7 +86,7 @@ class Store:
     def get(self, key: str, namespace: str, name: str) -> Obj | None:
         with self.lock:
             obj = self.objects.get(key, {}).get((namespace, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            return clone(obj) if obj is not None else None
 
     def list_all(self, key: str, namespace: str = "") -> list[Obj]:
         return self.select(key, namespace)
@@ -89,7 +99,7 @@ class Store:
             bucket = self.objects.get(key, {})
             keys = sorted(k for k, obj in bucket.items()
                           if (not namespace or k[0] == namespace) and (keep is None or keep(obj)))
-            return [copy.deepcopy(bucket[k]) for k in keys]
+            return [clone(bucket[k]) for k in keys]
 
     def select_page(self, key: str, namespace: str, keep: Callable[[Obj], bool], order: Callable[[Obj], str],
                     after: str = "", limit: int = 0) -> tuple[list[Obj], int]:
@@ -102,7 +112,7 @@ class Store:
                      and keep(obj)]
             found = sorted((pair for pair in found if not after or pair[0] > after), key=lambda pair: pair[0])
             page = found[:limit] if limit else found
-            return [copy.deepcopy(obj) for _, obj in page], len(found) - len(page)
+            return [clone(obj) for _, obj in page], len(found) - len(page)
 
     def uids(self) -> set[str]:
         with self.lock:
@@ -117,7 +127,7 @@ class Store:
         with self.lock:
             found = ((key, self.objects.get(key, {}).get((ns, name)))
                      for key, ns, name in sorted(self._owned.get(uid, ())))
-            return [(key, copy.deepcopy(obj)) for key, obj in found if obj is not None]
+            return [(key, clone(obj)) for key, obj in found if obj is not None]
 
     def _index(self, key: str, ident: tuple[str, str], prev: Obj | None, now: Obj | None) -> None:
         if prev is not None:
@@ -148,20 +158,30 @@ class Store:
         if event_type == "DELETED":
             bucket.pop(ident, None)
         else:
-            bucket[ident] = copy.deepcopy(obj)
+            bucket[ident] = clone(obj)
         self._index(key, ident, prev, bucket.get(ident))
         if len(self.history) == self.history.maxlen:
             self.compacted_rv = self.history[0].rv
-        event = WatchEvent(self.rv, key, event_type, copy.deepcopy(obj), prev)
+        event = WatchEvent(self.rv, key, event_type, clone(obj), prev)
         self.history.append(event)
         self.changed.notify_all()
         for listener in list(self.listeners):
             listener(event)
-        return copy.deepcopy(obj)
+        return clone(obj)
 
     def events_after(self, rv: int) -> list[WatchEvent]:
+        """The history's events past ``rv``, oldest first: walked from the newest back, so a watch that is
+        keeping up costs the events it is sent, not the history (each of a fleet's watches wakes on every write,
+        the store locked meanwhile; with 20,000 events kept, a scan from the oldest cost each write milliseconds
+        per watch)."""
         with self.lock:
-            return [e for e in self.history if e.rv > rv]
+            newer: list[WatchEvent] = []
+            for event in reversed(self.history):
+                if event.rv <= rv:
+                    break
+                newer.append(event)
+            newer.reverse()
+            return newer
 
     # --- lifecycle --------------------------------------------------------------------------------
     def create(self, rt: ResourceType, obj: Obj, namespace: str, dry_run: bool = False,
@@ -191,6 +211,33 @@ class Store:
                 return obj
             return self._record(rt.key, "ADDED", obj)
 
+    def restore(self, rt: ResourceType, objs: Iterable[Obj], namespace: str = "") -> int:
+        """Objects as a restored etcd holds them before any client watches (a bench's fleet of 100,000 Nodes):
+        each stored as ``create`` would store it, but with no watch event (a watch starts past them) and no copy
+        (``objs`` are handed over). Returns how many."""
+        count = 0
+        with self.lock:
+            if rt.namespaced:
+                self._require_namespace(namespace)
+            bucket = self.objects.setdefault(rt.key, {})
+            for obj in objs:
+                meta = obj.setdefault("metadata", {})
+                if rt.namespaced:
+                    meta["namespace"] = namespace
+                ident = (namespace if rt.namespaced else "", meta["name"])
+                if ident in bucket:
+                    raise errs.already_exists(rt.resource, rt.group, meta["name"])
+                self.rv += 1
+                meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_time(), resourceVersion=str(self.rv))
+                if rt.generation:
+                    meta["generation"] = 1
+                bucket[ident] = shape(rt, obj)
+                self._index(rt.key, ident, None, bucket[ident])
+                count += 1
+            # no event of theirs to replay: a watch from before them is too old, as after a compaction
+            self.compacted_rv = max(self.compacted_rv, self.rv)
+        return count
+
     def _require_namespace(self, namespace: str) -> None:
         if self.get("/namespaces", "", namespace) is None:
             raise errs.not_found("namespaces", "", namespace)
@@ -212,13 +259,13 @@ class Store:
                 raise errs.raced(rt.resource, rt.group, old["metadata"]["name"])
             new = shape(rt, new)
             if _same_ignoring_rv(new, current):
-                return copy.deepcopy(current)
+                return clone(current)
             if dry_run:
                 return new
             removed = _finalized(new)
             stored = self._record(rt.key, "MODIFIED", new)
             if removed:
-                self._record(rt.key, "DELETED", copy.deepcopy(stored))
+                self._record(rt.key, "DELETED", clone(stored))
             return stored
 
     def delete(self, rt: ResourceType, namespace: str, name: str, *, grace: int | None = None,
@@ -283,7 +330,7 @@ class Store:
             current = self.get(rt.key, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
             if current is None or finalizer not in current["metadata"].get("finalizers", []):
                 return
-            updated = copy.deepcopy(current)
+            updated = clone(current)
             rest = [f for f in updated["metadata"]["finalizers"] if f != finalizer]
             if rest:
                 updated["metadata"]["finalizers"] = rest
