@@ -474,6 +474,33 @@ def controller_metrics(metrics_port: int) -> dict[str, float]:
     return values
 
 
+def api_requests(metrics_port: int) -> dict[str, tuple[float, float, float]]:
+    """The controller's API requests so far by verb: (count, seconds on the wire, seconds waiting on its rate
+    limit), from gpuremediate_api_request_duration_seconds and gpuremediate_api_rate_limiter_duration_seconds."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[float]] = {}
+    slot = {"gpuremediate_api_request_duration_seconds_count": 0, "gpuremediate_api_request_duration_seconds_sum": 1,
+            "gpuremediate_api_rate_limiter_duration_seconds_sum": 2}
+    for s in exposition.parse(text, strict=False).samples:
+        if s.name in slot:
+            out.setdefault(s.label("verb") or "?", [0.0, 0.0, 0.0])[slot[s.name]] += s.value
+    return {verb: (v[0], v[1], v[2]) for verb, v in out.items()}
+
+
+def api_requests_between(before: dict[str, tuple[float, float, float]],
+                         after: dict[str, tuple[float, float, float]]) -> dict[str, dict[str, float]]:
+    """Per verb between two ``api_requests``: how many, their mean time on the wire and mean wait, in ms."""
+    out: dict[str, dict[str, float]] = {}
+    for verb, (count, took, waited) in sorted(after.items()):
+        count0, took0, waited0 = before.get(verb, (0.0, 0.0, 0.0))
+        if count > count0:
+            n = count - count0
+            out[verb] = {"count": n, "mean_ms": round((took - took0) * 1000 / n, 1),
+                         "rate_limit_wait_mean_ms": round((waited - waited0) * 1000 / n, 1)}
+    return out
+
+
 def scrape_stats(metrics_port: int) -> tuple[float, float, float]:
     """(count, sum, errors) of the controller's reads of the Prometheus source."""
     values = controller_metrics(metrics_port)

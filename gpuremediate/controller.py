@@ -200,6 +200,7 @@ class Controller:
         self.metrics.policy_empty.set(1.0 if policy.empty and settings.policy_path else 0.0)
         self.client = client or KubeClient(load_config(settings.kubeconfig, settings.context),
                                            qps=settings.qps, burst=settings.burst)
+        self.client.observe_request = self.metrics.api_request
         self.informer = Informer(self.client, NODES)
         view = NodeView(self.informer, node_filter(settings))
         events = EventRecorder(self.client, namespace=settings.event_namespace, host=settings.who,

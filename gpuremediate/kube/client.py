@@ -42,6 +42,11 @@ EVICTION = "eviction"  # a mutation whose 429 is an answer for the caller, never
 # (errors.NotLeader). The controller installs its leader elector's fence here when it runs leader election.
 WriteFence = Callable[[str, str], None]
 
+# Called after every attempt that went on the wire, with (method, seconds from sending to the response's headers or
+# the failure, seconds the attempt waited on the client's rate limiter first): as client-go's
+# rest_client_request_duration_seconds and rest_client_rate_limiter_duration_seconds. Must not raise.
+RequestObserver = Callable[[str, float, float], None]
+
 
 @dataclass
 class _Reply:
@@ -79,6 +84,7 @@ class KubeClient:
         self._discovered: dict[str, dict[str, Resource]] = {}
         self._discovery_lock = threading.Lock()
         self.write_fence: WriteFence | None = None
+        self.observe_request: RequestObserver | None = None
         self._lane = threading.local()  # .background: this thread's requests yield to the others' (RateLimiter)
 
     @contextlib.contextmanager
@@ -400,10 +406,22 @@ class KubeClient:
         self, method: str, path: str, url: str, payload: bytes | None, content_type: str,
         stream_timeout: float | None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        queued = time.monotonic()
         self.limiter.acquire(background=getattr(self._lane, "background", False))
         fence = self.write_fence
         if fence is not None and method != "GET":
             fence(method, path)  # last check before the wire: the rate limiter or a retry may have waited
+        sent = time.monotonic()
+        try:
+            return self._exchange(method, url, payload, content_type, stream_timeout)
+        finally:
+            observe = self.observe_request
+            if observe is not None:
+                observe(method, time.monotonic() - sent, sent - queued)
+
+    def _exchange(
+        self, method: str, url: str, payload: bytes | None, content_type: str, stream_timeout: float | None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         auth = self.config.authorization()
         if auth:

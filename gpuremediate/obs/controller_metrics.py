@@ -8,6 +8,7 @@ from gpuremediate.kube import errors
 from gpuremediate.obs.metrics import Counter, Gauge, Histogram, Registry
 
 PREFIX = "gpuremediate_"
+API_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)  # client-go's request latency
 
 
 @dataclass
@@ -102,6 +103,13 @@ class ControllerMetrics:
             PREFIX + "notifications_total", "Webhook notifications by kind and result (sent, failed, dropped).",
             ["kind", "result"],
         )
+        self.api_request_seconds = Histogram(
+            PREFIX + "api_request_duration_seconds", "Kubernetes API requests by HTTP method: time from sending "
+            "one to its response's headers (a watch: until its stream opens; each retry is one).", ["verb"],
+            buckets=API_BUCKETS)
+        self.api_rate_limiter_seconds = Histogram(
+            PREFIX + "api_rate_limiter_duration_seconds", "Time a Kubernetes API request waited on the controller's "
+            "own rate limit (--qps, --burst) before it was sent, by HTTP method.", ["verb"], buckets=API_BUCKETS)
         self.scrape_seconds = Histogram(
             PREFIX + "scrape_seconds",
             "Time to read one node's GPU metrics.",
@@ -235,12 +243,19 @@ class ControllerMetrics:
             self.replacements,
             self.nodes_replaced,
             self.clock_offset,
+            self.api_request_seconds,
+            self.api_rate_limiter_seconds,
         ):
             r.register(metric)
 
     def preflight_admission(self, result: str, seconds: float) -> None:
         self.preflight_admissions.inc(result=result)
         self.preflight_admission_seconds.observe(seconds)
+
+    def api_request(self, verb: str, seconds: float, limiter_wait_s: float) -> None:
+        """One API request's attempt (kube/client.py's ``RequestObserver``)."""
+        self.api_request_seconds.observe(seconds, verb=verb)
+        self.api_rate_limiter_seconds.observe(limiter_wait_s, verb=verb)
 
     def count_api_error(self, exc: errors.KubeError) -> None:
         reason = exc.reason if isinstance(exc, errors.ApiError) else "Transport"
