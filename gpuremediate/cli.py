@@ -38,6 +38,7 @@ from gpuremediate.kube.config import ClusterConfig, load_config
 from gpuremediate.kube.errors import Forbidden, KubeError
 from gpuremediate.kube.handover import SHARD_HASHES
 from gpuremediate.kube.shards import list_shard_leases, shard_status_lines
+from gpuremediate.malloc_arenas import limit_malloc_arenas
 from gpuremediate.obs.log import add_log_flags, setup_logging
 from gpuremediate.policy.config import PolicyError, PolicyFile, default_policy, load_policy
 from gpuremediate.policy.safety import CircuitBreaker, Pause
@@ -519,6 +520,7 @@ def _run(args: argparse.Namespace, shutdown: Shutdown) -> int:
     setup_logging(settings.log_format, settings.log_level)
     # `kill -USR1 <pid>` writes every thread's stack to stderr: what a stuck controller waits on, without a debugger
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    limit_malloc_arenas()  # before any thread: its RSS follows what it holds, not the arenas (malloc_arenas.py)
     controller = Controller(settings, policy, client=KubeClient(config, qps=settings.qps, burst=settings.burst))
     return 0 if shutdown.requested else controller.run(shutdown)
 
