@@ -139,7 +139,7 @@ def test_the_walk_sees_type_checking_and_function_local_imports(tmp_path: Path,
 # The layers of gpuremediate/, bottom first (issue 44): a package or top-level module imports only from its own
 # layer's modules and the layers below. Written once, here; docs/internals.md draws it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("clock", "shutdown"),
+    ("clock", "shutdown", "malloc_arenas"),
     ("vocab",),  # the words every layer speaks: findings, the record and its states, the policy schema
     ("kube",),
     ("gpu_resources",),
