@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 BUDGET_CONFIGMAP = "gpuremediate-budget"
 ADMITTED_KEY = "admitted"
 CLAIM_ATTEMPTS = 5  # one write and four re-reads after a 409
+CLAIM_AHEAD = 16  # a replica's other waiting nodes claimed in one admission's write, at most
+
+Refusal = Callable[[frozenset[str]], str]  # why a node may not be admitted with these claimed ("" when it may)
 
 
 class ClaimError(RuntimeError):
@@ -92,30 +95,47 @@ class BudgetClaims:
         self.clock = clock
         self.requests = 0  # API calls made (the cost the docs quote)
 
-    def claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
+    def claim(self, candidate: str, refusal: Refusal) -> str:
         """Put ``candidate`` in the admitted set when ``refusal(the others admitted)`` is ""; else that reason.
         A candidate already in the set holds its slot (a claim whose node write failed). The set unreadable or
         unwritable: the reason says why (the drain waits, blocked on the budget, and asks again). Raises
         ``Contended`` when every attempt met another replica's write."""
+        return self.claim_ahead(candidate, refusal, dict)[0]
+
+    def claim_ahead(self, candidate: str, refusal: Refusal, ahead: Callable[[], Mapping[str, Refusal]]
+                    ) -> tuple[str, tuple[str, ...]]:
+        """``claim``, and with the candidate admitted, in the same write, each node of ``ahead()`` (in its order;
+        asked once, only when the candidate is admitted) that its own refusal lets in with every node admitted
+        before it counted: this replica's other nodes waiting for admission, so that a burst's share is claimed in
+        a few writes of the one ConfigMap every shard writes, not one contended read-modify-write each. Returns
+        the candidate's reason and the nodes of ``ahead`` now claimed (each holds its slot until its own admission
+        starts its drain)."""
         try:
-            return self._claim(candidate, refusal)
+            return self._claim(candidate, refusal, ahead)
         except Contended:
             raise
         except ClaimError as exc:
             log.warning("budget claim failed; the drain waits", extra={"node": candidate, "error": str(exc)})
-            return f"budget claim failed: {exc}"
+            return f"budget claim failed: {exc}", ()
 
-    def _claim(self, candidate: str, refusal: Callable[[frozenset[str]], str]) -> str:
+    def _claim(self, candidate: str, refusal: Refusal, ahead: Callable[[], Mapping[str, Refusal]]
+               ) -> tuple[str, tuple[str, ...]]:
+        others: Mapping[str, Refusal] | None = None
         for _ in range(CLAIM_ATTEMPTS):
             current = self._read()
             admitted = self._pruned(_admitted_of(current))
-            if candidate in admitted and admitted == _admitted_of(current):
-                return ""
             why = "" if candidate in admitted else refusal(frozenset(admitted))
+            taken: list[str] = []
             if not why:
-                admitted.setdefault(candidate, self.clock())
-            if self._write(current, admitted):
-                return why
+                now = self.clock()
+                admitted.setdefault(candidate, now)
+                others = ahead() if others is None else others
+                for name, refuses in others.items():
+                    if name not in admitted and not refuses(frozenset(admitted)):
+                        admitted[name] = now
+                        taken.append(name)
+            if self._write(current, admitted):  # no write where nothing changed
+                return why, tuple(taken)
         raise Contended(f"ConfigMap {self.namespace}/{BUDGET_CONFIGMAP}: {CLAIM_ATTEMPTS} conflicting writes in a "
                         f"row")
 

@@ -242,14 +242,48 @@ class DrainLoop(NodeLoop):
         if pods:
             return block(record, BLOCK_GATE, pods, now)
         if self.ctx.claims is not None:  # --shards: the API server decides who takes the last slot
+            def refusal(candidate: str) -> budget_claims.Refusal:
+                return lambda claimed: budget_claims.budget_refusal(views, candidate, waiting, budget, domains,
+                                                                    claimed, size, self._view_of)
+            def ahead() -> dict[str, budget_claims.Refusal]:
+                return {other: refusal(other) for other in self._claimable_ahead(name, views, waiting)}
             try:
-                refused = self.ctx.claims.claim(name, lambda claimed: budget_claims.budget_refusal(
-                    views, name, waiting, budget, domains, claimed, size, self._view_of))
+                refused, taken = self.ctx.claims.claim_ahead(name, refusal(name), ahead)
             except budget_claims.Contended:
                 return self._claim_contended(name)
+            for other in taken:  # each starts its drain at its own admission, which finds its claim made
+                self.queue.add(other)
             if refused:
                 return block(record, BLOCK_BUDGET, refused, now)
         return ADMITTED
+
+    def _claimable_ahead(self, name: str, views: Sequence[safety.NodeView], waiting: Sequence[str]) -> list[str]:
+        """This replica's other nodes waiting for admission that nothing but the budget holds (the fleet's gates
+        have just let ``name`` through; a pause or breaker holding the node, its blocking pods, a variant's step
+        before admission or another worker's start leave it out): claimed in ``name``'s write, at most
+        ``CLAIM_AHEAD``, older faults first as the refusal itself orders them."""
+        by_name = {v.name: v for v in views}
+        mine = sorted((by_name[other] for other in waiting if other in by_name and other != name
+                       and other not in self._starting and self.ctx.owns(other)), key=safety.admission_order)
+        out: list[str] = []
+        for view in mine:
+            if len(out) == budget_claims.CLAIM_AHEAD:
+                break
+            other = view.name
+            if self._stopped(view) is not None:
+                continue
+            node = self.ctx.nodes.get(other)
+            record = record_from_node(node) if node is not None else None
+            if node is None or not isinstance(record, NodeRecord) or self._prepares(node, record) \
+                    or self._blocking_pods(other):
+                continue
+            out.append(other)
+        return out
+
+    def _prepares(self, node: Node, record: NodeRecord) -> bool:
+        """The node's drainer has a step of its own before admission (``_before_admission``)."""
+        return callable(getattr(self._drainer(select_drainer(self.ctx.policy_for(node), record)), "before_admission",
+                                None))
 
     def _budget_fleet(self, node: Node) -> tuple[list[Node], safety.FleetSize | None]:
         """The nodes the budget views (``node`` among them) and, where those are only the notable ones

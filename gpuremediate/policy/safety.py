@@ -296,7 +296,7 @@ def admit(
     by_name = {v.name: v for v in gpu_nodes}
     used = _slots(by_name[n] for n in out)  # kept as candidates are added: a sum per candidate was quadratic
     admitted = []
-    for name in sorted(set(candidates), key=lambda n: (_first_seen_key(by_name[n]), n)):
+    for name in sorted(set(candidates), key=lambda n: admission_order(by_name[n])):
         adds = Fraction(0) if name in out else by_name[name].share
         if used + adds > limit:
             continue
@@ -367,8 +367,9 @@ def _shown(slots: Fraction) -> str:
     return str(int(slots)) if slots.denominator == 1 else f"{float(slots):.3g}"
 
 
-def _first_seen_key(view: NodeView) -> float:
-    return math.inf if view.first_seen is None else view.first_seen
+def admission_order(view: NodeView) -> tuple[float, str]:
+    """The order candidates are admitted in: oldest fault first (a node with none last), then by name."""
+    return (math.inf if view.first_seen is None else view.first_seen), view.name
 
 
 def _require_known(gpu_nodes: Sequence[NodeView], names: Sequence[str]) -> None:

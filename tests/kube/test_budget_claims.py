@@ -150,3 +150,39 @@ def test_a_claim_every_write_of_which_meets_another_replica_s_is_contended_not_r
         mine.claim("gpu-0", refusal)
     assert len(asked) == 5 and not caplog.records
     assert set(mine.admitted()) == {f"other-{i}" for i in range(1, 6)}
+
+
+def test_claiming_ahead_takes_what_the_budget_admits_in_the_candidate_s_one_write(kube_target: KubeTarget) -> None:
+    """A budget of 3, four of this replica's nodes waiting: the candidate and the two next in one write; the fourth
+    is refused by its own refusal (the budget counts those claimed before it) and left to its own admission."""
+    _reset_configmap(kube_target)
+    claims = _claims(kube_target)
+    views = _views("gpu-0", "gpu-1", "gpu-2", "gpu-3")
+    budget = safety.Budget(3)
+
+    def refusal(candidate: str) -> Any:
+        return lambda claimed: budget_refusal(views, candidate, [], budget, [], claimed)
+
+    writes_before = claims.requests
+    why, taken = claims.claim_ahead("gpu-0", refusal("gpu-0"), lambda: {n: refusal(n) for n in ("gpu-1", "gpu-2",
+                                                                                                 "gpu-3")})
+    assert (why, taken) == ("", ("gpu-1", "gpu-2"))
+    assert claims.requests - writes_before == 2  # one read, one write
+    assert set(claims.admitted()) == {"gpu-0", "gpu-1", "gpu-2"}
+    # gpu-1's own admission finds its claim made (its refusal is not asked) and gpu-3 still does not fit: no write
+    before = claims.requests
+    assert claims.claim_ahead("gpu-1", lambda _c: "must not be asked", lambda: {"gpu-3": refusal("gpu-3")}) \
+        == ("", ())
+    assert claims.requests - before == 1
+    assert set(claims.admitted()) == {"gpu-0", "gpu-1", "gpu-2"}
+
+
+def test_a_refused_candidate_claims_nothing_ahead(kube_target: KubeTarget) -> None:
+    _reset_configmap(kube_target)
+    claims = _claims(kube_target)
+
+    def never_asked() -> dict[str, Any]:
+        raise AssertionError("the nodes ahead were looked for although the candidate was refused")
+
+    assert claims.claim_ahead("gpu-0", lambda _claimed: "paused", never_asked) == ("paused", ())
+    assert claims.admitted() == {}

@@ -77,12 +77,12 @@ def _identity_for(shard: int) -> str:
     return next(f"replica-{i}" for i in range(100) if preferred_shard(f"replica-{i}", 2) == shard)
 
 
-def _replicas(srv: KubeAPIServer, seen: dict[int, list[dict[str, Any]]]) -> list[DrainLoop]:
+def _replicas(srv: KubeAPIServer, seen: dict[int, list[dict[str, Any]]], policy: Any = POLICY) -> list[DrainLoop]:
     """One controller per shard, each holding its shard and seeing ``seen[shard]`` in its node cache."""
     # Long leases: the rounds are driven by hand, and a machine stall past a 10 s renew deadline before the
     # reconcile would make owned() give the shard up.
     controllers = [Controller(Settings(namespace=NAMESPACE, shards=2, identity=_identity_for(shard),
-                                       lease_duration_s=900, renew_deadline_s=600, retry_period_s=2), POLICY,
+                                       lease_duration_s=900, renew_deadline_s=600, retry_period_s=2), policy,
                               client=_client(srv), source=object())  # type: ignore[arg-type]
                    for shard in sorted(seen)]
     for _ in range(3):  # the first round takes the preferred shard; the next one acts on it
@@ -212,10 +212,43 @@ def test_a_contended_claim_is_asked_again_at_once_and_leaves_no_block(server: Ku
         raise Contended("ConfigMap gpuremediate-system/gpuremediate-budget: 5 conflicting writes in a row")
 
     assert second.ctx.claims is not None
-    monkeypatch.setattr(second.ctx.claims, "claim", contended)
+    monkeypatch.setattr(second.ctx.claims, "claim_ahead", contended)
     assert second.reconcile_name(node_1) == second.retry_after_conflict()
     after = admin.get(NODES, node_1)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # nothing written
     monkeypatch.undo()
     second.reconcile_name(node_1)
     assert _started(admin, node_1)[0] == [node_1]
+
+
+def test_one_admission_claims_the_replica_s_other_waiting_nodes_in_its_write(server: KubeAPIServer) -> None:
+    """A budget of 3 and four of shard 0's nodes waiting: the oldest's admission claims the next two in its one
+    write of the admitted set and queues them; their own admissions start their drains with no write of it; the
+    fourth waits, the budget full."""
+    admin = _client(server)
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    mine = [n for n in (f"gpu-{i}" for i in range(40)) if shard_of(n, 2) == 0][:4]
+    for i, name in enumerate(mine):
+        admin.create(NODES, _waiting(name, 100.0 + i))
+    stored = [_as_settled(admin, n) for n in mine]
+    policy = loads_policy('[budget]\nmax_unavailable = "3"\n[breaker]\nenabled = false\n')
+    drain, _ = _replicas(server, {0: stored, 1: stored}, policy)
+
+    queued: list[str] = []
+    drain.queue.add = queued.append  # type: ignore[method-assign]
+    since = len(server.requests)
+    drain.reconcile_name(mine[0])
+    writes = [r for r in server.requests[since:] if r[3] == "configmaps" and r[1] in ("create", "update")]
+    assert len(writes) == 1, writes
+    configmap = admin.get(CONFIGMAPS, BUDGET_CONFIGMAP, NAMESPACE)
+    assert set(json.loads(configmap["data"][ADMITTED_KEY])) == set(mine[:3])
+    assert queued == mine[1:3]  # each asked at once, not at its next resync
+    since = len(server.requests)
+    for name in mine[1:]:
+        drain.reconcile_name(name)
+    writes = [r for r in server.requests[since:] if r[3] == "configmaps" and r[1] in ("create", "update")]
+    assert writes == [], writes
+    started, records = _started(admin, *mine)
+    assert started == mine[:3], records
+    held = records[mine[3]]
+    assert isinstance(held, NodeRecord) and held.blocked is not None and held.blocked.reason == "budget"
