@@ -61,6 +61,10 @@ class Server(ThreadingHTTPServer):
     """The threaded server, saying a client's hang-up in one debug line instead of socketserver's traceback."""
 
     daemon_threads = True
+    # Go's net.Listen asks for the system's somaxconn (4096 on current kernels, which caps it there); socketserver's
+    # 5 overflowed when 750 agents wrote at once, and a connection whose handshake the full queue dropped was reset
+    # after its request was sent: a status write lost, its retry a whole agent interval later
+    request_queue_size = 4096
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
