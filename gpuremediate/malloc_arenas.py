@@ -27,7 +27,7 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: no process handle by None (Windows)
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     done = mallopt(M_ARENA_MAX, arenas) == 1
