@@ -21,6 +21,7 @@ from gpuremediate.policy.config import loads_policy
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, decode, encode, record_from_node
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 DRAINING = NodeRecord(state=states.DRAINING, reason="xid-79", message="XID 79 on GPU 3")
 REPAIRING = NodeRecord(state=states.REPAIRING, reason="drain-complete")
@@ -93,9 +94,20 @@ class Rig:
     def write(self, record: NodeRecord, *, name: str = "gpu-1", cordon: bool = False) -> NodeRecord:
         assert self.writer.write(self.client.get(NODES, name), record, cordon=cordon) is not None
         assert self.reports.flush(10)
+        # The node lifecycle follows a cordon (or its lift) with the unschedulable taint, a write of its own a
+        # moment later, as on a real server: waited for, or the next write's read could be from before it and
+        # meet a change to the taints, which a decision reads (the write is then decided again, not sent)
+        wait_for(lambda: _lifecycle_caught_up(self.client.get(NODES, name)), timeout=30,
+                 describe="the node lifecycle's unschedulable taint following the cordon")
         written = record_from_node(self.client.get(NODES, name))
         assert isinstance(written, NodeRecord)
         return written
+
+
+def _lifecycle_caught_up(node: dict[str, Any]) -> bool:
+    spec = node.get("spec") or {}
+    tainted = any(t.get("key") == "node.kubernetes.io/unschedulable" for t in spec.get("taints") or [])
+    return tainted == bool(spec.get("unschedulable"))
 
 
 @pytest.fixture

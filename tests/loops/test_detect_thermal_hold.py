@@ -23,6 +23,7 @@ from gpuremediate.signals.model import SOURCE_OK, GpuReading, NodeReadings
 from gpuremediate.vocab import states
 from gpuremediate.vocab.record import NodeRecord, record_from_node
 from sim.kubeapi import KubeAPIServer
+from sim.waiting import wait_for
 
 NAMESPACE = "gpuremediate-system"
 NODE = "gpu-hot"
@@ -53,6 +54,12 @@ class Hold:
         self.client.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
         self.client.create(NODES, {"metadata": {"name": NODE, "labels": {"nvidia.com/gpu.present": "true"}},
                                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        # A new Node registers tainted not-ready until the node lifecycle sees it Ready and lifts the taint, a write
+        # of its own a moment later: waited for, or the first cycle's record write could meet that change to the
+        # taints (which a decision reads) and be decided again at the next cycle instead of sent
+        wait_for(lambda: not any(t.get("key") == "node.kubernetes.io/not-ready"
+                                 for t in (self.client.get(NODES, NODE).get("spec") or {}).get("taints") or []),
+                 timeout=30, describe="the node lifecycle lifting the not-ready taint")
         self.start = time.time() - 50.0
         self.at = self.start
         self.gpu = Thermometer()
