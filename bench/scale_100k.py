@@ -21,8 +21,8 @@ that mode); then the replica, ``gpuremediate run --source prometheus --shards S 
 - ``--faults`` single XID 79s on the share, one after another: stand-in has it -> cordon (P50 / P90 / max);
 - a burst of ``--burst`` of N at once, spread over every shard: this replica's share is served faulty and acted
   on; every other shard's nodes are cordoned and claimed in ConfigMap ``gpuremediate-budget`` at the same moment
-  by S-1 simulated claimers (GET, add up to 1 + CLAIM_AHEAD of a shard's nodes, update with the resourceVersion; a
-  409 reads again), so the replica's drain admissions meet that contention. Printed: has it -> cordon, each
+  by S-1 simulated claimers (GET, add the node, update with the resourceVersion; a 409 reads again), so the
+  replica's drain admissions meet that contention. Printed: has it -> cordon, each
   cordoned once with its record, the time until the share's drains were admitted (its nodes in the set), the
   claimers' and the replica's budget requests.
 
@@ -74,7 +74,7 @@ from bench.scale import (  # noqa: E402
     scrape_stats,
     wait,
 )
-from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP, CLAIM_AHEAD  # noqa: E402
+from gpuremediate.actions.budget_claims import ADMITTED_KEY, BUDGET_CONFIGMAP  # noqa: E402
 from gpuremediate.kube.cache import strip_node  # noqa: E402
 from gpuremediate.kube.client import KubeClient  # noqa: E402
 from gpuremediate.kube.config import ClusterConfig, StaticToken  # noqa: E402
@@ -225,9 +225,10 @@ class LeaseStandIns:
 
 
 class Claimers:
-    """The other shards' replicas admitting their share of a burst at once, as the controller claims: each node
-    cordoned, then added to the budget ConfigMap's admitted set with the resourceVersion (a 409: read again), each
-    write taking one node and up to CLAIM_AHEAD more of that replica's cordoned ones (``BudgetClaims.claim_ahead``)."""
+    """The other shards' replicas admitting their share of a burst at once, as the replica under test did in this
+    burst (its log: about one ConfigMap update a node; its budget does not bind, so each node reaches admission
+    alone and claims ahead find none waiting): each node cordoned, then added alone to the budget ConfigMap's
+    admitted set with the resourceVersion (a 409: read again)."""
 
     def __init__(self, client: KubeClient, by_shard: dict[int, list[str]]) -> None:
         self.client, self.by_shard = client, by_shard
@@ -245,13 +246,9 @@ class Claimers:
             thread.join()
 
     def _claim_all(self, nodes: list[str]) -> None:
-        cordoned: list[str] = []
         for node in nodes:
             self.client.patch(NODES, node, {"spec": {"unschedulable": True}})
-            cordoned.append(node)
-        while cordoned:
-            batch, cordoned = cordoned[:1 + CLAIM_AHEAD], cordoned[1 + CLAIM_AHEAD:]
-            self._claim(batch)
+            self._claim([node])
 
     def _claim(self, nodes: list[str]) -> None:
         while True:
