@@ -462,12 +462,16 @@ class RssSampler:
         return max((mb for t, mb in self.samples if since <= t <= until), default=0.0)
 
 
+def _samples(metrics_port: int) -> list[Any]:
+    """The controller's /metrics, parsed."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        return list(exposition.parse(resp.read().decode(), strict=False).samples)
+
+
 def controller_metrics(metrics_port: int) -> dict[str, float]:
     """The controller's own metrics of the Prometheus source (summed over other labels), and its mode."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     values: dict[str, float] = {}
-    for s in exposition.parse(text, strict=False).samples:
+    for s in _samples(metrics_port):
         if s.label("source") in ("prometheus", None) or s.name == "gpuremediate_prometheus_mode":
             key = s.name + (f"{{mode={s.label('mode')}}}" if s.label("mode") else "")
             values[key] = values.get(key, 0.0) + s.value
@@ -477,12 +481,10 @@ def controller_metrics(metrics_port: int) -> dict[str, float]:
 def api_requests(metrics_port: int) -> dict[str, tuple[float, float, float]]:
     """The controller's API requests so far by verb: (count, seconds on the wire, seconds waiting on its rate
     limit), from gpuremediate_api_request_duration_seconds and gpuremediate_api_rate_limiter_duration_seconds."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     out: dict[str, list[float]] = {}
     slot = {"gpuremediate_api_request_duration_seconds_count": 0, "gpuremediate_api_request_duration_seconds_sum": 1,
             "gpuremediate_api_rate_limiter_duration_seconds_sum": 2}
-    for s in exposition.parse(text, strict=False).samples:
+    for s in _samples(metrics_port):
         if s.name in slot:
             out.setdefault(s.label("verb") or "?", [0.0, 0.0, 0.0])[slot[s.name]] += s.value
     return {verb: (v[0], v[1], v[2]) for verb, v in out.items()}
